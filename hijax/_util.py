@@ -1,0 +1,34 @@
+"""Small helpers shared by the rule modules."""
+from __future__ import annotations
+
+import jax
+
+from jax._src import ad_util
+
+
+def is_none(x) -> bool:
+  return x is None
+
+
+def is_zero(x) -> bool:
+  return isinstance(x, ad_util.Zero)
+
+
+@jax.tree_util.register_static
+class Static:
+  """Carries a hashable-by-structure Python value (flags, batch dims) through a
+  pytree of residuals without making it a leaf."""
+
+  def __init__(self, value):
+    self.value = value
+
+  def _key(self):
+    leaves, tree = jax.tree.flatten(self.value, is_leaf=is_none)
+    return tree, tuple(x if isinstance(x, (bool, int, type(None))) else id(x)
+                       for x in leaves)
+
+  def __hash__(self):
+    return hash(self._key())
+
+  def __eq__(self, other):
+    return isinstance(other, Static) and self._key() == other._key()

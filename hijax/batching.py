@@ -1,0 +1,167 @@
+"""``vmap`` of `HiPrim`: the `HiPrim.batch` rule, or one derived from `batch_dim_rule`.
+
+`batch_dim_rule` only says where the output's batch dimension goes. The batched
+computation is then a new primitive, `Batched`, whose rules are the original
+rules under ``jax.vmap``: its `expand` vmaps `expand`, its `jvp` vmaps `jvp`, and
+so on, so a batched application still differentiates with the user's rules.
+"""
+from __future__ import annotations
+
+import jax
+from jax._src import core
+from jax._src.interpreters import batching
+
+from hijax._util import Static, is_none
+from hijax.autodiff import NullAccum, ValAccum, Zero, instantiate_zeros
+from hijax.primitive import HiPrim, RULE_INSTALLERS, flatten_output
+
+__all__ = ["Batched", "batch_from_dim_rule"]
+
+
+def batch_from_dim_rule(prim: HiPrim, axis_data, args, dims):
+  """`HiPrim.batch` derived from ``prim.batch_dim_rule``."""
+  out_dim = prim.batch_dim_rule(axis_data, dims)
+  return Batched(prim, axis_data, dims, out_dim)(*args), out_dim
+
+
+def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
+  args = jax.tree.unflatten(prim.in_tree, args_flat)
+  dims = jax.tree.unflatten(prim.in_tree, dims_flat)
+  result = prim.batch(axis_data, args, dims)
+  if not isinstance(result, tuple) or len(result) != 2:
+    raise TypeError(f"{type(prim).__name__}.batch must return a pair "
+                    "(batched_out, out_dim)")
+  out, out_dim = result
+  out_flat = flatten_output(prim, "batch", out)
+  try:
+    dims_out = prim.out_tree.flatten_up_to(out_dim)
+  except (ValueError, TypeError):
+    dims_out = [out_dim] * prim.out_tree.num_leaves  # one dim for every output
+  return out_flat, dims_out
+
+
+def _install_batching_rule(cls):
+  batching.fancy_primitive_batchers[cls._primitive] = _batch_rule
+
+
+RULE_INSTALLERS.append(_install_batching_rule)
+
+
+class Batched(HiPrim):
+  """The application of ``prim`` to arguments batched along ``in_dims``.
+
+  Built by `batch_from_dim_rule`; each rule vmaps the corresponding rule of
+  ``prim`` over the batch axis.
+  """
+
+  def __init__(self, prim, axis_data, in_dims, out_dim):
+    self.prim, self.axis_data = prim, axis_data
+    self.in_dims, self.out_dim = in_dims, out_dim
+    unmap = lambda a, d: core.unmapped_aval(axis_data.size, d, a,
+                                            axis_data.explicit_mesh_axis)
+    self.in_avals = jax.tree.map(unmap, prim.in_avals, in_dims)
+    self.out_aval = jax.tree.map(unmap, prim.out_aval, out_dim)
+    self.params = dict(prim=prim, axis_data=axis_data,
+                       dims=Static((in_dims, out_dim)))
+    super().__init__()
+
+  def __repr__(self):
+    return f"Batched({self.prim!r}, in_dims={self.in_dims}, out_dim={self.out_dim})"
+
+  def _vmap(self, f, in_axes, out_axes, **kwargs):
+    ad = self.axis_data
+    return jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=ad.size,
+                    axis_name=ad.name,
+                    spmd_axis_name=ad.spmd_name or ad.explicit_mesh_axis,
+                    **kwargs)
+
+  def _map_zeros(self, dims, xs):
+    """Gives symbolic zeros the per-example type that the vmapped rule sees."""
+    def f(d, x):
+      if isinstance(x, Zero) and d is not None:
+        return Zero(core.mapped_aval(self.axis_data.size, d, x.aval))
+      return x
+    return jax.tree.map(f, dims, xs, is_leaf=is_none)
+
+  def _unmap_zeros(self, dims, xs):
+    def f(d, x):
+      if isinstance(x, Zero) and d is not None:
+        return Zero(core.unmapped_aval(self.axis_data.size, d, x.aval,
+                                       self.axis_data.explicit_mesh_axis))
+      return x
+    return jax.tree.map(f, dims, xs, is_leaf=is_none)
+
+  def expand(self, *args):
+    return self._vmap(self.prim.expand, self.in_dims, self.out_dim)(*args)
+
+  def jvp(self, primals, tangents):
+    tangents = self._map_zeros(self.in_dims, tangents)
+    out, out_tangent = self._vmap(
+        self.prim.jvp, (self.in_dims, self.in_dims),
+        (self.out_dim, self.out_dim))(primals, tangents)
+    return out, self._unmap_zeros(self.out_dim, out_tangent)
+
+  def _vmap_forward(self, method, nzs_in, args):
+    extra = {}
+
+    def forward(*args):
+      out, res, *rest = getattr(self.prim, method)(nzs_in, *args)
+      if len(rest) > 1:
+        raise NotImplementedError(
+            f"{type(self.prim).__name__}.{method} returned structured "
+            "residuals, which batch_dim_rule cannot batch: define `batch`")
+      extra["nzs_out"] = rest
+      return out, res
+
+    (out, res), (_, res_dims) = self._vmap(
+        forward, self.in_dims, (self.out_dim, batching.infer))(*args)
+    return (out, (res, Static(res_dims)), *extra["nzs_out"])
+
+  def vjp_fwd(self, nzs_in, *args):
+    return self._vmap_forward("vjp_fwd", nzs_in, args)
+
+  def vjp_bwd(self, res, g, *arg_accums):
+    res, res_dims = res[0], res[1].value
+    accums, accums_tree = jax.tree.flatten(arg_accums)
+    wanted = [not isinstance(a, NullAccum) for a in accums]
+    prim = self.prim
+
+    def backward(res, g):
+      inner = [ValAccum(a.to_ct_aval()) if w else NullAccum(a.to_ct_aval())
+               for a, w in zip(prim.in_avals_flat, wanted)]
+      logs = prim.vjp_bwd(res, g, *jax.tree.unflatten(prim.in_tree, inner))
+      cts = [instantiate_zeros(a.freeze()) for a, w in zip(inner, wanted) if w]
+      return cts, logs
+
+    in_dims_flat = jax.tree.leaves(self.in_dims, is_leaf=is_none)
+    ct_dims = [batching.sum_axis if d is None else d
+               for d, w in zip(in_dims_flat, wanted) if w]
+    g = self._map_zeros(self.out_dim, g)
+    cts, logs = self._vmap(backward, (res_dims, self.out_dim), (ct_dims, 0),
+                           sum_match=True)(res, g)
+    for acc, ct in zip([a for a, w in zip(accums, wanted) if w], cts):
+      acc.accum(ct)
+    return logs
+
+  def lin(self, nzs_in, *args):
+    return self._vmap_forward("lin", nzs_in, args)
+
+  def linearized(self, res, *tangents):
+    res, res_dims = res[0], res[1].value
+    tangents = self._map_zeros(self.in_dims, tangents)
+    out = self._vmap(self.prim.linearized, (res_dims, *self.in_dims),
+                     self.out_dim)(res, *tangents)
+    return self._unmap_zeros(self.out_dim, out)
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    # `in_dims` index this primitive's (already batched) arguments; the inner
+    # rule expects indices into the unbatched ones, which lack our own axis.
+    def drop(d, inner):
+      return d if d is None or inner is None else d - (inner < d)
+
+    def restore(d, inner):
+      return d if d is None or inner is None else d + (inner <= d)
+
+    inner_dims = jax.tree.map(drop, in_dims, self.in_dims, is_leaf=is_none)
+    out = self.prim.batch_dim_rule(axis_data, inner_dims)
+    return jax.tree.map(restore, out, self.out_dim, is_leaf=is_none)
