@@ -12,10 +12,17 @@ from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
 from hijax import batching as _batching  # noqa: F401  (installs the vmap rule)
 from hijax.derived import (jvp_from_lin, linearize_from_jvp, vjp_from_jvp,
                            vjp_from_lin)
+from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
+                           aval_property, register_hitype)
+from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
+                         save_any_names_but_these, save_only_these_names)
 
 __all__ = [
     "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
     "ValAccum", "RefAccum", "NullAccum", "linearize_from_jvp", "vjp_from_lin",
-    "vjp_from_jvp", "jvp_from_lin",
+    "vjp_from_jvp", "jvp_from_lin", "HiType", "register_hitype", "MappingSpec",
+    "HiPspec", "aval_method", "aval_property", "custom_remat",
+    "SaveOnlyTheseNames", "save_only_these_names", "SaveAnyNamesButThese",
+    "save_any_names_but_these",
 ]
 __version__ = "0.1.0"
