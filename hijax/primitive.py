@@ -26,6 +26,8 @@ import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 from jax._src import api
 from jax._src import core
 from jax._src import pretty_printer as pp
+from jax._src import tree_util
+from jax._src.core import AbstractValue
 from jax._src.interpreters import partial_eval as pe
 
 from hijax import _compat
@@ -74,35 +76,35 @@ class HiPrim:
       install(cls)
 
   def __init__(self):
+    try:
+      in_avals, params = self.in_avals, self.params
+      self.out_aval  # noqa: B018 - only checking that it is set
+    except AttributeError:
+      raise _missing_attribute_error(self) from None
     name = type(self).__name__
-    for attr in ("in_avals", "out_aval", "params"):
-      if not hasattr(self, attr):
-        raise AttributeError(
-            f"{name}.__init__ must set `self.{attr}` before calling "
-            "`super().__init__()`")
-    if not isinstance(self.in_avals, (tuple, list)):
+    if not isinstance(in_avals, (tuple, list)):
       raise TypeError(
           f"{name}.in_avals must be a tuple with one type per positional "
-          f"argument, got {type(self.in_avals).__name__}; for a single "
+          f"argument, got {type(in_avals).__name__}; for a single "
           "argument write `self.in_avals = (x_aval,)`")
-    if not isinstance(self.params, dict):
+    if type(params) is not dict:
       raise TypeError(f"{name}.params must be a dict, got "
-                      f"{type(self.params).__name__}")
+                      f"{type(params).__name__}")
     self.in_avals = tuple(self.in_avals)
     self.in_avals_flat, self.in_tree = _flatten_types(
         name, "in_avals", self.in_avals)
     self.out_avals_flat, self.out_tree = _flatten_types(
         name, "out_aval", self.out_aval)
-    for key, value in self.params.items():
-      try:
-        hash(value)
-      except TypeError:
-        raise TypeError(
-            f"{name}.params[{key!r}] is a {type(value).__name__}, which is not "
-            "hashable. Params are static and must be hashable (use a tuple "
-            "instead of a list, or pass array data as an input)") from None
+    try:
+      self._hash = hash((type(self), tuple(self.params.items()), self.effects))
+    except TypeError:
+      raise _unhashable_param_error(self) from None
     self.__dict__.update(self.params)
-    self._hash = hash((type(self), tuple(self.params.items()), self.effects))
+    # Fast paths for the common case: array arguments and a single output.
+    n = len(self.in_avals)
+    self._args_are_leaves = self.in_tree.num_nodes == n + 1 == (
+        self.in_tree.num_leaves + 1)
+    self._single_output = self.out_tree.num_nodes == 1 == self.out_tree.num_leaves
 
   # --- the implementation -------------------------------------------------
 
@@ -234,7 +236,8 @@ class HiPrim:
   def __call__(self, *args):
     args_flat = self.check_args(args)
     outs = self._primitive.bind(*args_flat, prim=self)
-    return jax.tree.unflatten(self.out_tree, outs)
+    return outs[0] if self._single_output else jax.tree.unflatten(
+        self.out_tree, outs)
 
   def check_args(self, args) -> list:
     """Flattens ``args`` and checks them against ``in_avals`` (TypeError if not)."""
@@ -242,13 +245,19 @@ class HiPrim:
       raise TypeError(
           f"{type(self).__name__} takes {len(self.in_avals)} positional "
           f"argument(s), one per entry of in_avals, but got {len(args)}")
-    args_flat, tree = jax.tree.flatten(args)
-    if tree != self.in_tree:
-      raise TypeError(
-          f"{type(self).__name__}: the arguments have pytree structure {tree}, "
-          f"but in_avals has structure {self.in_tree}")
+    if self._args_are_leaves:
+      args_flat = args  # a non-array argument fails in `typeof` below
+    else:
+      args_flat, tree = jax.tree.flatten(args)
+      if tree != self.in_tree:
+        raise TypeError(
+            f"{type(self).__name__}: the arguments have pytree structure "
+            f"{tree}, but in_avals has structure {self.in_tree}")
     for x, expected in zip(args_flat, self.in_avals_flat):
-      actual = core.typeof(x)
+      try:
+        actual = core.typeof(x)
+      except TypeError:
+        raise _argument_type_error(self, args) from None
       if actual is not expected and not core.typematch(actual, expected):
         raise _argument_type_error(self, args)
     return args_flat
@@ -264,6 +273,26 @@ class HiPrim:
             and self.effects == other.effects)
 
 
+def _missing_attribute_error(prim) -> AttributeError:
+  missing = next(a for a in ("in_avals", "out_aval", "params")
+                 if not hasattr(prim, a))
+  return AttributeError(
+      f"{type(prim).__name__}.__init__ must set `self.{missing}` before "
+      "calling `super().__init__()`")
+
+
+def _unhashable_param_error(prim) -> TypeError:
+  for key, value in prim.params.items():
+    try:
+      hash(value)
+    except TypeError:
+      return TypeError(
+          f"{type(prim).__name__}.params[{key!r}] is a {type(value).__name__}, "
+          "which is not hashable. Params are static and must be hashable (use "
+          "a tuple instead of a list, or pass array data as an input)")
+  return TypeError(f"{type(prim).__name__}: effects must be hashable")
+
+
 def _split_retval_logs(prim, out):
   if not (isinstance(out, tuple) and len(out) == 2):
     raise TypeError(
@@ -273,9 +302,9 @@ def _split_retval_logs(prim, out):
 
 
 def _flatten_types(name, attr, tree):
-  leaves, treedef = jax.tree.flatten(tree)
+  leaves, treedef = tree_util.tree_flatten(tree)
   for leaf in leaves:
-    if not isinstance(leaf, core.AbstractValue):
+    if not isinstance(leaf, AbstractValue):
       raise TypeError(
           f"{name}.{attr} must contain types (e.g. jax.typeof(x) or "
           f"ShapedArray(shape, dtype)), but contains a {type(leaf).__name__}: "
@@ -287,10 +316,19 @@ def _argument_type_error(prim, args) -> TypeError:
   """Names the first argument (and pytree path) whose type is not declared."""
   expected_leaves = jax.tree_util.tree_flatten_with_path(prim.in_avals)[0]
   actual_leaves = jax.tree_util.tree_flatten_with_path(args)[0]
+  if len(expected_leaves) != len(actual_leaves):
+    return TypeError(
+        f"{type(prim).__name__}: the arguments have pytree structure "
+        f"{jax.tree.structure(args)}, but in_avals has structure {prim.in_tree}")
   for (path, expected), (_, x) in zip(expected_leaves, actual_leaves):
-    actual = core.typeof(x)
+    position = str(path[0].idx) + jax.tree_util.keystr(path[1:])
+    try:
+      actual = core.typeof(x)
+    except TypeError:
+      return TypeError(
+          f"{type(prim).__name__}: argument {position} is a {type(x).__name__}, "
+          f"not a JAX value; in_avals declares {expected.str_short()}")
     if not core.typematch(actual, expected):
-      position = str(path[0].idx) + jax.tree_util.keystr(path[1:])
       return TypeError(
           f"{type(prim).__name__}: argument {position} has type "
           f"{actual.str_short()}, but in_avals declares "
@@ -341,8 +379,10 @@ RULE_INSTALLERS.append(_install_core_rules)
 
 
 def _expand_flat(*args_flat, prim):
-  args = jax.tree.unflatten(prim.in_tree, args_flat)
-  out = prim.expand(*args)
+  if prim._args_are_leaves:
+    out = prim.expand(*args_flat)
+  else:
+    out = prim.expand(*jax.tree.unflatten(prim.in_tree, args_flat))
   return flatten_output(prim, "expand", out)
 
 
