@@ -1,0 +1,461 @@
+"""Tests of hijax.testing.check_rules: it passes every primitive of the zoo and
+catches a deliberately wrong rule of each kind, naming the rule."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hijax import HiPrim, ShapedArray, linearize_from_jvp, vjp_from_jvp, vjp_from_lin
+from hijax.testing import (MODES, RuleCheckError, RuleReport, assert_rules,
+                           check_rules, defined_rules)
+
+import zoo
+from zoo import inst
+
+
+# --- every zoo primitive passes, and the checks its rules call for run --------------------
+
+EXPECTED_MODES = {
+    "jvp": "jvp", "vjp": "vjp", "lin": "lin", "vmap": "batch",
+}
+
+
+@pytest.mark.parametrize("entry", zoo.ENTRIES, ids=lambda e: e.name)
+def test_zoo_passes(entry):
+  report = assert_rules(entry.fn, *entry.args(), **entry.check_kwargs)
+  assert report.passed
+  assert report.dtype == "float64"
+  expected = {"expand"} | {EXPECTED_MODES[t] for t in entry.transforms}
+  if entry.name in ("matvec", "scale"):
+    expected.add("transpose")
+  assert expected <= set(report.modes_run), report
+
+
+@pytest.mark.parametrize("name, second_order", [
+    ("tanh", True),          # its jvp binds Sech2
+    ("newton_sqrt", True),   # its backward rule binds FixedPoint again
+    ("sech2", True),         # its jvp binds Sech2 itself (the primal)
+    ("log1pexp", False),     # rules in plain JAX: nothing to check there
+])
+def test_second_order_runs_where_rules_bind_primitives(name, second_order):
+  entry = zoo.BY_NAME[name]
+  prim = jax.make_jaxpr(entry.fn)(*entry.args()).jaxpr.eqns[0].params["prim"]
+  modes = [m for m in ("jvp", "vjp", "lin") if m in defined_rules(prim)]
+  report = check_rules(entry.fn, *entry.args(), modes=modes + ["second_order"])
+  assert ("second_order" in report.modes_run) == second_order, report
+  if not second_order:
+    assert any(m == "second_order" and "binds no hijax primitive" in why
+               for m, why in report.skipped)
+
+
+def test_zoo_covers_every_kind_of_rule():
+  kinds = {}
+  for e in zoo.ENTRIES:
+    prims = jax.make_jaxpr(e.fn)(*e.args()).jaxpr.eqns
+    for eqn in prims:
+      for mode, name in defined_rules(eqn.params["prim"]).items():
+        kinds.setdefault(mode, set()).add(name.split(".", 1)[1])
+  assert set(kinds) == {"expand", "jvp", "vjp", "lin", "transpose", "batch"}
+  assert {"vjp_fwd/vjp_bwd_retval", "vjp_fwd/vjp_bwd",
+          "vjp_fwd/vjp_bwd_retval (vjp_from_lin)",
+          "vjp_fwd/vjp_bwd_retval (vjp_from_jvp)"} <= kinds["vjp"]
+  assert {"jvp", "jvp (jvp_from_lin)"} <= kinds["jvp"]
+  assert {"lin/linearized", "lin/linearized (linearize_from_jvp)"} <= kinds["lin"]
+  assert {"batch", "batch_dim_rule"} <= kinds["batch"]
+
+
+def test_defined_rules():
+  assert defined_rules(zoo.Log1pExp) == {
+      "expand": "Log1pExp.expand", "jvp": "Log1pExp.jvp",
+      "vjp": "Log1pExp.vjp_fwd/vjp_bwd_retval",
+      "batch": "Log1pExp.batch_dim_rule"}
+  assert defined_rules(zoo.Scale) == {
+      "expand": "Scale.expand", "transpose": "Scale.transpose",
+      "batch": "Scale.batch_dim_rule"}
+  assert defined_rules(zoo.CubeSres)["vjp"] == "CubeSres.vjp_fwd/vjp_bwd"
+
+
+# --- each kind of wrong rule is caught, and named ----------------------------------------
+
+def _fails(fn, *args, **kwargs) -> RuleCheckError:
+  with pytest.raises(RuleCheckError) as info:
+    check_rules(fn, *args, **kwargs)
+  err = info.value
+  assert isinstance(err, AssertionError)
+  assert err.failures and str(err).startswith(f"{len(err.failures)} rule check")
+  return err
+
+
+def _rules(err):
+  return [f.rule for f in err.failures]
+
+
+class BadJvp(zoo.Log1pExp):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.exp(x) / (1 + jnp.exp(x)) ** 2 * t  # the 2nd derivative
+
+
+def test_catches_wrong_jvp():
+  err = _fails(lambda x: BadJvp(jax.typeof(x))(x), zoo._vec(-2., 0.5, 3.))
+  assert err.rule == "BadJvp.jvp"
+  assert "finite differences" in err.check
+  assert err.max_error > 0.1
+  assert set(_rules(err)) == {"BadJvp.jvp"}  # the vjp is checked against FD
+  assert "BadJvp.jvp: jvp vs central finite differences of expand" in str(err)
+  assert "input args[0] = f64[3] [-2. ,  0.5,  3. ]" in str(err)
+  assert "max abs error" in str(err)
+
+
+class BadVjp(zoo.Log1pExp):
+  def vjp_bwd_retval(self, x, g):
+    return (jax.nn.sigmoid(-x) * g,)  # sign error in the exponent
+
+
+def test_catches_wrong_vjp():
+  err = _fails(lambda x: BadVjp(jax.typeof(x))(x), zoo._vec(-2., 0.5, 3.))
+  assert err.rule == "BadVjp.vjp_fwd/vjp_bwd_retval"
+  assert "vjp vs the jvp rule" in err.check
+  assert set(_rules(err)) == {"BadVjp.vjp_fwd/vjp_bwd_retval"}
+
+
+class VjpNotTransposed(zoo.MatVec):
+  """The backward rule applies J instead of its transpose."""
+
+  def vjp_bwd_retval(self, res, g):
+    A, x = res
+    g = inst(g)
+    return jnp.outer(x, g), A @ g  # should be outer(g, x), A.T @ g
+
+
+def test_catches_vjp_that_is_not_the_transpose_of_jvp():
+  A = jnp.array([[1., 2., 0.], [-1., 0.5, 3.], [0., 1., 1.]])
+  x = zoo._vec(1., -2., 0.5)
+  err = _fails(lambda A, x: VjpNotTransposed(jax.typeof(A), jax.typeof(x))(A, x),
+               A, x, modes=("jvp", "vjp"))
+  assert err.rule == "VjpNotTransposed.vjp_fwd/vjp_bwd_retval"
+  assert "<ȳ, J ṫ> = <vjp(ȳ), ṫ>" in err.check
+  # each input alone pins down which cotangent is wrong
+  assert any("args[1] only" in f.inputs for f in err.failures)
+  assert any("args[0] only" in f.inputs for f in err.failures)
+
+
+class BadLin(HiPrim):
+  """sin, with a correct jvp and a wrong lin (it saves sin x, not cos x)."""
+
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.sin(x)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.cos(x) * t
+
+  def lin(self, nzs_in, x):
+    return self(x), jnp.sin(x)
+
+  def linearized(self, slope, t):
+    return slope * t
+
+  vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+
+def test_catches_wrong_lin():
+  err = _fails(lambda x: BadLin(jax.typeof(x))(x), zoo._vec(0.3, -1.2, 2.))
+  assert err.rule == "BadLin.lin/linearized"
+  assert "linearized vs the jvp rule" in err.check
+  assert set(_rules(err)) == {"BadLin.lin/linearized"}
+
+
+class BadLinearized(zoo.CubeLin):
+  def linearized(self, slope, t):
+    return slope * t + 0.01 * t ** 2  # not even linear
+
+
+def test_catches_wrong_linearized_without_a_jvp_to_compare_with():
+  # jvp_from_lin and vjp_from_jvp both derive from the wrong rule; finite
+  # differences catch all three
+  err = _fails(lambda x: BadLinearized(jax.typeof(x))(x), zoo._vec(0.3, -1.2, 2.))
+  assert err.rule == "BadLinearized.jvp (jvp_from_lin)"
+  assert "BadLinearized.lin/linearized" in _rules(err)
+
+
+class BadTranspose(zoo.Scale):
+  def transpose(self, ct, c, x_acc):
+    x_acc.accum(inst(ct))  # forgot the factor c
+
+
+def test_catches_wrong_transpose():
+  err = _fails(lambda c, x: BadTranspose(jax.typeof(c), jax.typeof(x))(c, x),
+               jnp.float32(1.5), zoo._vec(1., -2., 0.5), linear_argnums=[1])
+  assert err.rule == "BadTranspose.transpose"
+  assert "transpose vs the linear map" in err.check
+  assert "transposed in args[1]" in err.inputs
+
+
+def test_transpose_needs_a_linear_argument():
+  # c * x is linear in c too, but Scale.transpose only handles x: detecting
+  # linear arguments numerically finds both, and transposing in c fails
+  err = _fails(zoo.scale, jnp.float32(1.5), zoo._vec(1., -2., 0.5),
+               modes="transpose")
+  assert err.rule == "Scale.transpose" and "args[0]" in err.inputs
+  assert check_rules(zoo.scale, jnp.float32(1.5), zoo._vec(1., -2., 0.5),
+                     modes="transpose", linear_argnums=[1]).passed
+
+
+class BadBatch(zoo.MatVec):
+  """Assumes the batch dimension of x is its first axis."""
+
+  def batch(self, axis_data, args, dims):
+    A, x = args
+    A_dim, x_dim = dims
+    if A_dim is None and x_dim is not None:
+      return x @ A.T, 0  # forgot jnp.moveaxis(x, x_dim, 0)
+    return super().batch(axis_data, args, dims)
+
+
+def test_catches_wrong_batch_rule():
+  A = jnp.array([[1., 2., 0.], [-1., 0.5, 3.]])
+  x = zoo._vec(1., -2., 0.5)  # length 3 = the batch size: shapes still agree
+  err = _fails(lambda A, x: BadBatch(jax.typeof(A), jax.typeof(x))(A, x), A, x,
+               modes=("batch",))
+  assert err.rule == "BadBatch.batch"
+  assert "vmap vs a loop over the batch" in err.check
+  assert "in_axes=(None, 1)" in err.inputs  # only the trailing axis exposes it
+  assert len(err.failures) == 1
+
+
+class BadBatchDimRule(zoo.SinTimesY):
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]  # None when only y is batched
+
+
+def test_catches_wrong_batch_dim_rule():
+  err = _fails(lambda x, y: BadBatchDimRule(jax.typeof(x), jax.typeof(y))(x, y),
+               zoo._vec(0.3, -1.2), zoo._vec(2., 0.5), modes="batch")
+  assert err.rule == "BadBatchDimRule.batch_dim_rule"
+  assert all("in_axes=(None, " in f.inputs for f in err.failures)
+
+
+class LyingNzsOut(zoo.FPt):
+  def vjp_fwd(self, nzs_in, pt):
+    # claims out['b'][1] = cos(pt.y) has a zero tangent
+    return self(pt), pt, {"a": True, "b": (True, False)}
+
+
+def test_catches_lying_nzs_out():
+  pt = zoo.Point(zoo._vec(0.5, 1.5), zoo._vec(-1., 2.))
+  err = _fails(lambda pt: LyingNzsOut(jax.tree.map(jax.typeof, pt))(pt), pt)
+  assert err.rule == "LyingNzsOut.vjp_fwd"
+  assert "nzs_out" in err.check
+  assert "out['b'][1]" in str(err)
+  # the dropped cotangent also breaks <ȳ, J ṫ> = <vjp(ȳ), ṫ>
+  assert "LyingNzsOut.vjp_fwd/vjp_bwd_retval" in _rules(err)
+
+
+class BadSech2(zoo.Sech2):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    s = self(x)
+    return s, 2 * s * jnp.tanh(x) * t  # sign error
+
+
+class TanhBadSecondOrder(zoo.Tanh):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), BadSech2(jax.typeof(x))(x) * t
+
+
+def test_catches_wrong_second_order():
+  fn = lambda x: TanhBadSecondOrder(jax.typeof(x))(x)
+  x = zoo._vec(0.3, -1.2, 2.)
+  assert check_rules(fn, x, order=1).passed  # first order is right
+  err = _fails(fn, x)
+  assert err.rule == "BadSech2.jvp"
+  assert err.check.startswith("second order, on the tangent map")
+  assert all(f.rule.startswith("BadSech2") for f in err.failures)
+
+
+# --- other mistakes ---------------------------------------------------------------------
+
+class SymbolicZerosUnhandled(zoo.SinTimesY):
+  def jvp(self, primals, tangents):
+    (x, y), (x_dot, y_dot) = primals, tangents
+    return self(x, y), jnp.cos(x) * x_dot * y + jnp.sin(x) * y_dot
+
+
+def test_catches_jvp_that_cannot_take_symbolic_zeros():
+  err = _fails(lambda x, y: SymbolicZerosUnhandled(jax.typeof(x),
+                                                    jax.typeof(y))(x, y),
+               zoo._vec(0.3, -1.2), zoo._vec(2., 0.5), modes="jvp")
+  assert err.rule == "SymbolicZerosUnhandled.jvp"
+  assert "Zero" in str(err) and "symbolic zeros" in err.inputs
+
+
+class WrongExpandType(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.sum(x)  # out_aval says the shape of x
+
+
+def test_catches_expand_disagreeing_with_out_aval():
+  err = _fails(lambda x: WrongExpandType(jax.typeof(x))(x), zoo._vec(1., 2.))
+  assert err.rule == "WrongExpandType.expand"
+  assert "expand returned float64[], but out_aval declares float64[2]" in str(err)
+
+
+class PythonBranchExpand(zoo.Unary):
+  def expand(self, x):
+    return jnp.sin(x) if x > 0 else jnp.cos(x)
+
+
+def test_catches_expand_that_cannot_be_jitted():
+  err = _fails(lambda x: PythonBranchExpand(jax.typeof(x))(x), 1.0,
+               modes="expand", jit=False)
+  assert err.rule == "PythonBranchExpand.expand"
+  assert "jitted call" in err.check
+
+
+# --- options and reporting --------------------------------------------------------------
+
+def test_report():
+  report = check_rules(zoo.log1pexp, zoo._vec(-2., 0.5, 3.))
+  assert isinstance(report, RuleReport) and report.passed
+  assert report.primitives == ["Log1pExp"]
+  assert report.modes_run == ["expand", "jvp", "vjp", "batch"]
+  assert ("lin", "rule not defined") in report.skipped
+  text = str(report)
+  assert text.startswith("check_rules on Log1pExp in float64:")
+  assert "batch: vmap vs a loop over the batch (in_axes=(1,))" in text
+
+
+def test_modes_option():
+  report = check_rules(zoo.log1pexp, zoo._vec(-2., 0.5, 3.), modes=("jvp",))
+  assert report.modes_run == ["jvp"]
+  with pytest.raises(ValueError, match="unknown mode"):
+    check_rules(zoo.log1pexp, 1.0, modes=("grad",))
+  with pytest.raises(ValueError, match="Log1pExp define.* no lin rule"):
+    check_rules(zoo.log1pexp, 1.0, modes=("lin",))
+  assert set(MODES) >= {"expand", "jvp", "vjp", "lin", "transpose", "batch",
+                        "second_order"}
+
+
+def test_raise_on_failure_false_returns_the_failures():
+  report = check_rules(lambda x: BadJvp(jax.typeof(x))(x), 0.5,
+                       raise_on_failure=False)
+  assert not report.passed
+  assert report.failures[0].rule == "BadJvp.jvp"
+
+
+def test_float32_without_x64():
+  report = check_rules(zoo.log1pexp, zoo._vec(-2., 0.5, 3.), x64=False)
+  assert report.passed and report.dtype == "float32"
+  err = _fails(lambda x: BadJvp(jax.typeof(x))(x), zoo._vec(-2., 0.5, 3.),
+               x64=False)
+  assert err.rule == "BadJvp.jvp"
+
+
+class Float32Only(zoo.Unary):
+  """Hard-codes its output type, so it cannot be traced in float64."""
+
+  def __init__(self, x_aval):
+    self.in_avals = (x_aval,)
+    self.out_aval = ShapedArray(x_aval.shape, jnp.float32)
+    self.params = {}
+    HiPrim.__init__(self)
+
+  def expand(self, x):
+    return jnp.sin(x).astype(jnp.float32)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), (jnp.cos(x) * t).astype(jnp.float32)
+
+
+def _float32_only(x):
+  if x.dtype != jnp.float32:
+    raise TypeError("float32 only")
+  return Float32Only(jax.typeof(x))(x)
+
+
+def test_falls_back_to_the_given_dtype():
+  report = check_rules(_float32_only, zoo._vec(0.5, 1.))
+  assert report.dtype == "float32" and report.passed
+  with pytest.raises(TypeError, match="float32 only"):
+    check_rules(_float32_only, zoo._vec(0.5, 1.), x64=True)
+
+
+def test_eager_mode():
+  assert check_rules(zoo.sin_times_y, zoo._vec(0.3, -1.2), zoo._vec(2., 0.5),
+                     jit=False).passed
+
+
+def test_batch_in_axes_for_a_partial_batch_rule():
+  class MatVecXOnly(zoo.MatVec):
+    def batch(self, axis_data, args, dims):
+      A, x = args
+      A_dim, x_dim = dims
+      assert A_dim is None, "only x may be batched"
+      return jnp.moveaxis(x, x_dim, 0) @ A.T, 0
+
+  fn = lambda A, x: MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
+  A, x = zoo.BY_NAME["matvec"].args()
+  err = _fails(fn, A, x, modes="batch")
+  assert "only x may be batched" in str(err)
+  assert check_rules(fn, A, x, modes="batch",
+                     batch_in_axes=[(None, 0), (None, 1)]).passed
+
+
+def test_pytree_and_integer_inputs():
+  report = check_rules(zoo.gather, zoo._vec(1., -2., 0.5, 4.), jnp.int32(2))
+  # only the float input is differentiated
+  assert all("args[1]" not in r for r in report.ran if r.startswith("jvp"))
+  report = check_rules(zoo.fpt, *zoo.BY_NAME["fpt"].args())
+  assert any("args[0].y only" in r for r in report.ran)
+
+
+def test_only_integer_inputs():
+  class CountPositive(HiPrim):
+    def __init__(self, x_aval):
+      self.in_avals = (x_aval,)
+      self.out_aval = ShapedArray((), jnp.dtype("int32"))
+      self.params = {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.sum(x > 0).astype(jnp.int32)
+
+    def batch_dim_rule(self, axis_data, in_dims):
+      return None if in_dims[0] is None else 0
+
+  report = check_rules(lambda x: CountPositive(jax.typeof(x))(x),
+                       jnp.array([1, -2, 3]))
+  assert report.passed and report.modes_run == ["expand", "batch"]
+
+
+def test_prim_fn_must_bind_a_primitive():
+  with pytest.raises(ValueError, match="binds no hijax primitive"):
+    check_rules(jnp.sin, 1.0)
+
+
+def test_several_primitives_in_one_function():
+  fn = lambda x, y: zoo.sin_times_y(zoo.log1pexp(x), y)
+  report = check_rules(fn, zoo._vec(0.3, -1.2), zoo._vec(2., 0.5))
+  assert report.primitives == ["Log1pExp", "SinTimesY"]
+  assert report.modes_run == ["expand", "jvp", "vjp", "batch", "second_order"]
+  err = _fails(lambda x: zoo.sin_times_y(BadJvp(jax.typeof(x))(x), x),
+               zoo._vec(0.3, -1.2), modes="jvp")
+  assert err.rule == "BadJvp.jvp, SinTimesY.jvp"
+
+
+def test_assert_rules_hides_its_frames():
+  import hijax.testing as ht
+  assert ht.assert_rules.__code__.co_varnames[0] == "prim_fn"
+  with pytest.raises(RuleCheckError):
+    assert_rules(lambda x: BadJvp(jax.typeof(x))(x), 0.5, modes="jvp")
