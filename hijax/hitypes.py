@@ -91,7 +91,8 @@ class HiType(_jax_hijax.HiType):
   def lo_ty(self) -> list[core.AbstractValue]:
     """The types of the arrays that a value of this type lowers to, in order.
 
-    An entry may itself be a hi type (for nested types); JAX lowers it in turn.
+    Every entry must be an array type: a type with hi components flattens
+    them into their own ``lo_ty()`` (and `lower_val`/`raise_val` likewise).
     """
     _missing(self, "lo_ty", "Lowering (jit, scan, shard_map)",
              ": the list of array types a value is made of")
