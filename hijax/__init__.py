@@ -16,6 +16,7 @@ from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
 from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
                          save_any_names_but_these, save_only_these_names)
+from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 
 __all__ = [
     "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",

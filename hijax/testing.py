@@ -301,7 +301,7 @@ def _is_float(x) -> bool:
 def _fmt_array(x, limit=6) -> str:
   x = np.asarray(x)
   aval = f"{x.dtype.name}{list(x.shape)}".replace("float", "f").replace(
-      "int", "i").replace("uint", "u")
+      "uint", "u").replace("int", "i")
   flat = x.ravel()
   vals = np.array2string(flat[:limit], precision=4, separator=", ",
                          max_line_width=200)
@@ -396,7 +396,10 @@ class _Checker:
     return all(mode in r for r in self.rules)
 
   def rule_name(self, mode) -> str:
-    return ", ".join(r[mode] for r in self.rules if mode in r)
+    names = [r[mode] for r in self.rules if mode in r]
+    if not names:  # not a rule's own check: name the primitives
+      names = [r["expand"].split(".")[0] for r in self.rules]
+    return ", ".join(names)
 
   def ran(self, mode, what):
     if self.label:  # a sub-check of the second-order mode
@@ -887,31 +890,32 @@ class _Checker:
     out_names = [self.out_names[i] for i in self.out_float_idx]
     n = len(xs)
     derived = []
-    if self.has("jvp"):
+    if self.has("jvp") and "jvp" in modes:
       derived.append((
-          "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
+          "jvp", "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
           lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
           xs + [self.random_like(x) for x in xs],
           x_names + [f"ṫ for {m}" for m in x_names]))
-    if self.has("vjp"):
+    if self.has("vjp") and "vjp" in modes:
       derived.append((
-          "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
+          "vjp", "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
           lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
           xs + [self.random_like(y) for y in self.ref_out()],
           x_names + [f"ȳ for {m}" for m in out_names]))
-    if self.has("lin"):
+    if self.has("lin") and "lin" in modes:
       derived.append((
-          "the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
+          "lin", "the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
           lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
           xs + [self.random_like(x) for x in xs],
           x_names + [f"ṫ for {m}" for m in x_names]))
-    for what, g, g_args, names in derived:
+    for kind, what, g, g_args, names in derived:
       try:
         closed = jax.make_jaxpr(g)(*g_args)
         live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
         prims = _find_hiprims(live, [])
       except Exception as e:
-        self.fail_raised("second_order", f"tracing {what}", "", e)
+        self.fail_raised("second_order", f"tracing {what}",
+                         self.describe_inputs(), e, rule=self.rule_name(kind))
         continue
       if not prims:
         self.report.skipped.append(
