@@ -35,6 +35,8 @@ PAGES = [
     "remat",
     "hijax-types",
 ]
+# Reference pages listed after the eight, once they exist.
+APPENDIX = ["api"]
 
 # Labels that pages define and other pages may point at with {ref}, mapped to
 # the page that defines them (used only while that page does not exist yet).
@@ -102,20 +104,21 @@ copybutton_prompt_is_regexp = True
 
 # --- pages that do not exist yet --------------------------------------------
 def _existing_pages(srcdir):
-    return [p for p in PAGES if (Path(srcdir) / f"{p}.md").exists()]
+    return [p for p in PAGES + APPENDIX if (Path(srcdir) / f"{p}.md").exists()]
 
 
 def _drop_missing_from_index(app, docname, source):
     """Leave pages not written yet out of the index page.
 
-    docs/index.md lists all eight pages (its toctree and its overview list).
+    docs/index.md lists all eight pages (its toctree and its overview list)
+    and the reference pages in APPENDIX.
     Until a page exists, every line of index.md that names it (a toctree entry
     or a list item with {doc}`page`) is dropped before parsing, so the build
     stays warning-free. Once all eight exist this does nothing.
     """
     if docname != "index":
         return
-    missing = [p for p in PAGES if p not in _existing_pages(app.srcdir)]
+    missing = [p for p in PAGES + APPENDIX if p not in _existing_pages(app.srcdir)]
     if not missing:
         return
     logger.info("index: leaving out pages not written yet: %s", ", ".join(missing))
@@ -127,7 +130,7 @@ def _drop_missing_from_index(app, docname, source):
 def _planned_reference(app, env, node, contnode):
     """Render a reference to a page that is planned but not written yet as text.
 
-    Only for the eight JAX 301 pages and the labels they define, and only while
+    Only for the JAX 301 pages (and APPENDIX) and the labels they define, and only while
     the target page does not exist; any other unresolved reference still warns
     (and so fails the build).
     """
@@ -135,7 +138,7 @@ def _planned_reference(app, env, node, contnode):
     page = None
     if reftype == "doc":
         name = target.lstrip("/").removesuffix(".md")
-        page = name if name in PAGES else None
+        page = name if name in PAGES + APPENDIX else None
     elif reftype in ("ref", "myst"):
         page = PLANNED_LABELS.get(target.lstrip("#"))
     if page is None or page in _existing_pages(app.srcdir):

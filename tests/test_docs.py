@@ -39,10 +39,14 @@ def test_notebooks_in_sync_with_pages():
         + "\n  ".join(problems))
 
 
-def _conf_pages():
+def _conf_list(name):
     src = (ROOT / "conf.py").read_text()
-    m = re.search(r"^PAGES = \[(.*?)\]", src, re.S | re.M)
+    m = re.search(rf"^{name} = \[(.*?)\]", src, re.S | re.M)
     return re.findall(r'"([\w-]+)"', m.group(1))
+
+
+def _conf_pages():
+    return _conf_list("PAGES")
 
 
 def test_index_lists_the_eight_pages_in_order():
@@ -52,7 +56,7 @@ def test_index_lists_the_eight_pages_in_order():
     toctree = re.search(r"```\{toctree\}\n(.*?)```", index, re.S).group(1)
     entries = [l.strip() for l in toctree.splitlines()
                if l.strip() and not l.strip().startswith(":")]
-    assert entries == pages
+    assert entries == pages + _conf_list("APPENDIX")
     assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == pages
     if SPEC_INDEX.exists():
         spec = SPEC_INDEX.read_text()
