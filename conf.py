@@ -68,10 +68,31 @@ myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
 
 # Execute every page at build time. "cache" re-executes a page only when its
-# code changed (the cache lives in _build/.jupyter_cache); a fresh checkout
-# executes everything. Any error in a cell not tagged raises-exception fails
+# code, hijax or JAX changed (the cache lives in _build/.jupyter_cache); a
+# fresh checkout executes everything. Any error in a cell not tagged raises-exception fails
 # the build.
 nb_execution_mode = "cache"
+
+
+def _code_key():
+    """Hash of what page outputs depend on besides the page: hijax and JAX."""
+    import hashlib
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    for dist in ("jax", "jaxlib"):
+        try:
+            h.update(f"{dist}=={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            pass
+    for path in sorted((ROOT / "hijax").rglob("*.py")):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+# One cache per version of hijax + JAX. As the path is part of the config,
+# changing hijax also makes Sphinx re-read (and so re-execute) every page.
+nb_execution_cache_path = str(ROOT / "_build" / ".jupyter_cache" / _code_key())
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_execution_timeout = 300
@@ -160,7 +181,21 @@ def _offer_executed_notebook(app, pagename, templatename, context, doctree):
     context["ipynb_source"] = f"{pagename}.ipynb"
 
 
+def _create_execution_cache(app):
+    """Create the jupyter-cache database before a parallel (-j) read starts.
+
+    Otherwise two worker processes may both find no database and race to
+    create it ("no such table: nbcache").
+    """
+    if app.env.mystnb_config.execution_mode != "cache":
+        return
+    from jupyter_cache import get_cache
+
+    get_cache(app.env.mystnb_config.execution_cache_path).list_cache_records()
+
+
 def setup(app):
+    app.connect("builder-inited", _create_execution_cache, priority=600)
     app.connect("source-read", _drop_missing_from_index)
     app.connect("missing-reference", _planned_reference)
     app.connect("html-page-context", _offer_executed_notebook, priority=500)

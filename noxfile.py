@@ -63,7 +63,7 @@ def docs(session):
     _install(session, "docs", JAX)
     session.run(
         "sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "-c", ".",
-        "docs", f"{BUILD}/html", *session.posargs, env=INLINE)
+        "-j", "auto", "docs", f"{BUILD}/html", *session.posargs, env=INLINE)
     session.run("python", "tools/check_offline_html.py", f"{BUILD}/html")
     session.log(f"open {ROOT / BUILD / 'html' / 'index.html'}")
 
