@@ -50,6 +50,11 @@ def _install(session, extra, jax_version):
     constraints = Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text("\n".join(TOOL_PINS) + "\n")
     session.install("-e", f".[{extra}]", f"jax=={jax_version}", "-c", str(constraints))
+    # First imports can print one-off messages (e.g. matplotlib building its
+    # font cache on a new machine); get them out of the way before any page
+    # runs, so they never land in a cell's output.
+    session.run("python", "-c", "import matplotlib.pyplot, jax.numpy as jnp; jnp.zeros(1)",
+                silent=True)
 
 
 @nox.session(python=PYTHON)
