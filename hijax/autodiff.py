@@ -119,17 +119,20 @@ def _jvp_rule(primals_flat, tangents_flat, *, prim):
     raise TypeError(f"{type(prim).__name__}.jvp must return a pair "
                     f"(out, out_tangent), got {_describe(result)}")
   out, out_tangent = result
-  out_flat = flatten_output(prim, "jvp", out)
+  return flatten_output(prim, "jvp", out), _flatten_tangent(prim, "jvp", out_tangent)
+
+
+def _flatten_tangent(prim, method, tangent) -> list:
+  """Flattens an output tangent against ``out_aval``; None becomes `Zero`."""
   try:
-    tangents_out = prim.out_tree.flatten_up_to(out_tangent)
+    flat = prim.out_tree.flatten_up_to(tangent)
   except (ValueError, TypeError):
     raise TypeError(
-        f"{type(prim).__name__}.jvp returned a tangent with structure "
-        f"{jax.tree.structure(out_tangent)}, but out_aval has structure "
+        f"{type(prim).__name__}.{method} returned a tangent with structure "
+        f"{jax.tree.structure(tangent)}, but out_aval has structure "
         f"{prim.out_tree}") from None
-  tangents_out = [Zero(a.to_tangent_aval()) if t is None else t
-                  for t, a in zip(tangents_out, prim.out_avals_flat)]
-  return out_flat, tangents_out
+  return [Zero(a.to_tangent_aval()) if t is None else t
+          for t, a in zip(flat, prim.out_avals_flat)]
 
 
 # --- linearization and reverse mode ---------------------------------------------
@@ -182,15 +185,7 @@ def _call_user_linearized(prim):
     tangents = jax.tree.unflatten(prim.in_tree, tangents_flat)
     out = (prim.linearized(res, *tangents) if sres is None
            else prim.linearized(res, sres, *tangents))
-    try:
-      out_flat = prim.out_tree.flatten_up_to(out)
-    except (ValueError, TypeError):
-      raise TypeError(
-          f"{type(prim).__name__}.linearized returned a tangent with structure "
-          f"{jax.tree.structure(out)}, but out_aval has structure "
-          f"{prim.out_tree}") from None
-    return [Zero(a.to_tangent_aval()) if t is None else t
-            for t, a in zip(out_flat, prim.out_avals_flat)]
+    return _flatten_tangent(prim, "linearized", out)
   return linearized
 
 
