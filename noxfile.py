@@ -31,9 +31,15 @@ TOOL_PINS = [
 
 ROOT = Path(__file__).resolve().parent
 BUILD = "_build"
-# Kernels (myst-nb, nbclient, nbval) draw figures inline whatever the caller's
-# environment says, so stored outputs always hold the figure.
-INLINE = {"MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+# Environment for the Jupyter kernels that run the pages (myst-nb, nbclient,
+# nbval, JupyterLab): figures drawn inline whatever the caller's environment
+# says, so stored outputs always hold the figure; and jaxprs printed without
+# ANSI colours (JAX colours them inside Jupyter), so outputs and asserts on
+# str(jaxpr) are the same in a kernel as in plain Python.
+KERNEL_ENV = {
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    "JAX_PPRINT_USE_COLOR": "false",
+}
 NBVAL_ARGS = [
     "--nbval",
     "--nbval-current-env",
@@ -68,7 +74,7 @@ def docs(session):
     _install(session, "docs", JAX)
     session.run(
         "sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "-c", ".",
-        "-j", "auto", "docs", f"{BUILD}/html", *session.posargs, env=INLINE)
+        "-j", "auto", "docs", f"{BUILD}/html", *session.posargs, env=KERNEL_ENV)
     session.run("python", "tools/check_offline_html.py", f"{BUILD}/html")
     session.log(f"open {ROOT / BUILD / 'html' / 'index.html'}")
 
@@ -81,7 +87,7 @@ def notebooks(session):
     """
     _install(session, "tests", JAX)
     session.run("python", "tools/notebooks.py", "build", "-j", "2", *session.posargs,
-                env=INLINE)
+                env=KERNEL_ENV)
     session.run("python", "tools/notebooks.py", "check")
 
 
@@ -92,7 +98,7 @@ def tests(session):
     paths = ["tests"]
     if any(Path("notebooks").glob("*.ipynb")):
         paths.append("notebooks")
-    session.run("pytest", *paths, *NBVAL_ARGS, *session.posargs, env=INLINE)
+    session.run("pytest", *paths, *NBVAL_ARGS, *session.posargs, env=KERNEL_ENV)
 
 
 @nox.session(name="tests-jax011", python=PYTHON)
@@ -109,4 +115,4 @@ def lab(session):
     _install(session, "tests", JAX)
     session.install("jupyterlab")
     session.run("jupyter", "lab", "--notebook-dir", "notebooks", *session.posargs,
-                env=INLINE)
+                env=KERNEL_ENV)

@@ -65,6 +65,7 @@ def build_one(name, timeout):
 
 def build(names, jobs, timeout):
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ.setdefault("JAX_PPRINT_USE_COLOR", "false")
     names = names or pages()
     unknown = sorted(set(names) - set(pages()))
     if unknown:
