@@ -529,6 +529,7 @@ class ZooEntry:
     check_kwargs: extra keyword arguments for `check_rules`.
     elementwise: True when ``fn`` maps one array elementwise (so property
       tests may feed it arrays of any shape).
+    domain: the interval that floating-point inputs may be drawn from.
   """
   name: str
   fn: Callable
@@ -537,6 +538,7 @@ class ZooEntry:
   transforms: frozenset
   check_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
   elementwise: bool = False
+  domain: tuple[float, float] = (-2.0, 2.0)
 
 
 def _vec(*xs):
@@ -585,7 +587,7 @@ ENTRIES = [
              elementwise=True),
     ZooEntry("newton_sqrt", newton_sqrt, jnp.sqrt,
              lambda: (_vec(2., 0.5, 9.),), frozenset({"vjp", "vmap"}),
-             elementwise=True),
+             elementwise=True, domain=(0.5, 10.0)),
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}
