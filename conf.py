@@ -13,6 +13,7 @@ intersphinx, and MathJax is served from a local copy in docs/_static/mathjax.
 from pathlib import Path
 import re
 import shutil
+import sys
 
 from sphinx.util import logging
 
@@ -52,7 +53,13 @@ extensions = [
     "myst_nb",
     "sphinx_copybutton",
     "sphinx_book_theme",
+    # The API reference (docs/api.md).
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx_hijax_api",  # tools/sphinx_hijax_api.py
 ]
+sys.path.insert(0, str(ROOT / "tools"))
 
 root_doc = "index"
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "_static"]
@@ -62,6 +69,17 @@ templates_path = []
 nitpicky = True
 # Offline: no intersphinx, no remote images.
 suppress_warnings = []
+# Type hints in hijax signatures that name JAX internals or the standard
+# library cannot be linked without intersphinx; our own names must resolve.
+nitpick_ignore_regex = [("py:class", r"jax\._src\..*"), ("py:class", r"collections\.abc\..*")]
+
+# --- API reference ----------------------------------------------------------
+# In docstrings, `name` links to the hijax object it names, else is code
+# (tools/sphinx_hijax_api.py). MyST pages are unaffected.
+default_role = "hijax-obj"
+autodoc_member_order = "bysource"
+autosummary_generate = False
+napoleon_use_ivar = True
 
 # --- MyST / myst-nb -------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]

@@ -8,34 +8,34 @@ a tangent zero when it is not. Such rules often run without error and give
 plausible numbers. `check_rules` exercises every rule a primitive defines and
 compares the results with an independent reference:
 
-=================  =========================================================
-mode               what is compared
-=================  =========================================================
-``"expand"``       the eager call and the ``jit``-compiled call with `expand`
-                   evaluated directly; `expand`'s output types with
-                   ``out_aval``
-``"jvp"``          ``jax.jvp`` (the `jvp` rule) with central finite
-                   differences of `expand`, differentiating all inputs and
-                   each input alone (the others then get symbolic zeros)
-``"vjp"``          ``jax.vjp`` (`vjp_fwd` with `vjp_bwd_retval` or `vjp_bwd`)
-                   with the `jvp` rule through the inner-product identity
-                   ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` on random vectors (finite
-                   differences stand in for a missing or failing `jvp`);
-                   the ``nzs_out`` that `vjp_fwd` returns
-``"lin"``          ``jax.linearize`` (`lin` and `linearized`) with the `jvp`
-                   rule (or finite differences); `lin`'s ``nzs_out``
-``"transpose"``    ``jax.linear_transpose`` (the `transpose` rule) with the
-                   linear map it transposes, through the same identity
-``"batch"``        ``jax.vmap`` (`batch` or `batch_dim_rule`) with a Python
-                   loop over the batch, for every combination of batched and
-                   unbatched arguments, with the batch axis first and last;
-                   ``vmap`` of ``jvp`` and of ``vjp`` with loops
-``"second_order"`` the checks above, applied to the tangent map, the
-                   backward pass and the linearized map of the function,
-                   where those bind hijax primitives again (a `jvp` rule that
-                   calls another primitive, a backward rule that calls the
-                   primitive itself, ...)
-=================  =========================================================
+==================  =========================================================
+mode                what is compared
+==================  =========================================================
+``"expand"``        the eager call and the ``jit``-compiled call with `expand`
+                    evaluated directly; `expand`'s output types with
+                    ``out_aval``
+``"jvp"``           ``jax.jvp`` (the `jvp` rule) with central finite
+                    differences of `expand`, differentiating all inputs and
+                    each input alone (the others then get symbolic zeros)
+``"vjp"``           ``jax.vjp`` (`vjp_fwd` with `vjp_bwd_retval` or `vjp_bwd`)
+                    with the `jvp` rule through the inner-product identity
+                    ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` on random vectors (finite
+                    differences stand in for a missing or failing `jvp`);
+                    the ``nzs_out`` that `vjp_fwd` returns
+``"lin"``           ``jax.linearize`` (`lin` and `linearized`) with the `jvp`
+                    rule (or finite differences); `lin`'s ``nzs_out``
+``"transpose"``     ``jax.linear_transpose`` (the `transpose` rule) with the
+                    linear map it transposes, through the same identity
+``"batch"``         ``jax.vmap`` (`batch` or `batch_dim_rule`) with a Python
+                    loop over the batch, for every combination of batched and
+                    unbatched arguments, with the batch axis first and last;
+                    ``vmap`` of ``jvp`` and of ``vjp`` with loops
+``"second_order"``  the checks above, applied to the tangent map, the
+                    backward pass and the linearized map of the function,
+                    where those bind hijax primitives again (a `jvp` rule that
+                    calls another primitive, a backward rule that calls the
+                    primitive itself, ...)
+==================  =========================================================
 
 A rule counts as defined when the primitive's class overrides the `HiPrim`
 method (derived rules such as ``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``
