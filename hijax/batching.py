@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 from jax._src import core
+from jax._src import hijax as _jax_hijax
 from jax._src.interpreters import batching
 
 from hijax._util import Static, is_none
@@ -20,11 +21,34 @@ __all__ = ["Batched", "batch_from_dim_rule"]
 
 def batch_from_dim_rule(prim: HiPrim, axis_data, args, dims):
   """`HiPrim.batch` derived from ``prim.batch_dim_rule``."""
+  _check_no_batched_hi_values(prim, dims)
   out_dim = prim.batch_dim_rule(axis_data, dims)
   return Batched(prim, axis_data, dims, out_dim)(*args), out_dim
 
 
+def _check_no_batched_hi_values(prim: HiPrim, dims):
+  # The derived rule vmaps `expand`, which reads the fields of concrete hi
+  # values. A batched hi value is an opaque tracer under that vmap, and a hi
+  # result is built from traced arrays; only a `batch` rule can handle those.
+  # (Unbatched hi inputs are passed through as they are, which works.)
+  dims_flat = prim.in_tree.flatten_up_to(dims)
+  hi = [a for a, d in zip(prim.in_avals_flat, dims_flat)
+        if isinstance(a, _jax_hijax.HiType) and d is not None]
+  hi += [a for a in prim.out_avals_flat if isinstance(a, _jax_hijax.HiType)]
+  if hi:
+    raise NotImplementedError(
+        f"{type(prim).__name__} has batched hi-typed inputs or hi-typed "
+        f"outputs ({', '.join(a.str_short() for a in hi)}), which a rule "
+        "derived from batch_dim_rule cannot batch: implement `batch(self, "
+        "axis_data, args, dims)`, whose dims for hi values are mapping specs")
+
+
 def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
+  if all(d is None for d in dims_flat):
+    # JAX calls a primitive's batcher even when no input is batched (e.g. a
+    # rule applying a primitive to closed-over values); nothing to batch then.
+    return prim._primitive.bind(*args_flat, prim=prim), [None] * len(
+        prim.out_avals_flat)
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   dims = jax.tree.unflatten(prim.in_tree, dims_flat)
   result = prim.batch(axis_data, args, dims)
@@ -57,8 +81,8 @@ class Batched(HiPrim):
   def __init__(self, prim, axis_data, in_dims, out_dim):
     self.prim, self.axis_data = prim, axis_data
     self.in_dims, self.out_dim = in_dims, out_dim
-    unmap = lambda a, d: core.unmapped_aval(axis_data.size, d, a,
-                                            axis_data.explicit_mesh_axis)
+    unmap = lambda a, d: a if d is None else core.unmapped_aval(
+        axis_data.size, d, a, axis_data.explicit_mesh_axis)
     self.in_avals = jax.tree.map(unmap, prim.in_avals, in_dims)
     self.out_aval = jax.tree.map(unmap, prim.out_aval, out_dim)
     self.params = dict(prim=prim, axis_data=axis_data,
