@@ -251,6 +251,33 @@ def test_vmap_of_a_hi_value_needs_a_spec():
     jax.vmap(dequantize)(qs)  # in_axes=0 is an array axis, not a QSpec
 
 
+class QMatmulDimRule(QMatmul):
+  """QMatmul batched by a batch_dim_rule instead of a batch rule."""
+
+  def batch_dim_rule(self, axis_data, dims):
+    _, dx = dims
+    return None if dx is None else dx
+
+
+def test_batch_dim_rule_with_unbatched_hi_inputs():
+  q = quantize(X)
+  xs = jnp.arange(12., dtype=F32).reshape(2, 3, 2)
+  f = lambda q, x: QMatmulDimRule(jax.typeof(q), jax.typeof(x))(q, x)
+  out = jax.vmap(f, in_axes=(None, 0))(q, xs)
+  np.testing.assert_allclose(out, jnp.einsum("ij,bjk->bik", dequantize(q), xs),
+                             rtol=1e-6)
+  g = jax.vmap(jax.grad(lambda x: f(q, x).sum()))(xs)
+  np.testing.assert_allclose(g, jnp.broadcast_to(dequantize(q).sum(0)[:, None],
+                                                 xs.shape), rtol=1e-6)
+
+
+def test_batch_dim_rule_cannot_batch_hi_values():
+  qs = quantize(XB)
+  f = lambda q, x: QMatmulDimRule(jax.typeof(q), jax.typeof(x))(q, x)
+  with pytest.raises(NotImplementedError, match="q8.*implement `batch"):
+    jax.vmap(f, in_axes=(QSpec(0), None), axis_size=4)(qs, jnp.ones((3, 2)))
+
+
 # --- scan ---------------------------------------------------------------------------------
 
 def test_scan_over_hi_values():
