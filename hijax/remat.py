@@ -156,6 +156,7 @@ class CustomRemat(HiPrim):
     return f"CustomRemat[f={_name(self.f)}]"
 
   def expand(self, *args):
+    """Evaluation and lowering: ``f`` itself."""
     return self.f(*args)
 
   def remat(self, trace, *args):
@@ -179,15 +180,19 @@ class CustomRemat(HiPrim):
     return out, res2
 
   def vjp_bwd_retval(self, res2, g):
+    """The backward pass: ``f_bwd``, one cotangent per argument."""
     return _cotangents(self, self.f_bwd(res2, g))
 
   def jvp(self, primals, tangents):
+    """Forward mode is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.f)
 
   def lin(self, nzs_in, *args):
+    """Linearization is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.f)
 
   def batch(self, axis_data, args, dims):
+    """``vmap`` is not supported: raises ``NotImplementedError``."""
     raise NotImplementedError(
         f"custom_remat function {_name(self.f)} cannot be vmapped: vmap inside "
         "it, or apply custom_remat to the batched function")
@@ -211,21 +216,26 @@ class Rematerialize(HiPrim):
     return f"Rematerialize[f={_name(self.remat_prim.f)}]"
 
   def expand(self, res, *args):
+    """The output that ``f_rem`` recomputes from the saved residuals."""
     out, _ = _pair(self.remat_prim.f_rem(res, *args), self.remat_prim.f_rem,
                    "(out, res2)")
     return out
 
   def vjp_fwd(self, nzs_in, res, *args):
+    """Runs ``f_rem``, keeping its ``res2`` for ``f_bwd``."""
     f_rem = self.remat_prim.f_rem
     return _pair(f_rem(res, *args), f_rem, "(out, res2)")
 
   def vjp_bwd_retval(self, res2, g):
+    """``f_bwd``; the saved residuals get no cotangent."""
     return (None, *_cotangents(self.remat_prim, self.remat_prim.f_bwd(res2, g)))
 
   def jvp(self, primals, tangents):
+    """Forward mode is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.remat_prim.f)
 
   def lin(self, nzs_in, *args):
+    """Linearization is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.remat_prim.f)
 
 
