@@ -99,6 +99,20 @@ def check_shard_map_with_hi_in_and_out_specs():
                              atol=1e-5)
 
 
+def check_grad_through_shard_map_with_hi_values():
+  q = quantize(sharded_x())
+  consume = jax.shard_map(lambda q: dequantize(q) * 2,
+                          in_specs=QPspec(P("i", None)), out_specs=P("i", None))
+  g = jax.jit(jax.grad(lambda q: consume(q).sum()))(q)
+  assert str(jax.typeof(g)) == "float32[8@i,3]"
+  np.testing.assert_array_equal(g, 2 * np.ones((8, 3)))
+  produce = jax.shard_map(lambda x: quantize(x * 3), in_specs=P("i", None),
+                          out_specs=QPspec(P("i", None)))
+  g = jax.jit(jax.grad(lambda x: dequantize(produce(x)).sum()))(sharded_x())
+  assert str(jax.typeof(g)) == "float32[8@i,3]"
+  np.testing.assert_array_equal(g, 3 * np.ones((8, 3)))
+
+
 def check_tuple_with_sharded_components():
   x = sharded_x()
   t = make_tup(x, quantize(x))
