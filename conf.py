@@ -128,10 +128,11 @@ html_theme_options = {
     "use_fullscreen_button": True,
     "show_toc_level": 2,
     "home_page_in_toc": True,
-    # Without a default, a first visit (empty localStorage) logs a console
-    # error ("Got invalid theme mode"); the browser test fails on it.
-    "default_mode": "light",
 }
+# The theme's colour mode before a reader picks one. Without it a first visit
+# (empty localStorage) logs a console error ("Got invalid theme mode"), which
+# the browser test (tests/test_site.py) fails on.
+html_context = {"default_mode": "light"}
 html_last_updated_fmt = None
 html_show_sourcelink = True
 html_copy_source = True
