@@ -938,9 +938,7 @@ class _Checker:
   def run(self, modes, all_modes=None):
     all_modes = modes if all_modes is None else all_modes
     for mode in modes:
-      if mode == "second_order":
-        self.check_second_order(all_modes)
-      elif mode in _DERIVATIVE_MODES and not self.float_idx:
+      if mode in _DERIVATIVE_MODES and not self.float_idx:
         self.report.skipped.append((mode, self.label + "no floating-point "
                                     "inputs to differentiate"))
       elif mode in _DERIVATIVE_MODES + ("transpose",) and not self.out_float_idx:
@@ -948,8 +946,11 @@ class _Checker:
                                     "outputs"))
       else:
         try:
-          getattr(self, f"check_{mode}")()
-        except Exception as e:  # a bug in a check, or an unforeseen input
+          if mode == "second_order":
+            self.check_second_order(all_modes)
+          else:
+            getattr(self, f"check_{mode}")()
+        except Exception as e:  # e.g. prim_fn fails to evaluate under jit
           self.fail_raised(mode, f"running the {mode} checks",
                            self.describe_inputs(), e)
 
@@ -1022,11 +1023,13 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
     order: 2 (the default) also checks the rules of the primitives that the
       first-order rules bind (see the ``"second_order"`` mode); 1 does not.
       Higher values recurse further.
-    jit: evaluate ``prim_fn`` under ``jax.jit`` inside the checks (the rules
-      are then traced, as in most programs, and repeated evaluations, such as
-      finite differences, compile once). With False, everything runs eagerly,
-      which is slower but lets rules use Python control flow on values. The
-      ``"expand"`` mode checks the eager call either way.
+    jit: compute the references (finite differences, loops over a batch,
+      plain evaluations) with ``jax.jit(prim_fn)``, which compiles once for
+      all of them. The transformations under test (``jax.jvp``, ``jax.vjp``,
+      ``jax.vmap``, ...) are applied to ``prim_fn`` itself either way. With
+      False, the references run eagerly too: slower, but an `expand` that
+      branches in Python on values works (leave out the ``"expand"`` mode,
+      whose check includes a jitted call).
     raise_on_failure: when False, return the report with its ``failures``
       instead of raising.
 
