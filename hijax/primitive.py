@@ -18,6 +18,7 @@ other modules append to `RULE_INSTALLERS` and that run once per subclass.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -26,11 +27,16 @@ import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 from jax._src import api
 from jax._src import core
 from jax._src import pretty_printer as pp
+from jax._src import traceback_util
 from jax._src import tree_util
 from jax._src.core import AbstractValue
 from jax._src.interpreters import partial_eval as pe
 
 from hijax import _compat
+
+# Like JAX's own frames, hijax's are hidden from user tracebacks and from the
+# source locations of residuals, so both point at the user's code.
+traceback_util.register_exclusion(os.path.dirname(__file__))
 
 RULE_INSTALLERS: list[Callable[[type[HiPrim]], None]] = []
 """Functions ``install(cls)`` run for each new `HiPrim` subclass."""
