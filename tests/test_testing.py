@@ -459,3 +459,100 @@ def test_assert_rules_hides_its_frames():
   assert ht.assert_rules.__code__.co_varnames[0] == "prim_fn"
   with pytest.raises(RuleCheckError):
     assert_rules(lambda x: BadJvp(jax.typeof(x))(x), 0.5, modes="jvp")
+
+
+# --- the primitives of the custom-derivatives page ----------------------------------------
+
+_DOCS_RUNNER = r'''
+import contextlib, io, json, os, sys
+os.environ.setdefault("MPLBACKEND", "Agg")
+import jax, jax.numpy as jnp, jupytext
+from hijax.primitive import HiPrim
+from hijax.testing import check_rules
+
+page, points, options = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+first_call = {}
+call = HiPrim.__call__
+
+def recording_call(self, *args):
+  if (type(self).__name__ != "Batched" and type(self) not in first_call
+      and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))):
+    first_call[type(self)] = (self, args)
+  return call(self, *args)
+
+HiPrim.__call__ = recording_call
+ns = {"__name__": "__main__"}
+for cell in jupytext.read(page).cells:
+  if cell.cell_type != "code" or "raises-exception" in cell.metadata.get("tags", []):
+    continue
+  with contextlib.redirect_stdout(io.StringIO()):
+    exec(cell.source, ns)
+HiPrim.__call__ = call
+
+results = {}
+for cls, (prim, args) in first_call.items():
+  name = cls.__name__
+  if name in points:
+    args = eval(points[name], {"jnp": jnp})
+  report = check_rules(lambda *a, prim=prim: prim(*a), *args,
+                       raise_on_failure=False,
+                       **eval(options.get(name, "{}")))
+  results[name] = dict(modes=report.modes_run,
+                       failures=sorted({f.rule for f in report.failures}),
+                       message=[str(f) for f in report.failures[:2]])
+print("RESULTS" + json.dumps(results))
+'''
+
+# The page calls these at an edge of their domain on purpose (overflow, the
+# boundary of the half line); check them at an interior point.
+_DOCS_POINTS = {"Log1pExp": "(jnp.float32(3.0),)",
+                "HalfLine": "(jnp.float32(0.5),)",
+                "Step": "(jnp.float32(-0.5),)"}
+_DOCS_OPTIONS = {"Step": "dict(jit=False, modes=('vjp',))"}  # branches in Python
+
+# Examples that depart from the math on purpose, or demonstrate an error.
+_DOCS_INTENTIONAL = {
+    "ClipCotangent": {"ClipCotangent.vjp_fwd/vjp_bwd_retval"},  # clips on purpose
+    "Step": {"Step.vjp_fwd/vjp_bwd_retval"},  # a surrogate gradient
+    "ListLogger": {"ListLogger.vjp_fwd/vjp_bwd"},  # logs that are not a dict
+    "RetvalWithSres": {"RetvalWithSres.vjp_fwd/vjp_bwd_retval"},  # misuse error
+}
+# Known shortcomings of examples on the page (reported to its author).
+_DOCS_KNOWN_ISSUES = {
+    # the jvp rule multiplies by tangents that can be symbolic zeros, so
+    # jax.jvp of exp_cos in one argument raises TypeError
+    "ExpCos": {"ExpCos.jvp"},
+}
+
+
+def test_custom_derivatives_page_primitives():
+  """check_rules on each primitive the custom-derivatives page applies, at the
+  first point the page applies it to (in float32, since the instances are
+  built for float32 arguments)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  from pathlib import Path
+  pytest.importorskip("jupytext")
+  page = Path(__file__).resolve().parent.parent / "docs" / "custom-derivatives.md"
+  if not page.exists():
+    pytest.skip("no custom-derivatives page")
+  proc = subprocess.run(
+      [sys.executable, "-c", _DOCS_RUNNER, str(page), json.dumps(_DOCS_POINTS),
+       json.dumps(_DOCS_OPTIONS)],
+      capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(proc.stdout.split("RESULTS", 1)[1])
+  assert len(results) >= 20 and "FixedPoint" in results
+  expected = {**_DOCS_INTENTIONAL, **_DOCS_KNOWN_ISSUES}
+  wrong = {name: r for name, r in results.items()
+           if set(r["failures"]) != expected.get(name, set())}
+  assert not wrong, "\n\n".join(
+      f"{name}: failing rules {r['failures']}, expected "
+      f"{sorted(expected.get(name, set()))}\n" + "\n".join(r["message"])
+      for name, r in wrong.items())
+  # the checks that matter ran
+  assert "second_order" in results["FixedPoint"]["modes"]
+  assert {"jvp", "vjp", "lin"} <= set(results["Sigmoid"]["modes"])
