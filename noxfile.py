@@ -7,6 +7,8 @@
 
 Versions are pinned here and only here; pyproject.toml keeps ranges.
 """
+import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -27,6 +29,7 @@ TOOL_PINS = [
     "jupytext==1.19.6",
     "nbval==0.11.0",
     "nbclient==0.11.0",
+    "playwright==1.65.2",
 ]
 
 ROOT = Path(__file__).resolve().parent
@@ -93,12 +96,36 @@ def notebooks(session):
 
 @nox.session(python=PYTHON)
 def tests(session):
-    """Unit tests, the notebook sync and spec-page checks, and nbval on notebooks/."""
-    _install(session, "tests", JAX)
+    """Unit tests, the notebook sync and spec-page checks, nbval on notebooks/,
+    and the browser test of the site that `nox -s docs` built (tests/test_site.py).
+    """
+    _install(session, "tests,site", JAX)
+    env = dict(KERNEL_ENV)
+    if _ensure_chromium(session) and os.environ.get("CI"):
+        # In CI the browser test must run: a missing piece fails it.
+        env["HIJAX_SITE_TEST"] = "required"
     paths = ["tests"]
     if any(Path("notebooks").glob("*.ipynb")):
         paths.append("notebooks")
-    session.run("pytest", *paths, *NBVAL_ARGS, *session.posargs, env=KERNEL_ENV)
+    session.run("pytest", *paths, *NBVAL_ARGS, *session.posargs, env=env)
+
+
+def _ensure_chromium(session):
+    """Debian's Chromium for the browser test, installed with apt-get if missing.
+
+    Playwright drives the system binary; it never downloads a browser. Without
+    root or apt-get the browser test is skipped (it says why).
+    """
+    if shutil.which("chromium"):
+        return True
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.warn("no `chromium` and not root with apt-get: the browser test "
+                     "(tests/test_site.py) will be skipped")
+        return False
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-q", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+    return True
 
 
 @nox.session(name="tests-jax011", python=PYTHON)
