@@ -191,7 +191,13 @@ def _planned_reference(app, env, node, contnode):
 
 
 def _offer_executed_notebook(app, pagename, templatename, context, doctree):
-    """Offer the executed .ipynb of a notebook page in the download menu."""
+    """Offer the executed .ipynb of a notebook page in the download menu.
+
+    myst-nb writes _build/jupyter_execute/<page>.ipynb, but when a page's
+    outputs come from the jupyter cache (its code did not change) it writes
+    that notebook without them (myst-nb 1.4.0), so we merge them in from the
+    cache. tests/test_site.py checks that every download has outputs.
+    """
     if doctree is None or pagename not in PAGES:
         return
     executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
@@ -200,6 +206,18 @@ def _offer_executed_notebook(app, pagename, templatename, context, doctree):
     dest = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(executed, dest)
+    if app.env.mystnb_config.execution_mode == "cache":
+        import nbformat
+        from jupyter_cache import get_cache
+
+        nb = nbformat.read(executed, as_version=4)
+        try:
+            _, nb = get_cache(app.env.mystnb_config.execution_cache_path) \
+                .merge_match_into_notebook(nb)
+        except KeyError:  # not in the cache: the file is what was executed
+            pass
+        else:
+            nbformat.write(nb, dest)
     context["ipynb_source"] = f"{pagename}.ipynb"
 
 
