@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = ROOT / "_build" / "html"
+SITE = Path(os.environ.get("HIJAX_SITE", ROOT / "_build" / "html"))  # the built site
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 sys.path.insert(0, str(ROOT / "tools"))
 import site_check  # noqa: E402
