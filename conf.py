@@ -116,6 +116,9 @@ nb_execution_show_tb = True
 nb_execution_timeout = 300
 nb_execution_allow_errors = False
 nb_merge_streams = True
+# Show tracebacks of raises-exception cells with their ANSI colours; the
+# default "ipythontb" lexer fails (a warning, so an error) on some messages.
+nb_render_error_lexer = "myst-ansi"
 # No widget JavaScript from a CDN.
 nb_ipywidgets_js = {}
 

@@ -9,6 +9,7 @@ Versions are pinned here and only here; pyproject.toml keeps ranges.
 """
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import nox
@@ -42,6 +43,9 @@ BUILD = "_build"
 KERNEL_ENV = {
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     "JAX_PPRINT_USE_COLOR": "false",
+    # The system temp dir rather than nox's per-session one, so file names in
+    # outputs (ipykernel's cell files) don't carry .nox/<session> paths.
+    "TMPDIR": tempfile.gettempdir(),
 }
 NBVAL_ARGS = [
     "--nbval",
