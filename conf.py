@@ -36,8 +36,8 @@ PAGES = [
     "remat",
     "hijax-types",
 ]
-# Reference pages listed after the eight, once they exist.
-APPENDIX = ["api"]
+# Further pages listed after the eight (index.md lists them too), once they exist.
+APPENDIX = ["checking-rules", "api"]
 
 # Labels that pages define and other pages may point at with {ref}, mapped to
 # the page that defines them (used only while that page does not exist yet).
@@ -201,7 +201,7 @@ def _offer_executed_notebook(app, pagename, templatename, context, doctree):
     that notebook without them (myst-nb 1.4.0), so we merge them in from the
     cache. tests/test_site.py checks that every download has outputs.
     """
-    if doctree is None or pagename not in PAGES:
+    if doctree is None or pagename not in PAGES + APPENDIX:
         return
     executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
     if not executed.exists():
