@@ -2,10 +2,9 @@
 catches a deliberately wrong rule of each kind, naming the rule."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from hijax import HiPrim, ShapedArray, linearize_from_jvp, vjp_from_jvp, vjp_from_lin
+from hijax import HiPrim, ShapedArray, vjp_from_jvp
 from hijax.testing import (MODES, RuleCheckError, RuleReport, assert_rules,
                            check_rules, defined_rules)
 
