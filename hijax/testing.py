@@ -384,6 +384,9 @@ class _Checker:
     self.float_idx = [i for i, x in enumerate(self.leaves) if _is_float(x)]
     out_shape = jax.eval_shape(prim_fn, *args)
     out_paths, self.out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
+    _check_arrays("output", "out", out_paths,
+                  lambda a: isinstance(a, jax.ShapeDtypeStruct)
+                  and _real_or_int(a.dtype))
     self.out_names = ["out" + jax.tree_util.keystr(p) for p, _ in out_paths]
     self.out_avals = [a for _, a in out_paths]
     self.out_float_idx = [i for i, a in enumerate(self.out_avals)
@@ -957,6 +960,30 @@ class _Checker:
                            self.describe_inputs(), e)
 
 
+def _real_or_int(dtype) -> bool:
+  return any(jnp.issubdtype(dtype, t) for t in (jnp.floating, jnp.integer,
+                                                jnp.bool_))
+
+
+def _check_arrays(what, root, paths_and_leaves, ok):
+  for path, x in paths_and_leaves:
+    try:
+      good = ok(x)
+    except Exception:  # e.g. np.asarray of a hi value
+      good = False
+    if not good:
+      try:
+        desc = (x if isinstance(x, _core.AbstractValue)
+                else _core.typeof(x)).str_short()
+      except Exception:
+        desc = f"a {type(x).__name__}"
+      raise TypeError(
+          f"check_rules checks functions of arrays (and pytrees of arrays) "
+          f"with real or integer dtypes, but {what} {root}"
+          f"{jax.tree_util.keystr(path)} is {desc}; hi types and complex "
+          "numbers are not supported")
+
+
 def _to_numpy(xs):
   return [np.asarray(x) for x in xs]
 
@@ -994,7 +1021,8 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
       JAX operations or bind several primitives; a mode runs when every
       primitive found defines its rule. Static data (functions, shapes) is
       closed over, not passed in ``args``.
-    *args: the point to check at: pytrees of arrays (or Python scalars).
+    *args: the point to check at: pytrees of arrays (or Python scalars) of
+      real or integer dtypes (hi types and complex numbers are not supported).
       Floating-point leaves are differentiated; integer and boolean leaves are
       not (they are held fixed, and kept equal across the batch in the batching
       check, since they may be indices). Choose a point where the primitive is
@@ -1052,6 +1080,9 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
   if unknown:
     raise ValueError(f"unknown mode(s) {unknown}; the modes are {MODES}")
 
+  _check_arrays("argument", "args",
+                jax.tree_util.tree_flatten_with_path(args)[0],
+                lambda x: _real_or_int(jnp.result_type(x)))
   with contextlib.ExitStack() as stack:
     dtype = None
     if x64 is not False:
