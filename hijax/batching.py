@@ -22,8 +22,17 @@ __all__ = ["Batched", "batch_from_dim_rule"]
 def batch_from_dim_rule(prim: HiPrim, axis_data, args, dims):
   """`HiPrim.batch` derived from ``prim.batch_dim_rule``."""
   _check_no_batched_hi_values(prim, dims)
-  out_dim = prim.batch_dim_rule(axis_data, dims)
+  out_dim = jax.tree.unflatten(
+      prim.out_tree, _out_dims_flat(prim, prim.batch_dim_rule(axis_data, dims)))
   return Batched(prim, axis_data, dims, out_dim)(*args), out_dim
+
+
+def _out_dims_flat(prim: HiPrim, out_dim) -> list:
+  """One batch dim per output leaf: a single dim applies to every output."""
+  try:
+    return prim.out_tree.flatten_up_to(out_dim)
+  except (ValueError, TypeError):
+    return [out_dim] * prim.out_tree.num_leaves
 
 
 def _check_no_batched_hi_values(prim: HiPrim, dims):
@@ -56,12 +65,7 @@ def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
     raise TypeError(f"{type(prim).__name__}.batch must return a pair "
                     "(batched_out, out_dim)")
   out, out_dim = result
-  out_flat = flatten_output(prim, "batch", out)
-  try:
-    dims_out = prim.out_tree.flatten_up_to(out_dim)
-  except (ValueError, TypeError):
-    dims_out = [out_dim] * prim.out_tree.num_leaves  # one dim for every output
-  return out_flat, dims_out
+  return flatten_output(prim, "batch", out), _out_dims_flat(prim, out_dim)
 
 
 def _install_batching_rule(cls):

@@ -162,3 +162,20 @@ def test_batch_dim_rule_with_pytree_outputs():
 
   out = jax.vmap(lambda x: Both(jax.typeof(x))(x))(X)
   np.testing.assert_allclose(out["c"], jnp.cos(X), rtol=1e-6)
+
+
+def test_batch_dim_rule_may_return_one_dim_for_all_outputs():
+  class SinCos(HiPrim):
+    def __init__(self, a):
+      self.in_avals, self.out_aval, self.params = (a,), (a, a), {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.sin(x), jnp.cos(x)
+
+    def batch_dim_rule(self, axis_data, in_dims):
+      return in_dims[0]
+
+  s, c = jax.vmap(lambda x: SinCos(jax.typeof(x))(x))(X)
+  np.testing.assert_allclose(s, jnp.sin(X), rtol=1e-6)
+  np.testing.assert_allclose(c, jnp.cos(X), rtol=1e-6)
