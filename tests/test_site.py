@@ -69,6 +69,12 @@ def _conf_list(name):
   return ns[name]
 
 
+def _is_notebook(md):
+  """A MyST notebook page (jupytext header with a kernelspec), not plain MyST."""
+  text = md.read_text(encoding="utf-8") if md.exists() else ""
+  return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
+
+
 # --- the checker catches broken pages ---------------------------------------------
 
 BROKEN = """<!doctype html>
@@ -148,7 +154,8 @@ def test_site_in_chromium(site, chromium):
 
 def test_notebook_downloads(site):
   """Each notebook page offers its .md and executed .ipynb for download, locally."""
-  pages = [p for p in _conf_list("PAGES") if (site / f"{p}.html").exists()]
+  pages = [p for p in _conf_list("PAGES") + _conf_list("APPENDIX")
+           if (site / f"{p}.html").exists() and _is_notebook(ROOT / "docs" / f"{p}.md")]
   assert pages
   for page in pages:
     html = (site / f"{page}.html").read_text(encoding="utf-8")
