@@ -517,11 +517,7 @@ _DOCS_INTENTIONAL = {
     "RetvalWithSres": {"RetvalWithSres.vjp_fwd/vjp_bwd_retval"},  # misuse error
 }
 # Known shortcomings of examples on the page (reported to its author).
-_DOCS_KNOWN_ISSUES = {
-    # the jvp rule multiplies by tangents that can be symbolic zeros, so
-    # jax.jvp of exp_cos in one argument raises TypeError
-    "ExpCos": {"ExpCos.jvp"},
-}
+_DOCS_KNOWN_ISSUES: dict[str, set[str]] = {}
 
 
 def test_custom_derivatives_page_primitives():
