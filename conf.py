@@ -83,6 +83,9 @@ napoleon_use_ivar = True
 
 # --- MyST / myst-nb -------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
+# $$...$$ inside a paragraph (no blank line before it) is display math, as
+# in Jupyter's own Markdown rendering, rather than literal dollar signs.
+myst_dmath_double_inline = True
 myst_heading_anchors = 3
 
 # Execute every page at build time. "cache" re-executes a page only when its
