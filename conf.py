@@ -90,8 +90,12 @@ myst_heading_anchors = 3
 
 # Execute every page at build time. "cache" re-executes a page only when its
 # code, hijax or JAX changed (the cache lives in _build/.jupyter_cache); a
-# fresh checkout executes everything. Any error in a cell not tagged raises-exception fails
-# the build.
+# fresh checkout executes everything. A cell that raises (unless tagged
+# raises-exception) fails the build: myst-nb logs the failing cell's traceback
+# as a warning, and _fail_on_execution_errors (below) then fails the build
+# listing every page that did not execute, with or without -W.
+# (nb_execution_raise_on_error would stop at the first failing page, and in a
+# parallel -j build the traceback of the failing cell would be lost.)
 nb_execution_mode = "cache"
 
 
@@ -114,7 +118,7 @@ def _code_key():
 # One cache per version of hijax + JAX. As the path is part of the config,
 # changing hijax also makes Sphinx re-read (and so re-execute) every page.
 nb_execution_cache_path = str(ROOT / "_build" / ".jupyter_cache" / _code_key())
-nb_execution_raise_on_error = True
+nb_execution_raise_on_error = False
 nb_execution_show_tb = True
 nb_execution_timeout = 300
 nb_execution_allow_errors = False
@@ -240,7 +244,23 @@ def _create_execution_cache(app):
     get_cache(app.env.mystnb_config.execution_cache_path).list_cache_records()
 
 
+def _fail_on_execution_errors(app, exception):
+    """Fail the build if any page did not execute to the end."""
+    if exception is not None:
+        return
+    failed = sorted(
+        doc for doc, meta in getattr(app.env, "nb_metadata", {}).items()
+        if (meta.get("exec_data") or {}).get("succeeded") is False)
+    if failed:
+        logger.error(
+            "pages failed to execute: %s (the failing cell's traceback is in the "
+            "'Executing notebook failed' warning when the page runs; an unchanged "
+            "page is not run again, `rm -rf _build` to see it again)", ", ".join(failed))
+        app.statuscode = 1
+
+
 def setup(app):
+    app.connect("build-finished", _fail_on_execution_errors)
     app.connect("builder-inited", _create_execution_cache, priority=600)
     app.connect("source-read", _drop_missing_from_index)
     app.connect("missing-reference", _planned_reference)
