@@ -3,7 +3,7 @@
 Run: python bench/bench_hiprim.py [--chain 200] [--repeat 5]
 
 For each implementation of the same function (sin(x) * y with a custom VJP) it
-times, taking the best of ``--repeat`` runs:
+times, taking the best of ``--repeat`` runs (7):
 
   (a) one eager call,
   (b) one eager ``jax.grad`` call,
@@ -125,7 +125,7 @@ def check_zero_lowering_overhead():
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--chain", type=int, default=200)
-  parser.add_argument("--repeat", type=int, default=5)
+  parser.add_argument("--repeat", type=int, default=7)
   args = parser.parse_args()
 
   impls = {"jax.numpy": plain, "jax.custom_vjp": with_custom_vjp}

@@ -53,6 +53,12 @@ def accumulate(prim: HiPrim, arg_accums, cts) -> None:
     raise TypeError(
         f"{name}.vjp_bwd_retval must return a tuple with one cotangent per "
         f"input ({len(prim.in_avals)}), got {_describe(cts)}")
+  if prim._args_are_leaves:  # one accumulator per input: no pytrees to match
+    for i, (acc, ct) in enumerate(zip(arg_accums, cts)):
+      if ct is not None:
+        _check_ct_shape(name, "vjp_bwd_retval", i, acc.aval, ct)
+        acc.accum(ct)
+    return
   for i, (accs, ct, aval_tree) in enumerate(zip(arg_accums, cts, prim.in_avals)):
     if ct is None:
       continue
