@@ -83,26 +83,37 @@ def chain(f, n):
   return g
 
 
-def best_time(thunk, repeat):
-  best = float("inf")
-  for _ in range(repeat):
-    t0 = time.perf_counter()
+def time_once(thunk, number=1):
+  t0 = time.perf_counter()
+  for _ in range(number):
     jax.block_until_ready(thunk())
-    best = min(best, time.perf_counter() - t0)
-  return best
+  return (time.perf_counter() - t0) / number
 
 
-def measure(f, n, repeat):
+def workloads(f, n):
+  """The three timed thunks for one implementation, warmed up."""
   x = jnp.linspace(0.1, 1.0, 16)
   loss = lambda x: jnp.sum(f(x, x))
   f(x, x)  # warm up op-by-op caches
   jax.grad(loss)(x)
-  eager = best_time(lambda: f(x, x), repeat)
-  eager_grad = best_time(lambda: jax.grad(loss)(x), repeat)
-  # A new function each time, so that no tracing or compilation cache helps.
-  compile_time = best_time(
-      lambda: jax.jit(jax.grad(chain(f, n))).lower(x).compile() and x, repeat)
-  return eager, eager_grad, compile_time
+  return [
+      (lambda: f(x, x), 20),
+      (lambda: jax.grad(loss)(x), 5),
+      # A new function each time, so that no tracing or compilation cache helps.
+      (lambda: jax.jit(jax.grad(chain(f, n))).lower(x).compile() and x, 1),
+  ]
+
+
+def measure(impls, n, repeat):
+  """Best time per (implementation, workload). Rounds interleave the
+  implementations, so that drift in machine load affects them alike."""
+  loads = {name: workloads(f, n) for name, f in impls.items()}
+  best = {name: [float("inf")] * 3 for name in impls}
+  for _ in range(repeat):
+    for name, thunks in loads.items():
+      for i, (thunk, number) in enumerate(thunks):
+        best[name][i] = min(best[name][i], time_once(thunk, number))
+  return best
 
 
 def _optimized_hlo(f, *args):
@@ -136,10 +147,8 @@ def main():
   print(f"jax {jax.__version__}, chain of {args.chain}, best of {args.repeat}")
   header = f"{'implementation':<16}{'eager call':>14}{'eager grad':>14}{'jit(grad) compile':>20}"
   print(header)
-  results = {}
-  for name, f in impls.items():
-    results[name] = measure(f, args.chain, args.repeat)
-    e, g, c = results[name]
+  results = measure(impls, args.chain, args.repeat)
+  for name, (e, g, c) in results.items():
     print(f"{name:<16}{e * 1e6:>11.1f} us{g * 1e6:>11.1f} us{c * 1e3:>17.1f} ms")
 
   if "jax HiPrim" in results:
