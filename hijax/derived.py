@@ -40,20 +40,10 @@ def _tangent_examples(prim: HiPrim, nzs_flat):
                     zip(prim.in_avals_flat, nzs_flat) if nz)]
 
 
-def _check_not_circular(prim: HiPrim):
-  cls = type(prim)
-  if cls.jvp is jvp_from_lin and cls.lin is _lin_from_jvp:
-    raise TypeError(
-        f"{cls.__name__} derives `jvp` from `lin` (jvp = jvp_from_lin) and "
-        "`lin` from `jvp` (lin, linearized = linearize_from_jvp): each is "
-        "defined by the other. Write one of them by hand")
-
-
 # --- linearize_from_jvp -------------------------------------------------------------
 
 def _lin_from_jvp(self, nzs_in, *primals):
   """`lin` derived by partially evaluating `jvp` at ``primals``."""
-  _check_not_circular(self)
   nzs_flat = jax.tree.leaves(nzs_in)
   nzs_out_flat = []
 
@@ -91,7 +81,6 @@ def _linearized_from_jvp(self, res, *tangents):
 
 def jvp_from_lin(self, primals, tangents):
   """`jvp` derived from handwritten `lin` and `linearized` rules."""
-  _check_not_circular(self)
   tangents_flat = self.in_tree.flatten_up_to(tangents)
   nzs_in = jax.tree.unflatten(self.in_tree,
                               [not is_zero(t) for t in tangents_flat])
