@@ -64,8 +64,8 @@ def build_one(name, timeout):
 
 
 def build(names, jobs, timeout):
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    os.environ.setdefault("JAX_PPRINT_USE_COLOR", "false")
+    # No environment of our own: a page must run, and print the same, in a
+    # reader's fresh kernel (nothing set), so the stored outputs are those.
     names = names or pages()
     unknown = sorted(set(names) - set(pages()))
     if unknown:
