@@ -16,6 +16,8 @@ from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
 from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
                          save_any_names_but_these, save_only_these_names)
+from hijax._avals import (mapped_aval, saved_residuals, shard_aval,
+                          unmapped_aval, unshard_aval)
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "vjp_from_jvp", "jvp_from_lin", "HiType", "register_hitype", "MappingSpec",
     "HiPspec", "aval_method", "aval_property", "custom_remat",
     "SaveOnlyTheseNames", "save_only_these_names", "SaveAnyNamesButThese",
-    "save_any_names_but_these",
+    "save_any_names_but_these", "mapped_aval", "unmapped_aval", "shard_aval",
+    "unshard_aval", "saved_residuals",
 ]
 __version__ = "0.1.0"
