@@ -1,15 +1,27 @@
 """Sessions for building the JAX 301 site and testing hijax.
 
-  python3.12 -m nox -s docs                  build the executed site into _build/html
+  python3.12 -m nox -s docs                  build the site into _build/html
   python3.12 -m nox -s tests tests-jax011    every test (what .ci/run runs, after docs)
   python3.12 -m nox -s notebooks             regenerate + execute notebooks/*.ipynb
+  python3.12 -m nox -s fuzz                  the property tests, with many more examples
   python3.12 -m nox -s lab                   JupyterLab on notebooks/ with hijax installed
 
 Versions are pinned here and only here; pyproject.toml keeps ranges.
+
+Where the time goes (2 cores): environments are made by uv and kept between
+runs; each page is executed once per run, by nbval in `tests` (the site renders
+those same committed notebooks, see tools/sphinx_jax301.py); pytest runs on two
+workers. A test session whose inputs (every file in the checkout, ../shared, the
+pins) are unchanged since its last successful run says so and is skipped;
+HIJAX_FORCE=1 runs it anyway (.ci/run sets it).
 """
+import functools
+import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import nox
@@ -31,20 +43,20 @@ TOOL_PINS = [
     "nbval==0.11.0",
     "nbclient==0.11.0",
     "playwright==1.65.2",
+    "pytest-xdist==3.8.0",
 ]
 
 ROOT = Path(__file__).resolve().parent
 BUILD = "_build"
-# Environment for the Jupyter kernels that run the pages (myst-nb, nbclient,
-# nbval, JupyterLab): figures drawn inline whatever the caller's environment
-# says, so stored outputs always hold the figure; and jaxprs printed without
-# ANSI colours (JAX colours them inside Jupyter), so outputs and asserts on
-# str(jaxpr) are the same in a kernel as in plain Python.
-KERNEL_ENV = {
-    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-    "JAX_PPRINT_USE_COLOR": "false",
-    # The system temp dir rather than nox's per-session one, so file names in
-    # outputs (ipykernel's cell files) don't carry .nox/<session> paths.
+STAMPS = ROOT / ".nox" / ".passed"
+# The environment of the Jupyter kernels that run the pages (nbval, the build,
+# `notebooks`, JupyterLab): a reader's, with nothing of ours set. Variables that
+# would change what a page prints are removed even if the caller has them; the
+# temp dir is the system's, not nox's per-session one, as a reader's would be.
+READER_ENV = {
+    "JAX_PPRINT_USE_COLOR": None,
+    "MPLBACKEND": None,
+    "XLA_FLAGS": None,
     "TMPDIR": tempfile.gettempdir(),
 }
 NBVAL_ARGS = [
@@ -53,97 +65,203 @@ NBVAL_ARGS = [
     "--nbval-sanitize-with", "tools/nbval_sanitize.cfg",
     "--nbval-cell-timeout", "300",
 ]
+# Two workers; a notebook's cells stay together on one worker (one kernel).
+XDIST_ARGS = ["-n", "2", "--dist", "loadfile"]
 
 nox.options.sessions = ["docs", "tests", "tests-jax011"]
 nox.options.error_on_missing_interpreters = True
+# uv makes and fills an environment in seconds; plain venv + pip where it is missing.
+nox.options.default_venv_backend = "uv|virtualenv"
+# Keep environments between runs (the installs below still run, and are no-ops
+# when nothing changed).
+nox.options.reuse_venv = "yes"
 
 
 def _install(session, extra, jax_version):
-    """Install hijax (editable) with an extra, the given JAX, and TOOL_PINS as constraints."""
-    constraints = Path(session.create_tmp()) / "constraints.txt"
-    constraints.write_text("\n".join(TOOL_PINS) + "\n")
-    session.install("-e", f".[{extra}]", f"jax=={jax_version}", "-c", str(constraints))
-    # First imports can print one-off messages (e.g. matplotlib building its
-    # font cache on a new machine); get them out of the way before any page
-    # runs, so they never land in a cell's output.
-    session.run("python", "-c", "import matplotlib.pyplot, jax.numpy as jnp; jnp.zeros(1)",
-                silent=True)
+  """Install hijax (editable) with an extra, the given JAX, and TOOL_PINS as constraints."""
+  constraints = Path(session.create_tmp()) / "constraints.txt"
+  constraints.write_text("\n".join(TOOL_PINS) + "\n")
+  session.install("-e", f".[{extra}]", f"jax=={jax_version}", "-c", str(constraints))
+  # First imports can print one-off messages (e.g. matplotlib building its
+  # font cache on a new machine); get them out of the way before any page
+  # runs, so they never land in a cell's output.
+  session.run("python", "-c", "import matplotlib.pyplot, jax.numpy as jnp; jnp.zeros(1)",
+              silent=True)
+
+
+def _timed(fn):
+  """Log a session's wall time (.ci/run collects these lines into a table)."""
+  @functools.wraps(fn)
+  def run(session):
+    t0 = time.perf_counter()
+    try:
+      fn(session)
+    finally:
+      session.log(f"session time: {session.name} {time.perf_counter() - t0:.0f} s")
+  return run
+
+
+def _inputs_key(session, jax_version):
+  """A hash of everything a test session's result depends on, or None outside git."""
+  try:
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  h = hashlib.sha256(f"{session.name} {jax_version} {TOOL_PINS}".encode())
+  paths = [ROOT / f.decode() for f in files if f]
+  shared = ROOT.parent / "shared"
+  if shared.is_dir():
+    paths += [p for p in shared.rglob("*") if p.is_file()]
+  for path in sorted(paths):
+    if path.is_file():
+      h.update(str(path).encode() + b"\0" + path.read_bytes())
+  return h.hexdigest()
+
+
+def _unchanged_since_last_pass(session, jax_version):
+  """True (and says so) if the session passed before with exactly these inputs.
+
+  Returns also the key to record once the session passes this time.
+  """
+  key = _inputs_key(session, jax_version)
+  stamp = STAMPS / session.name
+  if (key and not session.posargs and not os.environ.get("HIJAX_FORCE")
+      and stamp.exists() and stamp.read_text() == key):
+    session.log(f"{session.name}: nothing changed since its last successful run "
+                "(same files, ../shared and pins): skipped. HIJAX_FORCE=1 runs it anyway.")
+    return True, key
+  return False, key
+
+
+def _record_pass(session, key):
+  if key:
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    (STAMPS / session.name).write_text(key)
 
 
 @nox.session(python=PYTHON)
+@_timed
 def docs(session):
-    """Build the site, executing every page: _build/html/index.html.
+  """Build the site: _build/html/index.html.
 
-    Extra arguments go to sphinx-build (e.g. `-E` to rebuild everything).
-    Page outputs are cached in _build/.jupyter_cache; a page is re-executed
-    when its code changes.
-    """
-    _install(session, "docs", JAX)
-    session.run(
-        "sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "-c", ".",
-        "-j", "auto", "docs", f"{BUILD}/html", *session.posargs, env=KERNEL_ENV)
-    session.run("python", "tools/check_offline_html.py", f"{BUILD}/html")
-    session.log(f"open {ROOT / BUILD / 'html' / 'index.html'}")
+  Pages render the committed, executed notebooks; a page edited since its
+  notebook was made is executed by the build. Extra arguments go to
+  sphinx-build (e.g. `-E` to read every page again).
+  """
+  _install(session, "docs", JAX)
+  # In CI every page must render its committed, tested notebook.
+  strict = ["-D", "jax301_require_notebooks=1"] if os.environ.get("CI") else []
+  session.run(
+      "sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "-c", ".",
+      "-j", "auto", *strict, "docs", f"{BUILD}/html", *session.posargs, env=READER_ENV)
+  session.run("python", "tools/check_offline_html.py", f"{BUILD}/html")
+  session.log(f"open {ROOT / BUILD / 'html' / 'index.html'}")
 
 
 @nox.session(python=PYTHON)
+@_timed
 def notebooks(session):
-    """Regenerate notebooks/*.ipynb from docs/*.md and execute them.
+  """Regenerate notebooks/*.ipynb from docs/*.md and execute them.
 
-    Give page names to redo only those: `nox -s notebooks -- refs remat`.
-    """
-    _install(session, "tests", JAX)
-    session.run("python", "tools/notebooks.py", "build", "-j", "2", *session.posargs,
-                env=KERNEL_ENV)
-    session.run("python", "tools/notebooks.py", "check")
+  Give page names to redo only those: `nox -s notebooks -- refs remat`.
+  """
+  _install(session, "tests", JAX)
+  session.run("python", "tools/notebooks.py", "build", "-j", "2", *session.posargs,
+              env=READER_ENV)
+  session.run("python", "tools/notebooks.py", "check")
 
 
 @nox.session(python=PYTHON)
+@_timed
 def tests(session):
-    """Unit tests, the notebook sync and spec-page checks, nbval on notebooks/,
-    and the browser test of the site that `nox -s docs` built (tests/test_site.py).
-    """
-    _install(session, "tests,site", JAX)
-    env = dict(KERNEL_ENV)
-    if _ensure_chromium(session) and os.environ.get("CI"):
-        # In CI the browser test must run: a missing piece fails it.
-        env["HIJAX_SITE_TEST"] = "required"
-    paths = ["tests"]
-    if any(Path("notebooks").glob("*.ipynb")):
-        paths.append("notebooks")
-    session.run("pytest", *paths, *NBVAL_ARGS, *session.posargs, env=env)
+  """Unit tests, the notebook sync and spec-page checks, nbval on notebooks/
+  (each page executed once, in a fresh kernel with a reader's environment),
+  and the browser test of the site that `nox -s docs` built.
+  """
+  _install(session, "tests,site", JAX)
+  skip, key = _unchanged_since_last_pass(session, JAX)
+  if skip:
+    return
+  # Debian's Chromium installs (when missing) while the other tests run.
+  chromium = _start_chromium_install(session)
+  paths = ["tests", *sorted(str(p) for p in Path("notebooks").glob("*.ipynb"))]
+  try:
+    session.run("pytest", *XDIST_ARGS, *paths, "--ignore", "tests/test_site.py",
+                *NBVAL_ARGS, *session.posargs, env=READER_ENV)
+  finally:
+    have_chromium = _finish_chromium_install(session, chromium)
+  env = dict(READER_ENV)
+  if have_chromium and os.environ.get("CI"):
+    # In CI the browser test must run: a missing piece fails it.
+    env["HIJAX_SITE_TEST"] = "required"
+  session.run("pytest", "tests/test_site.py", *session.posargs, env=env)
+  _record_pass(session, key)
 
 
-def _ensure_chromium(session):
-    """Debian's Chromium for the browser test, installed with apt-get if missing.
+def _start_chromium_install(session):
+  """Start installing Debian's Chromium for the browser test, if it is missing.
 
-    Playwright drives the system binary; it never downloads a browser. Without
-    root or apt-get the browser test is skipped (it says why).
-    """
-    if shutil.which("chromium"):
-        return True
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        session.warn("no `chromium` and not root with apt-get: the browser test "
-                     "(tests/test_site.py) will be skipped")
-        return False
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    session.run("apt-get", "update", "-q", external=True, env=env)
-    session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+  Playwright drives the system binary; it never downloads a browser. Returns
+  the running apt-get process, True if Chromium is there already, or False
+  where it cannot be installed (not root, no apt-get): the browser test is
+  then skipped, and says why.
+  """
+  if shutil.which("chromium"):
     return True
+  if not shutil.which("apt-get") or os.geteuid() != 0:
+    session.warn("no `chromium` and not root with apt-get: the browser test "
+                 "(tests/test_site.py) will be skipped")
+    return False
+  log = Path(session.create_tmp()) / "apt-chromium.log"
+  session.log(f"installing chromium with apt-get in the background (log: {log})")
+  script = "apt-get update -q && apt-get install -y -q chromium"
+  with open(log, "w") as out:
+    proc = subprocess.Popen(["sh", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+  proc.log = log
+  return proc
+
+
+def _finish_chromium_install(session, chromium):
+  """Wait for the install started by _start_chromium_install; True if Chromium is there."""
+  if isinstance(chromium, bool):
+    return chromium
+  if chromium.wait() != 0:
+    session.error(f"apt-get install chromium failed (exit {chromium.returncode}): "
+                  f"{chromium.log.read_text()[-2000:]}")
+  return True
 
 
 @nox.session(name="tests-jax011", python=PYTHON)
+@_timed
 def tests_jax011(session):
-    """Unit tests and the spec-page check on the oldest supported JAX (no nbval)."""
-    _install(session, "tests", JAX_OLD)
-    session.run("python", "-c", "import jax; print('jax', jax.__version__)")
-    session.run("pytest", "tests", *session.posargs)
+  """Unit tests and the spec-page check on the oldest supported JAX (no nbval)."""
+  _install(session, "tests", JAX_OLD)
+  skip, key = _unchanged_since_last_pass(session, JAX_OLD)
+  if skip:
+    return
+  session.run("python", "-c", "import jax; print('jax', jax.__version__)")
+  session.run("pytest", *XDIST_ARGS, "tests", "--ignore", "tests/test_site.py",
+              *session.posargs)
+  _record_pass(session, key)
+
+
+@nox.session(python=PYTHON)
+@_timed
+def fuzz(session):
+  """The property tests with many more examples (HIJAX_PROPERTY_EXAMPLES, default 2000)."""
+  _install(session, "tests", JAX)
+  env = {"HIJAX_PROPERTY_EXAMPLES": os.environ.get("HIJAX_PROPERTY_EXAMPLES", "2000")}
+  session.run("pytest", "-n", "2", "tests/test_properties.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON)
 def lab(session):
-    """Open JupyterLab on notebooks/ with hijax installed (editable)."""
-    _install(session, "tests", JAX)
-    session.install("jupyterlab")
-    session.run("jupyter", "lab", "--notebook-dir", "notebooks", *session.posargs,
-                env=KERNEL_ENV)
+  """Open JupyterLab on notebooks/ with hijax installed (editable)."""
+  _install(session, "tests", JAX)
+  session.install("jupyterlab")
+  session.run("jupyter", "lab", "--notebook-dir", "notebooks", *session.posargs,
+              env=READER_ENV)
