@@ -27,7 +27,8 @@ from jax._src.interpreters import ad
 from jax._src.interpreters import batching
 from jax._src.state.types import AbstractRef
 
-from hijax.primitive import HiPrim, RULE_INSTALLERS, flatten_output
+from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
+                             taking_prim)
 
 # JAX core recognises accumulators and symbolic zeros by class, so these are
 # JAX's own classes, re-exported.
@@ -251,10 +252,10 @@ def _transpose_rule(cts_flat, *args_flat, prim):
 
 def _install_autodiff_rules(cls):
   p, lin_p = cls._primitive, cls._linearized_primitive
-  ad.primitive_jvps[p] = _jvp_rule
-  ad.primitive_linearizations[p] = _linearize_rule
+  ad.primitive_jvps[p] = taking_prim(_jvp_rule)
+  ad.primitive_linearizations[p] = taking_prim(_linearize_rule)
   ad.linearize_on_zero_tangents.add(p)  # refs may need the rule with zero tangents
-  ad.fancy_transposes[p] = _transpose_rule
+  ad.fancy_transposes[p] = taking_prim(_transpose_rule)
 
   lin_p.is_high = lambda *avals, **params: True
   lin_p.def_abstract_eval(_linearized_abstract_eval)

@@ -14,7 +14,8 @@ from jax._src.interpreters import batching
 
 from hijax._util import Static, is_none
 from hijax.autodiff import NullAccum, ValAccum, Zero, instantiate_zeros
-from hijax.primitive import HiPrim, RULE_INSTALLERS, flatten_output
+from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
+                             taking_prim)
 
 __all__ = ["Batched", "batch_from_dim_rule"]
 
@@ -56,7 +57,7 @@ def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
   if all(d is None for d in dims_flat):
     # JAX calls a primitive's batcher even when no input is batched (e.g. a
     # rule applying a primitive to closed-over values); nothing to batch then.
-    return prim._primitive.bind(*args_flat, prim=prim), [None] * len(
+    return prim._primitive.bind(*args_flat, _prim=prim), [None] * len(
         prim.out_avals_flat)
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   dims = jax.tree.unflatten(prim.in_tree, dims_flat)
@@ -69,7 +70,7 @@ def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
 
 
 def _install_batching_rule(cls):
-  batching.fancy_primitive_batchers[cls._primitive] = _batch_rule
+  batching.fancy_primitive_batchers[cls._primitive] = taking_prim(_batch_rule)
 
 
 RULE_INSTALLERS.append(_install_batching_rule)

@@ -241,7 +241,7 @@ class HiPrim:
 
   def __call__(self, *args):
     args_flat = self.check_args(args)
-    outs = self._primitive.bind(*args_flat, prim=self)
+    outs = self._primitive.bind(*args_flat, _prim=self)
     return outs[0] if self._single_output else jax.tree.unflatten(
         self.out_tree, outs)
 
@@ -368,13 +368,21 @@ def _new_primitive(name):
   return p
 
 
+# The one param of a primitive's equations is the HiPrim instance, named `_prim`
+# (as in JAX's own hijax): JAX calls a checkpoint policy as
+# ``policy(primitive, *avals, **params)``, whose first parameter is ``prim``.
+def taking_prim(rule):
+  """Adapts ``rule(*args, prim=...)`` to JAX's call with the equation's params."""
+  return lambda *args, _prim: rule(*args, prim=_prim)
+
+
 def _install_core_rules(cls):
   p = cls._primitive
   p.skip_canonicalization = True
-  p.is_high = lambda *avals, prim: True
-  p.is_effectful = lambda params: bool(params["prim"].effects)
+  p.is_high = lambda *avals, _prim: True
+  p.is_effectful = lambda params: bool(params["_prim"].effects)
   p.def_effectful_abstract_eval(
-      lambda *avals, prim: (prim.out_avals_flat, prim.effects))
+      lambda *avals, _prim: (_prim.out_avals_flat, _prim.effects))
   p.to_lojax = _expand_flat
   pe.custom_staging_rules[p] = _stage
   core.custom_typechecks[p] = _typecheck
@@ -386,7 +394,8 @@ def _install_core_rules(cls):
 RULE_INSTALLERS.append(_install_core_rules)
 
 
-def _expand_flat(*args_flat, prim):
+def _expand_flat(*args_flat, _prim):
+  prim = _prim
   if prim._args_are_leaves:
     out = prim.expand(*args_flat)
   else:
@@ -404,13 +413,14 @@ def flatten_output(prim, method, out) -> list:
   return out_flat
 
 
-def _stage(trace, source_info, *args_flat, prim):
+def _stage(trace, source_info, *args_flat, _prim):
   trace.frame.is_high = True  # the jaxpr must be lowered with `expand`
   return trace.default_process_primitive(
-      prim._primitive, args_flat, dict(prim=prim), source_info)
+      _prim._primitive, args_flat, dict(_prim=_prim), source_info)
 
 
-def _typecheck(_ctx_factory, *in_atoms, prim):
+def _typecheck(_ctx_factory, *in_atoms, _prim):
+  prim = _prim
   for i, (atom, expected) in enumerate(zip(in_atoms, prim.in_avals_flat)):
     if not core.typematch(atom.aval, expected):
       raise TypeError(
@@ -420,7 +430,7 @@ def _typecheck(_ctx_factory, *in_atoms, prim):
 
 
 def _pp_eqn(eqn, context, settings):
-  prim = eqn.params["prim"]
+  prim = eqn.params["_prim"]
   lhs = core.pp_vars(eqn.outvars, context, print_shapes=settings.print_shapes,
                      is_binder=True)
   rhs = pp.text(type(prim).__name__ + _pp_params(prim) + " ") + core.pp_vars(
@@ -429,7 +439,7 @@ def _pp_eqn(eqn, context, settings):
 
 
 def _dce(used_outs_flat, live_ins_flat, eqn):
-  prim = eqn.params["prim"]
+  prim = eqn.params["_prim"]
   used_outs = jax.tree.unflatten(prim.out_tree, used_outs_flat)
   live_ins = (None if live_ins_flat is None
               else jax.tree.unflatten(prim.in_tree, live_ins_flat))
@@ -446,7 +456,7 @@ def _dce(used_outs_flat, live_ins_flat, eqn):
       primitive=new_prim._primitive,
       invars=[v for v, u in zip(eqn.invars, used_ins_flat) if u],
       outvars=[v for v, u in zip(eqn.outvars, produced_flat) if u],
-      params=dict(prim=new_prim))
+      params=dict(_prim=new_prim))
   return used_ins_flat, new_eqn
 
 
@@ -456,7 +466,8 @@ def _broadcast_flags(prim, method, what, flags, treedef) -> list[bool]:
                            f"the {what} returned by {type(prim).__name__}.{method}")
 
 
-def _remat(trace, *args_flat, prim):
+def _remat(trace, *args_flat, _prim):
+  prim = _prim
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   out, res, rem = prim.remat(trace, *args)
 

@@ -233,7 +233,7 @@ def _sub_jaxprs(params):
 def _find_hiprims(jaxpr, found: list) -> list:
   """Appends the distinct hijax primitive instances bound in ``jaxpr``."""
   for eqn in jaxpr.eqns:
-    prim = eqn.params.get("prim")
+    prim = eqn.params.get("_prim")
     if _is_hiprim(prim) and not any(prim is p for p in found):
       found.append(prim)
     for sub in _sub_jaxprs(eqn.params):
@@ -262,7 +262,7 @@ def _eval_expanded(jaxpr, consts, args, applications):
     env[v] = x
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    prim = eqn.params.get("prim")
+    prim = eqn.params.get("_prim")
     sub = eqn.params.get("jaxpr")
     if _is_hiprim(prim):
       p_args = jax.tree.unflatten(prim.in_tree, invals)

@@ -342,6 +342,6 @@ def test_hiprim_dce_method_can_drop_unused_outputs():
   dced, used_inputs = pe.dce_jaxpr(jaxpr, [True])
   assert calls == [(False, True)]
   (eqn,) = dced.eqns
-  assert eqn.params["prim"].outs == (False, True) and len(eqn.outvars) == 1
+  assert eqn.params["_prim"].outs == (False, True) and len(eqn.outvars) == 1
   out = jax.jit(lambda x: SinCos(jax.typeof(x))(x)[1])(X)
   np.testing.assert_allclose(out, jnp.cos(X), rtol=1e-6)

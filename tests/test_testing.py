@@ -38,7 +38,7 @@ def test_zoo_passes(entry):
 ])
 def test_second_order_runs_where_rules_bind_primitives(name, second_order):
   entry = zoo.BY_NAME[name]
-  prim = jax.make_jaxpr(entry.fn)(*entry.args()).jaxpr.eqns[0].params["prim"]
+  prim = jax.make_jaxpr(entry.fn)(*entry.args()).jaxpr.eqns[0].params["_prim"]
   modes = [m for m in ("jvp", "vjp", "lin") if m in defined_rules(prim)]
   report = check_rules(entry.fn, *entry.args(), modes=modes + ["second_order"])
   assert ("second_order" in report.modes_run) == second_order, report
@@ -52,7 +52,7 @@ def test_zoo_covers_every_kind_of_rule():
   for e in zoo.ENTRIES:
     prims = jax.make_jaxpr(e.fn)(*e.args()).jaxpr.eqns
     for eqn in prims:
-      for mode, name in defined_rules(eqn.params["prim"]).items():
+      for mode, name in defined_rules(eqn.params["_prim"]).items():
         kinds.setdefault(mode, set()).add(name.split(".", 1)[1])
   assert set(kinds) == {"expand", "jvp", "vjp", "lin", "transpose", "batch"}
   assert {"vjp_fwd/vjp_bwd_retval", "vjp_fwd/vjp_bwd",
@@ -319,6 +319,58 @@ def test_catches_expand_that_cannot_be_jitted():
                modes="expand", jit=False)
   assert err.rule == "PythonBranchExpand.expand"
   assert "jitted call" in err.check
+
+
+# --- dtypes: a tangent has its output's dtype, a cotangent its input's -------------------
+
+class Float32Cotangents(zoo.Log1pExp):
+  def vjp_bwd_retval(self, x, g):
+    return ((jax.nn.sigmoid(x) * g).astype(jnp.float32),)  # right values, f32
+
+
+def test_catches_cotangents_of_the_wrong_dtype():
+  """Under x64 the gradient would be float32 for a float64 input: the values
+  agree to float32 precision, so only the dtype shows the slip."""
+  err = _fails(lambda x: Float32Cotangents(jax.typeof(x))(x),
+               zoo._vec(-2., 0.5, 3.), modes=("jvp", "vjp"), x64=True)
+  assert err.report.dtype == "float64"
+  assert err.rule == "Float32Cotangents.vjp_fwd/vjp_bwd_retval"
+  assert "float32" in str(err.failures[0]) and "float64" in str(err.failures[0])
+
+
+class Float32Tangents(zoo.Log1pExp):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), (jax.nn.sigmoid(x) * t).astype(jnp.float32)
+
+
+def test_catches_tangents_of_the_wrong_dtype():
+  err = _fails(lambda x: Float32Tangents(jax.typeof(x))(x),
+               zoo._vec(-2., 0.5, 3.), modes="jvp", x64=True)
+  assert err.rule == "Float32Tangents.jvp"
+  assert "float32" in str(err.failures[0]) and "float64" in str(err.failures[0])
+
+
+@jax.custom_vjp
+def _f32_gradient(x):
+  return x
+
+
+_f32_gradient.defvjp(lambda x: (x, None),
+                     lambda _, g: (g.astype(jnp.float32),))
+
+
+def test_compares_dtypes_of_what_jax_returns():
+  """jax.custom_vjp passes a float32 cotangent on unconverted: hijax's own
+  checks never see it, check_rules must (it compares the whole prim_fn)."""
+  err = _fails(lambda x: _f32_gradient(zoo.log1pexp(x)),
+               zoo._vec(-2., 0.5, 3.), modes="vjp", x64=True)
+  assert [f.check for f in err.failures] == [
+      "vjp's cotangent dtypes vs the inputs' dtypes"]
+  assert err.rule == "Log1pExp.vjp_fwd/vjp_bwd_retval"
+  assert ("args[0]: vjp gives float32[3], but the input is float64[3]"
+          in err.failures[0].detail)
+  assert err.max_error == float("inf")
 
 
 # --- options and reporting --------------------------------------------------------------
