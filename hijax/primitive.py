@@ -19,13 +19,14 @@ other modules append to `RULE_INSTALLERS` and that run once per subclass.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 from jax._src import api
 from jax._src import core
+from jax._src import effects as jax_effects
 from jax._src import pretty_printer as pp
 from jax._src import traceback_util
 from jax._src import tree_util
@@ -101,10 +102,16 @@ class HiPrim:
         name, "in_avals", self.in_avals)
     self.out_avals_flat, self.out_tree = _flatten_types(
         name, "out_aval", self.out_aval)
+    self.effects = _effect_set(self)
+    # Two instances are interchangeable (JAX caches abstract evaluation and
+    # tracing on them) exactly when their types, params and effects agree.
     try:
-      self._hash = hash((type(self), tuple(self.params.items()), self.effects))
+      self._key = (type(self), self.in_tree, tuple(self.in_avals_flat),
+                   self.out_tree, tuple(self.out_avals_flat),
+                   frozenset(self.params.items()), self.effects)
+      self._hash = hash(self._key)
     except TypeError:
-      raise _unhashable_param_error(self) from None
+      raise _unhashable_error(self) from None
     self.__dict__.update(self.params)
     # Fast paths for the common case: array arguments and a single output.
     n = len(self.in_avals)
@@ -277,8 +284,8 @@ class HiPrim:
     return self._hash
 
   def __eq__(self, other):
-    return (type(self) is type(other) and self.params == other.params
-            and self.effects == other.effects)
+    return self is other or (isinstance(other, HiPrim)
+                             and self._key == other._key)
 
 
 def _missing_attribute_error(prim) -> AttributeError:
@@ -289,16 +296,45 @@ def _missing_attribute_error(prim) -> AttributeError:
       "calling `super().__init__()`")
 
 
-def _unhashable_param_error(prim) -> TypeError:
+def _effect_set(prim) -> frozenset:
+  """``prim.effects`` as a frozenset, from any collection of effects."""
+  effects = prim.effects
+  if isinstance(effects, frozenset) and all(
+      isinstance(e, jax_effects.Effect) for e in effects):
+    return effects
+  if (isinstance(effects, Collection) and not isinstance(effects, str)
+      and all(isinstance(e, jax_effects.Effect) for e in effects)):
+    return frozenset(effects)
+  raise TypeError(
+      f"{type(prim).__name__}.effects must be a collection (e.g. a set) of JAX "
+      f"effects, got {effects!r:.80}; write `self.effects = {{effect}}`")
+
+
+def _unhashable_error(prim) -> TypeError:
+  """Names the param or type that made ``hash(prim)`` fail."""
+  name = type(prim).__name__
   for key, value in prim.params.items():
-    try:
-      hash(value)
-    except TypeError:
+    if not _hashable(value):
       return TypeError(
-          f"{type(prim).__name__}.params[{key!r}] is a {type(value).__name__}, "
-          "which is not hashable. Params are static and must be hashable (use "
-          "a tuple instead of a list, or pass array data as an input)")
-  return TypeError(f"{type(prim).__name__}: effects must be hashable")
+          f"{name}.params[{key!r}] is a {type(value).__name__}, which is not "
+          "hashable. Params are static and must be hashable (use a tuple "
+          "instead of a list, or pass array data as an input)")
+  for attr, avals in (("in_avals", prim.in_avals_flat),
+                      ("out_aval", prim.out_avals_flat)):
+    for aval in avals:
+      if not _hashable(aval):
+        return TypeError(
+            f"{name}.{attr} contains the type {type(aval).__name__}, which is "
+            "not hashable: write a hi type as a frozen dataclass")
+  return TypeError(f"{name}: its effects must be hashable")
+
+
+def _hashable(x) -> bool:
+  try:
+    hash(x)
+  except TypeError:
+    return False
+  return True
 
 
 def _split_retval_logs(prim, out):

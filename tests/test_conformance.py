@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import effects as jax_effects
 from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
@@ -129,3 +130,111 @@ def test_a_policy_sees_the_hiprim_and_its_params():
   jax.grad(jax.checkpoint(lambda x: hi_sin(x).sum(), policy=policy))(
       jnp.ones(3))
   assert ("Sin", (jax.typeof(jnp.ones(3)),), ["_prim"]) in seen
+
+
+# --- 2. two instances are equal exactly when they behave the same -------------------
+
+class Reshape(HiPrim):
+  """The target shape lives only in ``out_aval``, not in ``params``."""
+
+  def __init__(self, x_aval, shape):
+    self.in_avals = (x_aval,)
+    self.out_aval = ShapedArray(shape, x_aval.dtype)
+    self.params = {}
+    super().__init__()
+
+  def expand(self, x):
+    return x.reshape(self.out_aval.shape)
+
+  vjp_fwd, vjp_bwd_retval = hijax.vjp_from_jvp
+
+  def jvp(self, primals, tangents):
+    return self(*primals), tangents[0].reshape(self.out_aval.shape)
+
+
+def _reshape(x, shape):
+  return Reshape(jax.typeof(x), shape)(x)
+
+
+def _two_reshapes(x):
+  return _reshape(x, (2, 3)).sum(), _reshape(x, (3, 2))[:, :1].sum(0)
+
+
+def test_instances_differing_only_in_out_aval_are_not_mixed_up_under_jit():
+  x = jnp.arange(6.)
+  eager = _two_reshapes(x)
+  jitted = jax.jit(_two_reshapes)(x)
+  assert jitted[1].shape == eager[1].shape == (1,)
+  np.testing.assert_allclose(jitted[1], [0. + 2. + 4.])
+  eqns = jax.make_jaxpr(_two_reshapes)(x).jaxpr.eqns
+  assert [e.outvars[0].aval.shape for e in eqns if e.primitive.name == "Reshape"
+          ] == [(2, 3), (3, 2)]
+  g = jax.grad(lambda x: _two_reshapes(x)[1].sum())(x)
+  np.testing.assert_allclose(g, [1., 0., 1., 0., 1., 0.])
+
+
+def test_static_argument_instances_each_keep_their_shape():
+  x = jnp.arange(6.)
+  apply = jax.jit(lambda p, x: p(x), static_argnums=0)
+  a, b = Reshape(jax.typeof(x), (2, 3)), Reshape(jax.typeof(x), (3, 2))
+  assert apply(a, x).shape == (2, 3) and apply(b, x).shape == (3, 2)
+
+
+class Affine(HiPrim):
+  def __init__(self, x_aval, **params):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, params
+    super().__init__()
+
+  def expand(self, x):
+    return self.a * x + self.b
+
+
+def test_equality_and_hash_cover_types_params_and_effects():
+  f32, f16 = jax.typeof(jnp.ones(3)), jax.typeof(jnp.ones(3, jnp.float16))
+  p, q = Affine(f32, a=2., b=1.), Affine(f32, b=1., a=2.)
+  assert p == q and hash(p) == hash(q)  # the same params in another order
+  assert Affine(f16, a=2., b=1.) != p  # other argument types
+  assert Affine(f32, a=2., b=0.) != p
+  assert Reshape(f32, (3,)) != Reshape(f32, (1, 3))
+  assert Reshape(ShapedArray((6,), jnp.float32), (2, 3)) == Reshape(
+      ShapedArray((6,), jnp.float32), (2, 3))
+  assert len({p, q, Affine(f16, a=2., b=1.)}) == 2
+
+
+# --- 7. effects given as any collection -------------------------------------------------
+
+class _Logged(jax_effects.Effect):
+  """An effect for the tests (never lowered)."""
+
+
+LOGGED = _Logged()
+
+
+class WithEffects(HiPrim):
+  def __init__(self, x_aval, effects):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    self.effects = effects
+    super().__init__()
+
+  def expand(self, x):
+    return x
+
+
+@pytest.mark.parametrize("effects", [{LOGGED}, [LOGGED], (LOGGED,),
+                                     frozenset({LOGGED})], ids=type)
+def test_effects_may_be_any_collection(effects):
+  x = jnp.ones(2)
+  p = WithEffects(jax.typeof(x), effects)
+  assert p.effects == frozenset({LOGGED})
+  assert p == WithEffects(jax.typeof(x), frozenset({LOGGED})) and hash(p)
+  jaxpr = jax.make_jaxpr(lambda x: (p(x), x)[1])(x)
+  assert LOGGED in jaxpr.effects
+  assert [e.primitive.name for e in jaxpr.eqns] == ["WithEffects"]  # kept by dce
+
+
+def test_effects_must_be_a_collection_of_effects():
+  x_aval = jax.typeof(jnp.ones(2))
+  with pytest.raises(TypeError, match=r"WithEffects\.effects must be"):
+    WithEffects(x_aval, LOGGED)
+  with pytest.raises(TypeError, match=r"WithEffects\.effects must be"):
+    WithEffects(x_aval, {"io"})
