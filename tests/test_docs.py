@@ -102,3 +102,27 @@ def test_readme_example():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1.0", "nan"], proc.stdout
+
+
+def test_pages_use_only_public_jax_api():
+    """Readers copy the pages' code: no page imports JAX internals."""
+    offenders = [
+        f"docs/{path.name}:{n}"
+        for path in sorted((ROOT / "docs").glob("*.md"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "jax._src" in line]
+    assert not offenders, f"pages using jax._src: {offenders}"
+
+
+def test_notebooks_are_checked_in_a_readers_environment():
+    """nbval and the build run the pages with nothing of ours set: a page must
+    print the same in a reader's fresh kernel (where, e.g., JAX colours
+    jaxprs unless the page turns that off)."""
+    nox_src = (ROOT / "noxfile.py").read_text()
+    reader_env = re.search(r"^READER_ENV = \{(.*?)^\}", nox_src, re.S | re.M).group(1)
+    for var in ("JAX_PPRINT_USE_COLOR", "MPLBACKEND"):
+        assert re.search(rf'"{var}": None', reader_env), f"READER_ENV must unset {var}"
+    for session in ("docs", "tests", "notebooks"):
+        body = re.search(rf"^def {session}\(session\):(.*?)^(?:def|@)", nox_src,
+                         re.S | re.M).group(1)
+        assert "env=READER_ENV" in body, f"nox session {session} must use READER_ENV"
