@@ -13,11 +13,24 @@ JAX differentiates a primitive through four tables, filled here per subclass:
 
 A backward rule may return a dict: JAX merges those into the logs returned by
 ``f_vjp.with_logs`` (and rejects a key logged twice).
+
+What every rule returns is checked against the declared types by
+`hijax._checks` (once per trace or eager call). Cotangents of the wrong dtype
+(a float16 cotangent for a float32 input, an int32 value accumulated into a
+float32 input) are **rejected**, not converted: converting would hide that the
+rule computed in the wrong precision, and JAX itself only lets them through
+(``jax.custom_vjp`` passes them on unconverted, so the gradient has the wrong
+dtype) by a temporary exception it means to remove. The weak type of tangents
+and cotangents is ignored, as ``jax.custom_vjp`` and ``jax.custom_jvp`` do. The
+cotangent of an integer or boolean input has dtype ``float0``: a rule returns
+None for it; anything else of the right shape is dropped, as ``jax.custom_vjp``
+drops it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
-import numpy as np
 from jax._src import ad_util
 from jax._src import api
 from jax._src import core
@@ -27,6 +40,7 @@ from jax._src.interpreters import ad
 from jax._src.interpreters import batching
 from jax._src.state.types import AbstractRef
 
+from hijax import _checks
 from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
                              taking_prim)
 
@@ -56,8 +70,7 @@ def accumulate(prim: HiPrim, arg_accums, cts) -> None:
         f"input ({len(prim.in_avals)}), got {_describe(cts)}")
   if prim._args_are_leaves:  # one accumulator per input: no pytrees to match
     for i, (acc, ct) in enumerate(zip(arg_accums, cts)):
-      if ct is not None:
-        _check_ct_shape(name, "vjp_bwd_retval", i, acc.aval, ct)
+      if ct is not None and _check_ct(prim, "vjp_bwd_retval", i, acc.aval, ct):
         acc.accum(ct)
     return
   for i, (accs, ct, aval_tree) in enumerate(zip(arg_accums, cts, prim.in_avals)):
@@ -72,20 +85,65 @@ def accumulate(prim: HiPrim, arg_accums, cts) -> None:
           f"{jax.tree.structure(ct)}, but the input has structure {treedef}"
       ) from None
     for acc, c in zip(jax.tree.leaves(accs), ct_leaves):
-      if c is None:
-        continue
-      _check_ct_shape(name, "vjp_bwd_retval", i, acc.aval, c)
-      acc.accum(c)
+      if c is not None and _check_ct(prim, "vjp_bwd_retval", i, acc.aval, c):
+        acc.accum(c)
 
 
-def _check_ct_shape(name, method, i, aval, ct):
-  expected = getattr(aval, "shape", None)
-  actual = ct.aval.shape if isinstance(ct, Zero) else np.shape(ct)
-  if expected is not None and tuple(actual) != tuple(expected):
-    raise TypeError(
-        f"{name}.{method} returned a cotangent of shape {tuple(actual)} for "
-        f"input {i}, whose type is {aval.str_short()}: a cotangent has the "
-        "shape of its input")
+def _check_ct(prim, method, i, ct_aval, ct, how="returned") -> bool:
+  """Checks a cotangent for input ``i``; False if it is to be dropped.
+
+  A ``float0`` cotangent type (an integer or boolean input) takes None, a
+  float0 value, or anything of the right shape, which is dropped.
+  """
+  if type(ct_aval) is core.ShapedArray and ct_aval.dtype == dtypes.float0:
+    actual = _checks.type_of(ct)
+    if getattr(actual, "shape", None) == ct_aval.shape:
+      return actual.dtype == dtypes.float0
+  elif isinstance(ct_aval, AbstractRef):
+    return True  # JAX checks what is added to a reference
+  _checks.check_type(prim, method, f"the cotangent of input {i}", ct_aval, ct,
+                     "cotangent", "in_avals",
+                     "A cotangent has the type of its input's to_ct_aval().",
+                     how)
+  return True
+
+
+@contextlib.contextmanager
+def _checked_accums(prim, method, accums_flat, input_of_leaf):
+  """Checks what a rule passes to ``acc.accum`` while the rule runs.
+
+  Each accumulator's ``accum`` is shadowed by a checking one on the instance,
+  for the duration of the call only: JAX shares accumulators between the
+  equations that use a variable, and checks what the others add itself.
+  """
+  patched = []
+  for acc, i in zip(accums_flat, input_of_leaf):
+    # (An accumulator already being checked, by an enclosing rule that handed
+    # it on, stays as it is.)
+    if (isinstance(acc, GradAccum) and not isinstance(acc, NullAccum)
+        and "accum" not in vars(acc)):
+      acc.accum = _checking_accum(prim, method, i, acc, type(acc).accum)
+      patched.append(acc)
+  try:
+    yield
+  finally:
+    for acc in patched:
+      vars(acc).pop("accum", None)
+
+
+def _checking_accum(prim, method, i, acc, accum):
+  def checked(ct):
+    if ct is not None and _check_ct(prim, method, i, acc.aval, ct,
+                                    "passed to acc.accum"):
+      accum(acc, ct)
+  return checked
+
+
+def _input_of_leaf(prim) -> list[int]:
+  """The input (positional argument) index of each leaf of ``in_avals``."""
+  if prim._args_are_leaves:
+    return list(range(len(prim.in_avals)))
+  return [i for i, a in enumerate(prim.in_avals) for _ in jax.tree.leaves(a)]
 
 
 def _describe(x):
@@ -107,13 +165,9 @@ def _unpack_forward(prim, method, result):
 
 
 def _check_out_types(prim, method, out_flat):
-  for x, expected in zip(out_flat, prim.out_avals_flat):
-    actual = core.typeof(x)
-    if not core.typematch(actual, expected):
-      raise TypeError(
-          f"{type(prim).__name__}.{method} returned an output of type "
-          f"{actual.str_short()}, but out_aval declares {expected.str_short()}; "
-          "compute the primal output with self(*args)")
+  _checks.check_types(prim, method, "output", prim.out_avals_flat, out_flat,
+                      "rule-primal", "out_aval",
+                      "Compute the primal output with self(*args).")
 
 
 # --- forward mode ---------------------------------------------------------------
@@ -121,16 +175,22 @@ def _check_out_types(prim, method, out_flat):
 def _jvp_rule(primals_flat, tangents_flat, *, prim):
   primals = jax.tree.unflatten(prim.in_tree, primals_flat)
   tangents = jax.tree.unflatten(prim.in_tree, tangents_flat)
-  result = prim.jvp(primals, tangents)
+  with _checks.rule_context(f"{type(prim).__name__}.jvp"):
+    result = prim.jvp(primals, tangents)
   if not isinstance(result, tuple) or len(result) != 2:
     raise TypeError(f"{type(prim).__name__}.jvp must return a pair "
                     f"(out, out_tangent), got {_describe(result)}")
   out, out_tangent = result
-  return flatten_output(prim, "jvp", out), _flatten_tangent(prim, "jvp", out_tangent)
+  out_flat = flatten_output(prim, "jvp", out)
+  _check_out_types(prim, "jvp", out_flat)
+  return out_flat, _flatten_tangent(prim, "jvp", out_tangent)
 
 
 def _flatten_tangent(prim, method, tangent) -> list:
-  """Flattens an output tangent against ``out_aval``; None becomes `Zero`."""
+  """Flattens an output tangent against ``out_aval`` and checks its types.
+
+  None becomes a `Zero`.
+  """
   try:
     flat = prim.out_tree.flatten_up_to(tangent)
   except (ValueError, TypeError):
@@ -138,8 +198,16 @@ def _flatten_tangent(prim, method, tangent) -> list:
         f"{type(prim).__name__}.{method} returned a tangent with structure "
         f"{jax.tree.structure(tangent)}, but out_aval has structure "
         f"{prim.out_tree}") from None
-  return [Zero(a.to_tangent_aval()) if t is None else t
-          for t, a in zip(flat, prim.out_avals_flat)]
+  tangent_avals = [a.to_tangent_aval() for a in prim.out_avals_flat]
+  flat = [Zero(a) if t is None else t for t, a in zip(flat, tangent_avals)]
+  check_tangents(prim, method, tangent_avals, flat)
+  return flat
+
+
+def check_tangents(prim, method, tangent_avals, tangents_flat) -> None:
+  """Checks output tangents against the output types' ``to_tangent_aval()``."""
+  _checks.check_types(prim, method, "output tangent", tangent_avals,
+                      tangents_flat, "tangent", "out_aval (its to_tangent_aval)")
 
 
 # --- linearization and reverse mode ---------------------------------------------
@@ -190,8 +258,9 @@ def _bind_linearized(prim, nzs_in_flat, nzs_out_flat):
 def _call_user_linearized(prim):
   def linearized(res, sres, *tangents_flat):
     tangents = jax.tree.unflatten(prim.in_tree, tangents_flat)
-    out = (prim.linearized(res, *tangents) if sres is None
-           else prim.linearized(res, sres, *tangents))
+    with _checks.rule_context(f"{type(prim).__name__}.linearized"):
+      out = (prim.linearized(res, *tangents) if sres is None
+             else prim.linearized(res, sres, *tangents))
     return _flatten_tangent(prim, "linearized", out)
   return linearized
 
@@ -212,12 +281,51 @@ def _linearized_transpose(cts_flat, *args, prim, res_tree, nzs_in, nzs_out,
               for a, nz in zip(prim.out_avals_flat, nzs_out)]
   g = jax.tree.unflatten(prim.out_tree, cts_full)
   arg_accums = jax.tree.unflatten(prim.in_tree, accums_flat)
-  if has_sres:
-    res, sres = res
-    logs = prim.vjp_bwd(res, sres, g, *arg_accums)
-  else:
-    logs = prim.vjp_bwd(res, g, *arg_accums)
+  try:
+    with checked_backward(prim, accums_flat):
+      if has_sres:
+        res, sres = res
+        logs = prim.vjp_bwd(res, sres, g, *arg_accums)
+      else:
+        logs = prim.vjp_bwd(res, g, *arg_accums)
+  except _checks.RuleTypeError as e:
+    raise _blame_incoming_cotangents(e, prim, cts_full) from None
   return _check_logs(prim, "vjp_bwd", logs)
+
+
+def _blame_incoming_cotangents(e, prim, cts_flat):
+  """Adds to ``e`` that the output cotangent ``g`` already had a wrong type.
+
+  JAX does not check what reaches a backward rule: e.g. a ``jax.custom_vjp``
+  applied to the primitive's output may pass on a cotangent of another dtype.
+  """
+  for i, (ct, aval) in enumerate(zip(cts_flat, prim.out_avals_flat)):
+    actual, declared = _checks.type_of(ct), aval.to_ct_aval()
+    if not _checks.matches(declared, actual, "cotangent"):
+      return _checks.with_advice(e, (
+          f"Note that the output cotangent g it received (output {i}) already "
+          f"has type {actual.str_short()} instead of {declared.str_short()}: "
+          "the mismatch comes from what the output was passed to (e.g. a "
+          "jax.custom_vjp whose backward rule returns another dtype)."))
+  return e
+
+
+@contextlib.contextmanager
+def checked_backward(prim: HiPrim, accums_flat):
+  """Checks a call of ``prim.vjp_bwd`` with the accumulators ``accums_flat``.
+
+  What an overriding `HiPrim.vjp_bwd` passes to ``acc.accum`` is checked; the
+  default checks what `HiPrim.vjp_bwd_retval` returns itself. Arithmetic on a
+  symbolic zero in either gets advice.
+  """
+  own_bwd = type(prim).vjp_bwd is not HiPrim.vjp_bwd
+  method = "vjp_bwd" if own_bwd else "vjp_bwd_retval"
+  with _checks.rule_context(f"{type(prim).__name__}.{method}"):
+    if own_bwd:
+      with _checked_accums(prim, method, accums_flat, _input_of_leaf(prim)):
+        yield
+    else:
+      yield
 
 
 def _check_logs(prim, method, logs):
@@ -247,7 +355,10 @@ def _pp_linearized(eqn, context, settings):
 def _transpose_rule(cts_flat, *args_flat, prim):
   cts = jax.tree.unflatten(prim.out_tree, list(cts_flat))
   args = jax.tree.unflatten(prim.in_tree, list(args_flat))
-  return _check_logs(prim, "transpose", prim.transpose(cts, *args))
+  with _checks.rule_context(f"{type(prim).__name__}.transpose"), \
+      _checked_accums(prim, "transpose", args_flat, _input_of_leaf(prim)):
+    logs = prim.transpose(cts, *args)
+  return _check_logs(prim, "transpose", logs)
 
 
 def _install_autodiff_rules(cls):

@@ -4,16 +4,28 @@
 computation is then a new primitive, `Batched`, whose rules are the original
 rules under ``jax.vmap``: its `expand` vmaps `expand`, its `jvp` vmaps `jvp`, and
 so on, so a batched application still differentiates with the user's rules.
+
+The output batch dimension a rule returns is checked once per trace: for an
+array output it is None (not batched) or an int axis of the *batched* output,
+so from ``-(ndim + 1)`` to ``ndim`` for a per-example output of ``ndim``
+dimensions; a negative dimension counts from the end, as in ``vmap``'s
+``out_axes``. For a hi-typed output it is None or a `MappingSpec`. What a
+`HiPrim.batch` rule returns is also checked against ``out_aval`` with the batch
+axis inserted.
 """
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax._src import core
 from jax._src import hijax as _jax_hijax
 from jax._src.interpreters import batching
 
+from hijax import _checks
+
 from hijax._util import Static, is_none
-from hijax.autodiff import NullAccum, ValAccum, Zero, instantiate_zeros
+from hijax.autodiff import (NullAccum, ValAccum, Zero, checked_backward,
+                            instantiate_zeros)
 from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
                              taking_prim)
 
@@ -23,8 +35,8 @@ __all__ = ["Batched", "batch_from_dim_rule"]
 def batch_from_dim_rule(prim: HiPrim, axis_data, args, dims):
   """`HiPrim.batch` derived from ``prim.batch_dim_rule``."""
   _check_no_batched_hi_values(prim, dims)
-  out_dim = jax.tree.unflatten(
-      prim.out_tree, _out_dims_flat(prim, prim.batch_dim_rule(axis_data, dims)))
+  out_dim = jax.tree.unflatten(prim.out_tree, _checked_dims(
+      prim, "batch_dim_rule", prim.batch_dim_rule(axis_data, dims)))
   return Batched(prim, axis_data, dims, out_dim)(*args), out_dim
 
 
@@ -34,6 +46,51 @@ def _out_dims_flat(prim: HiPrim, out_dim) -> list:
     return prim.out_tree.flatten_up_to(out_dim)
   except (ValueError, TypeError):
     return [out_dim] * prim.out_tree.num_leaves
+
+
+def _checked_dims(prim: HiPrim, method: str, out_dim) -> list:
+  """The output batch dims, one per output leaf, checked and made non-negative."""
+  return [_checked_dim(prim, method, d, a)
+          for d, a in zip(_out_dims_flat(prim, out_dim), prim.out_avals_flat)]
+
+
+def _checked_dim(prim: HiPrim, method: str, d, aval):
+  if d is None:
+    return d
+  where = f"{type(prim).__name__}.{method}"
+  if isinstance(aval, _jax_hijax.HiType):
+    if isinstance(d, _jax_hijax.MappingSpec):
+      return d
+    raise TypeError(
+        f"{where} returned the batch dimension {d!r} for an output of hi type "
+        f"{aval.str_short()}: for a hi-typed output it must be None (not "
+        "batched) or a MappingSpec saying how the batch is laid out")
+  ndim = len(aval.shape)
+  if (isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+      and -(ndim + 1) <= d <= ndim):
+    return int(d) % (ndim + 1)
+  raise TypeError(
+      f"{where} returned the batch dimension {d!r} for an output of type "
+      f"{aval.str_short()}: it must be None (not batched) or an int from "
+      f"{-(ndim + 1)} to {ndim}, an axis of the batched output (which has "
+      f"{ndim + 1} dimensions; a negative one counts from the end)")
+
+
+def _check_batched_outputs(prim: HiPrim, size, out_flat, dims_flat):
+  """Checks what `HiPrim.batch` returned against ``out_aval`` and its dims."""
+  for i, (x, d, aval) in enumerate(zip(out_flat, dims_flat,
+                                       prim.out_avals_flat)):
+    if isinstance(d, _jax_hijax.MappingSpec):
+      continue  # JAX checks a hi output against the spec's inc_rank
+    if d is not None:
+      aval = aval.update(shape=aval.shape[:d] + (size,) + aval.shape[d:])
+    what = "the output" if len(out_flat) == 1 else f"output {i}"
+    _checks.check_type(
+        prim, "batch", what, aval, x, "rule-primal",
+        f"out_aval, with the returned batch dimension {d!r},",
+        "The batched output has the declared shape with the batch axis "
+        f"(size {size}) inserted at the returned dimension, or is unbatched "
+        "for a dimension of None.")
 
 
 def _check_no_batched_hi_values(prim: HiPrim, dims):
@@ -66,7 +123,10 @@ def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
     raise TypeError(f"{type(prim).__name__}.batch must return a pair "
                     "(batched_out, out_dim)")
   out, out_dim = result
-  return flatten_output(prim, "batch", out), _out_dims_flat(prim, out_dim)
+  out_flat = flatten_output(prim, "batch", out)
+  dims_flat = _checked_dims(prim, "batch", out_dim)
+  _check_batched_outputs(prim, axis_data.size, out_flat, dims_flat)
+  return out_flat, dims_flat
 
 
 def _install_batching_rule(cls):
@@ -99,10 +159,23 @@ class Batched(HiPrim):
 
   def _vmap(self, f, in_axes, out_axes, **kwargs):
     ad = self.axis_data
-    return jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=ad.size,
-                    axis_name=ad.name,
-                    spmd_axis_name=ad.spmd_name or ad.explicit_mesh_axis,
-                    **kwargs)
+    vmapped = jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=ad.size,
+                       axis_name=ad.name,
+                       spmd_axis_name=ad.spmd_name or ad.explicit_mesh_axis,
+                       **kwargs)
+
+    def call(*args):
+      try:
+        return vmapped(*args)
+      except ValueError as e:
+        # An out_axes of None comes from the user's batch_dim_rule.
+        if "got axis spec None" not in str(e):
+          raise
+        raise _checks.with_advice(
+            e, f"{type(self.prim).__name__}.batch_dim_rule returned None (not "
+            "batched) for an output that depends on the batched inputs: "
+            "return the axis of the output that the batch is on") from e
+    return call
 
   def _map_zeros(self, dims, xs):
     """Gives symbolic zeros the per-example type that the vmapped rule sees."""
@@ -158,7 +231,8 @@ class Batched(HiPrim):
     def backward(res, g):
       inner = [ValAccum(a.to_ct_aval()) if w else NullAccum(a.to_ct_aval())
                for a, w in zip(prim.in_avals_flat, wanted)]
-      logs = prim.vjp_bwd(res, g, *jax.tree.unflatten(prim.in_tree, inner))
+      with checked_backward(prim, inner):
+        logs = prim.vjp_bwd(res, g, *jax.tree.unflatten(prim.in_tree, inner))
       cts = [instantiate_zeros(a.freeze()) for a, w in zip(inner, wanted) if w]
       return cts, logs
 
@@ -192,5 +266,7 @@ class Batched(HiPrim):
       return d if d is None or inner is None else d + (inner <= d)
 
     inner_dims = jax.tree.map(drop, in_dims, self.in_dims, is_leaf=is_none)
-    out = self.prim.batch_dim_rule(axis_data, inner_dims)
+    out = jax.tree.unflatten(self.prim.out_tree, _checked_dims(
+        self.prim, "batch_dim_rule", self.prim.batch_dim_rule(axis_data,
+                                                              inner_dims)))
     return jax.tree.map(restore, out, self.out_dim, is_leaf=is_none)

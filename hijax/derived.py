@@ -8,6 +8,8 @@
 * ``jvp = jvp_from_lin``: forward mode from `lin`/`linearized`.
 
 The pairs are named tuples of two functions, so they unpack into two methods.
+A class that assigns a derived method to another name (``lin, linearized =
+vjp_from_jvp``), or a pair without unpacking it, is rejected when it is created.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Callable
 import jax
 
 from hijax._util import Static, is_zero
-from hijax.autodiff import Zero, instantiate_zeros
+from hijax.autodiff import Zero, _flatten_tangent, instantiate_zeros
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin"]
@@ -49,10 +51,9 @@ def _lin_from_jvp(self, nzs_in, *primals):
 
   def tangent_out(*nz_tangents):
     out, t_out = self.jvp(primals, _zero_tangents(self, nzs_flat, nz_tangents))
-    t_flat = self.out_tree.flatten_up_to(t_out)
-    nzs_out_flat[:] = [t is not None and not is_zero(t) for t in t_flat]
-    return [instantiate_zeros(Zero(a.to_tangent_aval()) if t is None else t)
-            for t, a in zip(t_flat, self.out_avals_flat)], out
+    t_flat = _flatten_tangent(self, "jvp", t_out)
+    nzs_out_flat[:] = [not is_zero(t) for t in t_flat]
+    return [instantiate_zeros(t) for t in t_flat], out
 
   if not any(nzs_flat):  # nothing to linearize: all output tangents are zero
     return self(*primals), (None, Static((nzs_flat, [False] * len(
@@ -86,8 +87,10 @@ def jvp_from_lin(self, primals, tangents):
                               [not is_zero(t) for t in tangents_flat])
   out, res, *rest = self.lin(nzs_in, *primals)
   if len(rest) > 1:
-    return out, self.linearized(res, rest[1], *tangents)
-  return out, self.linearized(res, *tangents)
+    return out, _checked_tangent(self, "linearized",
+                                 self.linearized(res, rest[1], *tangents))
+  return out, _checked_tangent(self, "linearized",
+                               self.linearized(res, *tangents))
 
 
 # --- vjp_from_lin and vjp_from_jvp ----------------------------------------------------
@@ -116,8 +119,15 @@ def _vjp_bwd_from_lin(self, saved, g):
 
   def tangent_map(*nz_tangents):
     tangents = _zero_tangents(self, nzs.value, nz_tangents)
-    return self.linearized(res, *extra, *tangents)
+    return _checked_tangent(self, "linearized",
+                            self.linearized(res, *extra, *tangents))
   return _transpose_tangent_map(self, nzs.value, tangent_map, g)
+
+
+def _checked_tangent(prim: HiPrim, method, tangent):
+  """``tangent``, checked against the output's tangent type (None: `Zero`)."""
+  return jax.tree.unflatten(prim.out_tree,
+                            _flatten_tangent(prim, method, tangent))
 
 
 def _vjp_fwd_from_jvp(self, nzs_in, *primals):
@@ -130,7 +140,8 @@ def _vjp_bwd_from_jvp(self, saved, g):
   primals, nzs = saved
 
   def tangent_map(*nz_tangents):
-    return self.jvp(primals, _zero_tangents(self, nzs.value, nz_tangents))[1]
+    _, t = self.jvp(primals, _zero_tangents(self, nzs.value, nz_tangents))
+    return _checked_tangent(self, "jvp", t)
   return _transpose_tangent_map(self, nzs.value, tangent_map, g)
 
 
@@ -165,6 +176,45 @@ vjp_from_lin = RulePair("vjp_from_lin", "vjp_fwd, vjp_bwd_retval",
 vjp_from_jvp = RulePair("vjp_from_jvp", "vjp_fwd, vjp_bwd_retval",
                         _vjp_fwd_from_jvp, _vjp_bwd_from_jvp)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``: reverse mode by transposing `jvp`."""
+
+
+_PAIRS = (linearize_from_jvp, vjp_from_lin, vjp_from_jvp)
+_RIGHT_NAME = {id(f): (f, pair, name) for pair in _PAIRS
+               for f, name in zip(pair, pair.targets.split(", "))}
+_RIGHT_NAME[id(jvp_from_lin)] = (jvp_from_lin, None, "jvp")
+
+
+def _install_derivation_check(cls):
+  for attr, value in vars(cls).items():
+    if isinstance(value, RulePair):
+      raise TypeError(
+          f"{cls.__name__}.{attr} is set to the pair {value.name}, which "
+          f"defines two methods: unpack it, `{value.targets} = {value.name}`")
+    entry = _RIGHT_NAME.get(id(value))
+    if entry is None or entry[0] is not value or entry[2] == attr:
+      continue
+    _, pair, right = entry
+    source = "jvp_from_lin" if pair is None else pair.name
+    unpack = "jvp = jvp_from_lin" if pair is None else (
+        f"{pair.targets} = {pair.name}")
+    raise TypeError(
+        f"{cls.__name__}.{attr} is set to {source}'s `{right}` method: "
+        f"{source} derives `{right}`, so write `{unpack}`. "
+        f"{_which_derives(attr)}")
+
+
+def _which_derives(attr) -> str:
+  if attr in ("lin", "linearized"):
+    return "`lin, linearized` are derived with `= linearize_from_jvp`."
+  if attr in ("vjp_fwd", "vjp_bwd_retval"):
+    return ("`vjp_fwd, vjp_bwd_retval` are derived with `= vjp_from_lin` or "
+            "`= vjp_from_jvp`.")
+  if attr == "jvp":
+    return "`jvp` is derived with `jvp = jvp_from_lin`."
+  return ""
+
+
+RULE_INSTALLERS.append(_install_derivation_check)
 
 
 def _install_circularity_check(cls):

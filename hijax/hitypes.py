@@ -43,6 +43,8 @@ from jax._src import core
 from jax._src import dtypes
 from jax._src import hijax as _jax_hijax
 
+from hijax import _checks
+
 __all__ = ["HiType", "MappingSpec", "HiPspec", "register_hitype",
            "aval_method", "aval_property"]
 
@@ -290,7 +292,9 @@ def _check_not_built_from_tracers(value_class, ty, value):
   # lowering trace (``requires_low``); those are fine. Any other tracer inside
   # a value object means user code assembled the object in traced code, where
   # JAX cannot see it as one value.
-  for lo in ty.lower_val(value):
+  lo_vals = ty.lower_val(value)
+  _checks.check_lowered(ty, lo_vals)
+  for lo in lo_vals:
     if isinstance(lo, core.Tracer):
       if not getattr(lo._trace, "requires_low", False):
         raise TypeError(

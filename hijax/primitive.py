@@ -33,7 +33,7 @@ from jax._src import tree_util
 from jax._src.core import AbstractValue
 from jax._src.interpreters import partial_eval as pe
 
-from hijax import _compat
+from hijax import _checks, _compat
 
 # Like JAX's own frames, hijax's are hidden from user tracebacks and from the
 # source locations of residuals, so both point at the user's code.
@@ -338,11 +338,22 @@ def _hashable(x) -> bool:
 
 
 def _split_retval_logs(prim, out):
-  if not (isinstance(out, tuple) and len(out) == 2):
+  # The logs are None or a dict; a second entry that is neither is a cotangent
+  # of a two-input primitive whose rule forgot the logs.
+  if not (isinstance(out, tuple) and len(out) == 2
+          and (out[1] is None or type(out[1]) is dict)):
     raise TypeError(
-        f"{type(prim).__name__}.vjp_bwd_retval_logs is True, so vjp_bwd_retval "
-        "must return a pair (cotangents, logs)")
+        f"{type(prim).__name__}.vjp_bwd_retval returned {_describe(out)}, but "
+        "the class sets vjp_bwd_retval_logs = True, so vjp_bwd_retval must "
+        "return a pair (cotangents, logs) with logs None or a dict: return "
+        "`(cts, logs)`, or remove `vjp_bwd_retval_logs = True`")
   return out
+
+
+def _describe(x) -> str:
+  if isinstance(x, (tuple, list)):
+    return f"a {type(x).__name__} of length {len(x)}"
+  return f"a {type(x).__name__}"
 
 
 def _flatten_types(name, attr, tree):
@@ -436,7 +447,9 @@ def _expand_flat(*args_flat, _prim):
     out = prim.expand(*args_flat)
   else:
     out = prim.expand(*jax.tree.unflatten(prim.in_tree, args_flat))
-  return flatten_output(prim, "expand", out)
+  out_flat = flatten_output(prim, "expand", out)
+  # Eagerly the returned value is the result; under jit the declared type is.
+  return _checks.conform_outputs(prim, "expand", prim.out_avals_flat, out_flat)
 
 
 def flatten_output(prim, method, out) -> list:

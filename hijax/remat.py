@@ -28,6 +28,7 @@ import jax
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import config as _config
 
+from hijax import _checks
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
@@ -164,7 +165,8 @@ class CustomRemat(HiPrim):
     policy = trace.policy
     if policy is None:  # jax.checkpoint's default, and how it passes nothing_saveable
       policy = jax.checkpoint_policies.nothing_saveable
-    out, res = _pair(self.f_fwd(policy, *args), self.f_fwd, "(out, res)")
+    out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
+                             "(out, res)")
     return out, res, self._rematerialize
 
   def _rematerialize(self, res, *args):
@@ -175,8 +177,10 @@ class CustomRemat(HiPrim):
   def vjp_fwd(self, nzs_in, *args):
     """Outside ``jax.checkpoint`` everything is saveable: run both rules now."""
     policy = jax.checkpoint_policies.everything_saveable
-    out, res = _pair(self.f_fwd(policy, *args), self.f_fwd, "(out, res)")
-    _, res2 = _pair(self.f_rem(res, *args), self.f_rem, "(out, res2)")
+    out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
+                             "(out, res)")
+    _, res2 = _checked_pair(self, "f_rem", self.f_rem(res, *args),
+                            "(out, res2)")
     return out, res2
 
   def vjp_bwd_retval(self, res2, g):
@@ -217,14 +221,14 @@ class Rematerialize(HiPrim):
 
   def expand(self, res, *args):
     """The output that ``f_rem`` recomputes from the saved residuals."""
-    out, _ = _pair(self.remat_prim.f_rem(res, *args), self.remat_prim.f_rem,
-                   "(out, res2)")
+    prim = self.remat_prim
+    out, _ = _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
     return out
 
   def vjp_fwd(self, nzs_in, res, *args):
     """Runs ``f_rem``, keeping its ``res2`` for ``f_bwd``."""
-    f_rem = self.remat_prim.f_rem
-    return _pair(f_rem(res, *args), f_rem, "(out, res2)")
+    prim = self.remat_prim
+    return _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
 
   def vjp_bwd_retval(self, res2, g):
     """``f_bwd``; the saved residuals get no cotangent."""
@@ -244,6 +248,24 @@ def _pair(result, fn, what):
     raise TypeError(f"custom_remat: {_name(fn)} must return a pair {what}, got "
                     f"{type(result).__name__}")
   return tuple(result)
+
+
+def _checked_pair(prim: CustomRemat, role: str, result, what):
+  """`_pair` of what ``f_fwd``/``f_rem`` returned, its ``out`` checked against f's."""
+  fn = prim.params[role]
+  out, second = _pair(result, fn, what)
+  where = f"custom_remat: {role} ({_name(fn)}) of {_name(prim.f)}"
+  try:
+    out_flat = prim.out_tree.flatten_up_to(out)
+  except (ValueError, TypeError):
+    raise TypeError(
+        f"{where} returned an output with structure {jax.tree.structure(out)}, "
+        f"but {_name(prim.f)} returns structure {prim.out_tree}") from None
+  _checks.check_types(
+      where, "", "output", prim.out_avals_flat, out_flat, "rule-primal",
+      f"custom_remat, from {_name(prim.f)}(*args),",
+      f"{role} must return {what} with out equal to {_name(prim.f)}(*args).")
+  return out, second
 
 
 def _cotangents(prim: CustomRemat, cts):

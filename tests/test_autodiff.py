@@ -337,7 +337,7 @@ def test_bad_forward_and_backward_returns_are_clear():
     def vjp_bwd_retval(self, res, g):
       return (jnp.ones(3) * g,)
 
-  with pytest.raises(TypeError, match=r"WrongShape.vjp_bwd_retval returned a cotangent of shape \(3,\)"):
+  with pytest.raises(TypeError, match=r"WrongShape.vjp_bwd_retval returned a value of type float32\[3\] for the cotangent of input 0, but in_avals declares float32\[\]"):
     jax.grad(unary(WrongShape))(1.)
 
   class WrongCount(WrongShape):
@@ -351,7 +351,7 @@ def test_bad_forward_and_backward_returns_are_clear():
     def vjp_fwd(self, nzs_in, x):
       return jnp.ones(2), None
 
-  with pytest.raises(TypeError, match=r"WrongOut.vjp_fwd returned an output of type float32\[2\]"):
+  with pytest.raises(TypeError, match=r"WrongOut.vjp_fwd returned a value of type float32\[2\] for the output, but out_aval declares float32\[\]"):
     jax.grad(unary(WrongOut))(1.)
 
   class WrongJvp(Base1):

@@ -172,7 +172,7 @@ def test_argument_type_error_names_the_pytree_position():
   class Norm(HiPrim):
     def __init__(self, a, pt):
       self.in_avals = (a, pt)
-      self.out_aval = a
+      self.out_aval = pt.y  # the type of a + pt.x * pt.y
       self.params = {}
       super().__init__()
 

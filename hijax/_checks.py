@@ -1,0 +1,244 @@
+"""The one place where hijax compares what a rule returned with what was declared.
+
+A primitive declares its types (``in_avals``, ``out_aval``, and the tangent and
+cotangent types that follow from them); its rules are user code. Every rule
+output that JAX would otherwise take on trust goes through `check_type`, which
+compares *abstract types* (never values), so the cost is a few attribute
+comparisons per output, once per trace or per eager call.
+
+What is compared depends on the kind of value:
+
+* ``"primal"``: an output of `expand` (see `conform_outputs`). Shape and
+  dtype must match. Under ``jit`` the declared type is what the rest of the
+  program sees, while eagerly the returned value is, so a different weak type
+  (which changes dtype promotion) would make eager and ``jit`` disagree; a
+  value that differs only in its weak type is therefore converted to the
+  declared weak type, which changes no data.
+* ``"rule-primal"``: the primal output of `jvp`, `vjp_fwd` or `lin`. Shape and
+  dtype, as ``jax.custom_jvp`` does; the weak type is not compared.
+* ``"tangent"`` and ``"cotangent"``: shape and dtype against the declared type's
+  ``to_tangent_aval()`` / ``to_ct_aval()``, weak type ignored. The tangent type
+  of an integer or boolean value has dtype ``float0``: return None (a symbolic
+  zero) for it.
+
+Array types are compared field by field (shape, dtype, weak type) and never by
+sharding or varying manual axes, which the rule does not choose. Any other
+type must match with ``core.typematch``, or, for a hi type, be of the same
+class with arrays (``lo_ty()``) of the same shapes and dtypes.
+
+A mismatch raises `RuleTypeError` (a ``TypeError``) with a message naming the
+class, the method, the declared type, the returned type and the fix.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from jax._src import ad_util
+from jax._src import core
+from jax._src import dtypes
+from jax._src import hijax as _jax_hijax
+from jax._src.lax import lax as _lax
+
+_ShapedArray = core.ShapedArray
+_float0 = dtypes.float0
+
+# Whether each kind compares the weak type of array types.
+_KINDS = {"primal": True, "rule-primal": False, "tangent": False,
+          "cotangent": False}
+
+
+class RuleTypeError(TypeError):
+  """A rule returned a value whose type is not the declared one."""
+
+
+def type_of(x):
+  """The abstract type of ``x`` (a symbolic `Zero` has its own); None if not JAX."""
+  if type(x) is ad_util.Zero:
+    return x.aval
+  aval = getattr(x, "aval", None)
+  if type(aval) is _ShapedArray:
+    return aval
+  try:
+    return core.typeof(x)
+  except TypeError:
+    return None
+
+
+def matches(declared, actual, kind: str) -> bool:
+  """Whether ``actual`` may stand where ``declared`` was declared (see module doc)."""
+  if actual is declared:
+    return True
+  if type(declared) is _ShapedArray and type(actual) is _ShapedArray:
+    return (declared.shape == actual.shape and declared.dtype == actual.dtype
+            and (not _KINDS[kind] or declared.weak_type == actual.weak_type))
+  if actual is None:
+    return False
+  return core.typematch(declared, actual) or _same_hi_type(declared, actual)
+
+
+def _same_hi_type(declared, actual) -> bool:
+  # Hi types are user dataclasses that may carry shardings (of their arrays),
+  # which an eager value does not choose; compare their arrays' types instead.
+  if type(declared) is not type(actual) or not isinstance(
+      declared, _jax_hijax.HiType):
+    return False
+  try:
+    lo_declared, lo_actual = declared.lo_ty(), actual.lo_ty()
+  except NotImplementedError:
+    return True  # nothing more to compare
+  return len(lo_declared) == len(lo_actual) and all(
+      matches(d, a, "rule-primal") for d, a in zip(lo_declared, lo_actual))
+
+
+def _where(owner, method: str) -> str:
+  name = owner if isinstance(owner, str) else type(owner).__name__
+  return f"{name}.{method}" if method else name
+
+
+def check_type(owner, method: str, what: str, declared, value, kind: str,
+               declared_by: str, fix: str = "", how: str = "returned") -> None:
+  """Raises ``TypeError`` unless ``value``'s type matches ``declared``.
+
+  ``owner`` is the primitive (its class is named) or a label;
+  ``owner.method`` is where the value came from. ``what`` names the value
+  ("the output", "the cotangent of input 1");
+  ``declared_by`` says where the declared type comes from ("out_aval",
+  "in_avals"); ``fix`` is the caller's advice, added after the generic one.
+  ``how`` replaces "returned" for a value the rule handed over otherwise
+  ("passed to acc.accum").
+  """
+  actual = type_of(value)
+  if not matches(declared, actual, kind):
+    raise type_error(_where(owner, method), what, declared, value, actual,
+                     kind, declared_by, fix, how)
+
+
+def check_types(owner, method: str, what: str, declared_flat, values_flat,
+                kind: str, declared_by: str, fix: str = "") -> None:
+  """`check_type` for each leaf. ``what`` is a noun ("output"): the message says
+  "the output", or "output 2" when there are several leaves."""
+  several = len(declared_flat) > 1
+  for i, (declared, value) in enumerate(zip(declared_flat, values_flat)):
+    actual = type_of(value)
+    if not matches(declared, actual, kind):
+      leaf = f"{what} {i}" if several else f"the {what}"
+      raise type_error(_where(owner, method), leaf, declared, value, actual,
+                       kind, declared_by, fix)
+
+
+def conform_outputs(owner, method: str, declared_flat, values_flat) -> list:
+  """`check_types` for outputs of `expand`, returning the values to use.
+
+  A value that differs from its declared type only in its weak type is
+  converted to the declared one (eager results then agree with ``jit``
+  results, which have the declared type); any other difference raises.
+  """
+  out = values_flat
+  several = len(declared_flat) > 1
+  for i, (declared, value) in enumerate(zip(declared_flat, values_flat)):
+    actual = type_of(value)
+    if matches(declared, actual, "primal"):
+      continue
+    if type(declared) is _ShapedArray and matches(declared, actual,
+                                                  "rule-primal"):
+      if out is values_flat:
+        out = list(values_flat)
+      out[i] = _lax._convert_element_type(value, None, declared.weak_type)
+      continue
+    what = f"output {i}" if several else "the output"
+    raise type_error(_where(owner, method), what, declared, value, actual,
+                     "primal", "out_aval")
+  return out
+
+
+def type_error(where, what, declared, value, actual, kind, declared_by,
+               fix="", how="returned") -> RuleTypeError:
+  """The message of a failed check: declared X, got Y, and the fix."""
+  declared_s = declared.str_short()
+  if actual is None:
+    got = f"a {type(value).__name__}, which is not a JAX value"
+  else:
+    got = f"a value of type {actual.str_short()}"
+  action = (f"returned {got} for {what}" if how == "returned"
+            else f"{how} {got} as {what}")
+  return RuleTypeError(
+      f"{where} {action}, but {declared_by} declares "
+      f"{declared_s}. {_advice(declared, actual, kind)}{fix}".rstrip())
+
+
+def _advice(declared, actual, kind) -> str:
+  if not (type(declared) is _ShapedArray and type(actual) is _ShapedArray):
+    return "Return a value of the declared type. "
+  if declared.dtype == _float0 and actual.dtype != _float0:
+    return ("An integer or boolean value's tangent and cotangent have dtype "
+            "float0: return None there (a zero), as jax.custom_jvp requires. ")
+  if declared.shape != actual.shape:
+    return f"Return a value of shape {declared.shape}. "
+  if declared.dtype != actual.dtype:
+    return (f"Convert it with `.astype(jnp.{np.dtype(declared.dtype).name})` "
+            "(hijax does not convert silently). ")
+  return "Return a value of the declared type. "
+
+
+def check_lowered(ty, lo_vals) -> None:
+  """Checks that ``ty.lower_val`` returned one array per entry of ``ty.lo_ty()``.
+
+  Raises ``ValueError`` (a wrong number of values), which ``jit`` passes on as
+  it is; it would replace a ``TypeError`` raised while it reads its arguments'
+  types with a message about static arguments.
+  """
+  if type(ty).lo_ty is _hitype_base_lo_ty():
+    return  # no lowering declared: JAX says so when it needs one
+  lo_tys = ty.lo_ty()
+  if not isinstance(lo_vals, (list, tuple)) or len(lo_vals) != len(lo_tys):
+    got = (f"{len(lo_vals)} array(s)" if isinstance(lo_vals, (list, tuple))
+           else f"a {type(lo_vals).__name__}")
+    raise ValueError(
+        f"{type(ty).__name__}.lower_val returned {got}, but lo_ty lists "
+        f"{len(lo_tys)} ({', '.join(t.str_short() for t in lo_tys)}): return "
+        "a list with one array per entry of lo_ty, in the same order (and "
+        "make raise_val take them back)")
+
+
+def _hitype_base_lo_ty():
+  from hijax.hitypes import HiType
+  return HiType.lo_ty
+
+
+# --- errors raised inside user rules --------------------------------------------------
+
+@contextlib.contextmanager
+def rule_context(where: str):
+  """Adds the rule's name and a remedy to errors from arithmetic on a `Zero`.
+
+  A rule that does arithmetic on a symbolic zero tangent or cotangent gets an
+  error from Python or JAX that names neither the rule nor the cause. The
+  exception keeps its type; only its message grows.
+  """
+  try:
+    yield
+  except TypeError as e:
+    if "Zero" not in str(e) or "symbolic zero" in str(e):
+      raise
+    new = _with_zero_advice(e, where)
+    if new is e:
+      raise
+    raise new from e
+
+
+def _with_zero_advice(e: Exception, where: str) -> Exception:
+  return with_advice(
+      e, f"{where} did arithmetic on a symbolic zero (a hijax.Zero, which "
+      "stands for a tangent or cotangent that is zero and is not an array). "
+      "Either turn it into an array first with `hijax.instantiate_zeros(t)`, "
+      "or skip it: test `isinstance(t, hijax.Zero)` (or the `nzs_in` flags "
+      "of vjp_fwd/lin) and return None for a zero result")
+
+
+def with_advice(e: Exception, advice: str) -> Exception:
+  """An exception of the same type as ``e`` whose message adds ``advice``."""
+  try:
+    return type(e)(f"{e}\n\n{advice}")
+  except Exception:  # an exception type with another signature: keep it as is
+    return e
