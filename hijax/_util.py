@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 
 from jax._src import ad_util
+from jax._src import dtypes
 
 
 def is_none(x) -> bool:
@@ -12,6 +13,11 @@ def is_none(x) -> bool:
 
 def is_zero(x) -> bool:
   return isinstance(x, ad_util.Zero)
+
+
+def is_float0(x) -> bool:
+  """Whether ``x`` (a value or a type) has dtype float0, "not differentiable"."""
+  return getattr(x, "dtype", None) == dtypes.float0
 
 
 @jax.tree_util.register_static

@@ -41,6 +41,7 @@ from jax._src.interpreters import batching
 from jax._src.state.types import AbstractRef
 
 from hijax import _checks
+from hijax._util import is_float0
 from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
                              taking_prim)
 
@@ -199,7 +200,9 @@ def _flatten_tangent(prim, method, tangent) -> list:
         f"{jax.tree.structure(tangent)}, but out_aval has structure "
         f"{prim.out_tree}") from None
   tangent_avals = [a.to_tangent_aval() for a in prim.out_avals_flat]
-  flat = [Zero(a) if t is None else t for t, a in zip(flat, tangent_avals)]
+  # float0 means "not differentiable": a zero, for an output of any type.
+  flat = [Zero(a) if t is None or is_float0(t) and not is_float0(a) else t
+          for t, a in zip(flat, tangent_avals)]
   check_tangents(prim, method, tangent_avals, flat)
   return flat
 

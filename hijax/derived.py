@@ -16,10 +16,13 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+from jax._src import api_util
+from jax._src import linear_util as lu
+from jax._src.interpreters import ad
 
 from hijax._util import Static, is_zero
 from hijax.autodiff import Zero, _flatten_tangent, instantiate_zeros
-from hijax.primitive import HiPrim, RULE_INSTALLERS
+from hijax.primitive import HiPrim, RULE_INSTALLERS, flatten_output
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin"]
 
@@ -45,37 +48,33 @@ def _tangent_examples(prim: HiPrim, nzs_flat):
 # --- linearize_from_jvp -------------------------------------------------------------
 
 def _lin_from_jvp(self, nzs_in, *primals):
-  """`lin` derived by partially evaluating `jvp` at ``primals``."""
-  nzs_flat = jax.tree.leaves(nzs_in)
-  nzs_out_flat = []
+  """`lin` derived by partially evaluating `jvp` at ``primals``.
 
-  def tangent_out(*nz_tangents):
-    out, t_out = self.jvp(primals, _zero_tangents(self, nzs_flat, nz_tangents))
-    t_flat = _flatten_tangent(self, "jvp", t_out)
-    nzs_out_flat[:] = [not is_zero(t) for t in t_flat]
-    return [instantiate_zeros(t) for t in t_flat], out
+  The tangents are unknown values whose operations are recorded, not
+  differentiated, so a linear primitive's `jvp` may apply the primitive itself
+  to its tangent. A tangent that does not depend on them (a float0 tangent for
+  "not differentiable", a constant) is a zero of the output's tangent type.
+  """
+  def jvp_flat(primals_flat, tangents_flat):
+    out, t_out = self.jvp(jax.tree.unflatten(self.in_tree, primals_flat),
+                          jax.tree.unflatten(self.in_tree, tangents_flat))
+    return flatten_output(self, "jvp", out), _flatten_tangent(self, "jvp", t_out)
 
-  if not any(nzs_flat):  # nothing to linearize: all output tangents are zero
-    return self(*primals), (None, Static((nzs_flat, [False] * len(
-        self.out_avals_flat)))), False
-  examples = [jax.numpy.zeros(e.shape, e.dtype)
-              for e in _tangent_examples(self, nzs_flat)]
-  _, linear_map, out = jax.linearize(tangent_out, *examples, has_aux=True)
-  nzs_out = jax.tree.unflatten(self.out_tree, nzs_out_flat)
-  return out, (linear_map, Static((nzs_flat, nzs_out_flat))), nzs_out
+  debug = api_util.debug_info("linearize_from_jvp", self.jvp, (primals, primals),
+                              {})
+  out_flat, nzs_out_flat, consts, _, linear_map = ad.linearize_from_jvp(
+      lu.wrap_init(jvp_flat, debug_info=debug), True, jax.tree.leaves(nzs_in),
+      False, False, jax.tree.leaves(primals), {})
+  return (jax.tree.unflatten(self.out_tree, out_flat),
+          (consts, Static(linear_map)),
+          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))
 
 
 def _linearized_from_jvp(self, res, *tangents):
-  """`linearized` half of `linearize_from_jvp`: applies the saved linear map."""
-  linear_map, flags = res
-  nzs_flat, nzs_out_flat = flags.value
-  tangents_flat = self.in_tree.flatten_up_to(tangents)
-  nz_tangents = [instantiate_zeros(t) for t, nz in zip(tangents_flat, nzs_flat)
-                 if nz]
-  outs = linear_map(*nz_tangents) if linear_map is not None else nzs_out_flat
-  return jax.tree.unflatten(self.out_tree, [
-      t if nz else Zero(a.to_tangent_aval())
-      for t, nz, a in zip(outs, nzs_out_flat, self.out_avals_flat)])
+  """`linearized` half of `linearize_from_jvp`: evaluates the recorded map."""
+  consts, linear_map = res
+  out_flat = linear_map.value(consts, None, *self.in_tree.flatten_up_to(tangents))
+  return jax.tree.unflatten(self.out_tree, out_flat)
 
 
 # --- jvp_from_lin -----------------------------------------------------------------

@@ -238,3 +238,78 @@ def test_effects_must_be_a_collection_of_effects():
     WithEffects(x_aval, LOGGED)
   with pytest.raises(TypeError, match=r"WithEffects\.effects must be"):
     WithEffects(x_aval, {"io"})
+
+
+# --- 3. a linear primitive whose jvp applies itself to the tangent ------------------
+
+class Scale3(HiPrim):
+  """Multiplication by 3: linear, so its jvp is itself and it transposes to itself."""
+
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return 3. * x
+
+  def jvp(self, primals, tangents):
+    return self(*primals), self(*tangents)
+
+  def transpose(self, ct, acc):
+    acc.accum(self(ct))
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]
+
+  lin, linearized = hijax.linearize_from_jvp
+  vjp_fwd, vjp_bwd_retval = hijax.vjp_from_lin
+
+
+def _scale3(x):
+  return Scale3(jax.typeof(x))(x)
+
+
+def test_linear_primitive_whose_jvp_applies_itself():
+  x = jnp.float32(2.)
+  assert jax.grad(_scale3)(x) == 3.
+  assert jax.jit(jax.grad(_scale3))(x) == 3.
+  out, f_lin = jax.linearize(_scale3, x)
+  assert out == 6. and f_lin(x) == 6.
+  assert jax.jvp(_scale3, (x,), (x,)) == (6., 6.)
+  np.testing.assert_allclose(jax.vmap(jax.grad(_scale3))(jnp.ones(2)), [3., 3.])
+  assert jax.grad(jax.grad(lambda x: _scale3(x) * x))(x) == 6.
+
+
+# --- 6. float0 tangents under linearize_from_jvp -----------------------------------
+
+class Round(HiPrim):
+  """Not differentiable: its jvp returns a float0 tangent."""
+
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.round(x)
+
+  def jvp(self, primals, tangents):
+    (x,), _ = primals, tangents
+    return self(x), np.zeros(x.shape, jax.dtypes.float0)
+
+  lin, linearized = hijax.linearize_from_jvp
+
+
+def _round(x):
+  return Round(jax.typeof(x))(x)
+
+
+def test_float0_tangent_means_zero_under_jvp_and_linearize():
+  x = jnp.array([0.4, 1.6, 2.5])
+  out, t = jax.jvp(_round, (x,), (x,))
+  assert t.dtype == jnp.float32 and not t.any()
+  out_lin, f_lin = jax.linearize(_round, x)
+  t_lin = f_lin(x)
+  assert t_lin.dtype == jnp.float32 and t_lin.shape == (3,) and not t_lin.any()
+  np.testing.assert_array_equal(out_lin, out)
+  with jax.enable_checks(True):
+    assert jax.linearize(_round, x)[1](x).dtype == jnp.float32
