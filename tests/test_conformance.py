@@ -5,6 +5,7 @@ silently computed something else) before the fix.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -313,3 +314,100 @@ def test_float0_tangent_means_zero_under_jvp_and_linearize():
   np.testing.assert_array_equal(out_lin, out)
   with jax.enable_checks(True):
     assert jax.linearize(_round, x)[1](x).dtype == jnp.float32
+
+
+# --- 4. hi-typed cotangents under jit --------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Diag:
+  """A diagonal matrix, stored as its diagonal."""
+  d: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagTy(hijax.HiType):
+  """Its own tangent type: the tangent of a diagonal matrix is diagonal."""
+  d_ty: ShapedArray
+
+  def lo_ty(self):
+    return [self.d_ty]
+
+  def lower_val(self, diag):
+    return [diag.d]
+
+  def raise_val(self, d):
+    return Diag(d)
+
+  def to_tangent_aval(self):
+    return self
+
+  def vspace_zero(self):
+    return MakeDiag(self.d_ty)(jnp.zeros(self.d_ty.shape, self.d_ty.dtype))
+
+  def vspace_add(self, x, y):
+    return AddDiags(self)(x, y)
+
+
+hijax.register_hitype(Diag, lambda diag: DiagTy(jax.typeof(diag.d)))
+
+
+class MakeDiag(HiPrim):
+  def __init__(self, d_aval):
+    self.in_avals, self.out_aval, self.params = (d_aval,), DiagTy(d_aval), {}
+    super().__init__()
+
+  def expand(self, d):
+    return Diag(d)
+
+  def vjp_fwd(self, nzs_in, d):
+    return self(d), None
+
+  def vjp_bwd_retval(self, res, g):
+    return (DiagonalOf(self.out_aval)(g),)
+
+
+class DiagonalOf(HiPrim):
+  def __init__(self, diag_aval):
+    self.in_avals, self.out_aval = (diag_aval,), diag_aval.d_ty
+    self.params = {}
+    super().__init__()
+
+  def expand(self, diag):
+    return diag.d
+
+
+class AddDiags(HiPrim):
+  def __init__(self, diag_aval):
+    self.in_avals, self.out_aval = (diag_aval, diag_aval), diag_aval
+    self.params = {}
+    super().__init__()
+
+  def expand(self, a, b):
+    return Diag(a.d + b.d)
+
+  def vjp_fwd(self, nzs_in, a, b):
+    return self(a, b), None
+
+  def vjp_bwd_retval(self, res, g):
+    return g, g  # hi-typed cotangents
+
+
+class AddDiagsAccum(AddDiags):
+  vjp_fwd = AddDiags.vjp_fwd
+
+  def vjp_bwd(self, res, g, a_acc, b_acc):
+    a_acc.accum(g)
+    b_acc.accum(g)
+
+
+@pytest.mark.parametrize("cls", [AddDiags, AddDiagsAccum])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_hi_typed_cotangents_returned_by_a_backward_rule(cls, jit):
+  w = Diag(jnp.array([1., 2., 3.]))
+  f = lambda w: cls(jax.typeof(w))(w, w)
+  f = jax.jit(f) if jit else f
+  out, f_vjp = jax.vjp(f, w)
+  (ct,) = f_vjp(Diag(jnp.array([1., 10., 100.])))
+  assert isinstance(ct, Diag)
+  np.testing.assert_allclose(ct.d, [2., 20., 200.])
+  np.testing.assert_allclose(out.d, [2., 4., 6.])
