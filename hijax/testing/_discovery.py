@@ -1,0 +1,157 @@
+"""Which hijax primitives a function binds, which rules they define, and
+evaluating a function with each primitive replaced by its `expand`."""
+from __future__ import annotations
+
+import jax
+from jax._src import core as _core
+
+from hijax import derived
+from hijax.primitive import HiPrim
+
+# JAX 0.11 and 0.12 both give `Jaxpr` objects with `.jaxpr` and `.consts`;
+# older code paths may still produce a separate `ClosedJaxpr`.
+_JAXPR_TYPES = tuple(t for t in (getattr(_core, "ClosedJaxpr", None),
+                                 _core.Jaxpr) if t is not None)
+
+# Call primitives whose inner jaxpr is evaluated in place (so that the hijax
+# primitives inside are expanded too).
+_INLINED_CALLS = ("pjit", "jit", "closed_call", "core_call", "checkpoint",
+                  "remat")
+
+
+def is_hiprim(x) -> bool:
+  """Whether ``x`` is a constructed `HiPrim` instance (not a class)."""
+  return isinstance(x, HiPrim) and hasattr(x, "in_avals")
+
+
+def _overrides(cls, name) -> bool:
+  return getattr(cls, name, None) is not getattr(HiPrim, name, None)
+
+
+def defined_rules(prim) -> dict[str, str]:
+  """The rules a `HiPrim` (instance or class) defines, as ``{mode: rule name}``.
+
+  For example ``{"expand": "Log1pExp.expand", "jvp": "Log1pExp.jvp", "vjp":
+  "Log1pExp.vjp_fwd/vjp_bwd_retval", "batch": "Log1pExp.batch_dim_rule"}``.
+  Derived rules (``lin, linearized = linearize_from_jvp`` and the like) count
+  as defined, and their name says where they come from.
+  """
+  cls = prim if isinstance(prim, type) else type(prim)
+  name = cls.__name__
+  rules = {"expand": f"{name}.expand"}
+  if _overrides(cls, "jvp"):
+    rules["jvp"] = f"{name}.jvp" + (
+        " (jvp_from_lin)" if cls.jvp is derived.jvp_from_lin else "")
+  if _overrides(cls, "vjp_fwd") and (_overrides(cls, "vjp_bwd")
+                                      or _overrides(cls, "vjp_bwd_retval")):
+    bwd = "vjp_bwd" if _overrides(cls, "vjp_bwd") else "vjp_bwd_retval"
+    how = {derived.vjp_from_lin.first: " (vjp_from_lin)",
+           derived.vjp_from_jvp.first: " (vjp_from_jvp)"}.get(cls.vjp_fwd, "")
+    rules["vjp"] = f"{name}.vjp_fwd/{bwd}{how}"
+  if _overrides(cls, "lin") and _overrides(cls, "linearized"):
+    rules["lin"] = f"{name}.lin/linearized" + (
+        " (linearize_from_jvp)" if cls.lin is derived.linearize_from_jvp.first
+        else "")
+  if _overrides(cls, "transpose"):
+    rules["transpose"] = f"{name}.transpose"
+  if _overrides(cls, "batch"):
+    rules["batch"] = f"{name}.batch"
+  elif _overrides(cls, "batch_dim_rule"):
+    rules["batch"] = f"{name}.batch_dim_rule"
+  return rules
+
+
+def prim_of(eqn):
+  """The `HiPrim` instance an equation applies, or None.
+
+  Found by type among the equation's params, so that it does not depend on
+  the name of the param that carries it.
+  """
+  for v in eqn.params.values():
+    if is_hiprim(v):
+      return v
+  return None
+
+
+def _open_jaxpr(v):
+  """(jaxpr, consts) of a closed or open jaxpr."""
+  return getattr(v, "jaxpr", v), getattr(v, "consts", ())
+
+
+def _sub_jaxprs(params):
+  for val in params.values():
+    for v in (val if isinstance(val, (tuple, list)) else (val,)):
+      if isinstance(v, _JAXPR_TYPES):
+        yield _open_jaxpr(v)[0]
+
+
+def find_hiprims(jaxpr, found: list) -> list:
+  """Appends the distinct hijax primitive instances bound in ``jaxpr``."""
+  for eqn in jaxpr.eqns:
+    prim = prim_of(eqn)
+    if prim is not None and not any(prim is p for p in found):
+      found.append(prim)
+    for sub in _sub_jaxprs(eqn.params):
+      find_hiprims(sub, found)
+  return found
+
+
+class ExpandStructureError(Exception):
+  """`expand` returned a pytree of another structure than ``out_aval``."""
+
+  def __init__(self, prim, tree):
+    self.prim, self.tree = prim, tree
+    super().__init__(f"{type(prim).__name__}.expand returned a value with "
+                     f"structure {tree}, but out_aval has structure "
+                     f"{prim.out_tree}")
+
+
+def eval_expanded(jaxpr, consts, args, applications):
+  """Evaluates ``jaxpr`` with each hijax primitive replaced by its `expand`.
+
+  Records ``(prim, args, out, out_tree)`` for each top-level application in
+  ``applications``.
+  """
+  env = {}
+
+  def read(v):
+    return v.val if isinstance(v, _core.Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    prim = prim_of(eqn)
+    sub = eqn.params.get("jaxpr")
+    if prim is not None:
+      p_args = jax.tree.unflatten(prim.in_tree, invals)
+      out = prim.expand(*p_args)
+      outs, tree = jax.tree.flatten(out)
+      applications.append((prim, p_args, out, tree))
+      if tree != prim.out_tree:
+        raise ExpandStructureError(prim, tree)
+    elif (eqn.primitive.name in _INLINED_CALLS
+          and isinstance(sub, _JAXPR_TYPES)):
+      outs = eval_expanded(*_open_jaxpr(sub), invals, [])
+    else:
+      subfuns, params = eqn.primitive.get_bind_params(eqn.params)
+      outs = eqn.primitive.bind(*subfuns, *invals, **params)
+      if not eqn.primitive.multiple_results:
+        outs = [outs]
+    for v, x in zip(eqn.outvars, outs):
+      env[v] = x
+  return [read(v) for v in jaxpr.outvars]
+
+
+def applications(prim_fn, args) -> list[tuple]:
+  """``(prim, prim_args)`` for each hijax primitive ``prim_fn(*args)`` binds at
+  its top level (evaluated through `expand`); empty if `expand` fails."""
+  closed = jax.make_jaxpr(prim_fn)(*args)
+  found = []
+  try:
+    eval_expanded(closed.jaxpr, closed.consts, jax.tree.leaves(args), found)
+  except Exception:  # pylint: disable=broad-except  (the expand check says why)
+    pass
+  return [(prim, p_args) for prim, p_args, _, _ in found]
