@@ -32,6 +32,7 @@ class, the method, the declared type, the returned type and the fix.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 from jax._src import ad_util
@@ -179,6 +180,20 @@ def _advice(declared, actual, kind) -> str:
     return (f"Convert it with `.astype(jnp.{np.dtype(declared.dtype).name})` "
             "(hijax does not convert silently). ")
   return "Return a value of the declared type. "
+
+
+def checked_lower_val(lower_val):
+  """``HiType.lower_val`` wrapped with `check_lowered` (once per lowering)."""
+  if getattr(lower_val, "_hijax_checked", False):
+    return lower_val
+
+  @functools.wraps(lower_val)
+  def checked(self, hi_val, /):
+    lo_vals = lower_val(self, hi_val)
+    check_lowered(self, lo_vals)
+    return lo_vals
+  checked._hijax_checked = True
+  return checked
 
 
 def check_lowered(ty, lo_vals) -> None:

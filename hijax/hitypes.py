@@ -88,6 +88,12 @@ class HiType(_jax_hijax.HiType):
   `HiPrim` primitives, whose ``expand`` sees the concrete fields.
   """
 
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    # What lower_val returns is checked against lo_ty where JAX calls it.
+    if "lower_val" in cls.__dict__:
+      cls.lower_val = _checks.checked_lower_val(cls.__dict__["lower_val"])
+
   # --- lowering -------------------------------------------------------------
 
   def lo_ty(self) -> list[core.AbstractValue]:

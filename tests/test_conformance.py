@@ -411,3 +411,100 @@ def test_hi_typed_cotangents_returned_by_a_backward_rule(cls, jit):
   assert isinstance(ct, Diag)
   np.testing.assert_allclose(ct.d, [2., 20., 200.])
   np.testing.assert_allclose(out.d, [2., 4., 6.])
+
+
+# --- 5. jax.typeof of a hi value does not lower it -----------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """Two arrays, of a hi type without lowering (usable eagerly only)."""
+  a: jax.Array
+  b: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PairTy(hijax.HiType):
+  a_ty: ShapedArray
+  b_ty: ShapedArray
+
+
+hijax.register_hitype(Pair, lambda p: PairTy(jax.typeof(p.a), jax.typeof(p.b)))
+
+
+class MakePair(HiPrim):
+  def __init__(self, a_aval, b_aval):
+    self.in_avals = (a_aval, b_aval)
+    self.out_aval, self.params = PairTy(a_aval, b_aval), {}
+    super().__init__()
+
+  def expand(self, a, b):
+    return Pair(a, b)
+
+
+class PairSum(HiPrim):
+  def __init__(self, pair_aval):
+    self.in_avals, self.out_aval, self.params = (pair_aval,), pair_aval.a_ty, {}
+    super().__init__()
+
+  def expand(self, pair):
+    return pair.a + pair.b
+
+
+def test_a_hi_type_without_lowering_works_eagerly():
+  a, b = jnp.ones(2), jnp.arange(2.)
+  pair = MakePair(jax.typeof(a), jax.typeof(b))(a, b)
+  assert jax.typeof(pair) == PairTy(jax.typeof(a), jax.typeof(b))
+  np.testing.assert_allclose(PairSum(jax.typeof(pair))(pair), [1., 2.])
+
+
+@dataclasses.dataclass(frozen=True)
+class LeadingAxis(hijax.MappingSpec):
+  pass
+
+
+def test_missing_method_error_names_what_the_transformation_needs():
+  a = jnp.ones((3, 2))
+  pair = MakePair(jax.typeof(a), jax.typeof(a))(a, a)
+  with pytest.raises(NotImplementedError, match="vmap needs") as e:
+    jax.vmap(lambda p: PairSum(jax.typeof(p))(p), in_axes=LeadingAxis(),
+             axis_size=3)(pair)
+  assert "PairTy" in str(e.value) and "`dec_rank`" in str(e.value)
+
+
+class CountingPairTy(PairTy):
+  lowered = 0
+
+  def lo_ty(self):
+    return [self.a_ty, self.b_ty]
+
+  def lower_val(self, p):
+    CountingPairTy.lowered += 1
+    return [p.a, p.b]
+
+  def raise_val(self, a, b):
+    return CountingPair(a, b)
+
+
+class CountingPair(Pair):
+  pass
+
+
+hijax.register_hitype(CountingPair,
+                      lambda p: CountingPairTy(jax.typeof(p.a), jax.typeof(p.b)))
+
+
+def test_typeof_does_not_call_lower_val():
+  p = CountingPair(jnp.ones(2), jnp.zeros(2))
+  CountingPairTy.lowered = 0
+  for _ in range(3):
+    jax.typeof(p)
+  assert CountingPairTy.lowered == 0
+
+
+def test_a_value_built_from_tracers_is_still_rejected_without_lowering():
+  with pytest.raises(TypeError) as e:
+    jax.jit(lambda a: Pair(a, a))(jnp.ones(2))
+  assert "built from traced arrays" in str(e.value) + str(e.value.__context__)
+  with pytest.raises(TypeError) as e:
+    jax.jit(lambda a: Pair(jnp.ones(1), a))(jnp.ones(2))
+  assert "built from traced arrays" in str(e.value) + str(e.value.__context__)

@@ -503,3 +503,19 @@ def test_accum_wrong_dtype_under_vmap_of_grad():
   with pytest.raises(TypeError) as e:
     g(XS)
   assert_names(e, "AccumInt.vjp_bwd", "acc.accum", "int32[3]", "float32[3]")
+
+
+class MakeShortPair(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), ShortPairTy(3), {}
+    super().__init__()
+
+  def expand(self, x):
+    return ShortPair(x, 2 * x)
+
+
+def test_lower_val_wrong_count_for_a_value_built_by_a_primitive():
+  f = jax.jit(lambda x: MakeShortPair(jax.typeof(x))(x))
+  with pytest.raises(ValueError) as e:
+    f(X)
+  assert_names(e, "ShortPairTy.lower_val", "1 array", "lo_ty lists 2")
