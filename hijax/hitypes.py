@@ -39,6 +39,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, NoReturn
 
+import jax
+import numpy as np
+
 from jax._src import core
 from jax._src import dtypes
 from jax._src import hijax as _jax_hijax
@@ -297,18 +300,47 @@ def _check_not_built_from_tracers(value_class, ty, value):
   # While JAX lowers a jaxpr it rebuilds hi values from the arrays of a
   # lowering trace (``requires_low``); those are fine. Any other tracer inside
   # a value object means user code assembled the object in traced code, where
-  # JAX cannot see it as one value.
-  lo_vals = ty.lower_val(value)
-  _checks.check_lowered(ty, lo_vals)
-  for lo in lo_vals:
-    if isinstance(lo, core.Tracer):
-      if not getattr(lo._trace, "requires_low", False):
-        raise TypeError(
-            f"a {value_class.__name__} value was built from traced arrays "
-            f"(e.g. {lo.aval.str_short()}) inside a transformed function. "
-            f"JAX treats a {ty.str_short()} value as one opaque value, so it "
-            "must come from concrete arrays or from a HiPrim: write a "
-            "constructor primitive whose `expand` builds the "
-            f"{value_class.__name__}, and call it instead")
-    elif type(lo) in _registered:
-      core.typeof(lo)  # a nested hi value: checks its own arrays
+  # JAX cannot see it as one value. The value's fields are searched, not its
+  # `lower_val`: a type needs no lowering until it is lowered, and `typeof`
+  # runs on every call.
+  for lo in _tracers_in(value, _MAX_DEPTH):
+    if not getattr(lo._trace, "requires_low", False):
+      raise TypeError(
+          f"a {value_class.__name__} value was built from traced arrays "
+          f"(e.g. {lo.aval.str_short()}) inside a transformed function. "
+          f"JAX treats a {ty.str_short()} value as one opaque value, so it "
+          "must come from concrete arrays or from a HiPrim: write a "
+          "constructor primitive whose `expand` builds the "
+          f"{value_class.__name__}, and call it instead")
+
+
+_MAX_DEPTH = 4  # value object -> field -> container -> ... -> array
+_ATOMS = (jax.Array, np.ndarray, np.generic, str, bytes, int, float, complex,
+          type(None), type, Callable)
+
+
+def _tracers_in(x, depth):
+  """The tracers among ``x``'s fields, in containers and nested objects."""
+  if isinstance(x, core.Tracer):
+    yield x
+  elif depth == 0 or isinstance(x, _ATOMS):
+    return
+  elif isinstance(x, (tuple, list, set, frozenset)):
+    for item in x:
+      yield from _tracers_in(item, depth - 1)
+  elif isinstance(x, dict):
+    for item in x.values():
+      yield from _tracers_in(item, depth - 1)
+  else:
+    for item in _fields(x):
+      yield from _tracers_in(item, depth - 1)
+
+
+def _fields(obj) -> list:
+  """The attribute values of an object: its ``__dict__`` and ``__slots__``."""
+  fields = list(getattr(obj, "__dict__", {}).values())
+  for cls in type(obj).__mro__:
+    for slot in getattr(cls, "__slots__", ()):
+      if isinstance(slot, str) and hasattr(obj, slot):
+        fields.append(getattr(obj, slot))
+  return fields
