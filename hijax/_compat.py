@@ -5,8 +5,11 @@ comparing version strings, so a backport or a patch release is handled for free.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from typing import Callable
 
+import jax
 from jax._src.interpreters import partial_eval as pe
 from jax._src.interpreters import remat as _remat
 
@@ -38,3 +41,35 @@ def register_remat_rule(primitive, rule):
       out, res, rem = rule(trace, *args, **params)
       return out, lambda *args: rem(res, *args)
     _remat.rules[primitive] = rule_without_residuals
+
+
+# JAX's name policies are dataclasses of its own on 0.11 (``saveable_names``,
+# ``names``) and closures over the set of names on 0.12. Probe each factory
+# with a sample name to learn where a policy keeps its names.
+_PROBE_NAME = "__hijax_probe__"
+
+
+def _names_reader(factory) -> Callable[[object], frozenset | None]:
+  """A function giving the names a policy built by ``factory`` holds, or None
+  for a policy ``factory`` did not build."""
+  sample = factory(_PROBE_NAME)
+  if dataclasses.is_dataclass(sample):
+    field = next(f.name for f in dataclasses.fields(sample)
+                 if getattr(sample, f.name) == {_PROBE_NAME})
+    cls = type(sample)
+    return lambda p: frozenset(getattr(p, field)) if type(p) is cls else None
+  code, cells = getattr(sample, "__code__", None), sample.__closure__ or ()
+  i = next((i for i, c in enumerate(cells) if c.cell_contents == {_PROBE_NAME}),
+           None)
+  if code is None or i is None:
+    return lambda p: None  # an unknown layout: no policy is recognized
+  return lambda p: (frozenset(p.__closure__[i].cell_contents)
+                    if getattr(p, "__code__", None) is code else None)
+
+
+saved_names_of = _names_reader(jax.checkpoint_policies.save_only_these_names)
+"""The names of a ``jax.checkpoint_policies.save_only_these_names`` policy, or None."""
+
+unsaved_names_of = _names_reader(
+    jax.checkpoint_policies.save_any_names_but_these)
+"""The names of a ``jax.checkpoint_policies.save_any_names_but_these`` policy, or None."""

@@ -17,6 +17,8 @@ It is built on the `HiPrim.remat` method, which ``jax.checkpoint`` calls (with
 Policies are plain functions in JAX, so ``f_fwd`` could not ask them anything.
 `SaveOnlyTheseNames` is a policy that is also a record: ``f_fwd`` can test
 ``isinstance(policy, SaveOnlyTheseNames)`` and look at ``.saveable_names``.
+JAX's own ``save_only_these_names`` and ``save_any_names_but_these`` policies
+reach ``f_fwd`` converted to these records.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import config as _config
 
 from hijax import _checks
+from hijax import _compat
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
@@ -73,6 +76,25 @@ class SaveAnyNamesButThese:
     return prim is _name_p and params.get("name") not in self.names_not_saveable
 
 
+def as_inspectable(policy):
+  """``policy``, with JAX's own name policies replaced by their hijax equivalents.
+
+  ``jax.checkpoint_policies.save_only_these_names`` gives a `SaveOnlyTheseNames`
+  and ``save_any_names_but_these`` a `SaveAnyNamesButThese` (equal to those
+  that hijax's functions build); None, ``jax.checkpoint``'s default, gives
+  ``nothing_saveable``. Other policies are returned as they are.
+  """
+  if policy is None:
+    return jax.checkpoint_policies.nothing_saveable
+  names = _compat.saved_names_of(policy)
+  if names is not None:
+    return SaveOnlyTheseNames(names)
+  names = _compat.unsaved_names_of(policy)
+  if names is not None:
+    return SaveAnyNamesButThese(names)
+  return policy
+
+
 def save_only_these_names(*names: str) -> SaveOnlyTheseNames:
   """Policy saving only the values named ``names`` (see `SaveOnlyTheseNames`)."""
   _check_names("save_only_these_names", names)
@@ -103,8 +125,9 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
       ``jit``, lowering).
     f_fwd: ``f_fwd(policy, *args) -> (out, res)``, the forward pass. Under
       ``jax.checkpoint`` (with ``jax_remat3``) ``policy`` is the checkpoint's
-      policy (``jax.checkpoint_policies.nothing_saveable`` if none was given);
-      under plain ``grad``/``vjp`` it is
+      policy (``jax.checkpoint_policies.nothing_saveable`` if none was given;
+      JAX's own name policies arrive as the equivalent `SaveOnlyTheseNames`
+      or `SaveAnyNamesButThese`, see `as_inspectable`); under plain ``grad``/``vjp`` it is
       ``jax.checkpoint_policies.everything_saveable``. ``res`` (any pytree of
       arrays, None to save nothing) is saved for the backward pass.
     f_rem: ``f_rem(res, *args) -> (out, res2)``, the rematerialization: given
@@ -162,9 +185,7 @@ class CustomRemat(HiPrim):
 
   def remat(self, trace, *args):
     """Under ``jax.checkpoint``: save what ``f_fwd`` chooses; ``f_rem`` later."""
-    policy = trace.policy
-    if policy is None:  # jax.checkpoint's default, and how it passes nothing_saveable
-      policy = jax.checkpoint_policies.nothing_saveable
+    policy = as_inspectable(trace.policy)
     out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
                              "(out, res)")
     return out, res, self._rematerialize

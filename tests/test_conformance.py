@@ -508,3 +508,42 @@ def test_a_value_built_from_tracers_is_still_rejected_without_lowering():
   with pytest.raises(TypeError) as e:
     jax.jit(lambda a: Pair(jnp.ones(1), a))(jnp.ones(2))
   assert "built from traced arrays" in str(e.value) + str(e.value.__context__)
+
+
+# --- 8. custom_remat receives JAX's own name policies as hijax policy objects ----------
+
+def _sin_saving_cos_if_asked(seen):
+  def fwd(policy, x):
+    seen.append(policy)
+    asked = (isinstance(policy, hijax.SaveOnlyTheseNames)
+             and "cos" in policy.saveable_names)
+    return jnp.sin(x), jnp.cos(x) if asked else None
+
+  def rem(cos, x):
+    return jnp.sin(x), jnp.cos(x) if cos is None else cos
+
+  return hijax.custom_remat(jnp.sin, fwd, rem, lambda cos, g: (g * cos,))
+
+
+@pytest.mark.parametrize("jax_policy,expected", [
+    (cp.save_only_these_names("cos", "a"),
+     hijax.SaveOnlyTheseNames(frozenset({"cos", "a"}))),
+    (cp.save_any_names_but_these("cos"),
+     hijax.SaveAnyNamesButThese(frozenset({"cos"}))),
+])
+def test_custom_remat_gets_jax_name_policies_as_hijax_policies(jax_policy,
+                                                                expected):
+  previous = jax.config.jax_remat3
+  jax.config.update("jax_remat3", True)
+  try:
+    seen = []
+    f = jax.checkpoint(lambda x: _sin_saving_cos_if_asked(seen)(x).sum(),
+                       policy=jax_policy)
+    x = jnp.linspace(0., 1., 3)
+    np.testing.assert_allclose(jax.grad(f)(x), jnp.cos(x), rtol=1e-6)
+    assert seen and all(p == expected for p in seen)
+    saved = [d for _, d in saved_residuals(f, x)]
+    assert any("cos" in d for d in saved) == isinstance(
+        expected, hijax.SaveOnlyTheseNames)
+  finally:
+    jax.config.update("jax_remat3", previous)
