@@ -45,11 +45,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+import jax.scipy.sparse.linalg  # noqa: F401  (CG, GMRES)
 from jax._src import core
 from jax.flatten_util import ravel_pytree
 
