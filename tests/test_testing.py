@@ -321,6 +321,58 @@ def test_catches_expand_that_cannot_be_jitted():
   assert "jitted call" in err.check
 
 
+# --- dtypes: a tangent has its output's dtype, a cotangent its input's -------------------
+
+class Float32Cotangents(zoo.Log1pExp):
+  def vjp_bwd_retval(self, x, g):
+    return ((jax.nn.sigmoid(x) * g).astype(jnp.float32),)  # right values, f32
+
+
+def test_catches_cotangents_of_the_wrong_dtype():
+  """Under x64 the gradient would be float32 for a float64 input: the values
+  agree to float32 precision, so only the dtype shows the slip."""
+  err = _fails(lambda x: Float32Cotangents(jax.typeof(x))(x),
+               zoo._vec(-2., 0.5, 3.), modes=("jvp", "vjp"), x64=True)
+  assert err.report.dtype == "float64"
+  assert err.rule == "Float32Cotangents.vjp_fwd/vjp_bwd_retval"
+  assert "float32" in str(err.failures[0]) and "float64" in str(err.failures[0])
+
+
+class Float32Tangents(zoo.Log1pExp):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), (jax.nn.sigmoid(x) * t).astype(jnp.float32)
+
+
+def test_catches_tangents_of_the_wrong_dtype():
+  err = _fails(lambda x: Float32Tangents(jax.typeof(x))(x),
+               zoo._vec(-2., 0.5, 3.), modes="jvp", x64=True)
+  assert err.rule == "Float32Tangents.jvp"
+  assert "float32" in str(err.failures[0]) and "float64" in str(err.failures[0])
+
+
+@jax.custom_vjp
+def _f32_gradient(x):
+  return x
+
+
+_f32_gradient.defvjp(lambda x: (x, None),
+                     lambda _, g: (g.astype(jnp.float32),))
+
+
+def test_compares_dtypes_of_what_jax_returns():
+  """jax.custom_vjp passes a float32 cotangent on unconverted: hijax's own
+  checks never see it, check_rules must (it compares the whole prim_fn)."""
+  err = _fails(lambda x: zoo.log1pexp(_f32_gradient(x)),
+               zoo._vec(-2., 0.5, 3.), modes="vjp", x64=True)
+  assert [f.check for f in err.failures] == [
+      "vjp's cotangent types vs the inputs' types"]
+  assert err.rule == "Log1pExp.vjp_fwd/vjp_bwd_retval"
+  assert ("args[0]: vjp gives float32[3], but the input is float64[3]"
+          in err.failures[0].detail)
+  assert err.max_error == float("inf")
+
+
 # --- options and reporting --------------------------------------------------------------
 
 def test_report():

@@ -37,6 +37,11 @@ mode                what is compared
                     primitive itself, ...)
 ==================  =========================================================
 
+Types are compared as well as values: a tangent must have the dtype of its
+output and a cotangent that of its input, so a backward rule that returns
+float32 cotangents fails the check in float64 even where its values are
+close enough.
+
 A rule counts as defined when the primitive's class overrides the `HiPrim`
 method (derived rules such as ``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``
 count). Modes whose rules are not defined are skipped, and the returned

@@ -102,6 +102,9 @@ def check_vjp(ctx: CheckContext):
     ctx.compare("vjp", "vjp's primal output vs the primitive's output",
                 inputs, out, ctx.ref_out(), ctx.settings.tol, got_label="vjp",
                 want_label="the primitive")
+    ctx.check_types("vjp", "vjp's cotangent types vs the inputs' types",
+                    inputs, cts_in, xs, [ctx.leaf_names[i] for i in direction],
+                    "vjp")
     lhs, rhs, bound = inner_identity(cts_out, ref, cts_in, tangents, tol)
     if not abs(lhs - rhs) <= bound:
       ctx.fail("vjp", check, inputs,
@@ -254,6 +257,10 @@ def check_transpose(ctx: CheckContext):
       continue
     check = "transpose vs the linear map (<ȳ, A ṫ> = <Aᵀ ȳ, ṫ>)"
     ctx.ran("transpose", f"{check} (in {names})")
+    ctx.check_types("transpose",
+                    "transpose's cotangent types vs the inputs' types",
+                    inputs, cts_in, xs, [ctx.leaf_names[i] for i in direction],
+                    "linear_transpose")
     for k in range(len(direction)) if len(direction) > 1 else [None]:
       tangents = [ctx.random_like(x) if k in (None, j)
                   else jnp.asarray(np.zeros_like(x)) for j, x in enumerate(xs)]

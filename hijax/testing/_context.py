@@ -13,7 +13,8 @@ import numpy as np
 
 from hijax.testing._discovery import defined_rules
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf, fmt_array,
-                                     is_float, real_or_int, to_numpy)
+                                     is_float, real_or_int, to_numpy,
+                                     type_str)
 from hijax.testing._report import RuleFailure, RuleReport, first_lines
 
 
@@ -143,6 +144,20 @@ class CheckContext:
                 f"{tol.atol:g}, rtol={tol.rtol:g})")
     self.fail(mode, check, inputs, detail, err, rule=rule)
     return False
+
+  def check_types(self, mode, check, inputs, got, like, names,
+                  got_label) -> bool:
+    """Checks that each of ``got`` has the shape and dtype of the matching
+    array of ``like`` (a cotangent has the type of its input); records the
+    first mismatch as a failure."""
+    for name, g, x in zip(names, got, like):
+      if type_str(g) != type_str(x):
+        self.fail(mode, check, inputs,
+                  f"{name}: {got_label} gives {type_str(g)}, but the input is "
+                  f"{type_str(x)} (a cotangent has the shape and dtype of "
+                  "its input)", float("inf"))
+        return False
+    return True
 
   # -- functions of subsets of the leaves --
 

@@ -67,6 +67,12 @@ def check_arrays(what, root, paths_and_leaves, ok) -> None:
           "numbers are not supported")
 
 
+def type_str(x) -> str:
+  """``float32[3]``: the dtype and shape of an array, as JAX prints types."""
+  x = np.asarray(x)
+  return f"{x.dtype.name}[{','.join(str(d) for d in x.shape)}]"
+
+
 def to_numpy(xs) -> list:
   return [np.asarray(x) for x in xs]
 
@@ -109,13 +115,17 @@ def compare_leaf(got, want, tol: Tol):
   """Returns (max_abs_error, index, got_value, want_value) of the worst
   violation of ``|got - want| <= atol + rtol |want|``, or None.
 
-  A different shape is a violation with error ``inf``, its index a
-  description and the values None.
+  A different shape or dtype is a violation with error ``inf``, its index a
+  description and the values None: a tangent has the dtype of its primal, so
+  the reference's dtype is the one expected.
   """
   got = np.asarray(got)
   want = np.asarray(want)
   if got.shape != want.shape:
     return (float("inf"), f"shape {got.shape} instead of {want.shape}", None,
+            None)
+  if got.dtype != want.dtype:
+    return (float("inf"), f"dtype {got.dtype} instead of {want.dtype}", None,
             None)
   if not (is_float(got) or is_float(want)):
     bad = got != want
