@@ -438,8 +438,14 @@ class Root(_Implicit):
 # --- the public functions --------------------------------------------------------------
 
 def _strong(tree):
-  """Arrays of ``tree``'s canonical dtypes, without weak types."""
-  return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.result_type(x)), tree)
+  """Arrays of ``tree``'s canonical dtypes, without weak types; integer and
+  boolean leaves become floating point (the unknowns are real numbers)."""
+  def convert(x):
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      dtype = jnp.result_type(float)
+    return jnp.asarray(x, dtype=dtype)
+  return jax.tree.map(convert, tree)
 
 
 def _check_function(api: str, cls: str, argname: str, fn, x, params):
