@@ -18,12 +18,14 @@ other modules append to `RULE_INSTALLERS` and that run once per subclass.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
+import jax.numpy as jnp
 from jax._src import api
 from jax._src import core
 from jax._src import effects as jax_effects
@@ -53,7 +55,12 @@ class HiPrim:
     a type (``jax.typeof(x)``, a `ShapedArray`, a hi type) or a pytree of types;
   * ``out_aval``: the output type, or a pytree of types;
   * ``params``: a dict of *hashable* static parameters. Each becomes an
-    attribute of the instance (``params = dict(f=f)`` gives ``self.f``).
+    attribute of the instance (``params = dict(f=f)`` gives ``self.f``), so
+    its key is a string that names no method or attribute of the class.
+
+  Two instances are equal (and JAX treats them as the same primitive
+  application) exactly when their class, ``in_avals``, ``out_aval``,
+  ``params`` and ``effects`` (any collection of JAX effects) are equal.
 
   The only required method is `expand`, the implementation in ordinary JAX
   operations. The other methods are rules for transformations, each optional
@@ -79,6 +86,8 @@ class HiPrim:
     super().__init_subclass__(**kwargs)
     cls._primitive = _new_primitive(cls.__name__)
     cls._linearized_primitive = _new_primitive(f"{cls.__name__}.linearized")
+    _check_backward_rules(cls)
+    cls._reserved_names = _reserved_names(cls)
     for install in RULE_INSTALLERS:
       install(cls)
 
@@ -97,6 +106,9 @@ class HiPrim:
     if type(params) is not dict:
       raise TypeError(f"{name}.params must be a dict, got "
                       f"{type(params).__name__}")
+    for key in params:
+      if type(key) is not str or key in self._reserved_names:
+        raise _param_name_error(self, key)
     self.in_avals = tuple(self.in_avals)
     self.in_avals_flat, self.in_tree = _flatten_types(
         name, "in_avals", self.in_avals)
@@ -275,10 +287,27 @@ class HiPrim:
         raise _argument_type_error(self, args) from None
       if actual is not expected and not core.typematch(actual, expected):
         raise _argument_type_error(self, args)
+    if not all(isinstance(x, _JAX_VALUES) for x in args_flat):
+      # NumPy arrays and Python scalars become JAX arrays, as for any JAX
+      # operation: `expand` then computes (and returns) what it does under jit.
+      args_flat = [x if isinstance(x, _JAX_VALUES) or not isinstance(
+          core.typeof(x), core.ShapedArray) else jnp.asarray(x)
+                   for x in args_flat]
     return args_flat
 
   def __repr__(self):
     return f"{type(self).__name__}{_pp_params(self)}"
+
+  def __getattr__(self, name):
+    # Reached only when ordinary lookup fails: an attribute that
+    # `HiPrim.__init__` sets is missing when a subclass forgot to call it.
+    if name in _SET_BY_INIT:
+      raise AttributeError(
+          f"{type(self).__name__}.__init__ did not call super().__init__(): "
+          "set self.in_avals, self.out_aval and self.params, then call "
+          "`super().__init__()` at the end of __init__")
+    raise AttributeError(
+        f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def __hash__(self):
     return self._hash
@@ -286,6 +315,62 @@ class HiPrim:
   def __eq__(self, other):
     return self is other or (isinstance(other, HiPrim)
                              and self._key == other._key)
+
+
+_JAX_VALUES = (jax.Array, core.Tracer)
+
+_SET_BY_INIT = frozenset({
+    "_key", "_hash", "in_avals_flat", "in_tree", "out_avals_flat", "out_tree",
+    "_args_are_leaves", "_single_output"})
+
+
+def _owner(cls, name) -> type:
+  return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+def _check_backward_rules(cls):
+  """Rejects a class whose `vjp_bwd_retval` would never be called.
+
+  The default `HiPrim.vjp_bwd` is what calls `vjp_bwd_retval`, so a `vjp_bwd`
+  defined in the same class, or in a subclass of the one defining
+  `vjp_bwd_retval`, hides it. (A subclass may replace an inherited
+  `vjp_bwd_retval` with its own `vjp_bwd`.)
+  """
+  bwd, retval = _owner(cls, "vjp_bwd"), _owner(cls, "vjp_bwd_retval")
+  if bwd is HiPrim or retval is HiPrim:
+    return
+  if cls.__mro__.index(retval) <= cls.__mro__.index(bwd):
+    name = cls.__name__
+    raise TypeError(
+        f"{name}.vjp_bwd (from {bwd.__name__}) and {name}.vjp_bwd_retval "
+        f"(from {retval.__name__}) are both defined, so vjp_bwd_retval would "
+        "never be called: reverse mode calls vjp_bwd. Define only one "
+        "backward rule: vjp_bwd_retval(self, res, g) returning cotangents, or "
+        "vjp_bwd(self, res, g, *accums) accumulating them")
+
+
+def _reserved_names(cls) -> frozenset:
+  """Names a param may not take: methods and HiPrim's own attributes.
+
+  Params become instance attributes, which would shadow them.
+  """
+  methods = {n for n in dir(cls) if callable(getattr(cls, n, None))
+             or isinstance(inspect.getattr_static(cls, n, None), property)}
+  own = {"in_avals", "out_aval", "params", "effects", "vjp_bwd_retval_logs"}
+  return frozenset(methods | own | _SET_BY_INIT)
+
+
+def _param_name_error(prim, key) -> TypeError:
+  name = type(prim).__name__
+  if type(key) is not str:
+    return TypeError(
+        f"{name}.params keys must be strings (each param becomes an "
+        f"attribute of the instance), got {key!r}")
+  what = ("method" if callable(getattr(type(prim), key, None))
+          else "attribute")
+  return TypeError(
+      f"{name}.params[{key!r}] would shadow the {what} {name}.{key} (each "
+      "param becomes an attribute of the instance): rename the param")
 
 
 def _missing_attribute_error(prim) -> AttributeError:

@@ -12,8 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import core as jax_core
 from jax._src import effects as jax_effects
 from jax._src.ad_checkpoint import saved_residuals
+from jax._src.interpreters import partial_eval as pe
 from jax.ad_checkpoint import checkpoint_name
 
 import hijax
@@ -547,3 +549,160 @@ def test_custom_remat_gets_jax_name_policies_as_hijax_policies(jax_policy,
         expected, hijax.SaveOnlyTheseNames)
   finally:
     jax.config.update("jax_remat3", previous)
+
+
+# --- 9. misuse: clear errors at class creation, construction and call ------------------
+
+def test_overriding_both_backward_rules_is_rejected_at_class_creation():
+  with pytest.raises(TypeError, match=r"Both\.vjp_bwd.*vjp_bwd_retval") as e:
+    class Both(HiPrim):  # noqa: F841 - the class statement is the test
+      def vjp_bwd_retval(self, cos_x, g):
+        return (cos_x * g,)
+
+      def vjp_bwd(self, cos_x, g, acc):
+        acc.accum(cos_x * g)
+  assert "never be called" in str(e.value)
+  with pytest.raises(TypeError, match=r"Derived\.vjp_bwd"):
+    class Derived(Sin):  # noqa: F841
+      vjp_fwd, vjp_bwd_retval = hijax.vjp_from_jvp
+
+      def vjp_bwd(self, res, g, acc):
+        pass
+  with pytest.raises(TypeError, match=r"Later\.vjp_bwd"):
+    class Later(AddDiagsAccum):  # noqa: F841 - would hide its own retval rule
+      def vjp_bwd_retval(self, res, g):
+        return g, g
+
+  class Overrides(AddDiags):  # a subclass's vjp_bwd replaces an inherited
+    def vjp_bwd(self, res, g, a_acc, b_acc):  # vjp_bwd_retval: fine
+      a_acc.accum(g)
+      b_acc.accum(g)
+
+
+class Forgetful(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+
+  def expand(self, x):
+    return x
+
+
+def test_init_without_super_init_is_a_clear_error():
+  p = Forgetful(jax.typeof(jnp.ones(2)))
+  for use in (lambda: p(jnp.ones(2)), lambda: hash(p),
+              lambda: jax.jit(lambda x: p(x))(jnp.ones(2))):
+    with pytest.raises(AttributeError,
+                       match=r"Forgetful\.__init__.*super\(\)\.__init__\(\)"):
+      use()
+
+
+@pytest.mark.parametrize("name", ["batch", "expand", "jvp", "in_avals",
+                                  "effects", "check_args"])
+def test_a_param_may_not_shadow_a_method_or_attribute(name):
+  with pytest.raises(TypeError, match=rf"Affine\.params\[{name!r}\].*rename"):
+    Affine(jax.typeof(jnp.ones(2)), **{name: 4})
+
+
+def test_param_keys_must_be_strings():
+  class Keyed(Affine):
+    def __init__(self, x_aval, params):
+      self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, params
+      HiPrim.__init__(self)
+
+  with pytest.raises(TypeError, match=r"Keyed\.params.*strings.*got 1"):
+    Keyed(jax.typeof(jnp.ones(2)), {1: 2.})
+
+
+class Transpose2d(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals = (x_aval,)
+    self.out_aval = ShapedArray(x_aval.shape[::-1], x_aval.dtype)
+    self.params = {}
+    super().__init__()
+
+  def expand(self, x):
+    return x.T
+
+
+def test_eager_call_with_numpy_arguments_returns_a_jax_array():
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  out = Transpose2d(jax.typeof(x))(x)
+  assert isinstance(out, jax.Array) and not isinstance(out, np.ndarray)
+  np.testing.assert_array_equal(out, x.T)
+  assert isinstance(hi_sin(np.float32(1.)), jax.Array)
+
+
+# --- 10. default dce of a multi-output primitive; logs from transpose ----------------
+
+class SinCos(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), (x_aval, x_aval), {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.sin(x), jnp.cos(x)
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x
+
+  def vjp_bwd_retval(self, x, g):
+    gs, gc = g
+    return (jnp.cos(x) * instantiate(gs) - jnp.sin(x) * instantiate(gc),)
+
+
+def instantiate(t):
+  return hijax.instantiate_zeros(t)
+
+
+def test_default_dce_keeps_a_multi_output_primitive_whole():
+  x = jnp.linspace(0., 1., 3)
+  first = lambda x: SinCos(jax.typeof(x))(x)[0]
+  np.testing.assert_allclose(jax.jit(first)(x), jnp.sin(x), rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(jax.grad(lambda x: first(x).sum()))(x),
+                             jnp.cos(x), rtol=1e-6)
+  jaxpr = jax.make_jaxpr(first)(x).jaxpr
+  dced, used_inputs = pe.dce_jaxpr(jaxpr, [True])
+  jax_core.check_jaxpr(dced)
+  (eqn,) = dced.eqns
+  assert used_inputs == [True] and len(eqn.outvars) == 2
+  assert dced.outvars[0] is eqn.outvars[0]
+  nothing, _ = pe.dce_jaxpr(jaxpr, [False])
+  assert nothing.eqns == []
+
+
+class LoggedScale(HiPrim):
+  """Linear in x; its transpose logs the cotangent it saw."""
+
+  def __init__(self, x_aval, logs="dict"):
+    self.in_avals, self.out_aval = (x_aval,), x_aval
+    self.params = dict(logs=logs)
+    super().__init__()
+
+  def expand(self, x):
+    return 2. * x
+
+  def transpose(self, ct, acc):
+    acc.accum(2. * ct)
+    return {"scale_ct": ct} if self.logs == "dict" else [ct]
+
+
+def _doubling(logs):
+  """2x, whose jvp applies LoggedScale to the tangent: reverse mode transposes
+  that equation with LoggedScale.transpose."""
+  @jax.custom_jvp
+  def double(x):
+    return 2. * x
+
+  double.defjvp(lambda primals, tangents: (
+      2. * primals[0], LoggedScale(jax.typeof(tangents[0]), logs)(tangents[0])))
+  return double
+
+
+def test_logs_returned_by_transpose_reach_with_logs():
+  x = jnp.float32(3.)
+  _, f_vjp = jax.vjp(_doubling("dict"), x)
+  cts, logs = f_vjp.with_logs(jnp.float32(5.))
+  assert cts == (10.,) and logs == {"scale_ct": 5.}
+  with pytest.raises(TypeError,
+                     match=r"LoggedScale\.transpose must return None or a dict"):
+    jax.grad(_doubling("list"))(x)
