@@ -36,7 +36,7 @@ PAGES = [
     "hijax-types",
 ]
 # The pages after the eight; docs/index.md lists both (tests/test_docs.py checks).
-APPENDIX = ["checking-rules", "api"]
+APPENDIX = ["checking-rules", "implicit", "api"]
 
 extensions = [
     "myst_nb",

@@ -1,6 +1,6 @@
 """Type arithmetic for writing hi types, and a look at what autodiff saves.
 
-A hi type usually keeps the types of its arrays (``ShapedArray``s) as fields,
+A hi type usually keeps the types of its arrays (``ShapedArray`` values) as fields,
 and answers JAX's questions about batching and sharding by asking the same
 questions of those fields. These functions ask them, for any type: an array
 type gets JAX's own answer, a hi type (or a hi component of a nested type) is
