@@ -61,7 +61,7 @@ def close(a, b, rtol=1e-4, atol=1e-5):
     np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
 
-# --- closed forms -----------------------------------------------------------------
+# --- closed forms -------------------------------------------------------------
 
 def test_fixed_point_all_derivatives_of_sqrt():
   a = 2.0
@@ -155,7 +155,7 @@ def test_linear_solve_linearize_and_transpose():
   close(jax.linear_transpose(f, b)(b), (jnp.linalg.solve(M.T, b),))
 
 
-# --- no solver re-run, no solve for zeros ----------------------------------------------
+# --- no solver re-run, no solve for zeros -------------------------------------
 
 def _count(jaxpr, name):
   n = 0
@@ -186,7 +186,7 @@ def test_no_solve_without_differentiated_params():
   np.testing.assert_array_equal(jvp_x0(jnp.ones(3))[1], jnp.zeros(3))
 
 
-# --- vmap and jit --------------------------------------------------------------------
+# --- vmap and jit -------------------------------------------------------------
 
 def test_vmap_matches_a_loop():
   a = jnp.array([1.0, 4.0, 5.0, 9.0])
@@ -210,7 +210,7 @@ def test_under_jit():
         jnp.diag(-2 / 9 * a ** (-5 / 3)))
 
 
-# --- errors ----------------------------------------------------------------------------
+# --- errors -------------------------------------------------------------------
 
 @pytest.mark.parametrize("transform", [jax.grad, jax.jit, jax.vmap])
 def test_closure_over_a_tracer_is_named(transform):
@@ -228,7 +228,8 @@ def test_closure_over_a_tracer_is_named(transform):
 def test_closure_errors_name_each_function():
   with pytest.raises(TypeError, match=r"root \(Root\).*`g`.*closes over"):
     jax.grad(lambda a: root(lambda x, p: x - a, 0.0, ()))(1.0)
-  with pytest.raises(TypeError, match=r"linear_solve \(LinearSolve\).*`matvec`"):
+  with pytest.raises(TypeError,
+                     match=r"linear_solve \(LinearSolve\).*`matvec`"):
     jax.grad(lambda a: linear_solve(lambda x, p: a * x, 1.0, ()))(1.0)
 
 
@@ -246,11 +247,12 @@ def test_integer_start_and_integer_params():
 
 
 def test_wrong_output_type_is_named():
-  with pytest.raises(TypeError, match=r"fixed_point \(FixedPoint\).*`f\(x, params\)`"):
+  with pytest.raises(TypeError,
+                     match=r"fixed_point \(FixedPoint\).*`f\(x, params\)`"):
     fixed_point(lambda x, p: jnp.stack([x, x]), 1.0, ())
 
 
-# --- the rules, checked ----------------------------------------------------------------
+# --- the rules, checked -------------------------------------------------------
 
 def test_rules_fixed_point():
   report = assert_rules(lambda a: fixed_point(newton_step, a, a), 2.0,
