@@ -114,13 +114,14 @@ class HiPrim:
         name, "in_avals", self.in_avals)
     self.out_avals_flat, self.out_tree = _flatten_types(
         name, "out_aval", self.out_aval)
-    self.effects = _effect_set(self)
+    if self.effects or type(self.effects) is not frozenset:
+      self.effects = _effect_set(self)
     # Two instances are interchangeable (JAX caches abstract evaluation and
     # tracing on them) exactly when their types, params and effects agree.
     try:
       self._key = (type(self), self.in_tree, tuple(self.in_avals_flat),
                    self.out_tree, tuple(self.out_avals_flat),
-                   frozenset(self.params.items()), self.effects)
+                   frozenset(params.items()) if params else (), self.effects)
       self._hash = hash(self._key)
     except TypeError:
       raise _unhashable_error(self) from None
@@ -278,6 +279,7 @@ class HiPrim:
         raise TypeError(
             f"{type(self).__name__}: the arguments have pytree structure "
             f"{tree}, but in_avals has structure {self.in_tree}")
+    convert = False
     for x, expected in zip(args_flat, self.in_avals_flat):
       if getattr(x, "aval", None) is expected:
         continue  # the common case, without typeof's sharding lookup
@@ -287,7 +289,8 @@ class HiPrim:
         raise _argument_type_error(self, args) from None
       if actual is not expected and not core.typematch(actual, expected):
         raise _argument_type_error(self, args)
-    if not all(isinstance(x, _JAX_VALUES) for x in args_flat):
+      convert = convert or not isinstance(x, _JAX_VALUES)
+    if convert:
       # NumPy arrays and Python scalars become JAX arrays, as for any JAX
       # operation: `expand` then computes (and returns) what it does under jit.
       args_flat = [x if isinstance(x, _JAX_VALUES) or not isinstance(
