@@ -18,6 +18,7 @@ other modules append to `RULE_INSTALLERS` and that run once per subclass.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Collection, Hashable
@@ -445,6 +446,15 @@ def _describe(x) -> str:
 
 
 def _flatten_types(name, attr, tree):
+  # Fast paths for the common cases, a single type or a tuple of types.
+  if isinstance(tree, AbstractValue):
+    return [tree], _LEAF
+  if type(tree) is tuple:
+    for t in tree:
+      if not isinstance(t, AbstractValue):
+        break
+    else:
+      return list(tree), _tuple_of_leaves(len(tree))
   leaves, treedef = tree_util.tree_flatten(tree)
   for leaf in leaves:
     if not isinstance(leaf, AbstractValue):
@@ -453,6 +463,14 @@ def _flatten_types(name, attr, tree):
           f"ShapedArray(shape, dtype)), but contains a {type(leaf).__name__}: "
           f"{leaf!r:.80}")
   return leaves, treedef
+
+
+_LEAF = tree_util.tree_structure(0)
+
+
+@functools.cache
+def _tuple_of_leaves(n):
+  return tree_util.tree_structure((0,) * n)
 
 
 def _argument_type_error(prim, args) -> TypeError:
