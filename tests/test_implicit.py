@@ -186,6 +186,24 @@ def test_no_solve_without_differentiated_params():
   np.testing.assert_array_equal(jvp_x0(jnp.ones(3))[1], jnp.zeros(3))
 
 
+def test_undifferentiated_params_are_not_differentiated():
+  # A parameter that has no derivative at all (a callback without rules):
+  # differentiating with respect to the other one must not touch it.
+  def host_scale(s):
+    return jax.pure_callback(np.asarray, jax.ShapeDtypeStruct((), s.dtype), s)
+
+  def scaled_step(x, p):
+    a, s = p
+    return 0.5 * (x + a / x) * host_scale(s)
+
+  sol = lambda a, s: fixed_point(scaled_step, a, (a, s))
+  close(grad(sol)(2.0, 1.0), 0.5 / np.sqrt(2.0))
+  close(hessian(sol)(2.0, 1.0), -0.25 * 2.0 ** -1.5)
+  close(jacfwd(sol)(2.0, 1.0), 0.5 / np.sqrt(2.0))
+  with pytest.raises(ValueError, match="JVP"):
+    jax.grad(sol, argnums=1)(2.0, 1.0)
+
+
 # --- vmap and jit -------------------------------------------------------------
 
 def test_vmap_matches_a_loop():
