@@ -614,3 +614,19 @@ def test_hi_types_and_complex_numbers_are_rejected_clearly():
     check_rules(H.dequantize, H.quantize(x))
   with pytest.raises(TypeError, match=r"args\[0\] is complex64\[1\]"):
     check_rules(zoo.log1pexp, jnp.array([1j], jnp.complex64))
+
+
+# --- plain JAX operations around the primitive are evaluated as they are -----------------
+
+@pytest.mark.parametrize("around", [
+    lambda p, x: p(x)[..., 0] + jnp.ones(()),
+    lambda p, x: jnp.sin(p(jnp.ones(3) * x)),
+    lambda p, x: jax.nn.relu(p(x)),  # a custom_jvp call: its params hold functions
+], ids=["index-and-ones", "sin-of-broadcast", "custom-jvp"])
+def test_plain_jax_around_the_primitive(around):
+  x = zoo._vec(-2., 0.5, 3.)
+  report = check_rules(lambda x: around(zoo.log1pexp, x), x)
+  assert report.passed and report.primitives == ["Log1pExp"]
+  assert {"expand", "jvp", "vjp", "batch"} <= set(report.modes_run), report
+  err = _fails(lambda x: around(lambda y: BadJvp(jax.typeof(y))(y), x), x)
+  assert set(_rules(err)) == {"BadJvp.jvp"}

@@ -106,6 +106,22 @@ class ExpandStructureError(Exception):
                      f"{prim.out_tree}")
 
 
+def _rebind(eqn, invals):
+  """Binds ``eqn.primitive`` again on ``invals`` with the equation's params.
+
+  `get_bind_params` returns a dict in JAX 0.11 and 0.12 (call-like primitives
+  put their functions in it under ``subfuns``); earlier releases returned
+  ``(subfuns, params)`` with the functions bound positionally. The returned
+  value itself says which shape it is, so this needs no `_compat` probe.
+  """
+  bind_params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns = ()
+  if isinstance(bind_params, tuple):
+    subfuns, bind_params = bind_params
+  outs = eqn.primitive.bind(*subfuns, *invals, **bind_params)
+  return outs if eqn.primitive.multiple_results else [outs]
+
+
 def eval_expanded(jaxpr, consts, args, applications):
   """Evaluates ``jaxpr`` with each hijax primitive replaced by its `expand`.
 
@@ -136,10 +152,7 @@ def eval_expanded(jaxpr, consts, args, applications):
           and isinstance(sub, _JAXPR_TYPES)):
       outs = eval_expanded(*_open_jaxpr(sub), invals, [])
     else:
-      subfuns, params = eqn.primitive.get_bind_params(eqn.params)
-      outs = eqn.primitive.bind(*subfuns, *invals, **params)
-      if not eqn.primitive.multiple_results:
-        outs = [outs]
+      outs = _rebind(eqn, invals)
     for v, x in zip(eqn.outvars, outs):
       env[v] = x
   return [read(v) for v in jaxpr.outvars]
