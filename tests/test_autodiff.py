@@ -10,17 +10,7 @@ import pytest
 from hijax import (GradAccum, HiPrim, NullAccum, RefAccum, ShapedArray, ValAccum,
                    Zero, instantiate_zeros)
 
-
-def unary(cls, **params):
-  return lambda x: cls(jax.typeof(x), **params)(x)
-
-
-class Base1(HiPrim):
-  def __init__(self, x_aval, **params):
-    self.in_avals = (x_aval,)
-    self.out_aval = x_aval
-    self.params = params
-    super().__init__()
+from unary_prim import UnaryPrim, unary
 
 
 class Base2(HiPrim):
@@ -175,7 +165,7 @@ def test_sparse_ref_accumulation_jaxpr_is_one_element_update():
   assert "f32[10] = " not in text.split("TakeElt")[1]
 
 
-class Square(Base1):
+class Square(UnaryPrim):
   def expand(self, x):
     return x ** 2
 
@@ -244,7 +234,7 @@ def test_non_dict_logs_are_rejected():
 
 
 def test_vjp_bwd_retval_logs_flag():
-  class Logged(Base1):
+  class Logged(UnaryPrim):
     vjp_bwd_retval_logs = True
 
     def expand(self, x):
@@ -264,7 +254,7 @@ def test_vjp_bwd_retval_logs_flag():
 
 
 def test_structured_residuals():
-  class Cube(Base1):
+  class Cube(UnaryPrim):
     def expand(self, x):
       return x ** 3
 
@@ -281,7 +271,7 @@ def test_structured_residuals():
 
 
 def test_structured_residuals_need_vjp_bwd():
-  class Retval(Base1):
+  class Retval(UnaryPrim):
     def expand(self, x):
       return x
 
@@ -317,7 +307,7 @@ def test_nzs_out_false_gives_zero_cotangent():
 
 
 def test_bad_forward_and_backward_returns_are_clear():
-  class OneThing(Base1):
+  class OneThing(UnaryPrim):
     def expand(self, x):
       return x
 
@@ -327,7 +317,7 @@ def test_bad_forward_and_backward_returns_are_clear():
   with pytest.raises(TypeError, match=r"OneThing.vjp_fwd must return \(out, residuals\)"):
     jax.grad(unary(OneThing))(1.)
 
-  class WrongShape(Base1):
+  class WrongShape(UnaryPrim):
     def expand(self, x):
       return x
 
@@ -354,7 +344,7 @@ def test_bad_forward_and_backward_returns_are_clear():
   with pytest.raises(TypeError, match=r"WrongOut.vjp_fwd returned a value of type float32\[2\] for the output, but out_aval declares float32\[\]"):
     jax.grad(unary(WrongOut))(1.)
 
-  class WrongJvp(Base1):
+  class WrongJvp(UnaryPrim):
     def expand(self, x):
       return x
 
@@ -380,7 +370,7 @@ def test_jvp_rule_and_zero_tangents():
 
 
 def test_grad_of_jvp_only_primitive_asks_for_vjp_fwd():
-  class JvpOnly(Base1):
+  class JvpOnly(UnaryPrim):
     def expand(self, x):
       return jnp.sin(x)
 
@@ -397,7 +387,7 @@ def test_grad_of_jvp_only_primitive_asks_for_vjp_fwd():
 def test_linearize_uses_lin_and_linearized_only():
   calls = []
 
-  class Lin(Base1):
+  class Lin(UnaryPrim):
     def expand(self, x):
       return jnp.sin(x)
 
@@ -418,7 +408,7 @@ def test_linearize_uses_lin_and_linearized_only():
 
 
 def test_lin_with_structured_residuals():
-  class LinS(Base1):
+  class LinS(UnaryPrim):
     def expand(self, x):
       return jnp.exp(x)
 
@@ -433,7 +423,7 @@ def test_lin_with_structured_residuals():
   assert f_lin(3.) == 3.
 
 
-class Scale(Base1):
+class Scale(UnaryPrim):
   """Linear in x: y = c * x, with a transpose rule."""
 
   def expand(self, x):

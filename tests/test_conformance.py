@@ -21,6 +21,8 @@ from jax.ad_checkpoint import checkpoint_name
 import hijax
 from hijax import HiPrim, ShapedArray
 
+from unary_prim import UnaryPrim
+
 cp = jax.checkpoint_policies
 
 
@@ -33,12 +35,8 @@ def remat3(request):
   jax.config.update("jax_remat3", previous)
 
 
-class Sin(HiPrim):
+class Sin(UnaryPrim):
   """sin, with both a jvp rule and reverse-mode rules."""
-
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
 
   def expand(self, x):
     return jnp.sin(x)
@@ -183,11 +181,7 @@ def test_static_argument_instances_each_keep_their_shape():
   assert apply(a, x).shape == (2, 3) and apply(b, x).shape == (3, 2)
 
 
-class Affine(HiPrim):
-  def __init__(self, x_aval, **params):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, params
-    super().__init__()
-
+class Affine(UnaryPrim):
   def expand(self, x):
     return self.a * x + self.b
 
@@ -245,12 +239,8 @@ def test_effects_must_be_a_collection_of_effects():
 
 # --- 3. a linear primitive whose jvp applies itself to the tangent ------------------
 
-class Scale3(HiPrim):
+class Scale3(UnaryPrim):
   """Multiplication by 3: linear, so its jvp is itself and it transposes to itself."""
-
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
 
   def expand(self, x):
     return 3. * x
@@ -285,12 +275,8 @@ def test_linear_primitive_whose_jvp_applies_itself():
 
 # --- 6. float0 tangents under linearize_from_jvp -----------------------------------
 
-class Round(HiPrim):
+class Round(UnaryPrim):
   """Not differentiable: its jvp returns a float0 tangent."""
-
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
 
   def expand(self, x):
     return jnp.round(x)

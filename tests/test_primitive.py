@@ -8,14 +8,10 @@ import pytest
 
 from hijax import HiPrim, ShapedArray
 
+from unary_prim import UnaryPrim
 
-class Sin(HiPrim):
-  def __init__(self, x_aval):
-    self.in_avals = (x_aval,)
-    self.out_aval = x_aval
-    self.params = {}
-    super().__init__()
 
+class Sin(UnaryPrim):
   def expand(self, x):
     return jnp.sin(x)
 
@@ -229,10 +225,8 @@ def test_missing_rule_names_the_methods_to_implement(transform, methods):
 
 
 def test_missing_expand():
-  class NoExpand(HiPrim):
-    def __init__(self, a):
-      self.in_avals, self.out_aval, self.params = (a,), a, {}
-      super().__init__()
+  class NoExpand(UnaryPrim):
+    """Defines no expand, and no rule."""
 
   with pytest.raises(NotImplementedError, match=r"NoExpand must implement `expand"):
     NoExpand(jax.typeof(1.))(1.)

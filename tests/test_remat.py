@@ -12,6 +12,8 @@ import hijax
 from hijax import (HiPrim, SaveAnyNamesButThese, SaveOnlyTheseNames,
                    custom_remat, save_any_names_but_these, save_only_these_names)
 
+from unary_prim import UnaryPrim
+
 nothing_saveable = jax.checkpoint_policies.nothing_saveable
 everything_saveable = jax.checkpoint_policies.everything_saveable
 X = jnp.linspace(-1., 2., 5, dtype=jnp.float32)
@@ -238,14 +240,10 @@ def test_custom_remat_checks_what_the_rules_return(remat3):
 
 # --- the HiPrim methods custom_remat is built on --------------------------------------
 
-class Exp(HiPrim):
+class Exp(UnaryPrim):
   """exp whose remat method saves its output when the policy allows 'exp'."""
 
   log: list = []
-
-  def __init__(self, aval):
-    self.in_avals, self.out_aval, self.params = (aval,), aval, {}
-    super().__init__()
 
   def expand(self, x):
     return jnp.exp(x)
@@ -298,11 +296,7 @@ def test_hiprim_remat_method_receives_the_policy(remat3):
 
 
 def test_default_hiprim_remat_recomputes(remat3):
-  class Sq(HiPrim):
-    def __init__(self, aval):
-      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
-      super().__init__()
-
+  class Sq(UnaryPrim):
     def expand(self, x):
       return x * x
 

@@ -9,6 +9,7 @@ from hijax.testing import (MODES, RuleCheckError, RuleReport, assert_rules,
                            check_rules, defined_rules)
 
 import zoo
+from unary_prim import UnaryPrim
 from zoo import inst
 
 
@@ -139,12 +140,8 @@ def test_catches_vjp_that_is_not_the_transpose_of_jvp():
   assert any("args[0] only" in f.inputs for f in err.failures)
 
 
-class BadLin(HiPrim):
+class BadLin(UnaryPrim):
   """sin, with a correct jvp and a wrong lin (it saves sin x, not cos x)."""
-
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
 
   def expand(self, x):
     return jnp.sin(x)
@@ -294,11 +291,7 @@ def test_catches_jvp_that_cannot_take_symbolic_zeros():
   assert "Zero" in str(err) and "symbolic zeros" in err.inputs
 
 
-class WrongExpandType(HiPrim):
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
-
+class WrongExpandType(UnaryPrim):
   def expand(self, x):
     return jnp.sum(x)  # out_aval says the shape of x
 

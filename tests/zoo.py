@@ -24,6 +24,8 @@ from jax.lax import while_loop
 from hijax import (HiPrim, NullAccum, ShapedArray, Zero, instantiate_zeros,
                    jvp_from_lin, linearize_from_jvp, vjp_from_jvp, vjp_from_lin)
 
+from unary_prim import UnaryPrim
+
 
 def inst(t):
   """A tangent or cotangent as an array (symbolic zeros instantiated)."""
@@ -43,14 +45,8 @@ def _typeof(tree):
   return jax.tree.map(jax.typeof, tree)
 
 
-class Unary(HiPrim):
-  """Base for elementwise primitives of one array."""
-
-  def __init__(self, x_aval):
-    self.in_avals = (x_aval,)
-    self.out_aval = x_aval
-    self.params = {}
-    super().__init__()
+class Unary(UnaryPrim):
+  """Base for elementwise primitives of one array (they batch elementwise)."""
 
   def batch_dim_rule(self, axis_data, in_dims):
     return in_dims[0]
