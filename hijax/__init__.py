@@ -6,6 +6,11 @@ need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
 from jax._src.core import ShapedArray
 
+# Re-exports only. Imports point one way (see ARCHITECTURE.md): primitive
+# imports only private helpers; autodiff, remat import primitive; batching and
+# derived import autodiff; testing and implicit import those; hitypes stands alone.
+# Importing the rule modules is what registers them: each appends its installer
+# to primitive.RULE_INSTALLERS, run for every HiPrim subclass defined later.
 from hijax.primitive import HiPrim
 from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
                             instantiate_zeros)

@@ -14,6 +14,7 @@ asked through its own method (`HiType.dec_rank`, `HiType.inc_rank`,
 * `saved_residuals`: the residuals reverse mode keeps, as data rather than
   the printout of ``jax.ad_checkpoint.print_saved_residuals``.
 """
+# Imports: jax only.
 from __future__ import annotations
 
 from typing import Any, Callable

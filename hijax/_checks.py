@@ -28,11 +28,13 @@ class with arrays (``lo_ty()``) of the same shapes and dtypes.
 
 A mismatch raises `RuleTypeError` (a ``TypeError``) with a message naming the
 class, the method, the declared type, the returned type and the fix.
+
+Imports: jax only. It sits below every rule module and knows no hijax class:
+hi types are recognised by JAX's base class.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import numpy as np
 from jax._src import ad_util
@@ -180,45 +182,6 @@ def _advice(declared, actual, kind) -> str:
     return (f"Convert it with `.astype(jnp.{np.dtype(declared.dtype).name})` "
             "(hijax does not convert silently). ")
   return "Return a value of the declared type. "
-
-
-def checked_lower_val(lower_val):
-  """``HiType.lower_val`` wrapped with `check_lowered` (once per lowering)."""
-  if getattr(lower_val, "_hijax_checked", False):
-    return lower_val
-
-  @functools.wraps(lower_val)
-  def checked(self, hi_val, /):
-    lo_vals = lower_val(self, hi_val)
-    check_lowered(self, lo_vals)
-    return lo_vals
-  checked._hijax_checked = True
-  return checked
-
-
-def check_lowered(ty, lo_vals) -> None:
-  """Checks that ``ty.lower_val`` returned one array per entry of ``ty.lo_ty()``.
-
-  Raises ``ValueError`` (a wrong number of values), which ``jit`` passes on as
-  it is; it would replace a ``TypeError`` raised while it reads its arguments'
-  types with a message about static arguments.
-  """
-  if type(ty).lo_ty is _hitype_base_lo_ty():
-    return  # no lowering declared: JAX says so when it needs one
-  lo_tys = ty.lo_ty()
-  if not isinstance(lo_vals, (list, tuple)) or len(lo_vals) != len(lo_tys):
-    got = (f"{len(lo_vals)} array(s)" if isinstance(lo_vals, (list, tuple))
-           else f"a {type(lo_vals).__name__}")
-    raise ValueError(
-        f"{type(ty).__name__}.lower_val returned {got}, but lo_ty lists "
-        f"{len(lo_tys)} ({', '.join(t.str_short() for t in lo_tys)}): return "
-        "a list with one array per entry of lo_ty, in the same order (and "
-        "make raise_val take them back)")
-
-
-def _hitype_base_lo_ty():
-  from hijax.hitypes import HiType
-  return HiType.lo_ty
 
 
 # --- errors raised inside user rules --------------------------------------------------

@@ -2,6 +2,8 @@
 
 Every difference is found by probing the installed JAX for the feature, never by
 comparing version strings, so a backport or a patch release is handled for free.
+
+Imports: jax only; any hijax module may use it.
 """
 from __future__ import annotations
 

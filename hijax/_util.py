@@ -1,4 +1,7 @@
-"""Small helpers shared by the rule modules."""
+"""Small helpers shared by the rule modules.
+
+Imports: jax only; any hijax module may use it.
+"""
 from __future__ import annotations
 
 import jax

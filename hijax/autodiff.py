@@ -25,6 +25,12 @@ and cotangents is ignored, as ``jax.custom_vjp`` and ``jax.custom_jvp`` do. The
 cotangent of an integer or boolean input has dtype ``float0``: a rule returns
 None for it; anything else of the right shape is dropped, as ``jax.custom_vjp``
 drops it.
+
+Imports: `hijax.primitive` and the private modules below it. It installs
+its rules by appending to `hijax.primitive.RULE_INSTALLERS`, so importing this
+module is what gives every `HiPrim` subclass its autodiff rules.
+`accumulate` is defined in `hijax._cotangents` (below `hijax.primitive`, whose
+default `HiPrim.vjp_bwd` calls it) and re-exported here.
 """
 from __future__ import annotations
 
@@ -41,9 +47,10 @@ from jax._src.interpreters import batching
 from jax._src.state.types import AbstractRef
 
 from hijax import _checks
+from hijax._core_rules import flatten_output, taking_prim
+from hijax._cotangents import accumulate, check_cotangent
 from hijax._util import is_float0
-from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
-                             taking_prim)
+from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 # JAX core recognises accumulators and symbolic zeros by class, so these are
 # JAX's own classes, re-exported.
@@ -56,57 +63,6 @@ instantiate_zeros = ad.instantiate_zeros
 
 __all__ = ["Zero", "GradAccum", "ValAccum", "RefAccum", "NullAccum",
            "instantiate_zeros", "accumulate"]
-
-
-def accumulate(prim: HiPrim, arg_accums, cts) -> None:
-  """Adds cotangents returned by a retval-style rule into the accumulators.
-
-  ``cts`` has one entry per input of ``prim``, each a pytree matching that
-  input's type (None, anywhere, means a zero cotangent).
-  """
-  name = type(prim).__name__
-  if not isinstance(cts, (tuple, list)) or len(cts) != len(prim.in_avals):
-    raise TypeError(
-        f"{name}.vjp_bwd_retval must return a tuple with one cotangent per "
-        f"input ({len(prim.in_avals)}), got {_describe(cts)}")
-  if prim._args_are_leaves:  # one accumulator per input: no pytrees to match
-    for i, (acc, ct) in enumerate(zip(arg_accums, cts)):
-      if ct is not None and _check_ct(prim, "vjp_bwd_retval", i, acc.aval, ct):
-        acc.accum(ct)
-    return
-  for i, (accs, ct, aval_tree) in enumerate(zip(arg_accums, cts, prim.in_avals)):
-    if ct is None:
-      continue
-    treedef = jax.tree.structure(aval_tree)
-    try:
-      ct_leaves = treedef.flatten_up_to(ct)
-    except (ValueError, TypeError):
-      raise TypeError(
-          f"{name}.vjp_bwd_retval: the cotangent for input {i} has structure "
-          f"{jax.tree.structure(ct)}, but the input has structure {treedef}"
-      ) from None
-    for acc, c in zip(jax.tree.leaves(accs), ct_leaves):
-      if c is not None and _check_ct(prim, "vjp_bwd_retval", i, acc.aval, c):
-        acc.accum(c)
-
-
-def _check_ct(prim, method, i, ct_aval, ct, how="returned") -> bool:
-  """Checks a cotangent for input ``i``; False if it is to be dropped.
-
-  A ``float0`` cotangent type (an integer or boolean input) takes None, a
-  float0 value, or anything of the right shape, which is dropped.
-  """
-  if type(ct_aval) is core.ShapedArray and ct_aval.dtype == dtypes.float0:
-    actual = _checks.type_of(ct)
-    if getattr(actual, "shape", None) == ct_aval.shape:
-      return actual.dtype == dtypes.float0
-  elif isinstance(ct_aval, AbstractRef):
-    return True  # JAX checks what is added to a reference
-  _checks.check_type(prim, method, f"the cotangent of input {i}", ct_aval, ct,
-                     "cotangent", "in_avals",
-                     "A cotangent has the type of its input's to_ct_aval().",
-                     how)
-  return True
 
 
 @contextlib.contextmanager
@@ -134,8 +90,8 @@ def _checked_accums(prim, method, accums_flat, input_of_leaf):
 
 def _checking_accum(prim, method, i, acc, accum):
   def checked(ct):
-    if ct is not None and _check_ct(prim, method, i, acc.aval, ct,
-                                    "passed to acc.accum"):
+    if ct is not None and check_cotangent(prim, method, i, acc.aval, ct,
+                                          "passed to acc.accum"):
       accum(acc, ct)
   return checked
 

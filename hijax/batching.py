@@ -12,6 +12,10 @@ dimensions; a negative dimension counts from the end, as in ``vmap``'s
 ``out_axes``. For a hi-typed output it is None or a `MappingSpec`. What a
 `HiPrim.batch` rule returns is also checked against ``out_aval`` with the batch
 axis inserted.
+
+Imports: `hijax.primitive`, `hijax.autodiff` and the private modules. Importing
+it appends its installer to `hijax.primitive.RULE_INSTALLERS` and sets
+``DEFAULT_RULES["batch"]`` to `batch_from_dim_rule`, the default `HiPrim.batch`.
 """
 from __future__ import annotations
 
@@ -22,12 +26,11 @@ from jax._src import hijax as _jax_hijax
 from jax._src.interpreters import batching
 
 from hijax import _checks
-
+from hijax._core_rules import flatten_output, taking_prim
 from hijax._util import Static, is_none
 from hijax.autodiff import (NullAccum, ValAccum, Zero, checked_backward,
                             instantiate_zeros)
-from hijax.primitive import (HiPrim, RULE_INSTALLERS, flatten_output,
-                             taking_prim)
+from hijax.primitive import DEFAULT_RULES, HiPrim, RULE_INSTALLERS
 
 __all__ = ["Batched", "batch_from_dim_rule"]
 
@@ -134,6 +137,8 @@ def _install_batching_rule(cls):
 
 
 RULE_INSTALLERS.append(_install_batching_rule)
+# `HiPrim.batch` without an override: the rule derived from batch_dim_rule.
+DEFAULT_RULES["batch"] = batch_from_dim_rule
 
 
 class Batched(HiPrim):

@@ -10,6 +10,9 @@
 The pairs are named tuples of two functions, so they unpack into two methods.
 A class that assigns a derived method to another name (``lin, linearized =
 vjp_from_jvp``), or a pair without unpacking it, is rejected when it is created.
+
+Imports: `hijax.primitive`, `hijax.autodiff` and the private modules; its
+class-creation checks are installers appended to `RULE_INSTALLERS`.
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ from jax._src import api_util
 from jax._src import linear_util as lu
 from jax._src.interpreters import ad
 
+from hijax._core_rules import flatten_output
 from hijax._util import Static, is_zero
 from hijax.autodiff import Zero, _flatten_tangent, instantiate_zeros
-from hijax.primitive import HiPrim, RULE_INSTALLERS, flatten_output
+from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin"]
 

@@ -35,8 +35,11 @@ That is why `HiType`, `MappingSpec` and `HiPspec` here subclass those bases:
 it is the only way for ``vmap``, ``scan`` and ``shard_map`` to accept them.
 Every method defined here, and every check, is this package's own.
 """
+# Imports: jax only. It is independent of `HiPrim`; the check of what
+# `HiType.lower_val` returns lives here, next to the class it checks.
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NoReturn
 
 import jax
@@ -45,8 +48,6 @@ import numpy as np
 from jax._src import core
 from jax._src import dtypes
 from jax._src import hijax as _jax_hijax
-
-from hijax import _checks
 
 __all__ = ["HiType", "MappingSpec", "HiPspec", "register_hitype",
            "aval_method", "aval_property"]
@@ -95,7 +96,7 @@ class HiType(_jax_hijax.HiType):
     super().__init_subclass__(**kwargs)
     # What lower_val returns is checked against lo_ty where JAX calls it.
     if "lower_val" in cls.__dict__:
-      cls.lower_val = _checks.checked_lower_val(cls.__dict__["lower_val"])
+      cls.lower_val = _checked_lower_val(cls.__dict__["lower_val"])
 
   # --- lowering -------------------------------------------------------------
 
@@ -209,6 +210,40 @@ class HiType(_jax_hijax.HiType):
         f"only on concrete values. Compute with it through a HiPrim (whose "
         f"`expand` receives the concrete value), or attach a method to the "
         f"type with `{type(self).__name__}.{name} = aval_method(fn)`")
+
+
+def _checked_lower_val(lower_val):
+  """``HiType.lower_val`` wrapped with `_check_lowered` (once per lowering)."""
+  if getattr(lower_val, "_hijax_checked", False):
+    return lower_val
+
+  @functools.wraps(lower_val)
+  def checked(self, hi_val, /):
+    lo_vals = lower_val(self, hi_val)
+    _check_lowered(self, lo_vals)
+    return lo_vals
+  checked._hijax_checked = True
+  return checked
+
+
+def _check_lowered(ty, lo_vals) -> None:
+  """Checks that ``ty.lower_val`` returned one array per entry of ``ty.lo_ty()``.
+
+  Raises ``ValueError`` (a wrong number of values), which ``jit`` passes on as
+  it is; it would replace a ``TypeError`` raised while it reads its arguments'
+  types with a message about static arguments.
+  """
+  if type(ty).lo_ty is HiType.lo_ty:
+    return  # no lowering declared: JAX says so when it needs one
+  lo_tys = ty.lo_ty()
+  if not isinstance(lo_vals, (list, tuple)) or len(lo_vals) != len(lo_tys):
+    got = (f"{len(lo_vals)} array(s)" if isinstance(lo_vals, (list, tuple))
+           else f"a {type(lo_vals).__name__}")
+    raise ValueError(
+        f"{type(ty).__name__}.lower_val returned {got}, but lo_ty lists "
+        f"{len(lo_tys)} ({', '.join(t.str_short() for t in lo_tys)}): return "
+        "a list with one array per entry of lo_ty, in the same order (and "
+        "make raise_val take them back)")
 
 
 class MappingSpec(_jax_hijax.MappingSpec):

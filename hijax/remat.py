@@ -20,6 +20,7 @@ Policies are plain functions in JAX, so ``f_fwd`` could not ask them anything.
 JAX's own ``save_only_these_names`` and ``save_any_names_but_these`` policies
 reach ``f_fwd`` converted to these records.
 """
+# Imports: `hijax.primitive`, `hijax._checks` and `hijax._compat`.
 from __future__ import annotations
 
 import dataclasses

@@ -1,0 +1,153 @@
+"""The shape of the package: imports point one way, and modules stay small.
+
+Reads the sources with `ast` (no JAX import): every ``import hijax...`` and
+``from hijax... import``, at the top of a module or inside a function, and
+every relative import, is an edge of the import graph of ``hijax/``. A cycle
+would mean some module imports a module that imports it back, which a
+function-level import can hide at run time but not from this graph.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hijax"
+MAX_LINES = 500
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+  """The absolute module name a ``from ... import`` names."""
+  if not node.level:
+    return node.module or ""
+  base = importer.split(".")
+  base = base if is_package else base[:-1]
+  base = base[:len(base) - (node.level - 1)]
+  return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(name: str, path: pathlib.Path, modules) -> set[str]:
+  """The hijax modules that module ``name`` imports, anywhere in its source."""
+  found = set()
+  tree = ast.parse(path.read_text(), str(path))
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = _resolve(name, path.name == "__init__.py", node)
+      submodules = [f"{base}.{alias.name}" for alias in node.names]
+      # `from hijax import autodiff` imports a submodule (the package's
+      # __init__ runs anyway, and is not a choice of this module); `from hijax
+      # import HiPrim` takes a name from the package's __init__ itself.
+      targets = ([t for t in submodules if t in modules]
+                 + ([base] if any(t not in modules for t in submodules) else []))
+    else:
+      continue
+    for target in targets:
+      while target and target not in modules:
+        target = target.rpartition(".")[0]  # `import hijax.a.b` runs hijax.a
+      if target and target != name:
+        found.add(target)
+  return found
+
+
+def import_graph() -> dict[str, set[str]]:
+  """Module -> the hijax modules it imports.
+
+  ``import hijax.x`` also runs ``hijax/__init__.py`` first, which imports
+  every submodule: that is the package's doing, not an edge of ``hijax.x``.
+  """
+  modules = _modules()
+  return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _find_cycle(graph) -> list[str] | None:
+  state = {}  # 1: on the current path, 2: done
+
+  def visit(node, path):
+    state[node] = 1
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == 1:
+        return path + [node, nxt]
+      if nxt not in state:
+        cycle = visit(nxt, path + [node])
+        if cycle:
+          return cycle
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      cycle = visit(node, [])
+      if cycle:
+        return cycle[cycle.index(cycle[-1]):]
+  return None
+
+
+def test_the_graph_is_read():
+  graph = import_graph()
+  assert "hijax.primitive" in graph["hijax.autodiff"]
+  assert "hijax._core_rules" in graph["hijax.primitive"]
+  assert "hijax.testing._report" in graph["hijax.testing._api"]
+  # a relative import is resolved like an absolute one
+  tree = ast.parse("from ._x import f\nfrom . import y\nfrom .. import z")
+  assert [_resolve("hijax.pkg.mod", False, n) for n in tree.body] == [
+      "hijax.pkg._x", "hijax.pkg", "hijax"]
+  assert _resolve("hijax.pkg", True, tree.body[0]) == "hijax.pkg._x"
+  # a name taken from a package's __init__ is an edge to the package
+  modules = {"hijax": None, "hijax.a": None}
+  assert _imports_of("from hijax import a", modules) == {"hijax.a"}
+  assert _imports_of("from hijax import HiPrim", modules) == {"hijax"}
+  assert _imports_of("def f():\n  import hijax.a.b", modules) == {"hijax.a"}
+
+
+def _imports_of(source, modules):
+  return _imports("hijax.mod", _Source(source), modules)
+
+
+class _Source:
+  """Stands in for a path: `_imports` reads ``.name`` and ``read_text()``."""
+  name = "mod.py"
+
+  def __init__(self, text):
+    self.text = text
+
+  def read_text(self):
+    return self.text
+
+  def __str__(self):
+    return "<test>"
+
+
+def test_a_cycle_is_found():
+  assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_imports_are_acyclic():
+  cycle = _find_cycle(import_graph())
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_primitive_imports_no_rule_module():
+  rule_modules = {"hijax.autodiff", "hijax.batching", "hijax.derived",
+                  "hijax.remat", "hijax.hitypes", "hijax.testing",
+                  "hijax.implicit"}
+  assert not import_graph()["hijax.primitive"] & rule_modules
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_module_size(name):
+  lines = len(_modules()[name].read_text().splitlines())
+  assert lines <= MAX_LINES, (
+      f"{name} has {lines} lines (more than {MAX_LINES}): split it by concern")
