@@ -88,8 +88,14 @@ def _expand_flat(*args_flat, _prim):
   return _checks.conform_outputs(prim, "expand", prim.out_avals_flat, out_flat)
 
 
+# What JAX operations return: arrays eagerly, tracers under a transformation.
+JAX_VALUES = (jax.Array, core.Tracer)
+
+
 def flatten_output(prim, method, out) -> list:
   """Flattens what ``prim.method`` returned, checking it against ``out_aval``."""
+  if prim._single_output and isinstance(out, JAX_VALUES):
+    return [out]  # the common case, without a pytree traversal
   out_flat, tree = jax.tree.flatten(out)
   if tree != prim.out_tree:
     raise TypeError(

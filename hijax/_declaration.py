@@ -22,8 +22,8 @@ from jax._src.core import AbstractValue
 
 # The attributes `HiPrim.__init__` sets; a param may not take their names.
 SET_BY_INIT = frozenset({
-    "_key", "_hash", "in_avals_flat", "in_tree", "out_avals_flat", "out_tree",
-    "_args_are_leaves", "_single_output"})
+    "_key", "_hash", "_params_key", "in_avals_flat", "in_tree",
+    "out_avals_flat", "out_tree", "_args_are_leaves", "_single_output"})
 
 
 def reserved_names(cls) -> frozenset:

@@ -38,8 +38,9 @@ import jax.numpy as jnp
 from jax._src import core
 from jax._src import traceback_util
 
-from hijax._core_rules import (flatten_output, install_core_rules,  # noqa: F401
-                               new_primitive, pp_params, taking_prim)
+from hijax._core_rules import (JAX_VALUES, flatten_output,  # noqa: F401
+                               install_core_rules, new_primitive, pp_params,
+                               taking_prim)
 from hijax._cotangents import accumulate
 from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
                                 flatten_types, missing_attribute_error,
@@ -134,14 +135,18 @@ class HiPrim:
     if self.effects or type(self.effects) is not frozenset:
       self.effects = effect_set(self)
     # Two instances are interchangeable (JAX caches abstract evaluation and
-    # tracing on them) exactly when their types, params and effects agree.
-    try:
-      self._key = (type(self), self.in_tree, tuple(self.in_avals_flat),
-                   self.out_tree, tuple(self.out_avals_flat),
-                   frozenset(params.items()) if params else (), self.effects)
-      self._hash = hash(self._key)
-    except TypeError:
-      raise unhashable_error(self) from None
+    # tracing on them) exactly when their types, params and effects agree
+    # (`_key`). Hashing the types is left until JAX first asks (an eager call
+    # never does); params are checked to be hashable now.
+    params_key = ()
+    if params:
+      try:
+        params_key = frozenset(params.items())
+        hash(params_key)
+      except TypeError:
+        raise unhashable_error(self) from None
+    self._params_key = params_key
+    self._hash = None
     self.__dict__.update(self.params)
     # Fast paths for the common case: array arguments and a single output.
     n = len(self.in_avals)
@@ -304,11 +309,11 @@ class HiPrim:
         raise argument_type_error(self, args) from None
       if actual is not expected and not core.typematch(actual, expected):
         raise argument_type_error(self, args)
-      convert = convert or not isinstance(x, _JAX_VALUES)
+      convert = convert or not isinstance(x, JAX_VALUES)
     if convert:
       # NumPy arrays and Python scalars become JAX arrays, as for any JAX
       # operation: `expand` then computes (and returns) what it does under jit.
-      args_flat = [x if isinstance(x, _JAX_VALUES) or not isinstance(
+      args_flat = [x if isinstance(x, JAX_VALUES) or not isinstance(
           core.typeof(x), core.ShapedArray) else jnp.asarray(x)
                    for x in args_flat]
     return args_flat
@@ -327,15 +332,22 @@ class HiPrim:
     raise AttributeError(
         f"{type(self).__name__!r} object has no attribute {name!r}")
 
+  @property
+  def _key(self):
+    return (type(self), self.in_tree, tuple(self.in_avals_flat), self.out_tree,
+            tuple(self.out_avals_flat), self._params_key, self.effects)
+
   def __hash__(self):
+    if self._hash is None:
+      self._hash = hash(self._key)
     return self._hash
 
   def __eq__(self, other):
     return self is other or (isinstance(other, HiPrim)
+                             and hash(self) == hash(other)
                              and self._key == other._key)
 
 
-_JAX_VALUES = (jax.Array, core.Tracer)
 
 
 def _owner(cls, name) -> type:
