@@ -332,14 +332,15 @@ class HiPrim:
     raise AttributeError(
         f"{type(self).__name__!r} object has no attribute {name!r}")
 
-  @property
-  def _key(self):
-    return (type(self), self.in_tree, tuple(self.in_avals_flat), self.out_tree,
-            tuple(self.out_avals_flat), self._params_key, self.effects)
-
   def __hash__(self):
     if self._hash is None:
-      self._hash = hash(self._key)
+      self._key = (type(self), self.in_tree, tuple(self.in_avals_flat),
+                   self.out_tree, tuple(self.out_avals_flat), self._params_key,
+                   self.effects)
+      try:
+        self._hash = hash(self._key)
+      except TypeError:
+        raise unhashable_error(self) from None
     return self._hash
 
   def __eq__(self, other):

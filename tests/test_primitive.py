@@ -1,11 +1,13 @@
 """HiPrim construction, binding, jaxprs, type checks and missing-rule errors."""
 from collections import namedtuple
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hijax
 from hijax import HiPrim, ShapedArray
 
 from unary_prim import UnaryPrim
@@ -240,3 +242,23 @@ def test_effects_free_primitive_is_dead_code_eliminated():
   dced, _ = pe.dce_jaxpr(inner, [True])
   assert "Sin" not in str(dced)
   assert f(3.) == 6.
+
+
+def test_an_unhashable_type_is_named_when_jax_hashes_the_primitive():
+  @dataclasses.dataclass  # not frozen, so not hashable
+  class ListTy(hijax.HiType):
+    n: int
+
+  class Ident(HiPrim):
+    def __init__(self, x_aval):
+      self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return x
+
+  p = Ident(ListTy(3))  # construction does not hash the types (eager calls never do)
+  with pytest.raises(TypeError, match=r"Ident.in_avals contains the type "
+                     r"ListTy, which is not hashable: write a hi type as a "
+                     r"frozen dataclass"):
+    hash(p)
