@@ -22,8 +22,22 @@ DCE_RULES_GET_LIVE_INS: bool = (
 
 # JAX 0.12's remat rules return ``(out, res, rem)`` and call ``rem(res, *args)``;
 # 0.11's return ``(out, rem)`` and call ``rem(*args)``.
-REMAT_RULES_RETURN_RESIDUALS: bool = (
-    "out_primal, res, rem = rules[prim]" in inspect.getsource(_remat.RematTrace.process_primitive))
+def _remat_rules_return_residuals() -> bool:
+  try:
+    src = inspect.getsource(_remat.RematTrace.process_primitive)
+  except (OSError, TypeError):
+    src = ""
+  if "out_primal, res, rem = rules[prim]" in src:
+    return True
+  if "out_primal, rem = rules[prim]" in src:
+    return False
+  raise ImportError(
+      "hijax cannot tell how this JAX calls remat rules (neither form found in "
+      "jax._src.interpreters.remat.RematTrace.process_primitive); hijax "
+      "supports jax>=0.11.2,<0.13")
+
+
+REMAT_RULES_RETURN_RESIDUALS: bool = _remat_rules_return_residuals()
 
 
 def register_dce_rule(primitive, rule):
