@@ -295,7 +295,6 @@ class HiPspec(_jax_hijax.HiPspec):
 
 # --- registering value classes ---------------------------------------------------
 
-_registered: dict[type, Callable[[Any], HiType]] = {}
 
 
 def register_hitype(value_class: type, typeof_fn: Callable[[Any], HiType]) -> None:
@@ -326,7 +325,6 @@ def register_hitype(value_class: type, typeof_fn: Callable[[Any], HiType]) -> No
     _check_not_built_from_tracers(value_class, ty, value)
     return ty
 
-  _registered[value_class] = typeof_fn
   core.pytype_aval_mappings[value_class] = typeof
   dtypes.register_canonicalize_value_handler(value_class, None)
 
