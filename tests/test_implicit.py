@@ -155,6 +155,18 @@ def test_linear_solve_linearize_and_transpose():
   close(jax.linear_transpose(f, b)(b), (jnp.linalg.solve(M.T, b),))
 
 
+
+def test_transpose_in_one_leaf_of_a_pytree_right_hand_side():
+  # b = {"u": traced, "v": constant}: transposing in "u" only (the "v" leaf
+  # reaches the transpose rule as a value, not an accumulator).
+  M = jnp.array([[2., 1.], [1., 3.]])
+  mv = lambda x, M: {"u": M[0, 0] * x["u"] + M[0, 1] * x["v"],
+                     "v": M[1, 0] * x["u"] + M[1, 1] * x["v"]}
+  f = lambda bu: linear_solve(mv, {"u": bu, "v": 1.}, M)["u"]
+  _, f_lin = jax.linearize(f, 1.)
+  (ct,) = jax.linear_transpose(f_lin, 1.)(1.)
+  close(ct, jnp.linalg.inv(M)[0, 0])  # d x_u / d b_u
+
 # --- no solver re-run, no solve for zeros -------------------------------------
 
 def _count(jaxpr, name):

@@ -205,7 +205,9 @@ class LinearSolve(HiPrim):
       return
     w = self._solve(_instantiate(ct), params, _transposed(self.matvec))
     for acc, w_leaf in zip(jax.tree.leaves(b_accums), jax.tree.leaves(w)):
-      if not isinstance(acc, NullAccum):
+      # A leaf of b that is not being transposed arrives as a value, not an
+      # accumulator; the map is linear in b, so that leaf is zero here.
+      if hasattr(acc, "accum") and not isinstance(acc, NullAccum):
         acc.accum(w_leaf)
 
   def batch_dim_rule(self, axis_data, in_dims):
