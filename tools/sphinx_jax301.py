@@ -41,8 +41,10 @@ def execution_cache_path(root: Path) -> str:
   """The jupyter cache for this version of hijax and JAX (conf.py's nb_execution_cache_path).
 
   The path is part of the configuration, so changing hijax or JAX also makes
-  Sphinx read every page again, and a page executed by the build is never
-  served from a cache made with other code.
+  Sphinx read every page again, and a page the build executes itself is never
+  served from a cache made with other code. The committed notebooks are put
+  into it as they are: whether their outputs still hold for this hijax and
+  JAX is what nbval checks, in the tests.
   """
   h = hashlib.sha256()
   for dist in ("jax", "jaxlib"):
