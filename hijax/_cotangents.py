@@ -4,7 +4,7 @@
 that `HiPrim.vjp_bwd_retval` returns; `check_cotangent` is also applied by
 `hijax.autodiff` to what an overriding rule passes to ``acc.accum``.
 
-Imports: `hijax._checks` only (it sits below `hijax.primitive`, which calls
+Imports: `hijax._checks` and `hijax._util` only (it sits below `hijax.primitive`, which calls
 `accumulate`). `hijax.autodiff.accumulate` re-exports it.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from jax._src import dtypes
 from jax._src.state.types import AbstractRef
 
 from hijax import _checks
+from hijax._util import describe_value
 
 __all__ = ["accumulate", "check_cotangent"]
 
@@ -29,7 +30,7 @@ def accumulate(prim, arg_accums, cts) -> None:
   if not isinstance(cts, (tuple, list)) or len(cts) != len(prim.in_avals):
     raise TypeError(
         f"{name}.vjp_bwd_retval must return a tuple with one cotangent per "
-        f"input ({len(prim.in_avals)}), got {_describe(cts)}")
+        f"input ({len(prim.in_avals)}), got {describe_value(cts)}")
   if prim._args_are_leaves:  # one accumulator per input: no pytrees to match
     for i, (acc, ct) in enumerate(zip(arg_accums, cts)):
       if ct is not None and check_cotangent(prim, "vjp_bwd_retval", i,
@@ -72,6 +73,3 @@ def check_cotangent(prim, method, i, ct_aval, ct, how="returned") -> bool:
   return True
 
 
-def _describe(x) -> str:
-  return f"a {type(x).__name__} of length {len(x)}" if isinstance(
-      x, (tuple, list)) else f"a {type(x).__name__}"

@@ -6,7 +6,7 @@ may not shadow a method (`reserved_names`), params and types must be hashable,
 and an argument of the wrong type gets a message with its position and pytree
 path (`argument_type_error`).
 
-Imports: jax only. Nothing here knows the `HiPrim` class; it takes instances.
+Imports: jax and `hijax._util` only. Nothing here knows the `HiPrim` class; it takes instances.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from jax._src import core
 from jax._src import effects as jax_effects
 from jax._src import tree_util
 from jax._src.core import AbstractValue
+
+from hijax._util import describe_value
 
 # The attributes `HiPrim.__init__` sets; a param may not take their names.
 SET_BY_INIT = frozenset({
@@ -108,17 +110,11 @@ def split_retval_logs(prim, out):
   if not (isinstance(out, tuple) and len(out) == 2
           and (out[1] is None or type(out[1]) is dict)):
     raise TypeError(
-        f"{type(prim).__name__}.vjp_bwd_retval returned {_describe(out)}, but "
+        f"{type(prim).__name__}.vjp_bwd_retval returned {describe_value(out)}, but "
         "the class sets vjp_bwd_retval_logs = True, so vjp_bwd_retval must "
         "return a pair (cotangents, logs) with logs None or a dict: return "
         "`(cts, logs)`, or remove `vjp_bwd_retval_logs = True`")
   return out
-
-
-def _describe(x) -> str:
-  if isinstance(x, (tuple, list)):
-    return f"a {type(x).__name__} of length {len(x)}"
-  return f"a {type(x).__name__}"
 
 
 def flatten_types(name, attr, tree):

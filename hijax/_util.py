@@ -41,3 +41,10 @@ class Static:
 
   def __eq__(self, other):
     return isinstance(other, Static) and self._key() == other._key()
+
+
+def describe_value(x) -> str:
+  """How an error message names what a rule returned: its type, and its length if a sequence."""
+  if isinstance(x, (tuple, list)):
+    return f"a {type(x).__name__} of length {len(x)}"
+  return f"a {type(x).__name__}"

@@ -49,7 +49,7 @@ from jax._src.state.types import AbstractRef
 from hijax import _checks
 from hijax._core_rules import flatten_output, taking_prim
 from hijax._cotangents import accumulate, check_cotangent
-from hijax._util import is_float0
+from hijax._util import describe_value, is_float0
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 # JAX core recognises accumulators and symbolic zeros by class, so these are
@@ -103,18 +103,13 @@ def _input_of_leaf(prim) -> list[int]:
   return [i for i, a in enumerate(prim.in_avals) for _ in jax.tree.leaves(a)]
 
 
-def _describe(x):
-  return f"a {type(x).__name__} of length {len(x)}" if isinstance(
-      x, (tuple, list)) else f"a {type(x).__name__}"
-
-
 def _unpack_forward(prim, method, result):
   """Splits a `vjp_fwd`/`lin` result into (out, res, nzs_out, sres)."""
   if not isinstance(result, tuple) or not 2 <= len(result) <= 4:
     raise TypeError(
         f"{type(prim).__name__}.{method} must return (out, residuals), "
         "(out, residuals, nzs_out) or (out, residuals, nzs_out, "
-        f"structured_residuals); got {_describe(result)}")
+        f"structured_residuals); got {describe_value(result)}")
   out, res, *rest = result
   nzs_out = rest[0] if rest else None
   sres = rest[1] if len(rest) > 1 else None
@@ -136,7 +131,7 @@ def _jvp_rule(primals_flat, tangents_flat, *, prim):
     result = prim.jvp(primals, tangents)
   if not isinstance(result, tuple) or len(result) != 2:
     raise TypeError(f"{type(prim).__name__}.jvp must return a pair "
-                    f"(out, out_tangent), got {_describe(result)}")
+                    f"(out, out_tangent), got {describe_value(result)}")
   out, out_tangent = result
   out_flat = flatten_output(prim, "jvp", out)
   _check_out_types(prim, "jvp", out_flat)
