@@ -46,7 +46,7 @@ from hijax._internals import batching
 from hijax._internals import core
 from hijax._internals import dtypes
 from hijax._internals import pretty_printer as pp
-from hijax._core_rules import flatten_output, taking_prim
+from hijax._core_rules import JAX_VALUES, flatten_output, taking_prim
 from hijax._cotangents import accumulate, check_cotangent
 from hijax._util import describe_value, is_float0
 from hijax.primitive import HiPrim, RULE_INSTALLERS
@@ -197,6 +197,9 @@ def _bind_linearized(prim, nzs_in_flat, nzs_out_flat):
     if not any(nzs_out_flat):
       return [Zero(a.to_tangent_aval()) for a in prim.out_avals_flat]
     res_flat, res_tree = jax.tree.flatten(res if sres is None else (res, sres))
+    for r in res_flat:
+      if not isinstance(r, JAX_VALUES) and _checks.type_of(r) is None:
+        raise _residual_error(prim, res, sres)
     res_flat = [dtypes.canonicalize_value(r) for r in res_flat]
     nz_tangents = [t for t in tangents_flat if type(t) is not Zero]
     outs = iter(prim._linearized_primitive.bind(
@@ -206,6 +209,24 @@ def _bind_linearized(prim, nzs_in_flat, nzs_out_flat):
     return [next(outs) if nz else Zero(a.to_tangent_aval())
             for a, nz in zip(prim.out_avals_flat, nzs_out_flat)]
   return linearized
+
+
+def _residual_error(prim, res, sres) -> TypeError:
+  """Names the first residual of `vjp_fwd` that is not a JAX value."""
+  for what, tree in (("residuals", res), ("structured residuals", sres)):
+    for path, r in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      if not isinstance(r, JAX_VALUES) and _checks.type_of(r) is None:
+        break
+    else:
+      continue
+    break
+  name = type(prim).__name__
+  return TypeError(
+      f"{name}.vjp_fwd returned a {type(r).__name__} among its {what} (at "
+      f"{what}{jax.tree_util.keystr(path)}), which is not a JAX value: "
+      "residuals are saved as arrays for the backward pass. Keep a static "
+      f"Python value in {name}.params (each param is an attribute, self.NAME, "
+      "in vjp_bwd_retval), or return it as an array")
 
 
 def _call_user_linearized(prim):
