@@ -22,11 +22,11 @@ from typing import Callable
 
 import jax
 import jax.extend.core
-from jax._src import api_util
-from jax._src import linear_util as lu
-from jax._src.interpreters import ad
+from jax import api_util
+from jax.extend import linear_util as lu
 
 from hijax import _linearity
+from hijax._internals import ad
 from hijax._core_rules import flatten_output
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
