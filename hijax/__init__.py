@@ -15,8 +15,8 @@ from hijax.primitive import HiPrim
 from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
                             instantiate_zeros)
 from hijax import batching as _batching  # noqa: F401  (installs the vmap rule)
-from hijax.derived import (jvp_from_lin, linearize_from_jvp, vjp_from_jvp,
-                           vjp_from_lin)
+from hijax.derived import (jvp_from_lin, jvp_from_vjp, linearize_from_jvp,
+                           vjp_from_jvp, vjp_from_lin)
 from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
 from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
@@ -29,7 +29,7 @@ from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 __all__ = [
     "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
     "ValAccum", "RefAccum", "NullAccum", "linearize_from_jvp", "vjp_from_lin",
-    "vjp_from_jvp", "jvp_from_lin", "HiType", "register_hitype", "MappingSpec",
+    "vjp_from_jvp", "jvp_from_lin", "jvp_from_vjp", "HiType", "register_hitype", "MappingSpec",
     "HiPspec", "aval_method", "aval_property", "custom_remat",
     "SaveOnlyTheseNames", "save_only_these_names", "SaveAnyNamesButThese",
     "save_any_names_but_these", "mapped_aval", "unmapped_aval", "shard_aval",

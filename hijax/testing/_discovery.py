@@ -40,8 +40,9 @@ def defined_rules(prim) -> dict[str, str]:
   name = cls.__name__
   rules = {"expand": f"{name}.expand"}
   if _overrides(cls, "jvp"):
-    rules["jvp"] = f"{name}.jvp" + (
-        " (jvp_from_lin)" if cls.jvp is derived.jvp_from_lin else "")
+    rules["jvp"] = f"{name}.jvp" + {
+        derived.jvp_from_lin: " (jvp_from_lin)",
+        derived.jvp_from_vjp: " (jvp_from_vjp)"}.get(cls.jvp, "")
   if _overrides(cls, "vjp_fwd") and (_overrides(cls, "vjp_bwd")
                                       or _overrides(cls, "vjp_bwd_retval")):
     bwd = "vjp_bwd" if _overrides(cls, "vjp_bwd") else "vjp_bwd_retval"
