@@ -5,7 +5,7 @@
   environment, a kernel's temporary cell file, /work/..., /root/..., /tmp/...;
 - tools/notebook_outputs.py, which `tools/notebooks.py build` applies, is
   checked on made-up tracebacks and outputs, and end to end: a small page
-  built twice gives the same bytes, and nbval passes on it.
+  built twice gives the same bytes.
 """
 import importlib.util
 import json
@@ -300,9 +300,10 @@ parse('{')
 '''
 
 
-def test_building_a_page_twice_gives_the_same_notebook_and_nbval_passes(tmp_path):
+def test_building_a_page_twice_gives_the_same_notebook(tmp_path):
   """End to end, on a page made to vary: streams split across messages, a
-  kernel cell file's path, a timing, a traceback through the standard library."""
+  kernel cell file's path, a timing, a traceback through the standard library.
+  (That nbval accepts the masked outputs is what nbval on notebooks/ shows.)"""
   pytest.importorskip("nbclient")
   pytest.importorskip("jupytext")
   docs, notebooks = tmp_path / "docs", tmp_path / "notebooks"
@@ -324,10 +325,3 @@ def test_building_a_page_twice_gives_the_same_notebook_and_nbval_passes(tmp_path
   tb = nbout.plain("\n".join(err["traceback"]))
   assert "File " not in tb and tb.endswith(err["ename"] + ": " + err["evalue"])
   assert "----> 4 parse('{')" in tb and "----> 3   return json.loads(s)" in tb
-  pytest.importorskip("nbval")
-  nbval = subprocess.run(
-      [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q",
-       "-p", "no:cacheprovider", "--nbval-sanitize-with",
-       str(ROOT / "tools" / "nbval_sanitize.cfg"), str(notebooks / "small.ipynb")],
-      capture_output=True, text=True, timeout=300, cwd=tmp_path)
-  assert nbval.returncode == 0, nbval.stdout[-3000:] + nbval.stderr[-2000:]
