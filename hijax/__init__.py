@@ -4,7 +4,7 @@ Subclass `HiPrim`, declare the argument and result types, give an `expand`
 implementation in ordinary JAX, and add the rules the transformations you use
 need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
-from jax._src.core import ShapedArray
+from jax.core import ShapedArray
 
 # Re-exports only. Imports point one way (see ARCHITECTURE.md): primitive
 # imports only private helpers; autodiff, remat import primitive; batching and

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax.extend.core as _jex_core
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src import core as _core
+from hijax._internals import ad_checkpoint as _ad_checkpoint
+from hijax._internals import core as _core
 
 __all__ = ["mapped_aval", "unmapped_aval", "shard_aval", "unshard_aval",
            "saved_residuals"]

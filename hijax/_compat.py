@@ -12,8 +12,9 @@ import inspect
 from typing import Callable
 
 import jax
-from jax._src.interpreters import partial_eval as pe
-from jax._src.interpreters import remat as _remat
+
+from hijax._internals import partial_eval as pe
+from hijax._internals import remat as _remat
 
 # JAX 0.12 calls DCE rules as ``rule(used_outs, live_ins, eqn)``; 0.11 as
 # ``rule(used_outs, eqn)``. Probe JAX's own default rule.

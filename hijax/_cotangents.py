@@ -10,11 +10,11 @@ Imports: `hijax._checks` and `hijax._util` only (it sits below `hijax.primitive`
 from __future__ import annotations
 
 import jax
-from jax._src import core
-from jax._src import dtypes
-from jax._src.state.types import AbstractRef
+from jax.ref import AbstractRef
 
 from hijax import _checks
+from hijax._internals import core
+from hijax._internals import dtypes
 from hijax._util import describe_value
 
 __all__ = ["accumulate", "check_cotangent"]

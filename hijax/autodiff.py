@@ -37,16 +37,15 @@ from __future__ import annotations
 import contextlib
 
 import jax
-from jax._src import ad_util
-from jax._src import api
-from jax._src import core
-from jax._src import dtypes
-from jax._src import pretty_printer as pp
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.state.types import AbstractRef
+from jax.ref import AbstractRef
 
 from hijax import _checks
+from hijax._internals import ad
+from hijax._internals import api
+from hijax._internals import batching
+from hijax._internals import core
+from hijax._internals import dtypes
+from hijax._internals import pretty_printer as pp
 from hijax._core_rules import flatten_output, taking_prim
 from hijax._cotangents import accumulate, check_cotangent
 from hijax._util import describe_value, is_float0
@@ -54,7 +53,7 @@ from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 # JAX core recognises accumulators and symbolic zeros by class, so these are
 # JAX's own classes, re-exported.
-Zero = ad_util.Zero
+Zero = ad.Zero
 GradAccum = ad.GradAccum
 ValAccum = ad.ValAccum
 RefAccum = ad.RefAccum

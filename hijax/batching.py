@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax._src import core
-from jax._src import hijax as _jax_hijax
-from jax._src.interpreters import batching
+import jax.experimental.hijax as _jax_hijax
 
 from hijax import _checks
+from hijax._internals import batching
+from hijax._internals import core
 from hijax._core_rules import flatten_output, taking_prim
 from hijax._util import Static, is_none
 from hijax.autodiff import (NullAccum, ValAccum, Zero, checked_backward,

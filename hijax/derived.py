@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-from jax._src import api_util
-from jax._src import linear_util as lu
-from jax._src.interpreters import ad
+from jax import api_util
+from jax.extend import linear_util as lu
 
+from hijax._internals import ad
 from hijax._core_rules import flatten_output
 from hijax._util import Static, is_zero
 from hijax.autodiff import Zero, _flatten_tangent, instantiate_zeros

@@ -45,9 +45,10 @@ from typing import Any, Callable, NoReturn
 import jax
 import numpy as np
 
-from jax._src import core
-from jax._src import dtypes
-from jax._src import hijax as _jax_hijax
+import jax.experimental.hijax as _jax_hijax
+
+from hijax._internals import core
+from hijax._internals import dtypes
 
 __all__ = ["HiType", "MappingSpec", "HiPspec", "register_hitype",
            "aval_method", "aval_property"]

@@ -35,13 +35,13 @@ from typing import Any
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 import jax.numpy as jnp
-from jax._src import core
-from jax._src import traceback_util
 
 from hijax._core_rules import (JAX_VALUES, flatten_output,  # noqa: F401
                                install_core_rules, new_primitive, pp_params,
                                taking_prim)
 from hijax._cotangents import accumulate
+from hijax._internals import core
+from hijax._internals import traceback_util
 from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
                                 flatten_types, missing_attribute_error,
                                 param_name_error, reserved_names,

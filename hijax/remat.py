@@ -28,11 +28,10 @@ import functools
 from typing import Callable
 
 import jax
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src import config as _config
 
 from hijax import _checks
 from hijax import _compat
+from hijax._internals import ad_checkpoint as _ad_checkpoint
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
@@ -303,7 +302,7 @@ def _cotangents(prim: CustomRemat, cts):
 
 def _forward_mode_error(f) -> TypeError:
   hint = ""
-  if not _config.remat3.value:
+  if not jax.config.jax_remat3:
     hint = (" If this happened under jax.checkpoint, enable the new remat "
             "implementation with jax.config.update('jax_remat3', True): the "
             "classic one differentiates checkpointed code in forward mode.")

@@ -47,8 +47,8 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
 
+from hijax._internals import core
 from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
                                         _name)
 from hijax.implicit._solvers import (CG, GMRES, Dense, FixedPointIteration,

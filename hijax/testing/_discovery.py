@@ -3,9 +3,9 @@ evaluating a function with each primitive replaced by its `expand`."""
 from __future__ import annotations
 
 import jax
-from jax._src import core as _core
 
 from hijax import derived
+from hijax._internals import core as _core
 from hijax.primitive import HiPrim
 
 # JAX 0.11 and 0.12 both give `Jaxpr` objects with `.jaxpr` and `.consts`;
