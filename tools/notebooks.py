@@ -8,7 +8,11 @@ A page is a docs/*.md file with a jupytext header naming a kernel (index.md is
 not a notebook). `build` reads each page with jupytext, drops jupytext's
 pairing metadata (the notebook is generated, not paired), executes it with
 nbclient in docs/ (cells tagged raises-exception may raise; any other error
-aborts), and writes the notebook with its outputs. `check` compares every
+aborts), normalises it (tools/notebook_outputs.py: stable cell ids, merged
+streams, short tracebacks, no machine paths, and the stored outputs kept
+where the page's code is unchanged and they still hold), and writes the
+notebook with its outputs. Building an unchanged page again leaves the file
+as it was. `check` compares every
 notebook's cells (type, source, tags) with jupytext's reading of its page and
 also requires each code cell to have been executed, and no stray notebooks.
 """
@@ -23,6 +27,8 @@ import jupytext
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import notebook_outputs  # noqa: E402
 DOCS = ROOT / "docs"
 NOTEBOOKS = ROOT / "notebooks"
 
@@ -58,8 +64,11 @@ def build_one(name, timeout):
         record_timing=False, resources={"metadata": {"path": str(DOCS)}})
     client.execute()
     nb.metadata.pop("widgets", None)
+    target = NOTEBOOKS / f"{name}.ipynb"
+    previous = nbformat.read(target, as_version=4) if target.exists() else None
+    notebook_outputs.normalise(nb, previous)
     NOTEBOOKS.mkdir(exist_ok=True)
-    nbformat.write(nb, NOTEBOOKS / f"{name}.ipynb")
+    nbformat.write(nb, target)
     return name, time.perf_counter() - t0
 
 
