@@ -25,6 +25,7 @@ from hijax._avals import (mapped_aval, saved_residuals, shard_aval,
                           unmapped_aval, unshard_aval)
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
+from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
 
 __all__ = [
     "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
