@@ -187,7 +187,7 @@ def _linearize_rule(is_vjp, nzs_in_flat, *args_flat, prim):
   if is_vjp:
     linearized = _bind_linearized(prim, list(nzs_in_flat), nzs_out_flat)
   else:
-    linearized = _call_user_linearized(prim)
+    linearized = _call_user_linearized(prim, nzs_out_flat)
   return out_flat, nzs_out_flat, res, sres, linearized
 
 
@@ -229,13 +229,23 @@ def _residual_error(prim, res, sres) -> TypeError:
       "in vjp_bwd_retval), or return it as an array")
 
 
-def _call_user_linearized(prim):
+def _call_user_linearized(prim, nzs_out_flat):
   def linearized(res, sres, *tangents_flat):
     tangents = jax.tree.unflatten(prim.in_tree, tangents_flat)
     with _checks.rule_context(f"{type(prim).__name__}.linearized"):
       out = (prim.linearized(res, *tangents) if sres is None
              else prim.linearized(res, sres, *tangents))
-    return _flatten_tangent(prim, "linearized", out)
+    flat = _flatten_tangent(prim, "linearized", out)
+    # JAX was told by nzs_out which output tangents are nonzero: a zero (None)
+    # returned for one of them becomes an array of zeros.
+    for i, (t, nz) in enumerate(zip(flat, nzs_out_flat)):
+      if not nz and type(t) is not Zero:
+        raise TypeError(
+            f"{type(prim).__name__}.linearized returned a nonzero tangent for "
+            f"output {i}, but {type(prim).__name__}.lin returned nzs_out False "
+            "for it: return None for that tangent, or True in nzs_out")
+    return [instantiate_zeros(t) if nz else t
+            for t, nz in zip(flat, nzs_out_flat)]
   return linearized
 
 
