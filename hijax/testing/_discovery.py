@@ -2,6 +2,8 @@
 evaluating a function with each primitive replaced by its `expand`."""
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 
 from hijax import derived
@@ -28,7 +30,7 @@ def _overrides(cls, name) -> bool:
   return getattr(cls, name, None) is not getattr(HiPrim, name, None)
 
 
-def defined_rules(prim) -> dict[str, str]:
+def defined_rules(prim: Any) -> dict[str, str]:
   """The rules a `HiPrim` (instance or class) defines, as ``{mode: rule name}``.
 
   For example ``{"expand": "Log1pExp.expand", "jvp": "Log1pExp.jvp", "vjp":
