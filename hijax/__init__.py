@@ -6,6 +6,8 @@ need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
 from jax.core import ShapedArray
 
+from hijax import _metadata
+
 # Re-exports only. Imports point one way (see ARCHITECTURE.md): primitive
 # imports only private helpers; autodiff, remat import primitive; batching and
 # derived import autodiff; testing and implicit import those; hitypes stands alone.
@@ -36,4 +38,5 @@ __all__ = [
     "save_any_names_but_these", "mapped_aval", "unmapped_aval", "shard_aval",
     "unshard_aval", "saved_residuals",
 ]
-__version__ = "0.1.0"
+__version__: str = _metadata.installed_version()
+_metadata.warn_on_clash()

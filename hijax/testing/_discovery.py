@@ -3,6 +3,7 @@ evaluating a function with each primitive replaced by its `expand`."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
@@ -88,7 +89,7 @@ def find_custom_rules(jaxpr, found: list) -> list:
   return found
 
 
-def defined_rules(prim) -> dict[str, str]:
+def defined_rules(prim: Any) -> dict[str, str]:
   """The rules a `HiPrim` (instance or class) defines, as ``{mode: rule name}``.
 
   For example ``{"expand": "Log1pExp.expand", "jvp": "Log1pExp.jvp", "vjp":
