@@ -25,6 +25,8 @@ from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
                          save_any_names_but_these, save_only_these_names)
 from hijax._avals import (mapped_aval, saved_residuals, shard_aval,
                           unmapped_aval, unshard_aval)
+from hijax.closure import (ClosureConverted, closure_convert,
+                           closure_convert_params)
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
@@ -36,7 +38,8 @@ __all__ = [
     "HiPspec", "aval_method", "aval_property", "custom_remat",
     "SaveOnlyTheseNames", "save_only_these_names", "SaveAnyNamesButThese",
     "save_any_names_but_these", "mapped_aval", "unmapped_aval", "shard_aval",
-    "unshard_aval", "saved_residuals",
+    "unshard_aval", "saved_residuals", "closure_convert",
+    "closure_convert_params", "ClosureConverted",
 ]
 __version__: str = _metadata.installed_version()
 _metadata.warn_on_clash()
