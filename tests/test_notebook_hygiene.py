@@ -325,3 +325,31 @@ def test_building_a_page_twice_gives_the_same_notebook(tmp_path):
   tb = nbout.plain("\n".join(err["traceback"]))
   assert "File " not in tb and tb.endswith(err["ename"] + ": " + err["evalue"])
   assert "----> 4 parse('{')" in tb and "----> 3   return json.loads(s)" in tb
+
+
+def test_clean_normalises_a_notebook_without_executing_it(tmp_path):
+  """`tools/notebooks.py clean` fixes a notebook built by an older build."""
+  nbformat = pytest.importorskip("nbformat")
+  pytest.importorskip("jupytext")
+  docs, notebooks = tmp_path / "docs", tmp_path / "notebooks"
+  docs.mkdir()
+  notebooks.mkdir()
+  (docs / "small.md").write_text(PAGE, encoding="utf-8")
+  nb = nbformat.v4.new_notebook()
+  nb.cells = [nbformat.v4.new_code_cell("grad(not_linear)(1.)", execution_count=1, outputs=[
+      nbformat.v4.new_output("stream", name="stdout", text="a /tmp/ipykernel_3/4.py\n"),
+      nbformat.v4.new_output("stream", name="stdout", text="b\n"),
+      nbformat.v4.new_output("error", ename="NotImplementedError", evalue="Transpose",
+                             traceback=JAX_CHAIN)])]
+  nbformat.write(nb, notebooks / "small.ipynb")
+  cmd = [sys.executable, str(ROOT / "tools" / "notebooks.py"), "--docs", str(docs),
+         "--notebooks", str(notebooks), "clean", "small"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and "cleaned: small.ipynb" in out.stdout, out
+  cleaned = nbformat.read(notebooks / "small.ipynb", as_version=4)
+  stream, error = cleaned.cells[0].outputs
+  assert stream.text == "a <cell>\nb\n"
+  assert len("\n".join(error.traceback).split("\n")) <= MAX_LINES
+  assert cleaned.cells[0].id == nbout.normalise(cleaned).cells[0].id
+  again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+  assert "unchanged: small.ipynb" in again.stdout, again

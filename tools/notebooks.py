@@ -3,6 +3,7 @@
 
   python tools/notebooks.py build [PAGE ...] [-j N]   regenerate and execute
   python tools/notebooks.py check                     exit 1 if out of sync
+  python tools/notebooks.py clean [PAGE ...]          normalise without executing
 
 A page is a docs/*.md file with a jupytext header naming a kernel (index.md is
 not a notebook). `build` reads each page with jupytext, drops jupytext's
@@ -12,7 +13,9 @@ aborts), normalises it (tools/notebook_outputs.py: stable cell ids, merged
 streams, short tracebacks, no machine paths, and the stored outputs kept
 where the page's code is unchanged and they still hold), and writes the
 notebook with its outputs. Building an unchanged page again leaves the file
-as it was. `check` compares every
+as it was. `clean` applies the same normalisation to the committed notebooks
+without executing anything (for a notebook built by an older version of this
+tool; what nbval compares is unchanged by it). `check` compares every
 notebook's cells (type, source, tags) with jupytext's reading of its page and
 also requires each code cell to have been executed, and no stray notebooks.
 """
@@ -97,6 +100,16 @@ def build(names, jobs, timeout):
         sys.exit(f"{len(failed)} page(s) failed: {', '.join(sorted(failed))}")
 
 
+def clean(names):
+    """Normalises committed notebooks in place, without executing them."""
+    for name in names or pages():
+        path = NOTEBOOKS / f"{name}.ipynb"
+        before = path.read_bytes()
+        nb = notebook_outputs.normalise(nbformat.read(path, as_version=4))
+        nbformat.write(nb, path)
+        print(f"{'cleaned' if path.read_bytes() != before else 'unchanged'}: {path.name}")
+
+
 def problems():
     """Every way notebooks/ disagrees with docs/ (empty when in sync)."""
     out = []
@@ -136,10 +149,14 @@ def main():
     b.add_argument("-j", "--jobs", type=int, default=1)
     b.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     sub.add_parser("check")
+    c = sub.add_parser("clean")
+    c.add_argument("pages", nargs="*")
     a = ap.parse_args()
     DOCS, NOTEBOOKS = a.docs.resolve(), a.notebooks.resolve()
     if a.cmd == "build":
         build(a.pages, a.jobs, a.timeout)
+    elif a.cmd == "clean":
+        clean(a.pages)
     else:
         msgs = problems()
         for m in msgs:
