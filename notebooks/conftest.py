@@ -1,11 +1,28 @@
 """`pytest --nbval notebooks` works as it is: outputs that vary between runs
 (addresses, temp-file names, timings) are masked by tools/nbval_sanitize.cfg
-unless another file is given with --nbval-sanitize-with."""
+unless another file is given with --nbval-sanitize-with.
+
+nbval's fixed waits are also made long enough for a heavily loaded machine,
+where they, not the pages, failed cells: it waited 5 s (not configurable) for
+each output message of a cell that had finished, then stopped the kernel,
+failing the cell and xfailing every later one; and 60 s for a kernel to start.
+A page that hangs is still stopped by --nbval-cell-timeout.
+"""
 from pathlib import Path
 
 SANITIZE = Path(__file__).resolve().parent.parent / "tools" / "nbval_sanitize.cfg"
+OUTPUT_TIMEOUT = 120  # seconds between two output messages of a finished cell
+KERNEL_STARTUP_TIMEOUT = 300  # seconds, where the command line keeps nbval's 60
 
 
 def pytest_configure(config):
   if getattr(config.option, "nbval_sanitize_with", "") is None:
     config.option.nbval_sanitize_with = str(SANITIZE)
+  if getattr(config.option, "nbval_kernel_startup_timeout", None) == 60:
+    config.option.nbval_kernel_startup_timeout = KERNEL_STARTUP_TIMEOUT
+
+
+def pytest_collection_modifyitems(items):
+  for item in items:
+    if isinstance(getattr(item, "output_timeout", None), (int, float)):
+      item.output_timeout = max(item.output_timeout, OUTPUT_TIMEOUT)
