@@ -175,8 +175,13 @@ class Scale(HiPrim):
 
   def transpose(self, ct, c, x_acc):
     x_acc.accum(c * ct)
+    return {"ct": ct}
 
   vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+
+def scale(c, x):
+  return Scale(jax.typeof(c), jax.typeof(x))(c, x)
 
 
 def test_transpose_rule_of_a_linear_primitive():
@@ -186,6 +191,40 @@ def test_transpose_rule_of_a_linear_primitive():
   # vjp_from_jvp transposes the jvp, which applies Scale to the tangent
   np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))(X),
                              3 * jnp.cos(3 * X), rtol=1e-6)
+
+
+def test_logs_of_a_transpose_rule_reach_with_logs():
+  # A custom_jvp rule applying Scale to its tangent puts Scale in the linear
+  # part of the VJP, so reverse mode transposes it with Scale.transpose.
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+
+  @sin.defjvp
+  def sin_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return jnp.sin(x), scale(jnp.cos(x), dx)
+
+  _, f_vjp = jax.vjp(sin, X)
+  (g,), logs = f_vjp.with_logs(2 * jnp.ones(3))
+  np.testing.assert_allclose(g, 2 * jnp.cos(X), rtol=1e-6)
+  np.testing.assert_allclose(logs["ct"], 2 * jnp.ones(3))
+
+
+@pytest.mark.parametrize("names,pair,hint", [
+    ("lin, linearized", "vjp_from_jvp", "`lin, linearized` are derived with "
+     "`= linearize_from_jvp`"),
+    ("vjp_fwd, vjp_bwd_retval", "linearize_from_jvp", "`vjp_fwd, "
+     "vjp_bwd_retval` are derived with `= vjp_from_lin` or `= vjp_from_jvp`"),
+    ("jvp, lin", "vjp_from_lin", "`jvp` is derived with `jvp = jvp_from_lin`")])
+def test_a_derived_pair_under_the_wrong_names_says_which_derives(names, pair,
+                                                                 hint):
+  import hijax
+  body = f"{names} = hijax.{pair}"
+  with pytest.raises(TypeError, match="is set to") as e:
+    exec(f"class Misnamed(UnaryPrim):\n  {body}\n",
+         {"UnaryPrim": UnaryPrim, "hijax": hijax})
+  assert hint in str(e.value), str(e.value)
 
 
 # --- expand: every output is checked and conformed ---------------------------------------
