@@ -55,11 +55,13 @@ def test_index_lists_the_eight_pages_in_order():
     pages = _conf_pages()
     assert len(pages) == 8
     index = (ROOT / "docs" / "index.md").read_text()
-    toctree = re.search(r"```\{toctree\}\n(.*?)```", index, re.S).group(1)
-    entries = [l.strip() for l in toctree.splitlines()
-               if l.strip() and not l.strip().startswith(":")]
-    assert entries == pages + _conf_list("APPENDIX")
-    assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == pages + _conf_list("APPENDIX")
+    toctrees = [[l.strip() for l in toctree.splitlines()
+                 if l.strip() and not l.strip().startswith(":")]
+                for toctree in re.findall(r"```\{toctree\}\n(.*?)```", index, re.S)]
+    # The 301 pages and their appendix, then "Beyond 301" in a second toctree.
+    assert toctrees == [pages + _conf_list("APPENDIX"), _conf_list("BEYOND")]
+    assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == (
+        pages + _conf_list("APPENDIX") + _conf_list("BEYOND"))
     if SPEC_INDEX.exists():
         spec = SPEC_INDEX.read_text()
         spec_toc = spec.split(".. toctree::", 1)[1]
