@@ -95,7 +95,7 @@ def _plan(ctx: CheckContext, modes, explicit) -> list[str]:
   return to_run
 
 
-def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = None,
+def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,
                 atol: float | None = None, rtol: float | None = None,
                 eps: float | None = None, x64: bool | None = None,
                 seed: int = 0, batch_size: int = 3,
@@ -219,7 +219,8 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
   return report
 
 
-def assert_rules(prim_fn: Callable, *args, **kwargs) -> RuleReport:
+def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any
+                 ) -> RuleReport:
   """`check_rules` for test suites: same arguments, same `RuleCheckError`.
 
   Pytest hides this module's frames from the traceback, so a failing test

@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import api as _api
-from jax._src import core as _core
 
+from hijax._internals import api as _api
+from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import (ExpandStructureError, applications,
                                       defined_rules, eval_expanded)

@@ -3,11 +3,12 @@ evaluating a function with each primitive replaced by its `expand`."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
-from jax._src import core as _core
 
 from hijax import derived
+from hijax._internals import core as _core
 from hijax.primitive import HiPrim
 
 # JAX 0.11 and 0.12 both give `Jaxpr` objects with `.jaxpr` and `.consts`;
@@ -88,7 +89,7 @@ def find_custom_rules(jaxpr, found: list) -> list:
   return found
 
 
-def defined_rules(prim) -> dict[str, str]:
+def defined_rules(prim: Any) -> dict[str, str]:
   """The rules a `HiPrim` (instance or class) defines, as ``{mode: rule name}``.
 
   For example ``{"expand": "Log1pExp.expand", "jvp": "Log1pExp.jvp", "vjp":
@@ -104,8 +105,9 @@ def defined_rules(prim) -> dict[str, str]:
   name = cls.__name__
   rules = {"expand": f"{name}.expand"}
   if _overrides(cls, "jvp"):
-    rules["jvp"] = f"{name}.jvp" + (
-        " (jvp_from_lin)" if cls.jvp is derived.jvp_from_lin else "")
+    rules["jvp"] = f"{name}.jvp" + {
+        derived.jvp_from_lin: " (jvp_from_lin)",
+        derived.jvp_from_vjp: " (jvp_from_vjp)"}.get(cls.jvp, "")
   if _overrides(cls, "vjp_fwd") and (_overrides(cls, "vjp_bwd")
                                       or _overrides(cls, "vjp_bwd_retval")):
     bwd = "vjp_bwd" if _overrides(cls, "vjp_bwd") else "vjp_bwd_retval"

@@ -6,7 +6,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core as _core
+
+from hijax._internals import core as _core
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ class RuleFailure:
   detail: str
   max_error: float | None = None
 
-  def __str__(self):
+  def __str__(self) -> str:
     lines = [f"{self.rule}: {self.check}"]
     lines += ["  " + line for line in self.inputs.splitlines()]
     lines += ["  " + line for line in self.detail.splitlines()]
@@ -69,7 +69,7 @@ class RuleReport:
     """The modes with at least one check run, in order."""
     return [m for m in MODES if any(r.startswith(m + ":") for r in self.ran)]
 
-  def __str__(self):
+  def __str__(self) -> str:
     lines = [f"check_rules on {', '.join(self.primitives)} in {self.dtype}: "
              f"{len(self.ran)} checks, {len(self.failures)} failed"]
     lines += [f"  ran      {r}" for r in self.ran]
@@ -89,7 +89,14 @@ class RuleCheckError(AssertionError):
   and ``report`` is the full `RuleReport`.
   """
 
-  def __init__(self, report: RuleReport):
+  report: RuleReport
+  failures: list[RuleFailure]
+  rule: str
+  check: str
+  inputs: str
+  max_error: float | None
+
+  def __init__(self, report: RuleReport) -> None:
     self.report = report
     self.failures = list(report.failures)
     first = self.failures[0]

@@ -3,8 +3,8 @@ mode, which runs them again on functions derived from ``prim_fn``."""
 from __future__ import annotations
 
 import jax
-from jax._src.interpreters import partial_eval as _pe
 
+from hijax._internals import partial_eval as _pe
 from hijax.testing._batching import check_batch
 from hijax.testing._checks import (check_expand, check_jvp, check_lin,
                                    check_transpose, check_vjp)
