@@ -34,19 +34,20 @@ default `HiPrim.vjp_bwd` calls it) and re-exported here.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import contextlib
 
 import jax
-from jax._src import ad_util
-from jax._src import api
-from jax._src import core
-from jax._src import dtypes
-from jax._src import pretty_printer as pp
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.state.types import AbstractRef
+from jax.ref import AbstractRef
 
 from hijax import _checks
+from hijax._internals import ad
+from hijax._internals import api
+from hijax._internals import batching
+from hijax._internals import core
+from hijax._internals import dtypes
+from hijax._internals import pretty_printer as pp
 from hijax._core_rules import JAX_VALUES, flatten_output, taking_prim
 from hijax._cotangents import accumulate, check_cotangent
 from hijax._util import describe_value, is_float0
@@ -54,12 +55,12 @@ from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 # JAX core recognises accumulators and symbolic zeros by class, so these are
 # JAX's own classes, re-exported.
-Zero = ad_util.Zero
+Zero = ad.Zero
 GradAccum = ad.GradAccum
 ValAccum = ad.ValAccum
 RefAccum = ad.RefAccum
 NullAccum = ad.NullAccum
-instantiate_zeros = ad.instantiate_zeros
+instantiate_zeros: Callable[[Any], Any] = ad.instantiate_zeros
 
 __all__ = ["Zero", "GradAccum", "ValAccum", "RefAccum", "NullAccum",
            "instantiate_zeros", "accumulate"]
@@ -79,7 +80,7 @@ def _checked_accums(prim, method, accums_flat, input_of_leaf):
     # it on, stays as it is.)
     if (isinstance(acc, GradAccum) and not isinstance(acc, NullAccum)
         and "accum" not in vars(acc)):
-      acc.accum = _checking_accum(prim, method, i, acc, type(acc).accum)
+      acc.accum = _checking_accum(prim, method, i, acc, type(acc).accum)  # pyright: ignore[reportAttributeAccessIssue]
       patched.append(acc)
   try:
     yield
@@ -158,7 +159,8 @@ def _flatten_tangent(prim, method, tangent) -> list:
   return flat
 
 
-def check_tangents(prim, method, tangent_avals, tangents_flat) -> None:
+def check_tangents(prim: Any, method: Any, tangent_avals: Any,
+                   tangents_flat: Any) -> None:
   """Checks output tangents against the output types' ``to_tangent_aval()``."""
   _checks.check_types(prim, method, "output tangent", tangent_avals,
                       tangents_flat, "tangent", "out_aval (its to_tangent_aval)")
@@ -250,7 +252,8 @@ def _call_user_linearized(prim, nzs_out_flat):
   return linearized
 
 
-def _linearized_abstract_eval(*avals, prim, res_tree, nzs_in, nzs_out, has_sres):
+def _linearized_abstract_eval(*avals, prim, res_tree, nzs_in, nzs_out,
+                              has_sres):
   return [a.to_tangent_aval() for a, nz in zip(prim.out_avals_flat, nzs_out)
           if nz]
 
@@ -289,7 +292,7 @@ def _blame_incoming_cotangents(e, prim, cts_flat):
     if not _checks.matches(declared, actual, "cotangent"):
       return _checks.with_advice(e, (
           f"Note that the output cotangent g it received (output {i}) already "
-          f"has type {actual.str_short()} instead of {declared.str_short()}: "
+          f"has type {actual.str_short()} instead of {declared.str_short()}: "  # pyright: ignore[reportOptionalMemberAccess]
           "the mismatch comes from what the output was passed to (e.g. a "
           "jax.custom_vjp whose backward rule returns another dtype)."))
   return e
