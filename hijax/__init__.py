@@ -6,6 +6,8 @@ need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
 from jax.core import ShapedArray
 
+from hijax import _metadata
+
 # Re-exports only. Imports point one way (see ARCHITECTURE.md): primitive
 # imports only private helpers; autodiff, remat import primitive; batching and
 # derived import autodiff; testing and implicit import those; hitypes stands alone.
@@ -29,6 +31,7 @@ from hijax.residuals import (Residual, ResidualReport, assert_residual_bytes,
                              residual_report)
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
+from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
 
 __all__ = [
     "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
@@ -41,4 +44,5 @@ __all__ = [
     "closure_convert_params", "ClosureConverted", "residual_report",
     "assert_residual_bytes", "ResidualReport", "Residual",
 ]
-__version__ = "0.1.0"
+__version__: str = _metadata.installed_version()
+_metadata.warn_on_clash()

@@ -18,7 +18,7 @@ class-creation checks are installers appended to `RULE_INSTALLERS`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.extend.core
@@ -76,9 +76,9 @@ def _lin_from_jvp(self, nzs_in, *primals):
   out_flat, nzs_out_flat, consts, _, linear_map = ad.linearize_from_jvp(
       lu.wrap_init(jvp_flat, debug_info=debug), True, jax.tree.leaves(nzs_in),
       False, False, jax.tree.leaves(primals), {})
-  return (jax.tree.unflatten(self.out_tree, out_flat),
+  return (jax.tree.unflatten(self.out_tree, out_flat),  # pyright: ignore[reportArgumentType]
           (consts, Static(linear_map)),
-          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))
+          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))  # pyright: ignore[reportArgumentType]
 
 
 def _linearized_from_jvp(self, res, *tangents):
@@ -90,7 +90,7 @@ def _linearized_from_jvp(self, res, *tangents):
 
 # --- jvp_from_lin -----------------------------------------------------------------
 
-def jvp_from_lin(self, primals, tangents):
+def jvp_from_lin(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   """`jvp` derived from handwritten `lin` and `linearized` rules."""
   tangents_flat = self.in_tree.flatten_up_to(tangents)
   nzs_in = jax.tree.unflatten(self.in_tree,
@@ -237,36 +237,42 @@ def _vjp_bwd_from_jvp(self, saved, g):
 class RulePair:
   """Two derived methods, to be unpacked in a class body (calling it is an error)."""
 
-  def __init__(self, name: str, targets: str, first: Callable, second: Callable):
+  name: str
+  targets: str
+  first: Callable[..., Any]
+  second: Callable[..., Any]
+
+  def __init__(self, name: str, targets: str, first: Callable[..., Any],
+               second: Callable[..., Any]) -> None:
     self.name, self.targets = name, targets
     self.first, self.second = first, second
 
-  def __iter__(self):
+  def __iter__(self) -> Iterator[Any]:
     return iter((self.first, self.second))
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return self.name
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     raise TypeError(f"{self.name} defines two methods: unpack it in the class "
                     f"body, `{self.targets} = {self.name}`")
 
 
-linearize_from_jvp = RulePair("linearize_from_jvp", "lin, linearized",
+linearize_from_jvp: RulePair = RulePair("linearize_from_jvp", "lin, linearized",
                               _lin_from_jvp, _linearized_from_jvp)
 """``lin, linearized = linearize_from_jvp``: linearization from the `jvp` rule."""
 
-vjp_from_lin = RulePair("vjp_from_lin", "vjp_fwd, vjp_bwd_retval",
+vjp_from_lin: RulePair = RulePair("vjp_from_lin", "vjp_fwd, vjp_bwd_retval",
                         _vjp_fwd_from_lin, _vjp_bwd_from_lin)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_lin``: reverse mode by transposing `linearized`."""
 
-vjp_from_jvp = RulePair("vjp_from_jvp", "vjp_fwd, vjp_bwd_retval",
+vjp_from_jvp: RulePair = RulePair("vjp_from_jvp", "vjp_fwd, vjp_bwd_retval",
                         _vjp_fwd_from_jvp, _vjp_bwd_from_jvp)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``: reverse mode by transposing `jvp`."""
 
 
 _PAIRS = (linearize_from_jvp, vjp_from_lin, vjp_from_jvp)
-_RIGHT_NAME = {id(f): (f, pair, name) for pair in _PAIRS
+_RIGHT_NAME: dict[int, tuple[Any, RulePair | None, str]] = {id(f): (f, pair, name) for pair in _PAIRS
                for f, name in zip(pair, pair.targets.split(", "))}
 _RIGHT_NAME[id(jvp_from_lin)] = (jvp_from_lin, None, "jvp")
 _RIGHT_NAME[id(jvp_from_vjp)] = (jvp_from_vjp, None, "jvp")

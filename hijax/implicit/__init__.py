@@ -45,6 +45,8 @@ system is solved at all.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Callable
 
 import jax
@@ -108,9 +110,9 @@ def _check_function(api: str, cls: str, argname: str, fn, x, params):
         f"the shapes and dtypes of x, {want}, but returned {got}")
 
 
-def fixed_point(f: Callable, x0, params, *,
+def fixed_point(f: Callable, x0: Any, params: Any, *,
                 solver: Callable = FixedPointIteration(),
-                linear_solver: Callable = Dense()):
+                linear_solver: Callable = Dense()) -> Any:
   """The ``x`` with ``x == f(x, params)``, differentiable in ``params``.
 
   Args:
@@ -131,8 +133,8 @@ def fixed_point(f: Callable, x0, params, *,
                     linear_solver=linear_solver)(x0, params)
 
 
-def root(g: Callable, x0, params, *, solver: Callable = Newton(),
-         linear_solver: Callable = Dense()):
+def root(g: Callable, x0: Any, params: Any, *, solver: Callable = Newton(),
+         linear_solver: Callable = Dense()) -> Any:
   """The ``x`` with ``g(x, params) == 0`` (near ``x0``), differentiable in
   ``params``.
 
@@ -152,7 +154,8 @@ def root(g: Callable, x0, params, *, solver: Callable = Newton(),
               linear_solver=linear_solver)(x0, params)
 
 
-def linear_solve(matvec: Callable, b, params, *, solver: Callable = Dense()):
+def linear_solve(matvec: Callable, b: Any, params: Any, *,
+                 solver: Callable = Dense()) -> Any:
   """The ``x`` with ``matvec(x, params) == b``, differentiable in ``b`` and
   ``params``.
 
