@@ -143,8 +143,8 @@ def test_checker_reports_a_broken_page(tmp_path, chromium):
 def test_site_in_chromium(site, chromium):
   """Every page, offline, in Chromium; screenshots in _build/screenshots/."""
   pages = site_check.site_pages(site)
-  expected = ["index.html"] + [f"{p}.html" for p in
-                               _conf_list("PAGES") + _conf_list("APPENDIX")
+  expected = ["index.html"] + [f"{p}.html" for p in _conf_list("PAGES")
+                               + _conf_list("APPENDIX") + _conf_list("BEYOND")
                                if (ROOT / "docs" / f"{p}.md").exists()]
   missing = [p for p in expected if p not in pages]
   assert not missing, f"pages not built: {missing}"
@@ -160,7 +160,8 @@ def test_site_in_chromium(site, chromium):
 
 def test_notebook_downloads(site):
   """Each notebook page offers its .md and executed .ipynb for download, locally."""
-  pages = [p for p in _conf_list("PAGES") + _conf_list("APPENDIX")
+  pages = [p for p in (_conf_list("PAGES") + _conf_list("APPENDIX")
+                       + _conf_list("BEYOND"))
            if (site / f"{p}.html").exists() and _is_notebook(ROOT / "docs" / f"{p}.md")]
   assert pages
   for page in pages:

@@ -8,6 +8,8 @@ user's matvec (`_Transposed`).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 from collections.abc import Callable
 
@@ -152,24 +154,29 @@ def _name(fn):
 class LinearSolve(HiPrim):
   """``x`` with ``matvec(x, params) == b``; built by `linear_solve`."""
 
-  def __init__(self, b_aval, params_aval, *, matvec, solver):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, b_aval: Any, params_aval: Any, *, matvec: Any,
+               solver: Any) -> None:
     self.in_avals = (b_aval, params_aval)
     self.out_aval = b_aval
     self.params = dict(matvec=matvec, solver=solver)
     super().__init__()
 
-  def expand(self, b, params):
+  def expand(self, b: Any, params: Any) -> Any:
     return self.solver(lambda v: self.matvec(v, params), b)
 
   def _solve(self, rhs, params, matvec):
     return LinearSolve(_avals(rhs), _avals(params), matvec=matvec,
                        solver=self.solver)(rhs, params)
 
-  def lin(self, nzs_in, b, params):
+  def lin(self, nzs_in: Any, b: Any, params: Any) -> Any:
     x = self(b, params)
     return x, (x, params), any(jax.tree.leaves(nzs_in))
 
-  def linearized(self, res, b_dot, params_dot):
+  def linearized(self, res: Any, b_dot: Any, params_dot: Any) -> Any:
     # A x = b, so A x_dot = b_dot - (dA p_dot) x.
     x, params = res
     d = _jvp_nonzero(lambda p: self.matvec(x, p), params, params_dot)
@@ -181,11 +188,11 @@ class LinearSolve(HiPrim):
 
   jvp = jvp_from_lin
 
-  def vjp_fwd(self, nzs_in, b, params):
+  def vjp_fwd(self, nzs_in: Any, b: Any, params: Any) -> Any:
     x = self(b, params)
     return x, (x, params, Static(nzs_in))
 
-  def vjp_bwd_retval(self, res, x_bar):
+  def vjp_bwd_retval(self, res: Any, x_bar: Any) -> Any:
     x, params, nzs = res
     nz_b, nz_params = nzs.value
     if _all_zero(x_bar):
@@ -195,7 +202,7 @@ class LinearSolve(HiPrim):
                               jax.tree.leaves(nz_params), w)
     return (w if any(jax.tree.leaves(nz_b)) else None), params_bar
 
-  def transpose(self, ct, b_accums, params):
+  def transpose(self, ct: Any, b_accums: Any, params: Any) -> Any:
     # Linear in b only: the transpose solves with the transposed matrix.
     if any(hasattr(a, "accum") for a in jax.tree.leaves(params)):
       raise NotImplementedError(
@@ -210,16 +217,19 @@ class LinearSolve(HiPrim):
       if hasattr(acc, "accum") and not isinstance(acc, NullAccum):
         acc.accum(w_leaf)
 
-  def batch_dim_rule(self, axis_data, in_dims):
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return 0
 
 
 class _Implicit(HiPrim):
   """The rules `FixedPoint` and `Root` share: ``residual(x, p) = 0``."""
 
-  residual: Callable  # set by the subclasses
+  residual: Callable[..., Any]  # set by the subclasses
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
 
-  def __init__(self, x_aval, params_aval, **params):
+  def __init__(self, x_aval: Any, params_aval: Any, **params: Any) -> None:
     self.in_avals = (x_aval, params_aval)
     self.out_aval = x_aval
     self.params = params
@@ -229,11 +239,11 @@ class _Implicit(HiPrim):
     return LinearSolve(_avals(rhs), _avals((x, params)), matvec=matvec,
                        solver=self.linear_solver)(rhs, (x, params))
 
-  def lin(self, nzs_in, x0, params):
+  def lin(self, nzs_in: Any, x0: Any, params: Any) -> Any:
     x = self(x0, params)
     return x, (x, params), any(jax.tree.leaves(nzs_in[1]))
 
-  def linearized(self, res, x0_dot, params_dot):
+  def linearized(self, res: Any, x0_dot: Any, params_dot: Any) -> Any:
     # g(x(p), p) = 0, so (dg/dx) x_dot = -(dg/dp) p_dot. x0 has no influence.
     x, params = res
     d = _jvp_nonzero(lambda p: self.residual(x, p), params, params_dot)
@@ -243,12 +253,12 @@ class _Implicit(HiPrim):
 
   jvp = jvp_from_lin
 
-  def vjp_fwd(self, nzs_in, x0, params):
+  def vjp_fwd(self, nzs_in: Any, x0: Any, params: Any) -> Any:
     x = self(x0, params)
     nz_params = jax.tree.leaves(nzs_in[1])
     return x, (x, params, Static(nz_params)), any(nz_params)
 
-  def vjp_bwd_retval(self, res, x_bar):
+  def vjp_bwd_retval(self, res: Any, x_bar: Any) -> Any:
     x, params, nz_params = res
     if _all_zero(x_bar) or not any(nz_params.value):
       return None, None
@@ -256,29 +266,33 @@ class _Implicit(HiPrim):
     return None, _neg_vjp_nonzero(lambda p: self.residual(x, p), params,
                               nz_params.value, w)
 
-  def batch_dim_rule(self, axis_data, in_dims):
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return 0
 
 
 class FixedPoint(_Implicit):
   """``x`` with ``x == f(x, params)``; built by `fixed_point`."""
 
-  def __init__(self, x_aval, params_aval, *, f, solver, linear_solver):
+  residual: Callable[..., Any]
+
+  def __init__(self, x_aval: Any, params_aval: Any, *, f: Any, solver: Any,
+               linear_solver: Any) -> None:
     super().__init__(x_aval, params_aval, f=f, solver=solver,
                      linear_solver=linear_solver)
     self.residual = _Residual(f)
 
-  def expand(self, x0, params):
+  def expand(self, x0: Any, params: Any) -> Any:
     return self.solver(self.f, x0, params)
 
 
 class Root(_Implicit):
   """``x`` with ``g(x, params) == 0``; built by `root`."""
 
-  def __init__(self, x_aval, params_aval, *, g, solver, linear_solver):
+  def __init__(self, x_aval: Any, params_aval: Any, *, g: Any, solver: Any,
+               linear_solver: Any) -> None:
     super().__init__(x_aval, params_aval, g=g, solver=solver,
                      linear_solver=linear_solver)
     self.residual = g
 
-  def expand(self, x0, params):
+  def expand(self, x0: Any, params: Any) -> Any:
     return self.solver(self.g, x0, params)

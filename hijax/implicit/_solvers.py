@@ -6,6 +6,8 @@ parameter of a primitive; its fields are its options.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 from collections.abc import Callable
 
@@ -38,7 +40,7 @@ class Dense:
   (vectorized with ``vmap``) and calls ``jnp.linalg.solve``. Exact and robust
   for small to medium systems; memory grows with the square of the size."""
 
-  def __call__(self, matvec: Callable, b):
+  def __call__(self, matvec: Callable, b: Any) -> Any:
     b_flat, unravel = ravel_pytree(b)
     flat_matvec = lambda v: ravel_pytree(matvec(unravel(v)))[0]
     eye = jnp.eye(b_flat.size, dtype=b_flat.dtype)
@@ -55,7 +57,7 @@ class CG:
   atol: float = 0.0
   maxiter: int | None = None
 
-  def __call__(self, matvec: Callable, b):
+  def __call__(self, matvec: Callable, b: Any) -> Any:
     return jax.scipy.sparse.linalg.cg(
         matvec, b, tol=_default_tol(self.tol, b), atol=self.atol,
         maxiter=self.maxiter)[0]
@@ -70,7 +72,7 @@ class GMRES:
   restart: int = 20
   maxiter: int | None = None
 
-  def __call__(self, matvec: Callable, b):
+  def __call__(self, matvec: Callable, b: Any) -> Any:
     return jax.scipy.sparse.linalg.gmres(
         matvec, b, tol=_default_tol(self.tol, b), atol=self.atol,
         restart=self.restart, maxiter=self.maxiter)[0]
@@ -101,7 +103,7 @@ class FixedPointIteration:
   tol: float | None = None
   max_iter: int = 1000
 
-  def __call__(self, f: Callable, x0, params):
+  def __call__(self, f: Callable, x0: Any, params: Any) -> Any:
     def step(x):
       new = f(x, params)
       return new, jax.tree.map(jnp.subtract, new, x)
@@ -117,7 +119,7 @@ class Newton:
   max_iter: int = 50
   linear_solver: Callable = Dense()
 
-  def __call__(self, g: Callable, x0, params):
+  def __call__(self, g: Callable, x0: Any, params: Any) -> Any:
     def step(x):
       gx = lambda y: g(y, params)
       matvec = lambda v: jax.jvp(gx, (x,), (v,))[1]
