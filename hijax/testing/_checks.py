@@ -68,7 +68,7 @@ def check_jvp(ctx: CheckContext):
     tangents = ctx.tangents_for(direction)
     f = ctx.restrict(direction)
     xs = tuple(ctx.leaves[i] for i in direction)
-    check = "jvp vs central finite differences of expand"
+    check = f"jvp vs central finite differences of {ctx.fd_of}"
     try:
       out, t_out = jax.jvp(f, xs, tuple(tangents))
     except Exception as e:  # pylint: disable=broad-except
@@ -196,7 +196,7 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
       excess = np.abs(v) - b
       j = int(np.argmax(excess))
       result[k] = (float(np.abs(v).ravel()[j]), float(b.ravel()[j]),
-                   "finite differences of expand")
+                   f"finite differences of {ctx.fd_of}")
   return result
 
 
