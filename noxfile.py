@@ -5,6 +5,7 @@
   python3.12 -m nox -s package typecheck     wheel and sdist installed and tested; types
   python3.12 -m nox -s notebooks             regenerate + execute notebooks/*.ipynb
   python3.12 -m nox -s fuzz                  the property tests, with many more examples
+  python3.12 -m nox -s mutants               mutation testing of hijax/ (tools/mutants.py)
   python3.12 -m nox -s lab                   JupyterLab on notebooks/ with hijax installed
 
 Versions are pinned here and only here; pyproject.toml keeps ranges.
@@ -262,6 +263,19 @@ def fuzz(session):
   _install(session, "tests", JAX)
   env = {"HIJAX_PROPERTY_EXAMPLES": os.environ.get("HIJAX_PROPERTY_EXAMPLES", "2000")}
   session.run("pytest", "-n", "2", "tests/test_properties.py", *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON)
+@_timed
+def mutants(session):
+  """Mutation testing (tools/mutants.py): one-token changes to hijax/ that no test catches.
+
+  Not in the default sessions. Extra arguments go to the script, e.g.
+  `nox -s mutants -- _checks batching --sample 30`.
+  """
+  _install(session, "tests", JAX)
+  session.run("python", "tools/mutants.py", *session.posargs,
+              env={"PYTHONPATH": None})
 
 
 @nox.session(python=PYTHON)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import jax.experimental.hijax as _jax_hijax
 
@@ -29,7 +30,7 @@ from hijax import _checks
 from hijax._internals import batching
 from hijax._internals import core
 from hijax._core_rules import flatten_output, taking_prim
-from hijax._util import Static, is_none
+from hijax._util import Static, is_float0, is_none
 from hijax.autodiff import (NullAccum, ValAccum, Zero, checked_backward,
                             instantiate_zeros)
 from hijax.primitive import DEFAULT_RULES, HiPrim, RULE_INSTALLERS
@@ -245,7 +246,12 @@ class Batched(HiPrim):
     wanted = [not isinstance(a, NullAccum) for a in accums]
     prim = self.prim
 
-    def backward(res, g):
+    def backward(res, g, first):
+      # An unbatched output was computed once, but its cotangent reaches every
+      # example of the vmapped backward rule: only the first passes it back.
+      g = jax.tree.map(lambda d, ct: ct if d is not None or isinstance(
+          ct, Zero) or is_float0(ct) else jnp.where(first, ct, 0).astype(
+              ct.dtype), self.out_dim, g, is_leaf=is_none)
       inner = [ValAccum(a.to_ct_aval()) if w else NullAccum(a.to_ct_aval())
                for a, w in zip(prim.in_avals_flat, wanted)]
       with checked_backward(prim, inner):
@@ -257,8 +263,9 @@ class Batched(HiPrim):
     ct_dims = [batching.sum_axis if d is None else d
                for d, w in zip(in_dims_flat, wanted) if w]
     g = self._map_zeros(self.out_dim, g)
-    cts, logs = self._vmap(backward, (res_dims, self.out_dim), (ct_dims, 0),
-                           sum_match=True)(res, g)
+    first = jnp.arange(self.axis_data.size) == 0
+    cts, logs = self._vmap(backward, (res_dims, self.out_dim, 0), (ct_dims, 0),
+                           sum_match=True)(res, g, first)
     for acc, ct in zip([a for a, w in zip(accums, wanted) if w], cts):
       acc.accum(ct)
     return logs

@@ -204,15 +204,42 @@ class HiType(_jax_hijax.HiType):
   def __getattr__(self, name: Any) -> Any:
     # Only reached when ordinary lookup fails. JAX's tracers forward attribute
     # reads to their type, so this is where reading a field of a traced hi
-    # value ends up; say why it cannot work.
+    # value ends up; say why it cannot work. An operator on a tracer (x + 1)
+    # reads the type's `_add`.
     if name.startswith("__"):
       raise AttributeError(name)
+    cls = type(self).__name__
+    if name.startswith("_"):
+      raise AttributeError(
+          f"the array operator `{name[1:]}` was applied to a traced value of "
+          f"hi type {cls}, which is not an array (hi type {cls} has no "
+          f"attribute {name!r}). {_compute_through_hiprim(cls, name)}")
     raise AttributeError(
-        f"hi type {type(self).__name__} has no attribute {name!r}. A traced "
+        f"hi type {cls} has no attribute {name!r}. A traced "
         f"value of a hi type is opaque: the fields of its value class exist "
-        f"only on concrete values. Compute with it through a HiPrim (whose "
-        f"`expand` receives the concrete value), or attach a method to the "
-        f"type with `{type(self).__name__}.{name} = aval_method(fn)`")
+        f"only on concrete values. {_compute_through_hiprim(cls, name)}")
+
+  # jax.numpy converts what it is given with `__jax_array__`, which a tracer
+  # looks up on its type: a hi value reaching jnp (or an array operator with
+  # an array on the left) fails here, with the class and the fix.
+  __jax_array__ = aval_method(lambda x: _not_an_array(x.aval))
+
+
+def _compute_through_hiprim(cls: str, name: str) -> str:
+  return (f"Compute with it through a HiPrim (whose `expand` receives the "
+          f"concrete value), or attach a method to the type with "
+          f"`{cls}.{name} = aval_method(fn)`")
+
+
+def _not_an_array(ty, what="a traced value") -> NoReturn:
+  cls = type(ty).__name__
+  raise TypeError(
+      f"{what} of hi type {cls} ({ty.str_short()}) was passed to a "
+      "jax.numpy function or array operator, which take arrays only (jnp "
+      "asked for its `__jax_array__`). Compute with it through a HiPrim "
+      "whose `expand` receives the concrete value (e.g. one that converts it "
+      "to an array), or give the type an array conversion with "
+      f"`{cls}.__jax_array__ = aval_method(fn)`, fn returning an array")
 
 
 def _checked_lower_val(lower_val):
@@ -330,6 +357,10 @@ def register_hitype(value_class: type,
     return ty
 
   core.pytype_aval_mappings[value_class] = typeof
+  if getattr(value_class, "__jax_array__", None) is None:
+    # What jnp asks a concrete value (as `HiType.__jax_array__` does a traced one).
+    value_class.__jax_array__ = lambda self: _not_an_array(
+        typeof(self), f"a {value_class.__name__} value")
   dtypes.register_canonicalize_value_handler(value_class, None)
 
 

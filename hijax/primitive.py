@@ -28,7 +28,9 @@ fills.
 """
 from __future__ import annotations
 
+import copyreg
 import os
+import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -364,6 +366,23 @@ class HiPrim:
                              and hash(self) == hash(other)
                              and self._key == other._key)
 
+  def __getstate__(self):
+    # The cached hash is of this process (string hashes differ between
+    # processes): a copy, pickled or deep-copied, computes its own.
+    state = dict(self.__dict__)
+    state.pop("_key", None)
+    state["_hash"] = None
+    return state
+
+
+# JAX's array types hold a layout that is a singleton compared by identity,
+# which pickle copies into a second, unequal object: an unpickled ShapedArray
+# (and so an unpickled primitive) would differ from the original. Pickle it by
+# name instead, so that it unpickles as the singleton itself.
+_AUTO_LAYOUT = core.ShapedArray((), jnp.float32).layout
+if getattr(sys.modules.get(type(_AUTO_LAYOUT).__module__), "AutoLayout",
+           None) is _AUTO_LAYOUT:
+  copyreg.pickle(type(_AUTO_LAYOUT), lambda _: "AutoLayout")
 
 
 

@@ -14,10 +14,12 @@ differentiable with respect to ``params`` (and ``b``), in forward and reverse
 mode and to any order, under ``jit`` and ``vmap``; it never depends on ``x0``,
 which gets a zero derivative.
 
-Everything the functions depend on must come in through ``params``: a function
-that closes over a traced value (for instance a variable being differentiated)
-is rejected with an error naming the argument, since its dependence would be
-invisible to the rules.
+A function that closes over traced values (for instance a variable being
+differentiated, or one batched by ``vmap``) is closure-converted
+(`hijax.closure_convert_params`): the captured arrays are moved into
+``params``, so the solution is differentiated and batched with respect to
+them too. A capture that cannot be converted (a mutable ref, a function with
+side effects) is rejected with an error naming the argument.
 
 **Solvers.** The forward solve is chosen with ``solver=``, a hashable callable:
 ``solver(f, x0, params)`` for `fixed_point` (default `FixedPointIteration`),
@@ -51,6 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from hijax._internals import core
+from hijax.closure import closure_convert_params
 from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
                                         _name)
 from hijax.implicit._solvers import (CG, GMRES, Dense, FixedPointIteration,
@@ -72,6 +75,17 @@ def _strong(tree):
       dtype = jnp.result_type(float)
     return jnp.asarray(x, dtype=dtype)
   return jax.tree.map(convert, tree)
+
+
+def _closure_converted(api: str, argname: str, fn, x, params):
+  """``(fn, params)``, with the traced arrays ``fn`` captures moved into
+  ``params`` (`hijax.closure.closure_convert_params`)."""
+  if not callable(fn):
+    return fn, params  # _check_function says what is wrong
+  try:
+    return closure_convert_params(fn, x, params)
+  except TypeError as e:
+    raise TypeError(f"hijax.implicit.{api}: `{argname}`: {e}") from None
 
 
 def _check_function(api: str, cls: str, argname: str, fn, x, params):
@@ -102,8 +116,8 @@ def fixed_point(f: Callable, x0: Any, params: Any, *,
   """The ``x`` with ``x == f(x, params)``, differentiable in ``params``.
 
   Args:
-    f: a function ``f(x, params)`` returning a pytree like ``x0``. It must not
-      close over traced values: pass them in ``params``.
+    f: a function ``f(x, params)`` returning a pytree like ``x0``. Traced
+      values it closes over are moved into ``params``.
     x0: the starting point (a pytree of arrays); not differentiated.
     params: a pytree of arrays, the parameters the solution depends on.
     solver: ``solver(f, x0, params) -> x``, the forward solve (default: plain
@@ -113,6 +127,7 @@ def fixed_point(f: Callable, x0: Any, params: Any, *,
       for large ``x``).
   """
   x0 = _strong(x0)
+  f, params = _closure_converted("fixed_point", "f", f, x0, params)
   _check_function("fixed_point", "FixedPoint", "f", f, x0, params)
   return FixedPoint(_avals(x0), _avals(params), f=f, solver=solver,
                     linear_solver=linear_solver)(x0, params)
@@ -124,8 +139,8 @@ def root(g: Callable, x0: Any, params: Any, *, solver: Callable = Newton(),
   ``params``.
 
   Args:
-    g: a function ``g(x, params)`` returning a pytree like ``x0``; it must not
-      close over traced values.
+    g: a function ``g(x, params)`` returning a pytree like ``x0``; traced
+      values it closes over are moved into ``params``.
     x0: the starting point; not differentiated.
     params: a pytree of arrays.
     solver: ``solver(g, x0, params) -> x`` (default `Newton`).
@@ -133,6 +148,7 @@ def root(g: Callable, x0: Any, params: Any, *, solver: Callable = Newton(),
       ``dg/dx`` (default `Dense`).
   """
   x0 = _strong(x0)
+  g, params = _closure_converted("root", "g", g, x0, params)
   _check_function("root", "Root", "g", g, x0, params)
   return Root(_avals(x0), _avals(params), g=g, solver=solver,
               linear_solver=linear_solver)(x0, params)
@@ -144,8 +160,8 @@ def linear_solve(matvec: Callable, b: Any, params: Any, *,
   ``params``.
 
   Args:
-    matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``); it
-      must not close over traced values.
+    matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``);
+      traced values it closes over are moved into ``params``.
     b: the right-hand side, a pytree of arrays.
     params: a pytree of arrays on which the matrix depends.
     solver: ``solver(matvec1, b) -> x`` with ``matvec1`` a function of ``x``
@@ -154,6 +170,8 @@ def linear_solve(matvec: Callable, b: Any, params: Any, *,
       matrix, the cotangent ones.
   """
   b = _strong(b)
+  matvec, params = _closure_converted("linear_solve", "matvec", matvec, b,
+                                      params)
   _check_function("linear_solve", "LinearSolve", "matvec", matvec, b, params)
   return LinearSolve(_avals(b), _avals(params), matvec=matvec,
                      solver=solver)(b, params)

@@ -46,12 +46,19 @@ class RuleReport:
     ran: one line per check that ran.
     skipped: ``(mode, reason)`` for each mode that did not run.
     failures: the `RuleFailure` of each failed check (empty when all passed).
+    inconclusive: one line per comparison that could not see everything:
+      finite differences that cannot resolve some output elements in this
+      dtype at this point (those elements were not compared with them).
+    cost: what the checks cost, e.g. the number of evaluations of the
+      function for finite differences and for the second-order checks.
   """
   primitives: list[str]
   dtype: str
   ran: list[str] = dataclasses.field(default_factory=list)
   skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   failures: list[RuleFailure] = dataclasses.field(default_factory=list)
+  inconclusive: list[str] = dataclasses.field(default_factory=list)
+  cost: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def passed(self) -> bool:
@@ -67,6 +74,10 @@ class RuleReport:
              f"{len(self.ran)} checks, {len(self.failures)} failed"]
     lines += [f"  ran      {r}" for r in self.ran]
     lines += [f"  skipped  {m}: {why}" for m, why in self.skipped]
+    lines += [f"  inconclusive  {why}" for why in self.inconclusive]
+    if self.cost:
+      lines.append("  cost     " + ", ".join(
+          f"{k}: {v}" for k, v in self.cost.items()))
     return "\n".join(lines)
 
 
