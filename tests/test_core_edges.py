@@ -270,7 +270,9 @@ def test_cotangent_type_and_spec_default_to_the_tangent_ones():
 class Node:
   def __init__(self, payload):
     self.payload = payload
-    self.self_ref = {"me": self}  # a cycle: the search must stop
+    self.self_ref = {"me": self}  # cycles: the search must stop
+    self.ring = [None]
+    self.ring[0] = self.ring
 
 
 def test_tracer_search_stops_on_cycles():
