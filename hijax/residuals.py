@@ -184,9 +184,11 @@ def residual_report(f: Callable, *args, policy=None) -> ResidualReport:
   fn = f if policy is None else jax.checkpoint(f, policy=policy)
   rows = [_residual(aval, desc) for aval, desc in saved_residuals(fn, *args)]
   name = getattr(f, "__qualname__", repr(f))
-  policy_name = getattr(policy, "__name__", None)
-  if policy_name in (None, "policy", "<lambda>"):
-    policy_name = repr(policy)
+  # A policy object's repr, or a policy function's qualified name (a
+  # function's repr would show its address).
+  policy_name = (getattr(policy, "__qualname__", None)
+                 if callable(policy) and hasattr(policy, "__code__")
+                 else repr(policy))
   title = f"residuals of {name}" + (
       "" if policy is None else f" under {policy_name}")
   return ResidualReport(rows, title)
