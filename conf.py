@@ -37,6 +37,9 @@ PAGES = [
 ]
 # The pages after the eight; docs/index.md lists both (tests/test_docs.py checks).
 APPENDIX = ["checking-rules", "implicit", "api"]
+# "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
+BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
+          "spectral-gradients", "ode-gradients"]
 
 extensions = [
     "myst_nb",
@@ -99,6 +102,9 @@ nb_ipywidgets_js = {}
 html_theme = "sphinx_book_theme"
 html_title = "JAX 301: advanced autodiff and extending JAX"
 html_static_path = ["docs/_static"]
+# Wider article and smaller code at laptop widths, wrapped outputs
+# (tests/test_site.py checks that no code block or table scrolls sideways).
+html_css_files = ["jax301.css"]
 html_theme_options = {
     "use_download_button": True,
     "use_fullscreen_button": True,

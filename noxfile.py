@@ -2,8 +2,10 @@
 
   python3.12 -m nox -s docs                  build the site into _build/html
   python3.12 -m nox -s tests tests-jax011    every test (what .ci/run runs, after docs)
+  python3.12 -m nox -s package typecheck     wheel and sdist installed and tested; types
   python3.12 -m nox -s notebooks             regenerate + execute notebooks/*.ipynb
   python3.12 -m nox -s fuzz                  the property tests, with many more examples
+  python3.12 -m nox -s mutants               mutation testing of hijax/ (tools/mutants.py)
   python3.12 -m nox -s lab                   JupyterLab on notebooks/ with hijax installed
 
 Versions are pinned here and only here; pyproject.toml keeps ranges.
@@ -44,6 +46,8 @@ TOOL_PINS = [
     "nbclient==0.11.0",
     "playwright==1.65.2",
     "pytest-xdist==3.8.0",
+    "basedpyright==1.40.2",
+    "mypy==2.4.1",
 ]
 
 ROOT = Path(__file__).resolve().parent
@@ -68,7 +72,7 @@ NBVAL_ARGS = [
 # Two workers; a notebook's cells stay together on one worker (one kernel).
 XDIST_ARGS = ["-n", "2", "--dist", "loadfile"]
 
-nox.options.sessions = ["docs", "tests", "tests-jax011"]
+nox.options.sessions = ["docs", "tests", "tests-jax011", "package", "typecheck"]
 nox.options.error_on_missing_interpreters = True
 # uv makes and fills an environment in seconds; plain venv + pip where it is missing.
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -262,9 +266,128 @@ def fuzz(session):
 
 
 @nox.session(python=PYTHON)
+@_timed
+def mutants(session):
+  """Mutation testing (tools/mutants.py): one-token changes to hijax/ that no test catches.
+
+  Not in the default sessions. Extra arguments go to the script, e.g.
+  `nox -s mutants -- _checks batching --sample 30`.
+  """
+  _install(session, "tests", JAX)
+  session.run("python", "tools/mutants.py", *session.posargs,
+              env={"PYTHONPATH": None})
+
+
+@nox.session(python=PYTHON)
 def lab(session):
   """Open JupyterLab on notebooks/ with hijax installed (editable)."""
   _install(session, "tests", JAX)
   session.install("jupyterlab")
-  session.run("jupyter", "lab", "--notebook-dir", "notebooks", *session.posargs,
-              env=READER_ENV)
+  # Jupyter refuses to start as root unless told to (these machines run as root).
+  root = ["--allow-root"] if os.geteuid() == 0 else []
+  session.run("jupyter", "lab", "--notebook-dir", "notebooks", *root,
+              *session.posargs, env=READER_ENV)
+
+
+# The unit tests `package` runs from the installed sdist: every unit-test module
+# is collected (so a helper missing from the sdist fails), these few run. The
+# sdist has no docs/ or site, so test_docs and test_site are left out.
+SDIST_TESTS = ["tests/test_layout.py", "tests/test_packaging.py",
+               "tests/test_primitive.py"]
+
+
+def _constraints(session):
+  path = Path(session.create_tmp()) / "constraints.txt"
+  path.write_text("\n".join(TOOL_PINS) + "\n")
+  return str(path)
+
+
+@nox.session(python=PYTHON)
+@_timed
+def package(session):
+  """Build the wheel and the sdist; in this session's clean environment, run
+  the README example from the installed wheel, then install the sdist and run
+  unit tests from its unpacked copy (SDIST_TESTS; every test module collected).
+  """
+  skip, key = _unchanged_since_last_pass(session, JAX)
+  if skip:
+    return
+  tmp = Path(session.create_tmp()).resolve()
+  dist = tmp / "dist"
+  shutil.rmtree(dist, ignore_errors=True)
+  if shutil.which("uv"):
+    session.run("uv", "build", "--out-dir", str(dist), ".", external=True)
+  else:
+    session.install("build")
+    session.run("python", "-m", "build", "--outdir", str(dist), ".")
+  (wheel,), (sdist,) = dist.glob("*.whl"), dist.glob("*.tar.gz")
+
+  session.install(str(wheel), f"jax=={JAX}")
+  example = tmp / "readme_example.py"
+  readme = (ROOT / "README.md").read_text()
+  example.write_text(readme.split("```python\n", 1)[1].split("```", 1)[0])
+  session.chdir(tmp)  # away from the checkout, so `import hijax` is the wheel's
+  out = session.run("python", str(example), silent=True)
+  session.log(f"README example printed: {out.split()}")
+  if out.split() != ["1.0", "nan"]:
+    session.error(f"the README example printed {out!r}, not 1.0 and nan")
+  session.run("python", "-c", PACKAGE_CHECK, wheel.name)
+
+  unpacked = tmp / "sdist"
+  shutil.rmtree(unpacked, ignore_errors=True)
+  shutil.unpack_archive(sdist, unpacked)
+  (root,) = unpacked.iterdir()
+  reinstall = "--reinstall" if session.venv_backend == "uv" else "--force-reinstall"
+  session.install(reinstall, f"{sdist}[tests]", f"jax=={JAX}",
+                  "-c", _constraints(session))
+  session.chdir(root)
+  # The `pytest` script, not `python -m pytest`, so the sdist's own hijax/
+  # folder is not on sys.path: the tests import the installed copy.
+  session.run("pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+              "tests", "--ignore", "tests/test_site.py",
+              "--ignore", "tests/test_docs.py", silent=True)
+  session.run("pytest", "-q", "-p", "no:cacheprovider", *SDIST_TESTS,
+              *session.posargs)
+  session.chdir(ROOT)
+  _record_pass(session, key)
+
+
+# Run in the installed wheel's environment: hijax is the installed copy, its
+# version the built one, and py.typed and the license travelled with it.
+PACKAGE_CHECK = """
+import importlib.metadata as md, pathlib, sys, tomllib, hijax
+wheel = sys.argv[1]
+dist = md.distribution("jax-hijax")
+assert "site-packages" in hijax.__file__, hijax.__file__
+assert hijax.__version__ == dist.version, (hijax.__version__, dist.version)
+assert wheel.startswith(f"jax_hijax-{dist.version}-"), wheel
+assert (pathlib.Path(hijax.__file__).parent / "py.typed").exists()
+assert dist.metadata["License-Expression"] == "Apache-2.0"
+files = {str(f) for f in dist.files}
+assert any(f.endswith("licenses/LICENSE") for f in files), sorted(files)
+assert not any(f.startswith(("tests/", "docs/")) for f in files)
+print("wheel", wheel, "ok: version", dist.version)
+"""
+
+
+@nox.session(python=PYTHON)
+@_timed
+def typecheck(session):
+  """Types: `basedpyright --verifytypes hijax` (every exported symbol's type
+  known; JAX's own types are not counted), basedpyright in standard mode
+  (pyproject.toml) on hijax/ and tests/typecheck/, and mypy on
+  tests/typecheck/ (typical user code: natural overrides of HiPrim's rules).
+  """
+  skip, key = _unchanged_since_last_pass(session, JAX)
+  if skip:
+    return
+  # Not editable: the type checkers read the installed copy as a user's would.
+  session.install(".", f"jax=={JAX}", "basedpyright", "mypy",
+                  "-c", _constraints(session))
+  tmp = Path(session.create_tmp()).resolve()
+  session.chdir(tmp)  # away from the checkout: verify the installed package
+  session.run("basedpyright", "--verifytypes", "hijax", "--ignoreexternal")
+  session.chdir(ROOT)
+  session.run("basedpyright")  # hijax/ and tests/typecheck/, as configured
+  session.run("mypy", "--cache-dir", str(tmp / "mypy_cache"))
+  _record_pass(session, key)

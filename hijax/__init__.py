@@ -4,7 +4,9 @@ Subclass `HiPrim`, declare the argument and result types, give an `expand`
 implementation in ordinary JAX, and add the rules the transformations you use
 need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
-from jax._src.core import ShapedArray
+from jax.core import ShapedArray
+
+from hijax import _metadata
 
 # Re-exports only. Imports point one way (see ARCHITECTURE.md): primitive
 # imports only private helpers; autodiff, remat import primitive; batching and
@@ -15,24 +17,32 @@ from hijax.primitive import HiPrim
 from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
                             instantiate_zeros)
 from hijax import batching as _batching  # noqa: F401  (installs the vmap rule)
-from hijax.derived import (jvp_from_lin, linearize_from_jvp, vjp_from_jvp,
-                           vjp_from_lin)
+from hijax.derived import (jvp_from_lin, jvp_from_vjp, linearize_from_jvp,
+                           vjp_from_jvp, vjp_from_lin)
 from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
 from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
                          save_any_names_but_these, save_only_these_names)
 from hijax._avals import (mapped_aval, saved_residuals, shard_aval,
                           unmapped_aval, unshard_aval)
+from hijax.closure import (ClosureConverted, closure_convert,
+                           closure_convert_params)
+from hijax.residuals import (Residual, ResidualReport, assert_residual_bytes,
+                             residual_report)
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
+from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
 
 __all__ = [
     "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
     "ValAccum", "RefAccum", "NullAccum", "linearize_from_jvp", "vjp_from_lin",
-    "vjp_from_jvp", "jvp_from_lin", "HiType", "register_hitype", "MappingSpec",
+    "vjp_from_jvp", "jvp_from_lin", "jvp_from_vjp", "HiType", "register_hitype", "MappingSpec",
     "HiPspec", "aval_method", "aval_property", "custom_remat",
     "SaveOnlyTheseNames", "save_only_these_names", "SaveAnyNamesButThese",
     "save_any_names_but_these", "mapped_aval", "unmapped_aval", "shard_aval",
-    "unshard_aval", "saved_residuals",
+    "unshard_aval", "saved_residuals", "closure_convert",
+    "closure_convert_params", "ClosureConverted", "residual_report",
+    "assert_residual_bytes", "ResidualReport", "Residual",
 ]
-__version__ = "0.1.0"
+__version__: str = _metadata.installed_version()
+_metadata.warn_on_clash()

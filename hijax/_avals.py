@@ -20,14 +20,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax.extend.core as _jex_core
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src import core as _core
+from hijax._internals import ad_checkpoint as _ad_checkpoint
+from hijax._internals import core as _core
 
 __all__ = ["mapped_aval", "unmapped_aval", "shard_aval", "unshard_aval",
            "saved_residuals"]
 
 
-def mapped_aval(size: int, axis, aval):
+def mapped_aval(size: int, axis: int | None, aval: Any) -> Any:
   """The type of one slice of ``size`` values of type ``aval`` stacked along ``axis``.
 
   ``axis`` is an integer for an array type (the axis is removed), a
@@ -40,7 +40,7 @@ def mapped_aval(size: int, axis, aval):
   return _jex_core.mapped_aval(size, axis, aval)
 
 
-def unmapped_aval(size: int, axis, aval):
+def unmapped_aval(size: int, axis: int | None, aval: Any) -> Any:
   """The type of ``size`` values of type ``aval`` stacked along ``axis``.
 
   The inverse of `mapped_aval`: an integer ``axis`` inserts an axis of length
@@ -52,7 +52,8 @@ def unmapped_aval(size: int, axis, aval):
   return _jex_core.unmapped_aval(size, axis, aval)
 
 
-def shard_aval(mesh, manual_axes: frozenset, check_vma: bool, spec, aval):
+def shard_aval(mesh: Any, manual_axes: frozenset[Any], check_vma: bool,
+               spec: Any, aval: Any) -> Any:
   """The per-device type, inside ``jax.shard_map``, of a value of type ``aval``.
 
   ``spec`` is the value's entry of ``in_specs``: a ``jax.P`` for an array type
@@ -64,7 +65,7 @@ def shard_aval(mesh, manual_axes: frozenset, check_vma: bool, spec, aval):
   return _core.shard_aval(mesh, manual_axes, check_vma, spec, aval)
 
 
-def unshard_aval(mesh, check_vma: bool, spec, aval):
+def unshard_aval(mesh: Any, check_vma: bool, spec: Any, aval: Any) -> Any:
   """The global type that per-device values of type ``aval`` assemble into.
 
   The inverse of `shard_aval`, used for ``out_specs``: a ``jax.P`` multiplies
@@ -74,7 +75,8 @@ def unshard_aval(mesh, check_vma: bool, spec, aval):
   return _core.unshard_aval(mesh, check_vma, spec, aval)
 
 
-def saved_residuals(f: Callable, *args, **kwargs) -> list[tuple[Any, str]]:
+def saved_residuals(f: Callable[..., Any], *args: Any, **kwargs: Any
+                    ) -> list[tuple[Any, str]]:
   """The residuals that ``jax.vjp(f, *args, **kwargs)`` saves, as a list.
 
   One ``(aval, description)`` pair per residual, in the order that

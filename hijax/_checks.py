@@ -37,11 +37,12 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
-from jax._src import ad_util
-from jax._src import core
-from jax._src import dtypes
-from jax._src import hijax as _jax_hijax
-from jax._src.lax import lax as _lax
+import jax.experimental.hijax as _jax_hijax
+from jax.interpreters.ad import Zero
+
+from hijax._internals import core
+from hijax._internals import dtypes
+from hijax._internals import lax as _lax
 
 _ShapedArray = core.ShapedArray
 _float0 = dtypes.float0
@@ -57,7 +58,7 @@ class RuleTypeError(TypeError):
 
 def type_of(x):
   """The abstract type of ``x`` (a symbolic `Zero` has its own); None if not JAX."""
-  if type(x) is ad_util.Zero:
+  if type(x) is Zero:
     return x.aval
   aval = getattr(x, "aval", None)
   if type(aval) is _ShapedArray:

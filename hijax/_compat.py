@@ -12,8 +12,9 @@ import inspect
 from typing import Callable
 
 import jax
-from jax._src.interpreters import partial_eval as pe
-from jax._src.interpreters import remat as _remat
+
+from hijax._internals import partial_eval as pe
+from hijax._internals import remat as _remat
 
 # JAX 0.12 calls DCE rules as ``rule(used_outs, live_ins, eqn)``; 0.11 as
 # ``rule(used_outs, eqn)``. Probe JAX's own default rule.
@@ -45,7 +46,7 @@ def register_dce_rule(primitive, rule):
   if DCE_RULES_GET_LIVE_INS:
     pe.dce_rules[primitive] = rule
   else:
-    pe.dce_rules[primitive] = lambda used_outs, eqn: rule(used_outs, None, eqn)
+    pe.dce_rules[primitive] = lambda used_outs, eqn: rule(used_outs, None, eqn)  # pyright: ignore[reportArgumentType]
 
 
 def register_remat_rule(primitive, rule):
@@ -79,7 +80,7 @@ def _names_reader(factory) -> Callable[[object], frozenset | None]:
            None)
   if code is None or i is None:
     return lambda p: None  # an unknown layout: no policy is recognized
-  return lambda p: (frozenset(p.__closure__[i].cell_contents)
+  return lambda p: (frozenset(p.__closure__[i].cell_contents)  # pyright: ignore[reportAttributeAccessIssue]
                     if getattr(p, "__code__", None) is code else None)
 
 

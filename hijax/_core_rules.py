@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
-from jax._src import api
-from jax._src import core
-from jax._src import pretty_printer as pp
-from jax._src.interpreters import partial_eval as pe
 
 from hijax import _checks, _compat
+from hijax._internals import api
+from hijax._internals import core
+from hijax._internals import partial_eval as pe
+from hijax._internals import pretty_printer as pp
 
 __all__ = ["new_primitive", "taking_prim", "install_core_rules",
            "flatten_output", "pp_params"]

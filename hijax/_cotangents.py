@@ -9,18 +9,20 @@ Imports: `hijax._checks` and `hijax._util` only (it sits below `hijax.primitive`
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
-from jax._src import core
-from jax._src import dtypes
-from jax._src.state.types import AbstractRef
+from jax.ref import AbstractRef
 
 from hijax import _checks
+from hijax._internals import core
+from hijax._internals import dtypes
 from hijax._util import describe_value
 
 __all__ = ["accumulate", "check_cotangent"]
 
 
-def accumulate(prim, arg_accums, cts) -> None:
+def accumulate(prim: Any, arg_accums: Any, cts: Any) -> None:
   """Adds cotangents returned by a retval-style rule into the accumulators.
 
   ``prim`` is a `HiPrim`. ``cts`` has one entry per input of ``prim``, each a
@@ -63,7 +65,7 @@ def check_cotangent(prim, method, i, ct_aval, ct, how="returned") -> bool:
   if type(ct_aval) is core.ShapedArray and ct_aval.dtype == dtypes.float0:
     actual = _checks.type_of(ct)
     if getattr(actual, "shape", None) == ct_aval.shape:
-      return actual.dtype == dtypes.float0
+      return actual.dtype == dtypes.float0  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
   elif isinstance(ct_aval, AbstractRef):
     return True  # JAX checks what is added to a reference
   _checks.check_type(prim, method, f"the cotangent of input {i}", ct_aval, ct,

@@ -15,11 +15,11 @@ import inspect
 from collections.abc import Collection
 
 import jax
-from jax._src import core
-from jax._src import effects as jax_effects
-from jax._src import tree_util
-from jax._src.core import AbstractValue
+from jax import tree_util
+from jax.core import AbstractValue
+from jax.extend.core import Effect
 
+from hijax._internals import core
 from hijax._util import describe_value
 
 # The attributes `HiPrim.__init__` sets; a param may not take their names.
@@ -66,10 +66,10 @@ def effect_set(prim) -> frozenset:
   """``prim.effects`` as a frozenset, from any collection of effects."""
   effects = prim.effects
   if isinstance(effects, frozenset) and all(
-      isinstance(e, jax_effects.Effect) for e in effects):
+      isinstance(e, Effect) for e in effects):
     return effects
   if (isinstance(effects, Collection) and not isinstance(effects, str)
-      and all(isinstance(e, jax_effects.Effect) for e in effects)):
+      and all(isinstance(e, Effect) for e in effects)):
     return frozenset(effects)
   raise TypeError(
       f"{type(prim).__name__}.effects must be a collection (e.g. a set) of JAX "

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import jax
 
-from jax._src import ad_util
-from jax._src import dtypes
+from jax.dtypes import float0
+from jax.interpreters.ad import Zero
 
 
 def is_none(x) -> bool:
@@ -15,12 +15,12 @@ def is_none(x) -> bool:
 
 
 def is_zero(x) -> bool:
-  return isinstance(x, ad_util.Zero)
+  return isinstance(x, Zero)
 
 
 def is_float0(x) -> bool:
   """Whether ``x`` (a value or a type) has dtype float0, "not differentiable"."""
-  return getattr(x, "dtype", None) == dtypes.float0
+  return getattr(x, "dtype", None) == float0
 
 
 @jax.tree_util.register_static

@@ -34,32 +34,33 @@ default `HiPrim.vjp_bwd` calls it) and re-exported here.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import contextlib
 
 import jax
-from jax._src import ad_util
-from jax._src import api
-from jax._src import core
-from jax._src import dtypes
-from jax._src import pretty_printer as pp
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.state.types import AbstractRef
+from jax.ref import AbstractRef
 
 from hijax import _checks
-from hijax._core_rules import flatten_output, taking_prim
+from hijax._internals import ad
+from hijax._internals import api
+from hijax._internals import batching
+from hijax._internals import core
+from hijax._internals import dtypes
+from hijax._internals import pretty_printer as pp
+from hijax._core_rules import JAX_VALUES, flatten_output, taking_prim
 from hijax._cotangents import accumulate, check_cotangent
 from hijax._util import describe_value, is_float0
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 # JAX core recognises accumulators and symbolic zeros by class, so these are
 # JAX's own classes, re-exported.
-Zero = ad_util.Zero
+Zero = ad.Zero
 GradAccum = ad.GradAccum
 ValAccum = ad.ValAccum
 RefAccum = ad.RefAccum
 NullAccum = ad.NullAccum
-instantiate_zeros = ad.instantiate_zeros
+instantiate_zeros: Callable[[Any], Any] = ad.instantiate_zeros
 
 __all__ = ["Zero", "GradAccum", "ValAccum", "RefAccum", "NullAccum",
            "instantiate_zeros", "accumulate"]
@@ -79,7 +80,7 @@ def _checked_accums(prim, method, accums_flat, input_of_leaf):
     # it on, stays as it is.)
     if (isinstance(acc, GradAccum) and not isinstance(acc, NullAccum)
         and "accum" not in vars(acc)):
-      acc.accum = _checking_accum(prim, method, i, acc, type(acc).accum)
+      acc.accum = _checking_accum(prim, method, i, acc, type(acc).accum)  # pyright: ignore[reportAttributeAccessIssue]
       patched.append(acc)
   try:
     yield
@@ -158,7 +159,8 @@ def _flatten_tangent(prim, method, tangent) -> list:
   return flat
 
 
-def check_tangents(prim, method, tangent_avals, tangents_flat) -> None:
+def check_tangents(prim: Any, method: Any, tangent_avals: Any,
+                   tangents_flat: Any) -> None:
   """Checks output tangents against the output types' ``to_tangent_aval()``."""
   _checks.check_types(prim, method, "output tangent", tangent_avals,
                       tangents_flat, "tangent", "out_aval (its to_tangent_aval)")
@@ -188,7 +190,7 @@ def _linearize_rule(is_vjp, nzs_in_flat, *args_flat, prim):
   if is_vjp:
     linearized = _bind_linearized(prim, list(nzs_in_flat), nzs_out_flat)
   else:
-    linearized = _call_user_linearized(prim)
+    linearized = _call_user_linearized(prim, nzs_out_flat)
   return out_flat, nzs_out_flat, res, sres, linearized
 
 
@@ -198,6 +200,9 @@ def _bind_linearized(prim, nzs_in_flat, nzs_out_flat):
     if not any(nzs_out_flat):
       return [Zero(a.to_tangent_aval()) for a in prim.out_avals_flat]
     res_flat, res_tree = jax.tree.flatten(res if sres is None else (res, sres))
+    for r in res_flat:
+      if not isinstance(r, JAX_VALUES) and _checks.type_of(r) is None:
+        raise _residual_error(prim, res, sres)
     res_flat = [dtypes.canonicalize_value(r) for r in res_flat]
     nz_tangents = [t for t in tangents_flat if type(t) is not Zero]
     outs = iter(prim._linearized_primitive.bind(
@@ -209,17 +214,46 @@ def _bind_linearized(prim, nzs_in_flat, nzs_out_flat):
   return linearized
 
 
-def _call_user_linearized(prim):
+def _residual_error(prim, res, sres) -> TypeError:
+  """Names the first residual of `vjp_fwd` that is not a JAX value."""
+  for what, tree in (("residuals", res), ("structured residuals", sres)):
+    for path, r in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      if not isinstance(r, JAX_VALUES) and _checks.type_of(r) is None:
+        break
+    else:
+      continue
+    break
+  name = type(prim).__name__
+  return TypeError(
+      f"{name}.vjp_fwd returned a {type(r).__name__} among its {what} (at "
+      f"{what}{jax.tree_util.keystr(path)}), which is not a JAX value: "
+      "residuals are saved as arrays for the backward pass. Keep a static "
+      f"Python value in {name}.params (each param is an attribute, self.NAME, "
+      "in vjp_bwd_retval), or return it as an array")
+
+
+def _call_user_linearized(prim, nzs_out_flat):
   def linearized(res, sres, *tangents_flat):
     tangents = jax.tree.unflatten(prim.in_tree, tangents_flat)
     with _checks.rule_context(f"{type(prim).__name__}.linearized"):
       out = (prim.linearized(res, *tangents) if sres is None
              else prim.linearized(res, sres, *tangents))
-    return _flatten_tangent(prim, "linearized", out)
+    flat = _flatten_tangent(prim, "linearized", out)
+    # JAX was told by nzs_out which output tangents are nonzero: a zero (None)
+    # returned for one of them becomes an array of zeros.
+    for i, (t, nz) in enumerate(zip(flat, nzs_out_flat)):
+      if not nz and type(t) is not Zero:
+        raise TypeError(
+            f"{type(prim).__name__}.linearized returned a nonzero tangent for "
+            f"output {i}, but {type(prim).__name__}.lin returned nzs_out False "
+            "for it: return None for that tangent, or True in nzs_out")
+    return [instantiate_zeros(t) if nz else t
+            for t, nz in zip(flat, nzs_out_flat)]
   return linearized
 
 
-def _linearized_abstract_eval(*avals, prim, res_tree, nzs_in, nzs_out, has_sres):
+def _linearized_abstract_eval(*avals, prim, res_tree, nzs_in, nzs_out,
+                              has_sres):
   return [a.to_tangent_aval() for a, nz in zip(prim.out_avals_flat, nzs_out)
           if nz]
 
@@ -258,7 +292,7 @@ def _blame_incoming_cotangents(e, prim, cts_flat):
     if not _checks.matches(declared, actual, "cotangent"):
       return _checks.with_advice(e, (
           f"Note that the output cotangent g it received (output {i}) already "
-          f"has type {actual.str_short()} instead of {declared.str_short()}: "
+          f"has type {actual.str_short()} instead of {declared.str_short()}: "  # pyright: ignore[reportOptionalMemberAccess]
           "the mismatch comes from what the output was passed to (e.g. a "
           "jax.custom_vjp whose backward rule returns another dtype)."))
   return e

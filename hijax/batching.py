@@ -19,15 +19,18 @@ it appends its installer to `hijax.primitive.RULE_INSTALLERS` and sets
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax._src import core
-from jax._src import hijax as _jax_hijax
-from jax._src.interpreters import batching
+import jax.experimental.hijax as _jax_hijax
 
 from hijax import _checks
+from hijax._internals import batching
+from hijax._internals import core
 from hijax._core_rules import flatten_output, taking_prim
-from hijax._util import Static, is_none
+from hijax._util import Static, is_float0, is_none
 from hijax.autodiff import (NullAccum, ValAccum, Zero, checked_backward,
                             instantiate_zeros)
 from hijax.primitive import DEFAULT_RULES, HiPrim, RULE_INSTALLERS
@@ -35,7 +38,8 @@ from hijax.primitive import DEFAULT_RULES, HiPrim, RULE_INSTALLERS
 __all__ = ["Batched", "batch_from_dim_rule"]
 
 
-def batch_from_dim_rule(prim: HiPrim, axis_data, args, dims):
+def batch_from_dim_rule(prim: HiPrim, axis_data: Any, args: Any,
+                        dims: Any) -> Any:
   """`HiPrim.batch` derived from ``prim.batch_dim_rule``."""
   _check_no_batched_hi_values(prim, dims)
   out_dim = jax.tree.unflatten(prim.out_tree, _checked_dims(
@@ -148,7 +152,16 @@ class Batched(HiPrim):
   ``prim`` over the batch axis.
   """
 
-  def __init__(self, prim, axis_data, in_dims, out_dim):
+  prim: HiPrim
+  axis_data: Any
+  in_dims: Any
+  out_dim: Any
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, prim: Any, axis_data: Any, in_dims: Any,
+               out_dim: Any) -> None:
     self.prim, self.axis_data = prim, axis_data
     self.in_dims, self.out_dim = in_dims, out_dim
     unmap = lambda a, d: a if d is None else core.unmapped_aval(
@@ -159,7 +172,7 @@ class Batched(HiPrim):
                        dims=Static((in_dims, out_dim)))
     super().__init__()
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"Batched({self.prim!r}, in_dims={self.in_dims}, out_dim={self.out_dim})"
 
   def _vmap(self, f, in_axes, out_axes, **kwargs):
@@ -198,10 +211,10 @@ class Batched(HiPrim):
       return x
     return jax.tree.map(f, dims, xs, is_leaf=is_none)
 
-  def expand(self, *args):
+  def expand(self, *args: Any) -> Any:
     return self._vmap(self.prim.expand, self.in_dims, self.out_dim)(*args)
 
-  def jvp(self, primals, tangents):
+  def jvp(self, primals: Any, tangents: Any) -> Any:
     tangents = self._map_zeros(self.in_dims, tangents)
     out, out_tangent = self._vmap(
         self.prim.jvp, (self.in_dims, self.in_dims),
@@ -224,16 +237,21 @@ class Batched(HiPrim):
         forward, self.in_dims, (self.out_dim, batching.infer))(*args)
     return (out, (res, Static(res_dims)), *extra["nzs_out"])
 
-  def vjp_fwd(self, nzs_in, *args):
+  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     return self._vmap_forward("vjp_fwd", nzs_in, args)
 
-  def vjp_bwd(self, res, g, *arg_accums):
+  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     res, res_dims = res[0], res[1].value
     accums, accums_tree = jax.tree.flatten(arg_accums)
     wanted = [not isinstance(a, NullAccum) for a in accums]
     prim = self.prim
 
-    def backward(res, g):
+    def backward(res, g, first):
+      # An unbatched output was computed once, but its cotangent reaches every
+      # example of the vmapped backward rule: only the first passes it back.
+      g = jax.tree.map(lambda d, ct: ct if d is not None or isinstance(
+          ct, Zero) or is_float0(ct) else jnp.where(first, ct, 0).astype(
+              ct.dtype), self.out_dim, g, is_leaf=is_none)
       inner = [ValAccum(a.to_ct_aval()) if w else NullAccum(a.to_ct_aval())
                for a, w in zip(prim.in_avals_flat, wanted)]
       with checked_backward(prim, inner):
@@ -245,23 +263,24 @@ class Batched(HiPrim):
     ct_dims = [batching.sum_axis if d is None else d
                for d, w in zip(in_dims_flat, wanted) if w]
     g = self._map_zeros(self.out_dim, g)
-    cts, logs = self._vmap(backward, (res_dims, self.out_dim), (ct_dims, 0),
-                           sum_match=True)(res, g)
+    first = jnp.arange(self.axis_data.size) == 0
+    cts, logs = self._vmap(backward, (res_dims, self.out_dim, 0), (ct_dims, 0),
+                           sum_match=True)(res, g, first)
     for acc, ct in zip([a for a, w in zip(accums, wanted) if w], cts):
       acc.accum(ct)
     return logs
 
-  def lin(self, nzs_in, *args):
+  def lin(self, nzs_in: Any, *args: Any) -> Any:
     return self._vmap_forward("lin", nzs_in, args)
 
-  def linearized(self, res, *tangents):
+  def linearized(self, res: Any, *tangents: Any) -> Any:
     res, res_dims = res[0], res[1].value
     tangents = self._map_zeros(self.in_dims, tangents)
     out = self._vmap(self.prim.linearized, (res_dims, *self.in_dims),
                      self.out_dim)(res, *tangents)
     return self._unmap_zeros(self.out_dim, out)
 
-  def batch_dim_rule(self, axis_data, in_dims):
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     # `in_dims` index this primitive's (already batched) arguments; the inner
     # rule expects indices into the unbatched ones, which lack our own axis.
     def drop(d, inner):

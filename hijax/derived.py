@@ -5,7 +5,9 @@
   `linearized` on the backward pass (what ``jax.custom_jvp`` does);
 * ``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``: save the primal inputs, then
   linearize and transpose `jvp` on the backward pass (recomputing, remat-style);
-* ``jvp = jvp_from_lin``: forward mode from `lin`/`linearized`.
+* ``jvp = jvp_from_lin``: forward mode from `lin`/`linearized`;
+* ``jvp = jvp_from_vjp``: forward mode by transposing the backward rule in its
+  cotangent (checked to be linear in it first, by `hijax._linearity`).
 
 The pairs are named tuples of two functions, so they unpack into two methods.
 A class that assigns a derived method to another name (``lin, linearized =
@@ -16,19 +18,24 @@ class-creation checks are installers appended to `RULE_INSTALLERS`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import jax
-from jax._src import api_util
-from jax._src import linear_util as lu
-from jax._src.interpreters import ad
+import jax.extend.core
+from jax import api_util
+from jax.extend import linear_util as lu
 
+from hijax import _linearity
+from hijax._internals import ad
 from hijax._core_rules import flatten_output
-from hijax._util import Static, is_zero
-from hijax.autodiff import Zero, _flatten_tangent, instantiate_zeros
+from hijax._util import Static, is_float0, is_zero
+from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
+                            _unpack_forward, checked_backward,
+                            instantiate_zeros)
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
-__all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin"]
+__all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin",
+           "jvp_from_vjp"]
 
 
 def _zero_tangents(prim: HiPrim, nzs_flat, nz_tangents):
@@ -69,9 +76,9 @@ def _lin_from_jvp(self, nzs_in, *primals):
   out_flat, nzs_out_flat, consts, _, linear_map = ad.linearize_from_jvp(
       lu.wrap_init(jvp_flat, debug_info=debug), True, jax.tree.leaves(nzs_in),
       False, False, jax.tree.leaves(primals), {})
-  return (jax.tree.unflatten(self.out_tree, out_flat),
+  return (jax.tree.unflatten(self.out_tree, out_flat),  # pyright: ignore[reportArgumentType]
           (consts, Static(linear_map)),
-          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))
+          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))  # pyright: ignore[reportArgumentType]
 
 
 def _linearized_from_jvp(self, res, *tangents):
@@ -83,7 +90,7 @@ def _linearized_from_jvp(self, res, *tangents):
 
 # --- jvp_from_lin -----------------------------------------------------------------
 
-def jvp_from_lin(self, primals, tangents):
+def jvp_from_lin(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   """`jvp` derived from handwritten `lin` and `linearized` rules."""
   tangents_flat = self.in_tree.flatten_up_to(tangents)
   nzs_in = jax.tree.unflatten(self.in_tree,
@@ -94,6 +101,83 @@ def jvp_from_lin(self, primals, tangents):
                                  self.linearized(res, rest[1], *tangents))
   return out, _checked_tangent(self, "linearized",
                                self.linearized(res, *tangents))
+
+
+# --- jvp_from_vjp -----------------------------------------------------------------
+
+def jvp_from_vjp(self, primals, tangents):
+  """`jvp` derived from the reverse-mode rules, by transposing the backward rule.
+
+  ``jvp = jvp_from_vjp`` in a class body gives a primitive that has only
+  `vjp_fwd` and `vjp_bwd_retval` (or `vjp_bwd`) forward mode, and with it
+  ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` (forward over reverse) and,
+  with ``lin, linearized = linearize_from_jvp`` too, ``jax.linearize``.
+  A backward rule is linear in the output cotangent ``g``, so transposing it
+  in ``g`` (``jax.linear_transpose``) maps input tangents to the output
+  tangent.
+
+  Cost: each `jvp` runs `vjp_fwd` (the primal output and all residuals) and
+  the backward rule, transposed; at trace time the backward rule is traced
+  once more and its jaxpr is checked. Before transposing, the jaxpr of the
+  backward rule is checked to be linear in ``g``: a rule that is not (one
+  that clips ``g``, adds a constant to it, multiplies it by itself) raises a
+  TypeError naming the rule, the operation and its source line, rather than
+  giving a wrong tangent.
+  """
+  name = type(self).__name__
+  if type(self).vjp_fwd is HiPrim.vjp_fwd:
+    raise NotImplementedError(
+        f"{name} sets `jvp = jvp_from_vjp`, which derives forward mode from "
+        "the reverse-mode rule, but has no `vjp_fwd`: implement `vjp_fwd(self, "
+        "nzs_in, *args)` and `vjp_bwd_retval(self, res, g)`, or write `jvp`")
+  tangents_flat = self.in_tree.flatten_up_to(tangents)
+  nzs_flat = [not (t is None or is_zero(t) or is_float0(t))
+              for t in tangents_flat]
+  nzs_in = jax.tree.unflatten(self.in_tree, nzs_flat)
+  out, res, nzs_out, sres = _unpack_forward(
+      self, "vjp_fwd", self.vjp_fwd(nzs_in, *primals))
+  if nzs_out is None:
+    live = [True] * len(self.out_avals_flat)
+  else:
+    live = [bool(nz) for nz in self.out_tree.flatten_up_to(nzs_out)]
+  g_avals = [a.to_ct_aval() for a in self.out_avals_flat]
+  live = [nz and not is_float0(a) for nz, a in zip(live, g_avals)]
+  if not any(nzs_flat) or not any(live):
+    return out, None
+
+  def backward(*g_live):
+    it = iter(g_live)
+    g = jax.tree.unflatten(self.out_tree, [next(it) if nz else Zero(a)
+                                          for a, nz in zip(g_avals, live)])
+    accums = [ValAccum(a.to_ct_aval()) if nz else NullAccum(a.to_ct_aval())
+              for a, nz in zip(self.in_avals_flat, nzs_flat)]
+    arg_accums = jax.tree.unflatten(self.in_tree, accums)
+    with checked_backward(self, accums):
+      if sres is None:
+        self.vjp_bwd(res, g, *arg_accums)
+      else:
+        self.vjp_bwd(res, sres, g, *arg_accums)
+    return [instantiate_zeros(acc.freeze())
+            for acc, nz in zip(accums, nzs_flat) if nz]
+
+  examples = [jax.ShapeDtypeStruct(a.shape, a.dtype)
+              for a, nz in zip(g_avals, live) if nz]
+  backward_jaxpr = jax.make_jaxpr(backward)(*examples)
+  reason = _linearity.nonlinear_reason(backward_jaxpr, [True] * len(examples))
+  if reason is not None:
+    method = ("vjp_bwd" if type(self).vjp_bwd is not HiPrim.vjp_bwd
+              else "vjp_bwd_retval")
+    raise TypeError(
+        f"{name}.jvp = jvp_from_vjp transposes {name}.{method} in the "
+        f"cotangent g, but {name}.{method} is not linear in g: {reason}. A "
+        "backward rule must be linear in g (the chain rule multiplies g by "
+        "the Jacobian); fix the rule, or write `jvp` by hand")
+  transposed = jax.linear_transpose(
+      jax.extend.core.jaxpr_as_fun(backward_jaxpr), *examples)
+  t_live = iter(transposed([instantiate_zeros(t) for t, nz in
+                            zip(tangents_flat, nzs_flat) if nz]))
+  t_out = [next(t_live) if nz else None for nz in live]
+  return out, jax.tree.unflatten(self.out_tree, t_out)
 
 
 # --- vjp_from_lin and vjp_from_jvp ----------------------------------------------------
@@ -153,38 +237,45 @@ def _vjp_bwd_from_jvp(self, saved, g):
 class RulePair:
   """Two derived methods, to be unpacked in a class body (calling it is an error)."""
 
-  def __init__(self, name: str, targets: str, first: Callable, second: Callable):
+  name: str
+  targets: str
+  first: Callable[..., Any]
+  second: Callable[..., Any]
+
+  def __init__(self, name: str, targets: str, first: Callable[..., Any],
+               second: Callable[..., Any]) -> None:
     self.name, self.targets = name, targets
     self.first, self.second = first, second
 
-  def __iter__(self):
+  def __iter__(self) -> Iterator[Any]:
     return iter((self.first, self.second))
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return self.name
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     raise TypeError(f"{self.name} defines two methods: unpack it in the class "
                     f"body, `{self.targets} = {self.name}`")
 
 
-linearize_from_jvp = RulePair("linearize_from_jvp", "lin, linearized",
+linearize_from_jvp: RulePair = RulePair("linearize_from_jvp", "lin, linearized",
                               _lin_from_jvp, _linearized_from_jvp)
 """``lin, linearized = linearize_from_jvp``: linearization from the `jvp` rule."""
 
-vjp_from_lin = RulePair("vjp_from_lin", "vjp_fwd, vjp_bwd_retval",
+vjp_from_lin: RulePair = RulePair("vjp_from_lin", "vjp_fwd, vjp_bwd_retval",
                         _vjp_fwd_from_lin, _vjp_bwd_from_lin)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_lin``: reverse mode by transposing `linearized`."""
 
-vjp_from_jvp = RulePair("vjp_from_jvp", "vjp_fwd, vjp_bwd_retval",
+vjp_from_jvp: RulePair = RulePair("vjp_from_jvp", "vjp_fwd, vjp_bwd_retval",
                         _vjp_fwd_from_jvp, _vjp_bwd_from_jvp)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``: reverse mode by transposing `jvp`."""
 
 
 _PAIRS = (linearize_from_jvp, vjp_from_lin, vjp_from_jvp)
-_RIGHT_NAME = {id(f): (f, pair, name) for pair in _PAIRS
+_RIGHT_NAME: dict[int, tuple[Any, RulePair | None, str]] = {id(f): (f, pair, name) for pair in _PAIRS
                for f, name in zip(pair, pair.targets.split(", "))}
 _RIGHT_NAME[id(jvp_from_lin)] = (jvp_from_lin, None, "jvp")
+_RIGHT_NAME[id(jvp_from_vjp)] = (jvp_from_vjp, None, "jvp")
 
 
 def _install_derivation_check(cls):
@@ -197,8 +288,8 @@ def _install_derivation_check(cls):
     if entry is None or entry[0] is not value or entry[2] == attr:
       continue
     _, pair, right = entry
-    source = "jvp_from_lin" if pair is None else pair.name
-    unpack = "jvp = jvp_from_lin" if pair is None else (
+    source = value.__name__ if pair is None else pair.name
+    unpack = f"jvp = {source}" if pair is None else (
         f"{pair.targets} = {pair.name}")
     raise TypeError(
         f"{cls.__name__}.{attr} is set to {source}'s `{right}` method: "
@@ -213,7 +304,8 @@ def _which_derives(attr) -> str:
     return ("`vjp_fwd, vjp_bwd_retval` are derived with `= vjp_from_lin` or "
             "`= vjp_from_jvp`.")
   if attr == "jvp":
-    return "`jvp` is derived with `jvp = jvp_from_lin`."
+    return ("`jvp` is derived with `jvp = jvp_from_lin` or "
+            "`jvp = jvp_from_vjp`.")
   return ""
 
 
@@ -226,6 +318,19 @@ def _install_circularity_check(cls):
         f"{cls.__name__} sets both `jvp = jvp_from_lin` and `lin, linearized = "
         "linearize_from_jvp`: each rule would be derived from the other. Write "
         "`jvp` or `lin`/`linearized` by hand")
+
+
+  if cls.jvp is jvp_from_vjp and (
+      cls.vjp_fwd is _vjp_fwd_from_jvp
+      or cls.vjp_fwd is _vjp_fwd_from_lin and cls.lin is _lin_from_jvp):
+    via = ("`vjp_fwd, vjp_bwd_retval = vjp_from_jvp`"
+           if cls.vjp_fwd is _vjp_fwd_from_jvp else
+           "`vjp_fwd, vjp_bwd_retval = vjp_from_lin` with `lin, linearized = "
+           "linearize_from_jvp`")
+    raise TypeError(
+        f"{cls.__name__} sets both `jvp = jvp_from_vjp` and {via}: forward "
+        "and reverse mode would each be derived from the other. Write `jvp` "
+        "or `vjp_fwd`/`vjp_bwd_retval` by hand")
 
 
 RULE_INSTALLERS.append(_install_circularity_check)

@@ -45,14 +45,15 @@ from typing import Any, Callable, NoReturn
 import jax
 import numpy as np
 
-from jax._src import core
-from jax._src import dtypes
-from jax._src import hijax as _jax_hijax
+import jax.experimental.hijax as _jax_hijax
+
+from hijax._internals import core
+from hijax._internals import dtypes
 
 __all__ = ["HiType", "MappingSpec", "HiPspec", "register_hitype",
            "aval_method", "aval_property"]
 
-aval_method = core.aval_method
+aval_method: type[Any] = core.aval_method
 """Marks a function on a `HiType` as a method of the *traced values* of that type.
 
 ``QArrayTy.dequantize = aval_method(f)`` makes ``x.dequantize()`` call
@@ -61,7 +62,7 @@ attribute lookups to their type and recognise this marker by its class, so it
 is JAX's own ``core.aval_method``, re-exported.)
 """
 
-aval_property = core.aval_property
+aval_property: type[Any] = core.aval_property
 """Like `aval_method`, for a property: ``x.attr`` calls ``fget(x)`` on a tracer.
 
 JAX's own ``core.aval_property``, re-exported for the same reason.
@@ -92,7 +93,7 @@ class HiType(_jax_hijax.HiType):
   `HiPrim` primitives, whose ``expand`` sees the concrete fields.
   """
 
-  def __init_subclass__(cls, **kwargs):
+  def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)
     # What lower_val returns is checked against lo_ty where JAX calls it.
     if "lower_val" in cls.__dict__:
@@ -100,7 +101,7 @@ class HiType(_jax_hijax.HiType):
 
   # --- lowering -------------------------------------------------------------
 
-  def lo_ty(self) -> list[core.AbstractValue]:
+  def lo_ty(self) -> list[Any]:
     """The types of the arrays that a value of this type lowers to, in order.
 
     Every entry must be an array type: a type with hi components flattens
@@ -109,17 +110,18 @@ class HiType(_jax_hijax.HiType):
     _missing(self, "lo_ty", "Lowering (jit, scan, shard_map)",
              ": the list of array types a value is made of")
 
-  def lower_val(self, hi_val, /) -> list:
+  def lower_val(self, hi_val: Any, /) -> list[Any]:
     """Splits a value into its arrays, one per entry of `lo_ty`."""
     _missing(self, "lower_val", "Lowering (jit, scan, shard_map)",
              ": split a value into the arrays listed by lo_ty")
 
-  def raise_val(self, *lo_vals):
+  def raise_val(self, *lo_vals: Any, **kwargs: Any) -> Any:
     """Rebuilds a value from its arrays (the inverse of `lower_val`)."""
     _missing(self, "raise_val", "Lowering (jit, scan, shard_map)",
              ": rebuild a value from the arrays listed by lo_ty")
 
-  def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
+  def str_short(self, short_dtypes: Any=False,
+                mesh_axis_types: Any=False) -> str:
     """The short name of the type used in jaxprs and error messages.
 
     The default is the class name; override it to show the type's fields,
@@ -130,7 +132,7 @@ class HiType(_jax_hijax.HiType):
 
   # --- autodiff -------------------------------------------------------------
 
-  def to_tangent_aval(self) -> core.AbstractValue:
+  def to_tangent_aval(self) -> Any:
     """The type of tangents (and, by default, cotangents) of this type.
 
     Often an ordinary array type: the tangent of a quantized matrix is a float
@@ -139,21 +141,21 @@ class HiType(_jax_hijax.HiType):
     _missing(self, "to_tangent_aval", "Autodiff",
              ": the type of this type's tangents, e.g. a float ShapedArray")
 
-  def to_ct_aval(self) -> core.AbstractValue:
+  def to_ct_aval(self) -> Any:
     """The type of cotangents; the default is `to_tangent_aval`."""
     return self.to_tangent_aval()
 
-  def vspace_zero(self):
+  def vspace_zero(self) -> Any:
     """A zero value of this type; needed only if this type is a tangent type."""
     _missing(self, "vspace_zero", "Using it as a tangent or cotangent type")
 
-  def vspace_add(self, x, y):
+  def vspace_add(self, x: Any, y: Any) -> Any:
     """Sum of two values; needed only if this type is a tangent type."""
     _missing(self, "vspace_add", "Using it as a tangent or cotangent type")
 
   # --- batching (vmap, scan) ------------------------------------------------
 
-  def dec_rank(self, size: int, spec) -> HiType:
+  def dec_rank(self, size: int | None, spec: Any) -> HiType:
     """The type of one slice of a batch of ``size`` values mapped along ``spec``.
 
     ``spec`` is the `MappingSpec` given to ``vmap`` (``in_axes``) or returned
@@ -162,12 +164,12 @@ class HiType(_jax_hijax.HiType):
     _missing(self, "dec_rank", "vmap",
              ": the per-example type of a batched value, given a MappingSpec")
 
-  def inc_rank(self, size: int, spec) -> HiType:
+  def inc_rank(self, size: int | None, spec: Any) -> HiType:
     """The type of ``size`` values of this type stacked along ``spec``."""
     _missing(self, "inc_rank", "vmap",
              ": the type of a batch of values stacked along a MappingSpec")
 
-  def leading_axis_spec(self):
+  def leading_axis_spec(self) -> Any:
     """The `MappingSpec` meaning "along the leading axis of every array".
 
     ``lax.scan`` uses it to slice a scanned-over hi value and to stack hi
@@ -178,38 +180,66 @@ class HiType(_jax_hijax.HiType):
 
   # --- sharding -------------------------------------------------------------
 
-  def shard(self, mesh, manual_axes: frozenset, check_vma: bool, spec) -> HiType:
+  def shard(self, mesh: Any, manual_axes: frozenset[Any], check_vma: bool,
+            spec: Any) -> HiType:
     """The per-device type inside ``shard_map`` of a value sharded by ``spec``."""
     _missing(self, "shard", "jax.shard_map",
              ": the per-device type of a value split according to a HiPspec")
 
-  def unshard(self, mesh, check_vma: bool, spec) -> HiType:
+  def unshard(self, mesh: Any, check_vma: bool, spec: Any) -> HiType:
     """The global type of per-device values of this type assembled by ``spec``."""
     _missing(self, "unshard", "jax.shard_map",
              ": the global type of per-device values joined by a HiPspec")
 
-  def nospec(self, mesh, check_vma: bool, all_names):
+  def nospec(self, mesh: Any, check_vma: bool, all_names: Any) -> Any:
     """The `HiPspec` of a value replicated over ``all_names``."""
     _missing(self, "nospec", "Autodiff through jax.shard_map")
 
-  def reshard(self, sharding) -> HiType:
+  def reshard(self, sharding: Any) -> HiType:
     """This type with its arrays resharded to ``sharding`` (``jax.reshard``)."""
     _missing(self, "reshard", "jax.reshard")
 
   # --- errors -----------------------------------------------------------------
 
-  def __getattr__(self, name):
+  def __getattr__(self, name: Any) -> Any:
     # Only reached when ordinary lookup fails. JAX's tracers forward attribute
     # reads to their type, so this is where reading a field of a traced hi
-    # value ends up; say why it cannot work.
+    # value ends up; say why it cannot work. An operator on a tracer (x + 1)
+    # reads the type's `_add`.
     if name.startswith("__"):
       raise AttributeError(name)
+    cls = type(self).__name__
+    if name.startswith("_"):
+      raise AttributeError(
+          f"the array operator `{name[1:]}` was applied to a traced value of "
+          f"hi type {cls}, which is not an array (hi type {cls} has no "
+          f"attribute {name!r}). {_compute_through_hiprim(cls, name)}")
     raise AttributeError(
-        f"hi type {type(self).__name__} has no attribute {name!r}. A traced "
+        f"hi type {cls} has no attribute {name!r}. A traced "
         f"value of a hi type is opaque: the fields of its value class exist "
-        f"only on concrete values. Compute with it through a HiPrim (whose "
-        f"`expand` receives the concrete value), or attach a method to the "
-        f"type with `{type(self).__name__}.{name} = aval_method(fn)`")
+        f"only on concrete values. {_compute_through_hiprim(cls, name)}")
+
+  # jax.numpy converts what it is given with `__jax_array__`, which a tracer
+  # looks up on its type: a hi value reaching jnp (or an array operator with
+  # an array on the left) fails here, with the class and the fix.
+  __jax_array__ = aval_method(lambda x: _not_an_array(x.aval))
+
+
+def _compute_through_hiprim(cls: str, name: str) -> str:
+  return (f"Compute with it through a HiPrim (whose `expand` receives the "
+          f"concrete value), or attach a method to the type with "
+          f"`{cls}.{name} = aval_method(fn)`")
+
+
+def _not_an_array(ty, what="a traced value") -> NoReturn:
+  cls = type(ty).__name__
+  raise TypeError(
+      f"{what} of hi type {cls} ({ty.str_short()}) was passed to a "
+      "jax.numpy function or array operator, which take arrays only (jnp "
+      "asked for its `__jax_array__`). Compute with it through a HiPrim "
+      "whose `expand` receives the concrete value (e.g. one that converts it "
+      "to an array), or give the type an array conversion with "
+      f"`{cls}.__jax_array__ = aval_method(fn)`, fn returning an array")
 
 
 def _checked_lower_val(lower_val):
@@ -222,7 +252,7 @@ def _checked_lower_val(lower_val):
     lo_vals = lower_val(self, hi_val)
     _check_lowered(self, lo_vals)
     return lo_vals
-  checked._hijax_checked = True
+  checked._hijax_checked = True  # pyright: ignore[reportFunctionMemberAccess, reportAttributeAccessIssue]
   return checked
 
 
@@ -276,7 +306,7 @@ class HiPspec(_jax_hijax.HiPspec):
   types. Pass instances in ``in_specs``/``out_specs`` where the values are hi.
   """
 
-  def to_lo(self) -> tuple:
+  def to_lo(self) -> tuple[Any, ...]:
     """One ``jax.P`` per lowered array, in the order of the type's ``lo_ty``."""
     raise NotImplementedError(
         f"jax.shard_map needs {type(self).__name__}.to_lo(): one PartitionSpec "
@@ -297,7 +327,8 @@ class HiPspec(_jax_hijax.HiPspec):
 
 
 
-def register_hitype(value_class: type, typeof_fn: Callable[[Any], HiType]) -> None:
+def register_hitype(value_class: type,
+                    typeof_fn: Callable[[Any], HiType]) -> None:
   """Makes ``jax.typeof(v)`` return ``typeof_fn(v)`` for ``v`` a ``value_class``.
 
   ``typeof_fn`` must return a `HiType`. After registration, instances of
@@ -326,6 +357,10 @@ def register_hitype(value_class: type, typeof_fn: Callable[[Any], HiType]) -> No
     return ty
 
   core.pytype_aval_mappings[value_class] = typeof
+  if getattr(value_class, "__jax_array__", None) is None:
+    # What jnp asks a concrete value (as `HiType.__jax_array__` does a traced one).
+    value_class.__jax_array__ = lambda self: _not_an_array(
+        typeof(self), f"a {value_class.__name__} value")
   dtypes.register_canonicalize_value_handler(value_class, None)
 
 
@@ -356,7 +391,7 @@ def _tracers_in(x, depth):
   """The tracers among ``x``'s fields, in containers and nested objects."""
   if isinstance(x, core.Tracer):
     yield x
-  elif depth == 0 or isinstance(x, _ATOMS):
+  elif depth == 0 or isinstance(x, _ATOMS):  # pyright: ignore[reportArgumentType]
     return
   elif isinstance(x, (tuple, list, set, frozenset)):
     for item in x:

@@ -28,20 +28,22 @@ fills.
 """
 from __future__ import annotations
 
+import copyreg
 import os
-from collections.abc import Callable, Hashable
+import sys
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 import jax.numpy as jnp
-from jax._src import core
-from jax._src import traceback_util
 
 from hijax._core_rules import (JAX_VALUES, flatten_output,  # noqa: F401
                                install_core_rules, new_primitive, pp_params,
                                taking_prim)
 from hijax._cotangents import accumulate
+from hijax._internals import core
+from hijax._internals import traceback_util
 from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
                                 flatten_types, missing_attribute_error,
                                 param_name_error, reserved_names,
@@ -50,6 +52,8 @@ from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
 # Like JAX's own frames, hijax's are hidden from user tracebacks and from the
 # source locations of residuals, so both point at the user's code.
 traceback_util.register_exclusion(os.path.dirname(__file__))
+
+__all__ = ["HiPrim", "RULE_INSTALLERS", "DEFAULT_RULES"]
 
 RULE_INSTALLERS: list[Callable[[type[HiPrim]], None]] = [install_core_rules]
 """Functions ``install(cls)`` run for each new `HiPrim` subclass."""
@@ -86,12 +90,24 @@ class HiPrim:
   `vjp_bwd` (reverse mode), `jvp` (forward mode), `lin` with `linearized`
   (``jax.linearize``), `batch_dim_rule` or `batch` (``vmap``), `transpose`
   (linear primitives), `dce` and `remat`.
+
+  For type checkers, a rule that takes a variable number of arguments is
+  declared ``(self, ..., *args: Any, **kwargs: Any)``, the form they read as
+  "any parameters", so an override may name its own (``expand(self, x)``,
+  ``vjp_fwd(self, nzs_in, x, y)``); the other rules' parameters are
+  positional-only, so an override may rename them. hijax passes no keyword
+  arguments to a rule.
   """
 
   in_avals: tuple[Any, ...]
   out_aval: Any
-  params: dict[str, Hashable]
-  effects: frozenset = frozenset()
+  params: dict[str, Any]
+  effects: Collection[Any] = frozenset()
+  # Set by `HiPrim.__init__` from in_avals and out_aval.
+  in_avals_flat: list[Any]
+  in_tree: Any  # a jax.tree_util.PyTreeDef
+  out_avals_flat: list[Any]
+  out_tree: Any
 
   vjp_bwd_retval_logs: bool = False
   """Set to True when `vjp_bwd_retval` returns ``(cotangents, logs)``."""
@@ -100,7 +116,7 @@ class HiPrim:
   _primitive: jax.extend.core.Primitive
   _linearized_primitive: jax.extend.core.Primitive
 
-  def __init_subclass__(cls, **kwargs):
+  def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)
     cls._primitive = new_primitive(cls.__name__)
     cls._linearized_primitive = new_primitive(f"{cls.__name__}.linearized")
@@ -109,7 +125,7 @@ class HiPrim:
     for install in RULE_INSTALLERS:
       install(cls)
 
-  def __init__(self):
+  def __init__(self) -> None:
     try:
       in_avals, params = self.in_avals, self.params
       self.out_aval  # noqa: B018 - only checking that it is set
@@ -156,7 +172,7 @@ class HiPrim:
 
   # --- the implementation -------------------------------------------------
 
-  def expand(self, *args):
+  def expand(self, *args: Any, **kwargs: Any) -> Any:
     """The implementation, in ordinary JAX operations on ``args``.
 
     Runs on every eager call and is traced once when a jaxpr containing the
@@ -168,7 +184,7 @@ class HiPrim:
 
   # --- reverse mode -------------------------------------------------------
 
-  def vjp_fwd(self, nzs_in, *args):
+  def vjp_fwd(self, nzs_in: Any, /, *args: Any, **kwargs: Any) -> Any:
     """Forward pass of reverse mode: returns ``(out, residuals)``.
 
     ``nzs_in`` mirrors ``in_avals`` with booleans: False for an input that is
@@ -181,13 +197,14 @@ class HiPrim:
         "`vjp_bwd`), or derive them in the class body with "
         "`vjp_fwd, vjp_bwd_retval = vjp_from_jvp` (or `= vjp_from_lin`)")
 
-  def vjp_bwd_retval(self, res, g):
+  def vjp_bwd_retval(self, res: Any, g: Any, /) -> Any:
     """Backward pass returning one cotangent per input (None for zero)."""
     raise NotImplementedError(
         f"{type(self).__name__} has `vjp_fwd` but no backward rule: implement "
         "`vjp_bwd_retval(self, res, g)` or `vjp_bwd(self, res, g, *accums)`")
 
-  def vjp_bwd(self, res, g, *arg_accums):
+  def vjp_bwd(self, res: Any, g: Any, /, *arg_accums: Any, **kwargs: Any
+              ) -> dict[str, Any] | None:
     """Backward pass pushing cotangents into gradient accumulators.
 
     Receives one `GradAccum` per input (a pytree matching ``in_avals``) and
@@ -203,27 +220,28 @@ class HiPrim:
 
   # --- forward mode and linearization --------------------------------------
 
-  def jvp(self, primals, tangents):
+  def jvp(self, primals: Any, tangents: Any, /) -> Any:
     """Forward mode: ``(primals, tangents) -> (out, out_tangent)``."""
     raise NotImplementedError(
         f"{type(self).__name__} has no forward-mode rule: implement "
         "`jvp(self, primals, tangents)`, or derive it from `lin`/`linearized` "
         "with `jvp = jvp_from_lin` in the class body")
 
-  def lin(self, nzs_in, *args):
+  def lin(self, nzs_in: Any, /, *args: Any, **kwargs: Any) -> Any:
     """Linearization: returns ``(out, residuals)`` like `vjp_fwd`."""
     raise NotImplementedError(
         f"{type(self).__name__} has no linearization rule: implement "
         "`lin(self, nzs_in, *args)` and `linearized(self, res, *tangents)`, or "
         "derive them with `lin, linearized = linearize_from_jvp`")
 
-  def linearized(self, res, *tangents):
+  def linearized(self, res: Any, /, *tangents: Any, **kwargs: Any) -> Any:
     """The linear map of `lin`: ``(res, *tangents) -> out_tangent``."""
     raise NotImplementedError(
         f"{type(self).__name__} has `lin` but no `linearized(self, res, "
         "*tangents)`")
 
-  def transpose(self, ct, *maybe_accums):
+  def transpose(self, ct: Any, /, *maybe_accums: Any, **kwargs: Any
+                ) -> dict[str, Any] | None:
     """Transpose rule for a primitive linear in some inputs.
 
     Linear inputs arrive as `GradAccum` objects to ``accum`` into; the others
@@ -235,7 +253,7 @@ class HiPrim:
 
   # --- batching -------------------------------------------------------------
 
-  def batch_dim_rule(self, axis_data, in_dims):
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any, /) -> Any:
     """Returns the output's batch dimension given the inputs' (None: unbatched).
 
     The batched computation is then derived by ``vmap``-ing the other rules.
@@ -246,7 +264,7 @@ class HiPrim:
         "dimension) or `batch(self, axis_data, args, dims)` (returns the "
         "batched output and its dimension)")
 
-  def batch(self, axis_data, args, dims):
+  def batch(self, axis_data: Any, args: Any, dims: Any, /) -> Any:
     """Full batching rule: ``(axis_data, args, dims) -> (out, out_dim)``.
 
     The default derives it from `batch_dim_rule`.
@@ -255,7 +273,7 @@ class HiPrim:
 
   # --- dead code elimination and rematerialization ----------------------------
 
-  def dce(self, used_outs, live_ins):
+  def dce(self, used_outs: Any, live_ins: Any, /) -> Any:
     """Dead-code elimination: ``-> (used_ins, produced_outs, new_prim | None)``.
 
     ``used_outs`` mirrors ``out_aval`` with booleans. The default keeps the whole
@@ -267,7 +285,7 @@ class HiPrim:
       return True, True, self
     return False, False, None
 
-  def remat(self, trace, *args):
+  def remat(self, trace: Any, /, *args: Any, **kwargs: Any) -> Any:
     """Rematerialization under ``jax.checkpoint`` (with ``jax_remat3``).
 
     Returns ``(out, res, rem)``: ``res`` is saved, and ``rem(res, *args)``
@@ -279,13 +297,13 @@ class HiPrim:
 
   # --- binding ----------------------------------------------------------------
 
-  def __call__(self, *args):
+  def __call__(self, *args: Any) -> Any:
     args_flat = self.check_args(args)
     outs = self._primitive.bind(*args_flat, _prim=self)
     return outs[0] if self._single_output else jax.tree.unflatten(
         self.out_tree, outs)
 
-  def check_args(self, args) -> list:
+  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
     """Flattens ``args`` and checks them against ``in_avals`` (TypeError if not)."""
     if len(args) != len(self.in_avals):
       raise TypeError(
@@ -318,10 +336,10 @@ class HiPrim:
                    for x in args_flat]
     return args_flat
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"{type(self).__name__}{pp_params(self)}"
 
-  def __getattr__(self, name):
+  def __getattr__(self, name: str) -> Any:
     # Reached only when ordinary lookup fails: an attribute that
     # `HiPrim.__init__` sets is missing when a subclass forgot to call it.
     if name in SET_BY_INIT:
@@ -332,7 +350,7 @@ class HiPrim:
     raise AttributeError(
         f"{type(self).__name__!r} object has no attribute {name!r}")
 
-  def __hash__(self):
+  def __hash__(self) -> int:
     if self._hash is None:
       self._key = (type(self), self.in_tree, tuple(self.in_avals_flat),
                    self.out_tree, tuple(self.out_avals_flat), self._params_key,
@@ -343,11 +361,28 @@ class HiPrim:
         raise unhashable_error(self) from None
     return self._hash
 
-  def __eq__(self, other):
+  def __eq__(self, other: object) -> bool:
     return self is other or (isinstance(other, HiPrim)
                              and hash(self) == hash(other)
                              and self._key == other._key)
 
+  def __getstate__(self):
+    # The cached hash is of this process (string hashes differ between
+    # processes): a copy, pickled or deep-copied, computes its own.
+    state = dict(self.__dict__)
+    state.pop("_key", None)
+    state["_hash"] = None
+    return state
+
+
+# JAX's array types hold a layout that is a singleton compared by identity,
+# which pickle copies into a second, unequal object: an unpickled ShapedArray
+# (and so an unpickled primitive) would differ from the original. Pickle it by
+# name instead, so that it unpickles as the singleton itself.
+_AUTO_LAYOUT = core.ShapedArray((), jnp.float32).layout
+if getattr(sys.modules.get(type(_AUTO_LAYOUT).__module__), "AutoLayout",
+           None) is _AUTO_LAYOUT:
+  copyreg.pickle(type(_AUTO_LAYOUT), lambda _: "AutoLayout")
 
 
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import jax
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src import config as _config
 
 from hijax import _checks
 from hijax import _compat
+from hijax._internals import ad_checkpoint as _ad_checkpoint
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
@@ -56,7 +55,7 @@ class SaveOnlyTheseNames:
   saveable_names: frozenset[str]
   """The names whose values may be saved for the backward pass."""
 
-  def __call__(self, prim, *_, **params) -> bool:
+  def __call__(self, prim: Any, *_: Any, **params: Any) -> bool:
     """The policy: True (save) for a value named in `saveable_names`."""
     return prim is _name_p and params.get("name") in self.saveable_names
 
@@ -72,12 +71,12 @@ class SaveAnyNamesButThese:
   names_not_saveable: frozenset[str]
   """The names whose values are recomputed rather than saved."""
 
-  def __call__(self, prim, *_, **params) -> bool:
+  def __call__(self, prim: Any, *_: Any, **params: Any) -> bool:
     """The policy: True (save) for a named value not in `names_not_saveable`."""
     return prim is _name_p and params.get("name") not in self.names_not_saveable
 
 
-def as_inspectable(policy):
+def as_inspectable(policy: Any) -> Any:
   """``policy``, with JAX's own name policies replaced by their hijax equivalents.
 
   ``jax.checkpoint_policies.save_only_these_names`` gives a `SaveOnlyTheseNames`
@@ -171,20 +170,25 @@ def _out_types(f, args):
 class CustomRemat(HiPrim):
   """The primitive behind a `custom_remat` function (one per call signature)."""
 
-  def __init__(self, in_avals, out_aval, f, f_fwd, f_rem, f_bwd):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, in_avals: Any, out_aval: Any, f: Any, f_fwd: Any,
+               f_rem: Any, f_bwd: Any) -> None:
     self.in_avals = tuple(in_avals)
     self.out_aval = out_aval
     self.params = dict(f=f, f_fwd=f_fwd, f_rem=f_rem, f_bwd=f_bwd)
     super().__init__()
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"CustomRemat[f={_name(self.f)}]"
 
-  def expand(self, *args):
+  def expand(self, *args: Any) -> Any:
     """Evaluation and lowering: ``f`` itself."""
     return self.f(*args)
 
-  def remat(self, trace, *args):
+  def remat(self, trace: Any, *args: Any) -> Any:
     """Under ``jax.checkpoint``: save what ``f_fwd`` chooses; ``f_rem`` later."""
     policy = as_inspectable(trace.policy)
     out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
@@ -196,7 +200,7 @@ class CustomRemat(HiPrim):
     res_avals = jax.tree.map(jax.typeof, res)
     return Rematerialize(self, res_avals)(res, *args)
 
-  def vjp_fwd(self, nzs_in, *args):
+  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     """Outside ``jax.checkpoint`` everything is saveable: run both rules now."""
     policy = jax.checkpoint_policies.everything_saveable
     out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
@@ -205,19 +209,19 @@ class CustomRemat(HiPrim):
                             "(out, res2)")
     return out, res2
 
-  def vjp_bwd_retval(self, res2, g):
+  def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """The backward pass: ``f_bwd``, one cotangent per argument."""
     return _cotangents(self, self.f_bwd(res2, g))
 
-  def jvp(self, primals, tangents):
+  def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.f)
 
-  def lin(self, nzs_in, *args):
+  def lin(self, nzs_in: Any, *args: Any) -> Any:
     """Linearization is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.f)
 
-  def batch(self, axis_data, args, dims):
+  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     """``vmap`` is not supported: raises ``NotImplementedError``."""
     raise NotImplementedError(
         f"custom_remat function {_name(self.f)} cannot be vmapped: vmap inside "
@@ -231,36 +235,40 @@ class Rematerialize(HiPrim):
   output, and its VJP is ``f_bwd`` applied to the residuals ``f_rem`` returns.
   """
 
-  def __init__(self, remat_prim: CustomRemat, res_avals):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, remat_prim: CustomRemat, res_avals: Any) -> None:
     self.remat_prim = remat_prim
     self.in_avals = (res_avals, *remat_prim.in_avals)
     self.out_aval = remat_prim.out_aval
     self.params = dict(remat_prim=remat_prim)
     super().__init__()
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"Rematerialize[f={_name(self.remat_prim.f)}]"
 
-  def expand(self, res, *args):
+  def expand(self, res: Any, *args: Any) -> Any:
     """The output that ``f_rem`` recomputes from the saved residuals."""
     prim = self.remat_prim
     out, _ = _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
     return out
 
-  def vjp_fwd(self, nzs_in, res, *args):
+  def vjp_fwd(self, nzs_in: Any, res: Any, *args: Any) -> Any:
     """Runs ``f_rem``, keeping its ``res2`` for ``f_bwd``."""
     prim = self.remat_prim
     return _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
 
-  def vjp_bwd_retval(self, res2, g):
+  def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """``f_bwd``; the saved residuals get no cotangent."""
     return (None, *_cotangents(self.remat_prim, self.remat_prim.f_bwd(res2, g)))
 
-  def jvp(self, primals, tangents):
+  def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.remat_prim.f)
 
-  def lin(self, nzs_in, *args):
+  def lin(self, nzs_in: Any, *args: Any) -> Any:
     """Linearization is not defined: raises ``TypeError``."""
     raise _forward_mode_error(self.remat_prim.f)
 
@@ -303,7 +311,7 @@ def _cotangents(prim: CustomRemat, cts):
 
 def _forward_mode_error(f) -> TypeError:
   hint = ""
-  if not _config.remat3.value:
+  if not jax.config.jax_remat3:
     hint = (" If this happened under jax.checkpoint, enable the new remat "
             "implementation with jax.config.update('jax_remat3', True): the "
             "classic one differentiates checkpointed code in forward mode.")

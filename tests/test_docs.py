@@ -5,6 +5,8 @@
 - docs/index.md and conf.PAGES list the eight JAX 301 pages in the spec's order.
 - The spec's own custom-derivatives page runs on hijax (by swapping its
   `jax.experimental.hijax` import for `hijax`).
+- docs/api.md's portability section names exactly the hijax-only names and
+  the names of jax.experimental.hijax that hijax lacks, for the installed JAX.
 The notebooks' outputs themselves are checked by nbval (`nox -s tests`).
 """
 import importlib.util
@@ -53,11 +55,13 @@ def test_index_lists_the_eight_pages_in_order():
     pages = _conf_pages()
     assert len(pages) == 8
     index = (ROOT / "docs" / "index.md").read_text()
-    toctree = re.search(r"```\{toctree\}\n(.*?)```", index, re.S).group(1)
-    entries = [l.strip() for l in toctree.splitlines()
-               if l.strip() and not l.strip().startswith(":")]
-    assert entries == pages + _conf_list("APPENDIX")
-    assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == pages + _conf_list("APPENDIX")
+    toctrees = [[l.strip() for l in toctree.splitlines()
+                 if l.strip() and not l.strip().startswith(":")]
+                for toctree in re.findall(r"```\{toctree\}\n(.*?)```", index, re.S)]
+    # The 301 pages and their appendix, then "Beyond 301" in a second toctree.
+    assert toctrees == [pages + _conf_list("APPENDIX"), _conf_list("BEYOND")]
+    assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == (
+        pages + _conf_list("APPENDIX") + _conf_list("BEYOND"))
     if SPEC_INDEX.exists():
         spec = SPEC_INDEX.read_text()
         spec_toc = spec.split(".. toctree::", 1)[1]
@@ -126,3 +130,35 @@ def test_notebooks_are_checked_in_a_readers_environment():
         body = re.search(rf"^def {session}\(session\):(.*?)^(?:def|@)", nox_src,
                          re.S | re.M).group(1)
         assert "env=READER_ENV" in body, f"nox session {session} must use READER_ENV"
+
+
+def _backticked(text):
+  return set(re.findall(r"`([\w.]+)`", text))
+
+
+def test_api_page_portability_section_matches_installed_jax():
+  """docs/api.md says which names are hijax's own and which names of
+  jax.experimental.hijax hijax lacks; both lists must be true of the JAX the
+  tests run with (0.12.0.1 or 0.11.2)."""
+  import jax
+  import jax.experimental.hijax as jax_hijax
+  import hijax
+  text = (ROOT / "docs" / "api.md").read_text()
+  section = text.split("(jax-301-api-portability)=", 1)[1].split("\n## ", 2)[1]
+  table = [l for l in section.splitlines() if l.strip().startswith("| `")]
+  listed_only = set().union(*(_backticked(l.split("|")[1]) for l in table))
+  public = lambda mod: {n for n in dir(mod) if not n.startswith("_")}
+  hijax_only = {n for n in hijax.__all__ if not hasattr(jax_hijax, n)}
+  submodules = {"testing", "implicit", "debug"}
+  assert not any(hasattr(jax_hijax, m) for m in submodules)
+  assert listed_only == hijax_only | {f"hijax.{m}" for m in submodules}
+
+  missing = re.search(r"are not in hijax: (.*?)\(with both versions\), and "
+                      r"(.*?)\(with 0\.12 only\)", section, re.S)
+  both, only_012 = _backticked(missing.group(1)), _backticked(missing.group(2))
+  lacked = {n for n in public(jax_hijax) if not hasattr(hijax, n)}
+  new_jax = jax.__version_info__ >= (0, 12)
+  assert lacked == (both | only_012 if new_jax else both), lacked
+
+  assert "VJPHiPrimitive" not in public(jax_hijax)
+  assert hasattr(jax, "custom_remat") == (not new_jax)

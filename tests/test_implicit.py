@@ -242,25 +242,7 @@ def test_under_jit():
 
 # --- errors -------------------------------------------------------------------
 
-@pytest.mark.parametrize("transform", [jax.grad, jax.jit, jax.vmap])
-def test_closure_over_a_tracer_is_named(transform):
-  def bad(a):
-    return fixed_point(lambda x, p: 0.5 * (x + a / x), 1.0, ())
-  with pytest.raises(TypeError) as e:
-    transform(bad)(jnp.float32(2.0) if transform is not jax.vmap
-                   else jnp.ones(2))
-  msg = str(e.value)
-  assert "fixed_point" in msg and "FixedPoint" in msg
-  assert "`f`" in msg and "closes over a traced value" in msg
-  assert "params" in msg
-
-
-def test_closure_errors_name_each_function():
-  with pytest.raises(TypeError, match=r"root \(Root\).*`g`.*closes over"):
-    jax.grad(lambda a: root(lambda x, p: x - a, 0.0, ()))(1.0)
-  with pytest.raises(TypeError,
-                     match=r"linear_solve \(LinearSolve\).*`matvec`"):
-    jax.grad(lambda a: linear_solve(lambda x, p: a * x, 1.0, ()))(1.0)
+# A closure over a tracer is closure-converted: tests/test_closure.py.
 
 
 def test_a_closure_over_a_constant_is_fine():

@@ -5,6 +5,10 @@ Reads the sources with `ast` (no JAX import): every ``import hijax...`` and
 every relative import, is an edge of the import graph of ``hijax/``. A cycle
 would mean some module imports a module that imports it back, which a
 function-level import can hide at run time but not from this graph.
+
+JAX's internals (``jax._src``) are imported only by ``hijax/_internals/``, one
+module per JAX module adapted, each naming in its docstring every internal it
+takes and why no public API serves.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hijax"
 MAX_LINES = 500
+INTERNALS = "hijax._internals"
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -99,6 +104,7 @@ def test_the_graph_is_read():
   assert "hijax.primitive" in graph["hijax.autodiff"]
   assert "hijax._core_rules" in graph["hijax.primitive"]
   assert "hijax.testing._report" in graph["hijax.testing._api"]
+  assert "hijax._internals.ad" in graph["hijax.autodiff"]
   # a relative import is resolved like an absolute one
   tree = ast.parse("from ._x import f\nfrom . import y\nfrom .. import z")
   assert [_resolve("hijax.pkg.mod", False, n) for n in tree.body] == [
@@ -151,3 +157,78 @@ def test_module_size(name):
   lines = len(_modules()[name].read_text().splitlines())
   assert lines <= MAX_LINES, (
       f"{name} has {lines} lines (more than {MAX_LINES}): split it by concern")
+
+
+def _jax_src_imports(tree: ast.AST) -> list[tuple[int, str]]:
+  """(line, what) for each import of ``jax._src`` in a module's syntax tree."""
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, a.name) for a in node.names
+                if a.name == "jax._src" or a.name.startswith("jax._src.")]
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      module = node.module or ""
+      if module == "jax._src" or module.startswith("jax._src."):
+        found.append((node.lineno, module))
+      elif module == "jax" and any(a.name == "_src" for a in node.names):
+        found.append((node.lineno, "jax._src"))
+  return found
+
+
+def test_jax_src_imports_are_found():
+  source = ("import jax._src.core\nfrom jax._src import core\n"
+            "from jax import _src\nfrom jax import core\nimport jax.core\n"
+            "def f():\n  from jax._src.interpreters import ad\n")
+  assert [line for line, _ in _jax_src_imports(ast.parse(source))] == [
+      1, 2, 3, 7]
+
+
+def test_only_the_internals_door_imports_jax_src():
+  offenders = [
+      f"{name} line {line}: {what}"
+      for name, path in _modules().items()
+      if name != INTERNALS and not name.startswith(INTERNALS + ".")
+      for line, what in _jax_src_imports(ast.parse(path.read_text()))]
+  assert not offenders, (
+      "import JAX internals through hijax._internals (add the name there, "
+      "with why no public API serves): " + "; ".join(offenders))
+
+
+def _adapters() -> dict[str, pathlib.Path]:
+  return {name: path for name, path in _modules().items()
+          if name.startswith(INTERNALS + ".")}
+
+
+def test_the_internals_door_imports_no_hijax_module():
+  graph = import_graph()
+  assert _adapters()
+  for name in _adapters():
+    assert not graph[name], f"{name} imports {sorted(graph[name])}"
+
+
+@pytest.mark.parametrize("name", sorted(_adapters()))
+def test_each_internal_is_named_with_why(name):
+  """The docstring table lists exactly the names taken from ``jax._src``, and
+  the module exports exactly what it imports."""
+  path = _adapters()[name]
+  tree = ast.parse(path.read_text())
+  internal, imported = set(), set()
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom):
+      names = {a.asname or a.name for a in node.names}
+      imported |= names
+      if (node.module or "").startswith("jax._src"):
+        internal |= names
+  doc = ast.get_docstring(tree) or ""
+  rows = {line.split("``")[1] for line in doc.splitlines()
+          if line.startswith("| ``")}
+  assert rows == internal, (
+      f"{name}: the docstring table names {sorted(rows)}, the module takes "
+      f"{sorted(internal)} from jax._src")
+  for line in doc.splitlines():
+    if line.startswith("| ``"):
+      assert len(line.split("|")[2].strip()) > 10, f"{name}: no why in {line}"
+  exported = next(ast.literal_eval(node.value) for node in tree.body
+                  if isinstance(node, ast.Assign)
+                  and getattr(node.targets[0], "id", "") == "__all__")
+  assert set(exported) == imported

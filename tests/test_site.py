@@ -4,7 +4,8 @@ Checks _build/html (built by `nox -s docs`, which .ci/run runs before the
 tests) with tools/site_check.py: every page loads with the network blocked
 except localhost, with no console errors or failed requests, every image
 loaded, all math rendered by MathJax, a copy button on every code block,
-every same-site link resolving; the search page finds `HiPrim`; each page's
+every same-site link resolving, no code block or table scrolling sideways
+at 1280 px; the search page finds `HiPrim`; each page's
 notebook download is a notebook. A screenshot of each page goes to
 _build/screenshots/. Deliberately broken pages check the checker.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -87,11 +89,13 @@ BROKEN = """<!doctype html>
   <a href="nowhere.html">a dead link</a>
   <a href="broken.html#no-such-anchor">a dead anchor</a>
   <div class="highlight"><pre>print("no copy button")</pre></div>
+  <div class="highlight"><pre>wide = "%s"</pre></div>
+  <table><tr><td>%s</td></tr></table>
   <code>$code is fine$</code>
   <script>console.error("boom")</script>
   <script src="https://example.invalid/remote.js"></script>
 </body></html>
-"""
+""".replace("%s", "x" * 400, 1).replace("%s", "y" * 400, 1)
 
 GOOD = """<!doctype html>
 <html><head><meta charset="utf-8"><title>fine</title></head>
@@ -124,7 +128,9 @@ def test_checker_reports_a_broken_page(tmp_path, chromium):
   assert f"HTTP 404: {base}missing.png" in text
   assert f"broken link: {base}nowhere.html (HTTP 404)" in text
   assert "(no element with id 'no-such-anchor')" in text
-  assert "1 code blocks but 0 copy buttons" in text
+  assert "2 code blocks but 0 copy buttons" in text
+  assert re.search(r"code block scrolls sideways \(\d+ px too wide\): 'wide = \"x", text)
+  assert re.search(r"table scrolls sideways \(\d+ px too wide\): 'yyy", text)
   assert "console error: boom" in text
   assert "request failed: https://example.invalid/remote.js" in text
   assert "$code is fine$" not in text
@@ -137,8 +143,8 @@ def test_checker_reports_a_broken_page(tmp_path, chromium):
 def test_site_in_chromium(site, chromium):
   """Every page, offline, in Chromium; screenshots in _build/screenshots/."""
   pages = site_check.site_pages(site)
-  expected = ["index.html"] + [f"{p}.html" for p in
-                               _conf_list("PAGES") + _conf_list("APPENDIX")
+  expected = ["index.html"] + [f"{p}.html" for p in _conf_list("PAGES")
+                               + _conf_list("APPENDIX") + _conf_list("BEYOND")
                                if (ROOT / "docs" / f"{p}.md").exists()]
   missing = [p for p in expected if p not in pages]
   assert not missing, f"pages not built: {missing}"
@@ -154,7 +160,8 @@ def test_site_in_chromium(site, chromium):
 
 def test_notebook_downloads(site):
   """Each notebook page offers its .md and executed .ipynb for download, locally."""
-  pages = [p for p in _conf_list("PAGES") + _conf_list("APPENDIX")
+  pages = [p for p in (_conf_list("PAGES") + _conf_list("APPENDIX")
+                       + _conf_list("BEYOND"))
            if (site / f"{p}.html").exists() and _is_notebook(ROOT / "docs" / f"{p}.md")]
   assert pages
   for page in pages:

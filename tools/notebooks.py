@@ -3,12 +3,19 @@
 
   python tools/notebooks.py build [PAGE ...] [-j N]   regenerate and execute
   python tools/notebooks.py check                     exit 1 if out of sync
+  python tools/notebooks.py clean [PAGE ...]          normalise without executing
 
 A page is a docs/*.md file with a jupytext header naming a kernel (index.md is
 not a notebook). `build` reads each page with jupytext, drops jupytext's
 pairing metadata (the notebook is generated, not paired), executes it with
 nbclient in docs/ (cells tagged raises-exception may raise; any other error
-aborts), and writes the notebook with its outputs. `check` compares every
+aborts), normalises it (tools/notebook_outputs.py: stable cell ids, merged
+streams, short tracebacks, no machine paths, and the stored outputs kept
+where the page's code is unchanged and they still hold), and writes the
+notebook with its outputs. Building an unchanged page again leaves the file
+as it was. `clean` applies the same normalisation to the committed notebooks
+without executing anything (for a notebook built by an older version of this
+tool; what nbval compares is unchanged by it). `check` compares every
 notebook's cells (type, source, tags) with jupytext's reading of its page and
 also requires each code cell to have been executed, and no stray notebooks.
 """
@@ -23,6 +30,8 @@ import jupytext
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import notebook_outputs  # noqa: E402
 DOCS = ROOT / "docs"
 NOTEBOOKS = ROOT / "notebooks"
 
@@ -58,8 +67,11 @@ def build_one(name, timeout):
         record_timing=False, resources={"metadata": {"path": str(DOCS)}})
     client.execute()
     nb.metadata.pop("widgets", None)
+    target = NOTEBOOKS / f"{name}.ipynb"
+    previous = nbformat.read(target, as_version=4) if target.exists() else None
+    notebook_outputs.normalise(nb, previous)
     NOTEBOOKS.mkdir(exist_ok=True)
-    nbformat.write(nb, NOTEBOOKS / f"{name}.ipynb")
+    nbformat.write(nb, target)
     return name, time.perf_counter() - t0
 
 
@@ -86,6 +98,16 @@ def build(names, jobs, timeout):
         p.unlink()
     if failed:
         sys.exit(f"{len(failed)} page(s) failed: {', '.join(sorted(failed))}")
+
+
+def clean(names):
+    """Normalises committed notebooks in place, without executing them."""
+    for name in names or pages():
+        path = NOTEBOOKS / f"{name}.ipynb"
+        before = path.read_bytes()
+        nb = notebook_outputs.normalise(nbformat.read(path, as_version=4))
+        nbformat.write(nb, path)
+        print(f"{'cleaned' if path.read_bytes() != before else 'unchanged'}: {path.name}")
 
 
 def problems():
@@ -127,10 +149,14 @@ def main():
     b.add_argument("-j", "--jobs", type=int, default=1)
     b.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     sub.add_parser("check")
+    c = sub.add_parser("clean")
+    c.add_argument("pages", nargs="*")
     a = ap.parse_args()
     DOCS, NOTEBOOKS = a.docs.resolve(), a.notebooks.resolve()
     if a.cmd == "build":
         build(a.pages, a.jobs, a.timeout)
+    elif a.cmd == "clean":
+        clean(a.pages)
     else:
         msgs = problems()
         for m in msgs:

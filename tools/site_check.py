@@ -16,6 +16,8 @@ reports:
   ``\\begin{`` left in text outside code, and math elements (``.math``)
   without MathJax output (``mjx-container``) inside;
 * code cells without a copy button;
+* code blocks and tables wider than their box, which a reader must scroll
+  sideways (at the 1280 px wide window the check uses);
 * links to the same site that do not resolve (HTTP status other than 200,
   or a ``#fragment`` that names no element of the target page).
 
@@ -152,13 +154,22 @@ async () => {
   const math = [...document.querySelectorAll('.math')];
   const unrendered = math.filter(m => !m.querySelector('mjx-container'))
                          .map(m => m.textContent.trim().slice(0, 100));
-  const codeCells = document.querySelectorAll('div.highlight pre').length;
+  const pres = [...document.querySelectorAll('div.highlight pre')];
+  const codeCells = pres.length;
+  const wide = el => el.scrollWidth > el.clientWidth + 1;
+  const firstLine = el => el.textContent.trim().split('\n')[0].slice(0, 80);
+  const wideCode = pres.filter(wide).map(
+      p => [p.scrollWidth - p.clientWidth, firstLine(p)]);
+  const wideTables = [...document.querySelectorAll('table')].filter(t => {
+    const box = t.closest('.pst-scrollable-table-container') || t.parentElement;
+    return wide(t) || (box && wide(box));
+  }).map(t => [t.scrollWidth - (t.parentElement || t).clientWidth, firstLine(t)]);
   const copyButtons = document.querySelectorAll('button.copybtn').length;
   const links = [...document.querySelectorAll('a[href]')].map(a => a.href)
                   .filter(h => h.startsWith(location.origin + '/'));
   return {badImages, raw, mathCount: math.length, unrendered,
           mjx: document.querySelectorAll('mjx-container').length,
-          codeCells, copyButtons, links};
+          codeCells, copyButtons, links, wideCode, wideTables};
 }
 """
 
@@ -212,6 +223,10 @@ class Browser:
     if state["codeCells"] and state["copyButtons"] < state["codeCells"]:
       problems.append(f"{state['codeCells']} code blocks but "
                       f"{state['copyButtons']} copy buttons")
+    problems += [f"code block scrolls sideways ({px} px too wide): {line!r}"
+                 for px, line in state["wideCode"]]
+    problems += [f"table scrolls sideways ({px} px too wide): {line!r}"
+                 for px, line in state["wideTables"]]
     for link in sorted(set(state["links"])):
       problem = self.check_link(link)
       if problem:

@@ -14,10 +14,12 @@ differentiable with respect to ``params`` (and ``b``), in forward and reverse
 mode and to any order, under ``jit`` and ``vmap``; it never depends on ``x0``,
 which gets a zero derivative.
 
-Everything the functions depend on must come in through ``params``: a function
-that closes over a traced value (for instance a variable being differentiated)
-is rejected with an error naming the argument, since its dependence would be
-invisible to the rules.
+A function that closes over traced values (for instance a variable being
+differentiated, or one batched by ``vmap``) is closure-converted
+(`hijax.closure_convert_params`): the captured arrays are moved into
+``params``, so the solution is differentiated and batched with respect to
+them too. A capture that cannot be converted (a mutable ref, a function with
+side effects) is rejected with an error naming the argument.
 
 **Failure is never silent.** Every solver returns its solution with a
 `Status` (converged, steps, error, reason), and every one checks what it

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
 
+from hijax._internals import core
+from hijax.closure import closure_convert_params
 from hijax.implicit._linear import Dense, MatMul
 from hijax.implicit._nonlinear import FixedPointIteration, Newton
 from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
@@ -84,6 +85,17 @@ def _check_solver(api, cls, argname, solver, signature):
         "holds or closes over a traced value. A solver is a static, hashable "
         f"option, called as {signature}: pass traced values in `params` "
         "(they reach the solver as its `params` argument) instead")
+
+
+def _closure_converted(api: str, argname: str, fn, x, params):
+  """``(fn, params)``, with the traced arrays ``fn`` captures moved into
+  ``params`` (`hijax.closure.closure_convert_params`)."""
+  if not callable(fn) or not _takes_two(fn):
+    return fn, params  # _check_function says what is wrong
+  try:
+    return closure_convert_params(fn, x, params)
+  except TypeError as e:
+    raise TypeError(f"hijax.implicit.{api}: `{argname}`: {e}") from None
 
 
 def _check_function(api: str, cls: str, argname: str, fn, x, params,
@@ -163,6 +175,7 @@ def _fixed_point(f, x0, params, *, solver, linear_solver, throw):
                 "solver(f, x0, params)")
   _check_solver("fixed_point", "FixedPoint", "linear_solver", linear_solver,
                 "linear_solver(matvec, b)")
+  f, params = _closure_converted("fixed_point", "f", f, x0, params)
   _check_function("fixed_point", "FixedPoint", "f", f, x0, params, "x0")
   x, st = FixedPoint(_avals(x0), _avals(params), f=f, solver=solver,
                      linear_solver=linear_solver, throw=throw)(x0, params)
@@ -175,6 +188,7 @@ def _root(g, x0, params, *, solver, linear_solver, throw):
   _check_solver("root", "Root", "solver", solver, "solver(g, x0, params)")
   _check_solver("root", "Root", "linear_solver", linear_solver,
                 "linear_solver(matvec, b)")
+  g, params = _closure_converted("root", "g", g, x0, params)
   _check_function("root", "Root", "g", g, x0, params, "x0")
   x, st = Root(_avals(x0), _avals(params), g=g, solver=solver,
                linear_solver=linear_solver, throw=throw)(x0, params)
@@ -188,6 +202,9 @@ def _linear_solve(matvec, b, params, *, solver, throw):
                 "solver(matvec, b)")
   if isinstance(matvec, MatMul):
     _check_matrix(b, params)
+  else:
+    matvec, params = _closure_converted("linear_solve", "matvec", matvec, b,
+                                        params)
   _check_function("linear_solve", "LinearSolve", "matvec", matvec, b, params,
                   "b")
   x, st = LinearSolve(_avals(b), _avals(params), matvec=matvec,
@@ -211,8 +228,8 @@ def fixed_point(f: Callable, x0, params, *,
   """The ``x`` with ``x == f(x, params)``, differentiable in ``params``.
 
   Args:
-    f: a function ``f(x, params)`` returning a pytree like ``x0``. It must not
-      close over traced values: pass them in ``params``.
+    f: a function ``f(x, params)`` returning a pytree like ``x0``. Traced
+      values it closes over are moved into ``params``.
     x0: the starting point (a pytree of arrays); not differentiated.
     params: a pytree of arrays, the parameters the solution depends on.
     solver: ``solver(f, x0, params) -> (x, Status)`` (or ``x``), the forward
@@ -237,8 +254,8 @@ def root(g: Callable, x0, params, *, solver: Callable = Newton(),
   ``params``.
 
   Args:
-    g: a function ``g(x, params)`` returning a pytree like ``x0``; it must not
-      close over traced values.
+    g: a function ``g(x, params)`` returning a pytree like ``x0``; traced
+      values it closes over are moved into ``params``.
     x0: the starting point; not differentiated.
     params: a pytree of arrays.
     solver: ``solver(g, x0, params) -> (x, Status)`` (default `Newton`, whose
@@ -257,8 +274,8 @@ def linear_solve(matvec: Callable, b, params, *, solver: Callable = Dense(),
   ``params``.
 
   Args:
-    matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``); it
-      must not close over traced values. `MatMul()` says that ``params`` is
+    matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``);
+      traced values it closes over are moved into ``params``. `MatMul()` says that ``params`` is
       the matrix: `Dense` then factorizes it as it is, once for the solve and
       its gradient.
     b: the right-hand side, a pytree of arrays.

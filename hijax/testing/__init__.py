@@ -63,10 +63,12 @@ from __future__ import annotations
 # The modules of this package, each importing only those listed before it:
 #   _report      RuleFailure, RuleReport, RuleCheckError, the list of modes
 #   _numerics    default tolerances, comparing arrays, inner products
+#   _finite_diff finite differences with steps and error bounds by scale
 #   _discovery   which primitives a function binds and which rules they define
 #   _context     CheckContext (the point, settings, shared helpers of checks)
 #   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
 #   _batching    check_batch
+#   _second_order  second derivatives of the rules vs finite differences
 #   _run         CHECKS = {mode: check}, the second-order checks, run()
 #   _api         check_rules, assert_rules
 from hijax.testing import _report

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._context import CheckContext, Settings
-from hijax.testing._discovery import find_hiprims
+from hijax.testing._discovery import find_custom_rules, find_hiprims
 from hijax.testing._numerics import check_arrays, defaults, is_float, real_or_int
 from hijax.testing._report import (DERIVATIVE_MODES, MODES, RuleCheckError,
                                    RuleReport)
@@ -24,26 +24,51 @@ def _to_dtype(x, dtype):
   return jnp.array(x, dtype=x.dtype)  # drops weak types
 
 
+def _runs(prim_fn, args) -> bool:
+  """Whether ``prim_fn`` can be traced and called on ``args``."""
+  try:
+    jax.make_jaxpr(prim_fn)(*args)
+    jax.block_until_ready(prim_fn(*args))
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
 def _choose_dtype(prim_fn, args, x64, stack: contextlib.ExitStack):
   """The arguments to check at and the name of their floating-point dtype:
   float64 (entering ``jax.enable_x64`` on ``stack``) unless ``x64`` is False
-  or, with ``x64=None``, ``prim_fn`` cannot be traced in float64."""
-  if x64 is not False:
-    with jax.enable_x64(True):
-      args64 = jax.tree.map(lambda x: _to_dtype(x, jnp.float64), args)
-      try:
-        jax.make_jaxpr(prim_fn)(*args64)
-        ok64 = True
-      except Exception:  # pylint: disable=broad-except
-        if x64:
-          raise
-        ok64 = False
-    if ok64:
-      stack.enter_context(jax.enable_x64(True))
-      return args64, "float64"
-  args = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
-  floats = [x.dtype for x in jax.tree.leaves(args) if is_float(x)]
-  return args, str(floats[0]) if floats else "no floating-point inputs"
+  or, with ``x64=None``, ``prim_fn`` cannot be run in float64 but can in the
+  given dtypes. It is traced and then called, so that an `expand` whose
+  output contradicts a declared type (a primitive that hard-codes float32)
+  is found before the checks; a function that fails in both is checked in
+  float64 (and the checks report why it fails)."""
+  own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
+  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
+  own_dtype = str(floats[0]) if floats else "no floating-point inputs"
+  if x64 is False:
+    return own, own_dtype
+  with jax.enable_x64(True):
+    args64 = jax.tree.map(lambda x: _to_dtype(x, jnp.float64), args)
+    if x64:
+      jax.make_jaxpr(prim_fn)(*args64)  # raises if it cannot be traced
+      use64 = True
+    else:
+      use64 = _runs(prim_fn, args64)
+  if not use64 and not _runs(prim_fn, own):
+    with jax.enable_x64(True):  # fails either way: report it in float64
+      use64 = _traces(prim_fn, args64)
+  if use64:
+    stack.enter_context(jax.enable_x64(True))
+    return args64, "float64"
+  return own, own_dtype
+
+
+def _traces(prim_fn, args) -> bool:
+  try:
+    jax.make_jaxpr(prim_fn)(*args)
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
 
 
 def _plan(ctx: CheckContext, modes, explicit) -> list[str]:
@@ -70,7 +95,7 @@ def _plan(ctx: CheckContext, modes, explicit) -> list[str]:
   return to_run
 
 
-def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = None,
+def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,
                 atol: float | None = None, rtol: float | None = None,
                 eps: float | None = None, x64: bool | None = None,
                 seed: int = 0, batch_size: int = 3,
@@ -88,25 +113,36 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
       The checks transform ``prim_fn`` as a whole, so it may also do other
       JAX operations or bind several primitives; a mode runs when every
       primitive found defines its rule. Static data (functions, shapes) is
-      closed over, not passed in ``args``.
+      closed over, not passed in ``args``. A function that binds no hijax
+      primitive but calls ``jax.custom_jvp`` or ``jax.custom_vjp`` functions
+      (or is one) has their rules checked the same way: the jvp rule against
+      finite differences, reverse mode against forward mode (or finite
+      differences for a custom_vjp), ``vmap`` against a loop, and the second
+      order.
     *args: the point to check at: pytrees of arrays (or Python scalars) of
-      real or integer dtypes (hi types and complex numbers are not supported).
-      Floating-point leaves are differentiated; integer and boolean leaves are
-      not (they are held fixed, and kept equal across the batch in the batching
-      check, since they may be indices). Choose a point where the primitive is
-      smooth: finite differences step ``eps`` either side.
+      real or integer dtypes (hi types and complex numbers are not supported
+      as arguments or outputs of ``prim_fn``; the primitives inside may take
+      and return hi values). Floating-point leaves are differentiated;
+      integer and boolean leaves are not (they are held fixed, and kept equal
+      across the batch in the batching check, since they may be indices).
+      Choose a point where the function is smooth: finite differences step
+      to either side.
     modes: the checks to run, a subset of `MODES`. By default, every mode whose
       rules the primitives define. Naming a mode whose rule is not defined is a
       ``ValueError``.
-    atol, rtol: the tolerances of every comparison, ``|got - want| <= atol +
-      rtol |want|``. By default ``1e-6`` and ``1e-5`` when the checks run in
-      float64; in float32, ``1e-5`` and ``1e-4`` between rules, and ``1e-3``
-      for finite differences.
-    eps: the finite-difference step (``1e-6`` in float64, ``1e-3`` in float32).
+    atol, rtol: the tolerance of comparisons between rules, ``|got - want| <=
+      atol + rtol |want|``. By default it follows the dtype: 256 units in the
+      last place of the compared values (at most 1/16), relative to each
+      element and to the largest element of its leaf. Comparisons with finite
+      differences also allow the error bound estimated for them.
+    eps: a fixed relative finite-difference step (rounded to a power of two).
+      By default steps from about ``eps^(1/3)`` of the dtype down to a few
+      units in the last place are tried, and for each output element the one
+      with the smallest estimated error is used (see the checking-rules page).
     x64: run in float64 (floating-point leaves of ``args`` are converted, under
       ``jax.enable_x64``). The default, None, tries float64 and falls back to
-      the given dtypes if ``prim_fn`` cannot be traced in float64 (e.g. a
-      primitive that hard-codes float32 types).
+      the given dtypes if ``prim_fn`` cannot be traced and run in float64
+      (e.g. a primitive that hard-codes float32 types).
     seed: seeds the random tangents, cotangents and batch perturbations.
     batch_size: the batch size of the batching checks.
     batch_in_axes: the ``in_axes`` values to check ``vmap`` with (one per
@@ -118,9 +154,13 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
       a tuple of indices transposed together. By default each argument is
       tested numerically for linearity and the linear ones are transposed one
       at a time.
-    order: 2 (the default) also checks the rules of the primitives that the
-      first-order rules bind (see the ``"second_order"`` mode); 1 does not.
-      Higher values recurse further.
+    order: 2 (the default) also checks second derivatives: JAX's derivative
+      of the backward pass and of the tangent map against their finite
+      differences (which catches a rule that is right at first order but not
+      differentiable again, e.g. a ``stop_gradient`` in a backward rule; the
+      report's ``cost`` gives the evaluations it took), and the rules of the
+      primitives that the first-order rules bind (see the ``"second_order"``
+      mode). 1 checks first order only. Higher values recurse further.
     jit: compute the references (finite differences, loops over a batch,
       plain evaluations) with ``jax.jit(prim_fn)``, which compiles once for
       all of them. The transformations under test (``jax.jvp``, ``jax.vjp``,
@@ -153,18 +193,20 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
                lambda x: real_or_int(jnp.result_type(x)))
   with contextlib.ExitStack() as stack:
     args, dtype = _choose_dtype(prim_fn, args, x64, stack)
-    tol, fd_tol, eps = defaults(dtype, atol, rtol, eps)
+    tol = defaults(atol, rtol)
     closed = jax.make_jaxpr(prim_fn)(*args)
-    prims = find_hiprims(closed.jaxpr, [])
+    prims = (find_hiprims(closed.jaxpr, [])
+             or find_custom_rules(closed.jaxpr, []))
     if not prims:
       raise ValueError(
-          "prim_fn binds no hijax primitive: pass a function that applies one, "
+          "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
+          "jax.custom_vjp function: pass a function that applies one, "
           "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
     report = RuleReport([repr(p) for p in prims], dtype)
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
-    settings = Settings(tol, fd_tol, eps, batch_size=batch_size,
+    settings = Settings(tol, eps, batch_size=batch_size,
                         batch_in_axes=batch_in_axes,
                         linear_argnums=linear_argnums, order=order, jit=jit)
     ctx = CheckContext(prim_fn, args, names, settings,
@@ -177,7 +219,8 @@ def check_rules(prim_fn: Callable, *args, modes: Iterable[str] | str | None = No
   return report
 
 
-def assert_rules(prim_fn: Callable, *args, **kwargs) -> RuleReport:
+def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any
+                 ) -> RuleReport:
   """`check_rules` for test suites: same arguments, same `RuleCheckError`.
 
   Pytest hides this module's frames from the traceback, so a failing test

@@ -12,18 +12,41 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._discovery import defined_rules
-from hijax.testing._numerics import (Tol, check_arrays, compare_leaf, fmt_array,
-                                     is_float, real_or_int, to_numpy,
-                                     type_str)
+from hijax.testing._finite_diff import (FDEstimate, estimate, low_precision,
+                                        scaled_tangents)
+from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
+                                     describe_tol, fmt_array, is_float,
+                                     real_or_int, type_str)
 from hijax.testing._report import RuleFailure, RuleReport, first_lines
+
+
+def _widened(f, xs, ts, out_dtypes, eps):
+  """Finite differences of ``f`` on ``xs`` converted to float32 (exact),
+  if ``f`` accepts them and returns float32 where it returned a low
+  precision; else None."""
+  wide = [np.asarray(x).astype(np.float32) if low_precision(np.asarray(
+      x).dtype) else np.asarray(x) for x in xs]
+  try:
+    f_wide = f(*[jnp.asarray(x) for x in wide])
+  except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
+    return None
+  got = [np.asarray(y).dtype for y in f_wide]
+  want = [np.dtype(np.float32) if low_precision(d) else np.dtype(d)
+          for d in out_dtypes]
+  if got != want:
+    return None
+  est = estimate(f, wide, [np.asarray(t).astype(w.dtype)
+                           for t, w in zip(ts, wide)],
+                 want, f_wide, eps, cast_to=out_dtypes)
+  est.tangents = [jnp.asarray(t) for t in ts]  # exact in the inputs' dtypes
+  return est
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The options of one run of the checks (see `check_rules`)."""
   tol: Tol
-  fd_tol: Tol
-  eps: float
+  eps: float | None = None  # a fixed finite-difference step (else searched)
   batch_size: int = 3
   batch_in_axes: Sequence[Any] | None = None
   linear_argnums: Sequence[int | Sequence[int]] | None = None
@@ -66,6 +89,7 @@ class CheckContext:
                           if jnp.issubdtype(a.dtype, jnp.floating)]
     self._ref_out = None
     self.jvp_ok = {}  # direction -> whether the jvp check passed there
+    self._fd = {}  # direction -> FDEstimate
 
   def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
     """A context for another function, with the same settings except
@@ -82,6 +106,13 @@ class CheckContext:
   def has(self, mode) -> bool:
     """Whether every primitive found defines the rule of ``mode``."""
     return all(mode in r for r in self.rules)
+
+  @property
+  def fd_of(self) -> str:
+    """What finite differences are taken of: ``expand`` for hijax
+    primitives, ``the function`` for jax.custom_jvp / custom_vjp ones."""
+    return ("expand" if all(hasattr(p, "in_avals") for p in self.prims)
+            else "the function")
 
   def rule_name(self, mode) -> str:
     names = [r[mode] for r in self.rules if mode in r]
@@ -123,13 +154,16 @@ class CheckContext:
         else "")
 
   def compare(self, mode, check, inputs, got, want, tol, names=None,
-              got_label="rule", want_label="reference", rule=None) -> bool:
+              got_label="rule", want_label="reference", rule=None,
+              bounds=None) -> bool:
     """Compares lists of arrays leaf by leaf; records the worst difference as
-    a failure. ``names`` default to the floating-point outputs'."""
+    a failure. ``names`` default to the floating-point outputs'; ``bounds``
+    are the reference's error bounds (finite differences)."""
     names = names or [self.out_names[i] for i in self.out_float_idx]
+    bounds = bounds or [None] * len(want)
     worst = None
-    for name, g, w in zip(names, got, want):
-      res = compare_leaf(g, w, tol)
+    for name, g, w, b in zip(names, got, want, bounds):
+      res = compare_leaf(g, w, tol, b)
       if res is not None and (worst is None or res[0] > worst[1][0]):
         worst = (name, res)
     if worst is None:
@@ -140,8 +174,9 @@ class CheckContext:
     else:
       where = f" at index {tuple(int(i) for i in idx)}" if idx != () else ""
       detail = (f"{name}: max abs error {err:.3g}{where} ({got_label} gives "
-                f"{gv:.8g}, {want_label} gives {wv:.8g}; tolerance atol="
-                f"{tol.atol:g}, rtol={tol.rtol:g})")
+                f"{gv:.8g}, {want_label} gives {wv:.8g}; {describe_tol(tol)}"
+                + (" plus the finite differences' error bound"
+                   if bounds[0] is not None else "") + ")")
     self.fail(mode, check, inputs, detail, err, rule=rule)
     return False
 
@@ -196,29 +231,49 @@ class CheckContext:
       dirs += [(i,) for i in self.float_idx]
     return dirs
 
-  def finite_difference(self, direction, tangents):
-    """Central differences of the floating-point outputs along ``tangents``."""
-    eps = self.settings.eps
-    f = self.restrict(direction, evaluate=True)
-    xs = [self.leaves[i] for i in direction]
-    # numpy arithmetic: no compilation of small eager ops
-    xs, tangents = map(to_numpy, (xs, tangents))
-    plus = f(*[jnp.asarray(x + eps * t) for x, t in zip(xs, tangents)])
-    minus = f(*[jnp.asarray(x - eps * t) for x, t in zip(xs, tangents)])
-    with np.errstate(invalid="ignore", over="ignore"):
-      return [(np.asarray(p) - np.asarray(m)) / (2 * eps)
-              for p, m in zip(plus, minus)]
+  def fd(self, direction) -> FDEstimate:
+    """Central differences of the floating-point outputs along random
+    tangents scaled with the inputs (computed once per direction); see
+    `hijax.testing._finite_diff` for the step and the error bound."""
+    if direction not in self._fd:
+      xs = [self.leaves[i] for i in direction]
+      ts = scaled_tangents(self.rng, xs)
+      out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
+      f = self.restrict(direction, evaluate=True)
+      est = None
+      if any(low_precision(np.asarray(x).dtype) for x in xs):
+        est = _widened(f, xs, ts, out_dtypes, self.settings.eps)
+      if est is None:
+        est = estimate(f, xs, ts, out_dtypes, self.ref_out(),
+                       self.settings.eps)
+      self._fd[direction] = est
+      if est.unresolved:
+        where = self.describe_direction(direction)
+        self.report.inconclusive.append(
+            f"{self.label}finite differences ({where}): "
+            f"{est.unresolved} output element(s) not resolved "
+            "in this dtype at this point (not compared with finite "
+            "differences)")
+    return self._fd[direction]
+
+  def tangents_for(self, direction):
+    """The tangents of ``direction``'s finite differences (so that the jvp
+    rule and finite differences are compared along the same tangents)."""
+    return list(self.fd(direction).tangents)
 
   def tangent_reference(self, direction, tangents):
     """J ṫ from the jvp rule when it is defined and passed its own check,
-    else from finite differences. Returns (values, label, tolerance)."""
+    else from finite differences (along their own tangents, which then
+    replace ``tangents``). Returns (values, label, bounds, tangents), where
+    bounds are the error bounds of the values (None for the jvp rule)."""
     if self.has("jvp") and self.jvp_ok.get(direction, True):
       try:
         _, t_out = jax.jvp(self.restrict(direction),
                            tuple(self.leaves[i] for i in direction),
                            tuple(tangents))
-        return list(t_out), "the jvp rule", self.settings.tol
+        return list(t_out), "the jvp rule", None, tangents
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         pass
-    return (self.finite_difference(direction, tangents),
-            "finite differences of expand", self.settings.fd_tol)
+    est = self.fd(direction)
+    return (est.values, f"finite differences of {self.fd_of}", est.bounds,
+            list(est.tangents))

@@ -2,10 +2,13 @@
 evaluating a function with each primitive replaced by its `expand`."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
-from jax._src import core as _core
 
 from hijax import derived
+from hijax._internals import core as _core
 from hijax.primitive import HiPrim
 
 # JAX 0.11 and 0.12 both give `Jaxpr` objects with `.jaxpr` and `.consts`;
@@ -28,20 +31,83 @@ def _overrides(cls, name) -> bool:
   return getattr(cls, name, None) is not getattr(HiPrim, name, None)
 
 
-def defined_rules(prim) -> dict[str, str]:
+# JAX's primitives for calls of jax.custom_jvp and jax.custom_vjp functions
+# (the same names in 0.11 and 0.12).
+_CUSTOM_CALLS = {"custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomRules:
+  """A ``jax.custom_jvp`` or ``jax.custom_vjp`` function that ``prim_fn``
+  calls: its rules are checked as a primitive's are (when ``prim_fn`` binds
+  no hijax primitive).
+
+  Attributes:
+    name: the decorated function's name.
+    kind: ``"custom_jvp"`` or ``"custom_vjp"``.
+  """
+  name: str
+  kind: str
+
+  def __repr__(self):
+    return f"{self.name} ({self.kind})"
+
+  def rules(self) -> dict[str, str]:
+    """``{mode: rule name}``: what JAX derives from the rules it was given
+    (the vjp of a custom_jvp function is the transpose of its jvp rule; a
+    custom_vjp function has no forward mode)."""
+    me = repr(self)
+    if self.kind == "custom_jvp":
+      return {"expand": f"{me}: the function", "jvp": f"{me}: the jvp rule",
+              "vjp": f"{me}: the jvp rule, transposed by JAX",
+              "lin": f"{me}: the jvp rule, linearized by JAX",
+              "batch": f"{me}: vmap of the function and its jvp rule"}
+    return {"expand": f"{me}: the function", "vjp": f"{me}: fwd/bwd",
+            "batch": f"{me}: vmap of the function, fwd and bwd"}
+
+
+def _custom_name(eqn) -> str:
+  jaxpr = getattr(eqn.params.get("call_jaxpr"), "jaxpr",
+                  eqn.params.get("call_jaxpr"))
+  info = getattr(jaxpr, "debug_info", None)
+  src = getattr(info, "func_src_info", None) or ""
+  return src.split(" at ")[0] or "<unnamed>"
+
+
+def find_custom_rules(jaxpr, found: list) -> list:
+  """Appends a `CustomRules` for each distinct ``jax.custom_jvp`` /
+  ``jax.custom_vjp`` function called in ``jaxpr`` (not inside another)."""
+  for eqn in jaxpr.eqns:
+    kind = _CUSTOM_CALLS.get(eqn.primitive.name)
+    if kind is not None:
+      rules = CustomRules(_custom_name(eqn), kind)
+      if rules not in found:
+        found.append(rules)
+      continue
+    for sub in _sub_jaxprs(eqn.params):
+      find_custom_rules(sub, found)
+  return found
+
+
+def defined_rules(prim: Any) -> dict[str, str]:
   """The rules a `HiPrim` (instance or class) defines, as ``{mode: rule name}``.
 
   For example ``{"expand": "Log1pExp.expand", "jvp": "Log1pExp.jvp", "vjp":
   "Log1pExp.vjp_fwd/vjp_bwd_retval", "batch": "Log1pExp.batch_dim_rule"}``.
   Derived rules (``lin, linearized = linearize_from_jvp`` and the like) count
-  as defined, and their name says where they come from.
+  as defined, and their name says where they come from. For a
+  `CustomRules` (a ``jax.custom_jvp`` or ``jax.custom_vjp`` function), the
+  rules JAX derives from the ones it was given.
   """
+  if isinstance(prim, CustomRules):
+    return prim.rules()
   cls = prim if isinstance(prim, type) else type(prim)
   name = cls.__name__
   rules = {"expand": f"{name}.expand"}
   if _overrides(cls, "jvp"):
-    rules["jvp"] = f"{name}.jvp" + (
-        " (jvp_from_lin)" if cls.jvp is derived.jvp_from_lin else "")
+    rules["jvp"] = f"{name}.jvp" + {
+        derived.jvp_from_lin: " (jvp_from_lin)",
+        derived.jvp_from_vjp: " (jvp_from_vjp)"}.get(cls.jvp, "")
   if _overrides(cls, "vjp_fwd") and (_overrides(cls, "vjp_bwd")
                                       or _overrides(cls, "vjp_bwd_retval")):
     bwd = "vjp_bwd" if _overrides(cls, "vjp_bwd") else "vjp_bwd_retval"

@@ -6,39 +6,75 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core as _core
+
+from hijax._internals import core as _core
 
 
 @dataclasses.dataclass(frozen=True)
 class Tol:
-  """A comparison passes where ``|got - want| <= atol + rtol |want|``."""
-  atol: float
-  rtol: float
+  """A comparison of ``got`` with ``want`` passes where
+
+      |got - want| <= atol + rtol |want| + ulps eps (|want| + max |want|)
+
+  with ``eps`` the machine epsilon of ``want``'s dtype and ``max |want|`` taken
+  over the leaf (so that an element near zero, computed with cancellation,
+  is judged on the leaf's scale), plus any error bound of the reference."""
+  atol: float = 0.0
+  rtol: float = 0.0
+  ulps: float = 0.0
 
 
-# The defaults, by the dtype the checks run in: tolerances between two rules,
-# tolerances against central finite differences, and the finite-difference
-# step. In float32 a central difference with step 1e-3 is good to about 1e-3.
-_DEFAULTS = {
-    #           rules vs rules    rules vs finite differences  step
-    "float64": (Tol(1e-6, 1e-5),  Tol(1e-6, 1e-5),             1e-6),
-    "other":   (Tol(1e-5, 1e-4),  Tol(1e-3, 1e-3),             1e-3),
-}
+# Two rules computing the same thing (jvp and linearize, vjp and the
+# transpose of jvp, vmap and a loop, eager and jit) differ by their rounding
+# only: 256 units in the last place, but at most 1/16 (bfloat16, float16).
+RULE_ULPS = 256.0
+MAX_RULE_RTOL = 1 / 16
 
 
-def defaults(dtype: str, atol=None, rtol=None, eps=None) -> tuple[Tol, Tol,
-                                                                   float]:
-  """(tol, fd_tol, eps) for checks in ``dtype``; given values override both
-  tolerances."""
-  tol, fd_tol, step = _DEFAULTS["float64" if dtype == "float64" else "other"]
-  override = {k: v for k, v in (("atol", atol), ("rtol", rtol)) if v is not None}
-  return (dataclasses.replace(tol, **override),
-          dataclasses.replace(fd_tol, **override),
-          step if eps is None else eps)
+def eps_of(dtype) -> float:
+  """The machine epsilon of a floating dtype (of float64 for other dtypes)."""
+  dtype = np.dtype(dtype)
+  return float(jnp.finfo(dtype).eps) if jnp.issubdtype(
+      dtype, jnp.floating) else float(np.finfo(np.float64).eps)
+
+
+def ulp_factor(tol: Tol, dtype) -> float:
+  """``ulps eps`` for ``dtype``, at most `MAX_RULE_RTOL`."""
+  return min(tol.ulps * eps_of(dtype), MAX_RULE_RTOL) if tol.ulps else 0.0
+
+
+def defaults(atol=None, rtol=None) -> Tol:
+  """The tolerance between rules: `RULE_ULPS` units in the last place of the
+  compared values' dtype, or the ``atol`` and ``rtol`` given instead."""
+  if atol is None and rtol is None:
+    return Tol(ulps=RULE_ULPS)
+  return Tol(atol or 0.0, rtol or 0.0)
+
+
+def describe_tol(tol: Tol) -> str:
+  """``tolerance 256 ulps`` or ``tolerance atol=1e-06, rtol=1e-05``."""
+  parts = [f"{k}={v:g}" for k, v in (("atol", tol.atol), ("rtol", tol.rtol))
+           if v]
+  if tol.ulps:
+    parts.append(f"{tol.ulps:g} ulps")
+  return "tolerance " + (", ".join(parts) or "0")
 
 
 def is_float(x) -> bool:
-  return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+  """Whether ``x`` is an array (or scalar) of a floating dtype; False for a
+  value of a hi type, which has no dtype."""
+  try:
+    aval = _core.typeof(x) if not isinstance(x, _core.AbstractValue) else x
+  except Exception:  # pylint: disable=broad-except
+    return False
+  dtype = getattr(aval, "dtype", None) if isinstance(
+      aval, _core.ShapedArray) else None
+  if dtype is None:
+    try:
+      dtype = np.result_type(x)
+    except Exception:  # pylint: disable=broad-except
+      return False
+  return bool(jnp.issubdtype(dtype, jnp.floating))
 
 
 def real_or_int(dtype) -> bool:
@@ -91,6 +127,14 @@ def fmt_array(x, limit=6) -> str:
       x) else f"{aval} {flat[0]}"
 
 
+def describe_leaf(x) -> str:
+  """`fmt_array` for an array; the type for a value of a hi type."""
+  aval = _core.typeof(x)
+  if isinstance(aval, _core.ShapedArray):
+    return fmt_array(x)
+  return f"a value of hi type {aval.str_short()}"
+
+
 def inner(xs, ys) -> tuple[float, float]:
   """Sum of elementwise products of two lists of arrays, and of their |.|."""
   total, scale = 0.0, 0.0
@@ -101,23 +145,48 @@ def inner(xs, ys) -> tuple[float, float]:
   return total, scale
 
 
-def inner_identity(cts_out, j_t, cts_in, tangents, tol: Tol):
+def inner_identity(cts_out, j_t, cts_in, tangents, tol: Tol, bounds=None):
   """Both sides of ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` and the error allowed:
-  ``(lhs, rhs, bound)``."""
+  ``(lhs, rhs, bound)``. ``bounds`` are error bounds of ``J ṫ`` (from finite
+  differences), weighted by ``|ȳ|``; the rounding allowed is relative to the
+  sum of the products' magnitudes, in the least precise dtype involved."""
   lhs, lscale = inner(cts_out, j_t)
   rhs, rscale = inner(cts_in, tangents)
-  bound = (tol.atol * sum(float(np.sum(np.abs(c))) for c in cts_out)
-           + tol.rtol * max(lscale, rscale))
+  ybar = sum(float(np.sum(np.abs(np.asarray(c, np.float64)))) for c in cts_out)
+  ulp = max([ulp_factor(tol, np.asarray(x).dtype)
+             for x in list(cts_out) + list(cts_in) if is_float(x)] or [0.0])
+  bound = (tol.atol * ybar + (tol.rtol + ulp) * max(lscale, rscale))
+  if bounds is not None:
+    with np.errstate(invalid="ignore"):
+      for c, b in zip(cts_out, bounds):
+        c = np.abs(np.asarray(c, np.float64))
+        bound += float(np.sum(np.where(c > 0, c * np.asarray(b), 0.0)))
   return lhs, rhs, bound
 
 
-def compare_leaf(got, want, tol: Tol):
-  """Returns (max_abs_error, index, got_value, want_value) of the worst
-  violation of ``|got - want| <= atol + rtol |want|``, or None.
+def allowed_error(want, tol: Tol, bound=None) -> np.ndarray:
+  """``atol + rtol |want| + ulps eps (|want| + max |want|) + bound``."""
+  w = np.abs(np.asarray(want, np.float64))
+  with np.errstate(invalid="ignore"):
+    w = np.where(np.isfinite(w), w, 0.0)
+    top = float(np.max(w)) if w.size else 0.0
+    allowed = tol.atol + tol.rtol * w + ulp_factor(tol, np.asarray(
+        want).dtype) * (w + top)
+    if bound is not None:
+      allowed = allowed + np.asarray(bound, np.float64)
+  return allowed
 
-  A different shape or dtype is a violation with error ``inf``, its index a
-  description and the values None: a tangent has the dtype of its primal, so
-  the reference's dtype is the one expected.
+
+def compare_leaf(got, want, tol: Tol, bound=None):
+  """Returns (max_abs_error, index, got_value, want_value) of the worst
+  violation of ``|got - want| <= allowed_error(want, tol, bound)``, or None.
+
+  Where exactly one side is NaN the error is ``inf`` whatever the bound:
+  NaN agrees only with NaN (a bound of ``inf`` marks an element the
+  reference cannot resolve, never a NaN). A different shape or dtype is a
+  violation with error ``inf``, its index a description and the values
+  None: a tangent has the dtype of its primal, so the reference's dtype is
+  the one expected.
   """
   got = np.asarray(got)
   want = np.asarray(want)
@@ -138,11 +207,14 @@ def compare_leaf(got, want, tol: Tol):
   w = want.astype(np.float64)
   with np.errstate(invalid="ignore"):
     err = np.abs(g - w)
-    err = np.where((g == w) | (np.isnan(g) & np.isnan(w)), 0.0, err)
+    both_nan = np.isnan(g) & np.isnan(w)
+    err = np.where((g == w) | both_nan, 0.0, err)
     err = np.where(np.isnan(err), np.inf, err)
-    scale = np.abs(np.where(np.isfinite(w), w, 0))
-    excess = err - (tol.atol + tol.rtol * scale)
+    excess = err - allowed_error(want, tol, bound)
+    excess = np.where(np.isnan(g) != np.isnan(w), np.inf, excess)
+    excess = np.where(np.isnan(excess), np.inf, excess)
   if not np.any(excess > 0):
     return None
-  idx = np.unravel_index(np.argmax(err), err.shape) if err.ndim else ()
+  idx = (np.unravel_index(np.argmax(np.where(excess > 0, err, -1)), err.shape)
+         if err.ndim else ())
   return float(err[idx]), idx, g[idx], w[idx]

@@ -29,7 +29,7 @@ class RuleFailure:
   detail: str
   max_error: float | None = None
 
-  def __str__(self):
+  def __str__(self) -> str:
     lines = [f"{self.rule}: {self.check}"]
     lines += ["  " + line for line in self.inputs.splitlines()]
     lines += ["  " + line for line in self.detail.splitlines()]
@@ -46,12 +46,19 @@ class RuleReport:
     ran: one line per check that ran.
     skipped: ``(mode, reason)`` for each mode that did not run.
     failures: the `RuleFailure` of each failed check (empty when all passed).
+    inconclusive: one line per comparison that could not see everything:
+      finite differences that cannot resolve some output elements in this
+      dtype at this point (those elements were not compared with them).
+    cost: what the checks cost, e.g. the number of evaluations of the
+      function for finite differences and for the second-order checks.
   """
   primitives: list[str]
   dtype: str
   ran: list[str] = dataclasses.field(default_factory=list)
   skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   failures: list[RuleFailure] = dataclasses.field(default_factory=list)
+  inconclusive: list[str] = dataclasses.field(default_factory=list)
+  cost: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def passed(self) -> bool:
@@ -62,11 +69,15 @@ class RuleReport:
     """The modes with at least one check run, in order."""
     return [m for m in MODES if any(r.startswith(m + ":") for r in self.ran)]
 
-  def __str__(self):
+  def __str__(self) -> str:
     lines = [f"check_rules on {', '.join(self.primitives)} in {self.dtype}: "
              f"{len(self.ran)} checks, {len(self.failures)} failed"]
     lines += [f"  ran      {r}" for r in self.ran]
     lines += [f"  skipped  {m}: {why}" for m, why in self.skipped]
+    lines += [f"  inconclusive  {why}" for why in self.inconclusive]
+    if self.cost:
+      lines.append("  cost     " + ", ".join(
+          f"{k}: {v}" for k, v in self.cost.items()))
     return "\n".join(lines)
 
 
@@ -78,7 +89,14 @@ class RuleCheckError(AssertionError):
   and ``report`` is the full `RuleReport`.
   """
 
-  def __init__(self, report: RuleReport):
+  report: RuleReport
+  failures: list[RuleFailure]
+  rule: str
+  check: str
+  inputs: str
+  max_error: float | None
+
+  def __init__(self, report: RuleReport) -> None:
     self.report = report
     self.failures = list(report.failures)
     first = self.failures[0]

@@ -3,14 +3,15 @@ mode, which runs them again on functions derived from ``prim_fn``."""
 from __future__ import annotations
 
 import jax
-from jax._src.interpreters import partial_eval as _pe
 
+from hijax._internals import partial_eval as _pe
 from hijax.testing._batching import check_batch
 from hijax.testing._checks import (check_expand, check_jvp, check_lin,
                                    check_transpose, check_vjp)
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
+from hijax.testing._second_order import check_differentiated_rules
 
 
 def _derived_functions(ctx: CheckContext, modes):
@@ -52,6 +53,7 @@ def check_second_order(ctx: CheckContext):
     ctx.skip("second_order", "no floating-point inputs or outputs")
     return
   modes = ctx.requested
+  check_differentiated_rules(ctx)
   for kind, what, g, g_args, names in _derived_functions(ctx, modes):
     try:
       closed = jax.make_jaxpr(g)(*g_args)

@@ -1,0 +1,14 @@
+"""Adapts ``jax._src.interpreters.batching``: batch-axis markers.
+
+| internal name | why no public API serves |
+| --- | --- |
+| ``infer`` | the marker that asks ``vmap`` inside a rule to infer an output's batch axis; not exported |
+| ``sum_axis`` | the marker for a cotangent whose batch axis is summed over; not exported |
+
+Public names re-exported: ``fancy_primitive_batchers``
+(``jax.interpreters.batching``).
+"""
+from jax._src.interpreters.batching import infer, sum_axis
+from jax.interpreters.batching import fancy_primitive_batchers
+
+__all__ = ["fancy_primitive_batchers", "infer", "sum_axis"]

@@ -1,0 +1,188 @@
+"""The checker's own blind spots (issue 22): check_rules fed rules that are
+wrong in the ways a careless checker would let through. Each test fails if
+the checker treats NaN on one side as agreement, skips the comparison of a
+rule's primal output, or allows the finite-difference error in a comparison
+of two rules (which agree up to rounding)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hijax import vjp_from_jvp
+from hijax.testing import RuleCheckError, check_rules
+from hijax.testing._numerics import Tol, compare_leaf
+
+import zoo
+
+X = jnp.array([0.3, -1.2, 2.0])
+
+
+def _failures(cls, *, x=X, **kwargs):
+  with pytest.raises(RuleCheckError) as info:
+    check_rules(lambda x: cls(jax.typeof(x))(x), x, **kwargs)
+  return info.value.failures
+
+
+# --- NaN agrees only with NaN -------------------------------------------------------------
+
+def test_compare_leaf_nan_on_one_side_is_a_violation():
+  tol = Tol(ulps=256)
+  assert compare_leaf(np.array([1.0, np.nan]), np.array([1.0, 2.0]), tol)
+  assert compare_leaf(np.array([1.0, 2.0]), np.array([1.0, np.nan]), tol)
+  # even where the reference cannot resolve the element (bound inf)
+  assert compare_leaf(np.array([np.nan]), np.array([2.0]), tol,
+                      np.array([np.inf]))
+  assert compare_leaf(np.array([1.0, np.nan]), np.array([1.0, np.nan]),
+                      tol) is None
+
+
+class NanJvp(zoo.SinDerived):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.where(x > 1, jnp.nan, jnp.cos(x)) * t
+
+
+def test_a_jvp_rule_returning_nan_fails():
+  fails = _failures(NanJvp, modes="jvp")
+  assert [f.rule for f in fails] == ["NanJvp.jvp"]
+  assert "jvp gives nan" in fails[0].detail
+
+
+class NanVjp(zoo.Log1pExp):
+  def vjp_bwd_retval(self, x, g):
+    return (jnp.where(x > 1, jnp.nan, jax.nn.sigmoid(x)) * g,)
+
+
+def test_a_backward_rule_returning_nan_fails():
+  fails = _failures(NanVjp, modes=("jvp", "vjp"))
+  assert {f.rule for f in fails} == {"NanVjp.vjp_fwd/vjp_bwd_retval"}
+
+
+class NanExpand(zoo.SinDerived):
+  """expand is NaN at x > 1, the rules are those of sin."""
+
+  def expand(self, x):
+    return jnp.where(x > 1, jnp.nan, jnp.sin(x))
+
+
+def test_a_nan_reference_does_not_pass_a_finite_rule():
+  fails = _failures(NanExpand, modes="jvp")
+  assert any("finite differences gives nan" in f.detail for f in fails)
+
+
+class NanBatch(zoo.SinDerived):
+  def batch(self, axis_data, args, dims):
+    (x,), (d,) = args, dims
+    return jnp.where(x > 1, jnp.nan, jnp.sin(x)), d
+
+
+def test_a_batch_rule_returning_nan_fails():
+  fails = _failures(NanBatch, modes="batch")
+  assert {f.rule for f in fails} == {"NanBatch.batch"}
+
+
+# --- the primal output of every rule is compared ------------------------------------------
+
+class VjpWrongPrimal(zoo.Log1pExp):
+  def vjp_fwd(self, nzs_in, x):
+    return 1.5 * self(x), x  # the backward rule itself is right
+
+
+class JvpWrongPrimal(zoo.Log1pExp):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return 1.5 * self(x), jax.nn.sigmoid(x) * t
+
+
+class LinWrongPrimal(zoo.SinDerived):
+  def lin(self, nzs_in, x):
+    return 1.5 * self(x), jnp.cos(x)
+
+  def linearized(self, slope, t):
+    return slope * t
+
+
+@pytest.mark.parametrize("cls, mode, check", [
+    (VjpWrongPrimal, "vjp", "vjp's primal output vs the primitive's output"),
+    (JvpWrongPrimal, "jvp", "jvp's primal output vs the primitive's output"),
+    (LinWrongPrimal, "lin", "lin's primal output vs the primitive's output"),
+])
+def test_a_wrong_primal_output_of_a_rule_fails(cls, mode, check):
+  fails = _failures(cls, modes=mode)
+  assert [f.check for f in fails] == [check]
+
+
+# --- two rules agree to rounding: no finite-difference slack ------------------------------
+
+OFF = 1 + 1e-11  # far above rounding in float64, far below finite differences
+
+
+class LinSlightlyOff(zoo.SinDerived):
+  def lin(self, nzs_in, x):
+    return self(x), jnp.cos(x) * OFF
+
+  def linearized(self, slope, t):
+    return slope * t
+
+
+class VjpSlightlyOff(zoo.Log1pExp):
+  def vjp_bwd_retval(self, x, g):
+    return (jax.nn.sigmoid(x) * g * OFF,)
+
+
+class BatchSlightlyOff(zoo.SinDerived):
+  def batch(self, axis_data, args, dims):
+    (x,), (d,) = args, dims
+    return jnp.sin(x) * OFF, d
+
+
+class JvpSlightlyOff(zoo.SinDerived):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.cos(x) * t * OFF
+
+  vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+
+def test_finite_differences_cannot_see_an_error_of_1e_11():
+  """The premise: such an error is inside the finite-difference error bound
+  (so only an exact comparison between rules catches it)."""
+  report = check_rules(lambda x: JvpSlightlyOff(jax.typeof(x))(x), X,
+                       modes="jvp", order=1)
+  assert report.passed
+
+
+@pytest.mark.parametrize("cls, mode, rule, check", [
+    (LinSlightlyOff, "lin", "LinSlightlyOff.lin/linearized",
+     "linearized vs the jvp rule"),
+    (VjpSlightlyOff, "vjp", "VjpSlightlyOff.vjp_fwd/vjp_bwd_retval",
+     "vjp vs the jvp rule (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"),
+    (BatchSlightlyOff, "batch", "BatchSlightlyOff.batch",
+     "vmap vs a loop over the batch"),
+])
+def test_rules_compared_with_each_other_get_no_finite_difference_slack(
+    cls, mode, rule, check):
+  modes = ("jvp", mode) if mode != "batch" else ("batch",)
+  fails = _failures(cls, modes=modes, order=1)
+  assert {f.rule for f in fails} == {rule}
+  assert all(f.check == check for f in fails)
+  assert all("finite differences' error bound" not in f.detail
+             for f in fails)
+
+
+def test_float32_rules_compared_exactly_too():
+  """In float32 an error of 1e-4 is below what finite differences resolve
+  at large inputs but far above rounding between rules."""
+  class LinOff32(zoo.SinDerived):
+    def lin(self, nzs_in, x):
+      return self(x), jnp.cos(x) * (1 + 1e-4)
+
+    def linearized(self, slope, t):
+      return slope * t
+
+  x = jnp.array([100., 300., 700.], jnp.float32)
+  with pytest.raises(RuleCheckError) as info:
+    check_rules(lambda x: LinOff32(jax.typeof(x))(x), x, x64=False,
+                modes=("jvp", "lin"), order=1)
+  assert {f.rule for f in info.value.failures} == {
+      "LinOff32.lin/linearized"}
