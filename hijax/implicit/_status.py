@@ -11,6 +11,7 @@ that the ``cond`` stays a ``cond`` and not a ``select`` of both branches.
 """
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import jax
@@ -49,6 +50,19 @@ class Status(NamedTuple):
 class SolveError(RuntimeError):
   """A solve of `hijax.implicit` failed (raised eagerly; under ``jit`` it is
   wrapped in JAX's runtime error, whose message contains this one)."""
+
+
+class _QuietSolveErrors(logging.Filter):
+  """Drops JAX's log of a host callback that raised our `SolveError`: the
+  error itself reaches the caller, so the logged traceback is only noise."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, SolveError)
+
+
+# The logger of JAX's callback module, by name (its module is internal).
+logging.getLogger("jax._src.callback").addFilter(_QuietSolveErrors())
 
 
 def status(reason, steps, error) -> Status:
