@@ -93,6 +93,10 @@ def _closure_converted(api: str, argname: str, fn, x, params):
   if not callable(fn) or not _takes_two(fn):
     return fn, params  # _check_function says what is wrong
   try:
+    jax.eval_shape(fn, x, params)
+  except Exception:
+    return fn, params  # the call fails: _check_function says how
+  try:
     return closure_convert_params(fn, x, params)
   except TypeError as e:
     raise TypeError(f"hijax.implicit.{api}: `{argname}`: {e}") from None
