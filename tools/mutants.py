@@ -7,8 +7,8 @@ a number plus one, a ``not`` dropped, ``is`` for ``is not``, ``raise`` made a
 outside docstrings, comments and f-strings (messages, checked by the
 message tests rather than by mutants). For
 each mutant the test files that cover the module (`MODULE_TESTS`) run with
-``-x``; the mutant is *killed* if one fails (or the run exceeds the timeout)
-and *survives* otherwise. A survivor is a change that no test notices: either
+``-x``; the mutant is *killed* if one fails and *survives* otherwise (a run
+past the timeout is reported as undecided and not scored). A survivor is a change that no test notices: either
 a missing test, or an *equivalent* mutant (one that cannot change behaviour),
 listed with the reason in ``tools/mutants_equivalent.txt``.
 
@@ -223,10 +223,14 @@ def main(argv=None) -> int:
   parser.add_argument("--sample", type=int, default=0,
                       help="at most this many mutants per module, drawn at random")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--timeout", type=float, default=180,
-                      help="seconds per mutant (a timeout counts as killed)")
+  parser.add_argument("--timeout", type=float, default=600,
+                      help="seconds per mutant; a mutant whose tests run longer "
+                      "is reported as undecided (a loop it made endless, or a "
+                      "loaded machine), not scored")
   parser.add_argument("--only", nargs="*", default=None,
                       help="run only the mutants with these keys")
+  parser.add_argument("--only-file", type=Path, default=None,
+                      help="run only the mutants whose keys are lines of this file")
   parser.add_argument("--quick", action="store_true",
                       help="run only the core test files (tests/test_core_*.py) "
                       "where a module has them, not the module's own files")
@@ -240,6 +244,9 @@ def main(argv=None) -> int:
                       help="also write the report to this file")
   args = parser.parse_args(argv)
 
+  if args.only_file:
+    args.only = [*(args.only or []),
+                 *args.only_file.read_text().strip().splitlines()]
   names = [m if m.endswith(".py") else f"{m}.py" for m in args.modules]
   names = names or list(MODULE_TESTS)
   for name in names:
@@ -307,12 +314,12 @@ def main(argv=None) -> int:
         else:
           counts["survived"] += 1
           say(f"  SURVIVED  line {m.line}: {m.key}")
-      killed = counts["killed"] + counts["timeout"]
-      scored = len(muts) - counts["equivalent"]
-      say(f"{name}: killed {killed}/{len(muts)} ({counts['timeout']} by "
-          f"timeout), {counts['equivalent']} equivalent, "
-          f"{counts['survived']} survived; score {killed}/{scored} "
-          f"non-equivalent; {time.monotonic() - t0:.0f} s")
+      killed = counts["killed"]
+      scored = len(muts) - counts["equivalent"] - counts["timeout"]
+      say(f"{name}: {len(muts)} mutants: {killed} killed, "
+          f"{counts['survived']} survived, {counts['equivalent']} equivalent, "
+          f"{counts['timeout']} undecided (timeout); score {killed}/{scored}; "
+          f"{time.monotonic() - t0:.0f} s")
   finally:
     shutil.rmtree(ws, ignore_errors=True)
     if args.report:
