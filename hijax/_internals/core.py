@@ -9,6 +9,7 @@
 | ``pytype_aval_mappings`` | how ``jax.typeof`` maps a Python class of values to its type (``register_hitype``); ``jax.core.pytype_aval_mappings`` is deprecated |
 | ``shard_aval`` | one device's piece of a type inside ``jax.shard_map`` (``in_specs``); not exported |
 | ``unshard_aval`` | the inverse for ``out_specs``; not exported |
+| ``trace_state_clean`` | whether no transformation is tracing (an eager call, which ``hijax.implicit`` compiles once and caches); no public API says so |
 
 Public names re-exported: ``AbstractValue``, ``ShapedArray``, ``Tracer``
 (``jax.core``); ``Jaxpr``, ``Literal``, ``mapped_aval``, ``unmapped_aval``
@@ -17,8 +18,8 @@ Public names re-exported: ``AbstractValue``, ``ShapedArray``, ``Tracer``
 """
 from jax import typeof
 from jax._src.core import (custom_typechecks, pp_eqn_rules, pp_vars,
-                           pytype_aval_mappings, shard_aval, typematch,
-                           unshard_aval)
+                           pytype_aval_mappings, shard_aval,
+                           trace_state_clean, typematch, unshard_aval)
 from jax.core import AbstractValue, ShapedArray, Tracer
 from jax.experimental.hijax import aval_method, aval_property
 from jax.extend.core import Jaxpr, Literal, mapped_aval, unmapped_aval
@@ -26,6 +27,7 @@ from jax.extend.core import Jaxpr, Literal, mapped_aval, unmapped_aval
 __all__ = [
     "AbstractValue", "Jaxpr", "Literal", "ShapedArray", "Tracer", "aval_method",
     "aval_property", "custom_typechecks", "mapped_aval", "pp_eqn_rules",
-    "pp_vars", "pytype_aval_mappings", "shard_aval", "typematch", "typeof",
+    "pp_vars", "pytype_aval_mappings", "shard_aval", "trace_state_clean",
+    "typematch", "typeof",
     "unmapped_aval", "unshard_aval",
 ]

@@ -21,11 +21,33 @@ differentiated, or one batched by ``vmap``) is closure-converted
 them too. A capture that cannot be converted (a mutable ref, a function with
 side effects) is rejected with an error naming the argument.
 
+**Failure is never silent.** Every solver returns its solution with a
+`Status` (converged, steps, error, reason), and every one checks what it
+bounds: `FixedPointIteration` the estimated distance to the fixed point,
+`Newton` its last step, the linear solvers the residual (`Dense` its backward
+error). A solve that misses its tolerance within ``max_iter`` steps, meets a
+non-finite iterate, or (`CG`) a matrix that is not symmetric positive definite
+on two probe vectors, fails: with ``throw=True`` (the default) it raises
+`SolveError` eagerly, and a JAX runtime error carrying the same message under
+``jit`` (one ``lax.cond`` per solve, no host call unless it fails; under
+``vmap`` one failing instance fails the batch). With ``throw=False`` the
+functions return ``(x, Status)`` and the derivatives of a failed solve are
+NaN. Default tolerances are per leaf dtype (`default_tol`: 1e-12 in float64,
+1e-6 in float32, 10 eps in bfloat16 and float16); narrow floats are
+factorized in float32.
+
 **Solvers.** The forward solve is chosen with ``solver=``, a hashable callable:
 ``solver(f, x0, params)`` for `fixed_point` (default `FixedPointIteration`),
 ``solver(g, x0, params)`` for `root` (default `Newton`), and a linear solver
 ``solver(matvec, b)`` (``matvec`` a function of one pytree) for `linear_solve`
-(default `Dense`). The tangent and cotangent systems of `fixed_point` and
+(default `Dense`). Each returns ``(x, Status)`` (a solver of your own may
+return ``x`` alone: then only finiteness is checked). ``matvec=MatMul()`` hands
+`linear_solve` a matrix as it is: `Dense` factorizes it once, for the solve
+and the transposed solve of its gradient.
+
+**Eager calls are compiled once.** Called on concrete values, each function
+runs a cached ``jax.jit`` of itself keyed on the functions, the solvers and the
+argument types: a second call compiles and traces nothing. The tangent and cotangent systems of `fixed_point` and
 `root` are solved by ``linear_solver=`` (default `Dense`: the Jacobian is
 materialized, one matvec per unknown, and factorized; `CG` and `GMRES` are
 matrix-free). `linear_solve` uses its own ``solver`` for them too.
@@ -45,133 +67,13 @@ system is solved at all.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from collections.abc import Callable
-
-import jax
-import jax.numpy as jnp
-
-from hijax._internals import core
-from hijax.closure import closure_convert_params
-from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
-                                        _name)
-from hijax.implicit._solvers import (CG, GMRES, Dense, FixedPointIteration,
-                                     Newton)
+from hijax.implicit._api import fixed_point, linear_solve, root
+from hijax.implicit._linear import CG, GMRES, Dense, MatMul
+from hijax.implicit._nonlinear import FixedPointIteration, Newton
+from hijax.implicit._primitives import FixedPoint, LinearSolve, Root
+from hijax.implicit._status import REASONS, SolveError, Status, default_tol
 
 __all__ = ["fixed_point", "root", "linear_solve", "FixedPointIteration",
-           "Newton", "Dense", "CG", "GMRES", "FixedPoint", "Root",
+           "Newton", "Dense", "CG", "GMRES", "MatMul", "Status",
+           "SolveError", "REASONS", "default_tol", "FixedPoint", "Root",
            "LinearSolve"]
-
-
-# --- the public functions -----------------------------------------------------
-
-def _strong(tree):
-  """Arrays of ``tree``'s canonical dtypes, without weak types; integer and
-  boolean leaves become floating point (the unknowns are real numbers)."""
-  def convert(x):
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.inexact):
-      dtype = jnp.result_type(float)
-    return jnp.asarray(x, dtype=dtype)
-  return jax.tree.map(convert, tree)
-
-
-def _closure_converted(api: str, argname: str, fn, x, params):
-  """``(fn, params)``, with the traced arrays ``fn`` captures moved into
-  ``params`` (`hijax.closure.closure_convert_params`)."""
-  if not callable(fn):
-    return fn, params  # _check_function says what is wrong
-  try:
-    return closure_convert_params(fn, x, params)
-  except TypeError as e:
-    raise TypeError(f"hijax.implicit.{api}: `{argname}`: {e}") from None
-
-
-def _check_function(api: str, cls: str, argname: str, fn, x, params):
-  """Traces ``fn(x, params)``; rejects closed-over tracers and a result whose
-  types differ from ``x``'s."""
-  if not callable(fn):
-    raise TypeError(f"hijax.implicit.{api}: `{argname}` must be a function "
-                    f"of (x, params), got a {type(fn).__name__}")
-  closed, out = jax.make_jaxpr(fn, return_shape=True)(x, params)
-  if any(isinstance(c, core.Tracer) for c in closed.consts):
-    raise TypeError(
-        f"hijax.implicit.{api} ({cls}): the function passed as `{argname}` "
-        f"({_name(fn)}) closes over a traced value, whose derivatives and "
-        f"batching the {cls} rules cannot see. Pass that value in `params` "
-        f"and read it from the second argument of `{argname}(x, params)` "
-        "instead of capturing it")
-  want = jax.tree.map(lambda a: (a.shape, a.dtype), _avals(x))
-  got = jax.tree.map(lambda a: (a.shape, a.dtype), out)
-  if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
-    raise TypeError(
-        f"hijax.implicit.{api} ({cls}): `{argname}(x, params)` must return "
-        f"the shapes and dtypes of x, {want}, but returned {got}")
-
-
-def fixed_point(f: Callable, x0: Any, params: Any, *,
-                solver: Callable = FixedPointIteration(),
-                linear_solver: Callable = Dense()) -> Any:
-  """The ``x`` with ``x == f(x, params)``, differentiable in ``params``.
-
-  Args:
-    f: a function ``f(x, params)`` returning a pytree like ``x0``. Traced
-      values it closes over are moved into ``params``.
-    x0: the starting point (a pytree of arrays); not differentiated.
-    params: a pytree of arrays, the parameters the solution depends on.
-    solver: ``solver(f, x0, params) -> x``, the forward solve (default: plain
-      iteration, `FixedPointIteration`).
-    linear_solver: ``linear_solver(matvec, b) -> x``, for the tangent and
-      cotangent systems with the matrix ``I - df/dx`` (default `Dense`; `GMRES`
-      for large ``x``).
-  """
-  x0 = _strong(x0)
-  f, params = _closure_converted("fixed_point", "f", f, x0, params)
-  _check_function("fixed_point", "FixedPoint", "f", f, x0, params)
-  return FixedPoint(_avals(x0), _avals(params), f=f, solver=solver,
-                    linear_solver=linear_solver)(x0, params)
-
-
-def root(g: Callable, x0: Any, params: Any, *, solver: Callable = Newton(),
-         linear_solver: Callable = Dense()) -> Any:
-  """The ``x`` with ``g(x, params) == 0`` (near ``x0``), differentiable in
-  ``params``.
-
-  Args:
-    g: a function ``g(x, params)`` returning a pytree like ``x0``; traced
-      values it closes over are moved into ``params``.
-    x0: the starting point; not differentiated.
-    params: a pytree of arrays.
-    solver: ``solver(g, x0, params) -> x`` (default `Newton`).
-    linear_solver: for the tangent and cotangent systems with the matrix
-      ``dg/dx`` (default `Dense`).
-  """
-  x0 = _strong(x0)
-  g, params = _closure_converted("root", "g", g, x0, params)
-  _check_function("root", "Root", "g", g, x0, params)
-  return Root(_avals(x0), _avals(params), g=g, solver=solver,
-              linear_solver=linear_solver)(x0, params)
-
-
-def linear_solve(matvec: Callable, b: Any, params: Any, *,
-                 solver: Callable = Dense()) -> Any:
-  """The ``x`` with ``matvec(x, params) == b``, differentiable in ``b`` and
-  ``params``.
-
-  Args:
-    matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``);
-      traced values it closes over are moved into ``params``.
-    b: the right-hand side, a pytree of arrays.
-    params: a pytree of arrays on which the matrix depends.
-    solver: ``solver(matvec1, b) -> x`` with ``matvec1`` a function of ``x``
-      alone: `Dense` (the default), `CG` (symmetric positive definite systems)
-      or `GMRES`. Also used for the tangent systems and, with the transposed
-      matrix, the cotangent ones.
-  """
-  b = _strong(b)
-  matvec, params = _closure_converted("linear_solve", "matvec", matvec, b,
-                                      params)
-  _check_function("linear_solve", "LinearSolve", "matvec", matvec, b, params)
-  return LinearSolve(_avals(b), _avals(params), matvec=matvec,
-                     solver=solver)(b, params)

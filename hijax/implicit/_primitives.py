@@ -5,10 +5,14 @@ point the residual is ``x - f(x, p)``); `LinearSolve` solves ``A(p) x = b``.
 Their tangent and cotangent systems are solved by `LinearSolve` itself, with
 a matvec built from the residual (`_JvpX`, `_VjpX`) or the transpose of the
 user's matvec (`_Transposed`).
+
+Each primitive returns ``(x, Status)``. With ``throw=True`` its ``expand``
+raises at run time when the solve failed (`raise_if_failed`), and so do the
+linear solves of its derivatives. With ``throw=False`` it returns the Status,
+and the derivatives of a failed solve (or of one whose derivative system
+failed) are NaN, never a plausible number.
 """
 from __future__ import annotations
-
-from typing import Any
 
 import dataclasses
 from collections.abc import Callable
@@ -20,6 +24,8 @@ from hijax._util import Static
 from hijax.autodiff import Zero, NullAccum, instantiate_zeros
 from hijax.derived import jvp_from_lin
 from hijax.primitive import HiPrim
+from hijax.implicit._linear import Dense, MatMul
+from hijax.implicit._status import Status, raise_if_failed, solved
 
 
 # --- small pytree helpers ----------------------------------------------------
@@ -151,63 +157,125 @@ def _name(fn):
 
 # --- the primitives -----------------------------------------------------------
 
-class LinearSolve(HiPrim):
+STATUS_AVAL = Status(jax.core.ShapedArray((), jnp.bool_),
+                     jax.core.ShapedArray((), jnp.int32),
+                     jax.core.ShapedArray((), jnp.float32),
+                     jax.core.ShapedArray((), jnp.int32))
+_NO_STATUS = Status(None, None, None, None)
+
+
+def _nzs_out(nz: bool):
+  """The output's nonzero-tangent flags: the Status never has a tangent."""
+  return nz, Status(False, False, False, False)
+
+
+def _nan_unless(ok, tree):
+  """``tree``, or NaN where ``ok`` is False."""
+  return jax.tree.map(lambda t: jnp.where(ok, t, jnp.nan).astype(t.dtype),
+                      tree)
+
+
+def _where(prim) -> str:
+  solver = prim.params["solver"]
+  return f"hijax.implicit {type(prim).__name__} (solver={solver!r})"
+
+
+class _Checked(HiPrim):
+  """What the three primitives share: the output ``(x, Status)``, the
+  failure check and the batching rule."""
+
+  def _finish(self, x, st):
+    if self.throw:
+      x = raise_if_failed(x, st, _where(self))
+    return x, st
+
+  def _guard(self, ok, tangent):
+    """The derivative of a solve whose Status said ``ok``: NaN if not."""
+    return tangent if self.throw else _nan_unless(ok, tangent)
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    return 0
+
+
+class LinearSolve(_Checked):
   """``x`` with ``matvec(x, params) == b``; built by `linear_solve`."""
 
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
-
-  def __init__(self, b_aval: Any, params_aval: Any, *, matvec: Any,
-               solver: Any) -> None:
+  def __init__(self, b_aval, params_aval, *, matvec, solver, throw=True):
     self.in_avals = (b_aval, params_aval)
-    self.out_aval = b_aval
-    self.params = dict(matvec=matvec, solver=solver)
+    self.out_aval = (b_aval, STATUS_AVAL)
+    self.params = dict(matvec=matvec, solver=solver, throw=throw)
     super().__init__()
 
-  def expand(self, b: Any, params: Any) -> Any:
-    return self.solver(lambda v: self.matvec(v, params), b)
+  def _factored(self) -> bool:
+    # A matrix handed over as one (MatMul), solved by Dense: factorize it once.
+    return isinstance(self.matvec, MatMul) and isinstance(self.solver, Dense)
+
+  def expand(self, b, params):
+    if self._factored():
+      x, st = self.solver.solve_matrix(params, b)
+    else:
+      x, st = solved(self.solver(lambda v: self.matvec(v, params), b),
+                     _where(self))
+    return self._finish(x, st)
 
   def _solve(self, rhs, params, matvec):
-    return LinearSolve(_avals(rhs), _avals(params), matvec=matvec,
-                       solver=self.solver)(rhs, params)
+    w, st = LinearSolve(_avals(rhs), _avals(params), matvec=matvec,
+                        solver=self.solver, throw=self.throw)(rhs, params)
+    return self._guard(st.converged, w)
 
-  def lin(self, nzs_in: Any, b: Any, params: Any) -> Any:
-    x = self(b, params)
-    return x, (x, params), any(jax.tree.leaves(nzs_in))
+  def lin(self, nzs_in, b, params):
+    x, st = self(b, params)
+    return (x, st), (x, params, st.converged), _nzs_out(
+        any(jax.tree.leaves(nzs_in)))
 
-  def linearized(self, res: Any, b_dot: Any, params_dot: Any) -> Any:
+  def linearized(self, res, b_dot, params_dot):
     # A x = b, so A x_dot = b_dot - (dA p_dot) x.
-    x, params = res
+    x, params, ok = res
     d = _jvp_nonzero(lambda p: self.matvec(x, p), params, params_dot)
     if d is None and _all_zero(b_dot):
       return _no_tangent(self)
     rhs = _instantiate(b_dot) if d is None else jax.tree.map(
         lambda b, d: -d if _is_zero(b) else b - d, b_dot, d, is_leaf=_is_zero)
-    return self._solve(rhs, params, self.matvec)
+    return self._guard(ok, self._solve(rhs, params, self.matvec)), _NO_STATUS
 
   jvp = jvp_from_lin
 
-  def vjp_fwd(self, nzs_in: Any, b: Any, params: Any) -> Any:
-    x = self(b, params)
-    return x, (x, params, Static(nzs_in))
+  def vjp_fwd(self, nzs_in, b, params):
+    if self._factored():
+      factors = self.solver.factor(params)
+      x, st = self.solver.solve_factored(params, factors, b, False)
+      x, st = self._finish(x, st)
+    else:
+      factors = None
+      x, st = self(b, params)
+    return (x, st), (x, params, st.converged, factors, Static(nzs_in)), \
+        _nzs_out(any(jax.tree.leaves(nzs_in)))
 
-  def vjp_bwd_retval(self, res: Any, x_bar: Any) -> Any:
-    x, params, nzs = res
+  def vjp_bwd_retval(self, res, ct):
+    x, params, ok, factors, nzs = res
+    x_bar = ct[0]
     nz_b, nz_params = nzs.value
     if _all_zero(x_bar):
       return None, None
-    w = self._solve(_instantiate(x_bar), params, _transposed(self.matvec))
+    if factors is not None:  # the transposed solve reuses the LU factors
+      w, st = self.solver.solve_factored(params, factors, _instantiate(x_bar),
+                                         True)
+      w, st = self._finish(w, st)
+      w = self._guard(st.converged, w)
+    else:
+      w = self._solve(_instantiate(x_bar), params, _transposed(self.matvec))
+    w = self._guard(ok, w)
     params_bar = _neg_vjp_nonzero(lambda p: self.matvec(x, p), params,
-                              jax.tree.leaves(nz_params), w)
+                                  jax.tree.leaves(nz_params), w)
     return (w if any(jax.tree.leaves(nz_b)) else None), params_bar
 
-  def transpose(self, ct: Any, b_accums: Any, params: Any) -> Any:
+  def transpose(self, ct, b_accums, params):
     # Linear in b only: the transpose solves with the transposed matrix.
     if any(hasattr(a, "accum") for a in jax.tree.leaves(params)):
       raise NotImplementedError(
           "LinearSolve.transpose: the solution is linear in b, not in params; "
           "transpose with respect to b only")
+    ct = ct[0]
     if _all_zero(ct):
       return
     w = self._solve(_instantiate(ct), params, _transposed(self.matvec))
@@ -217,82 +285,79 @@ class LinearSolve(HiPrim):
       if hasattr(acc, "accum") and not isinstance(acc, NullAccum):
         acc.accum(w_leaf)
 
-  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
-    return 0
 
-
-class _Implicit(HiPrim):
+class _Implicit(_Checked):
   """The rules `FixedPoint` and `Root` share: ``residual(x, p) = 0``."""
 
-  residual: Callable[..., Any]  # set by the subclasses
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
+  residual: Callable  # set by the subclasses
 
-  def __init__(self, x_aval: Any, params_aval: Any, **params: Any) -> None:
+  def __init__(self, x_aval, params_aval, **params):
     self.in_avals = (x_aval, params_aval)
-    self.out_aval = x_aval
+    self.out_aval = (x_aval, STATUS_AVAL)
     self.params = params
     super().__init__()
 
   def _solve(self, rhs, x, params, matvec):
-    return LinearSolve(_avals(rhs), _avals((x, params)), matvec=matvec,
-                       solver=self.linear_solver)(rhs, (x, params))
+    w, st = LinearSolve(_avals(rhs), _avals((x, params)), matvec=matvec,
+                        solver=self.linear_solver, throw=self.throw)(
+                            rhs, (x, params))
+    return self._guard(st.converged, w)
 
-  def lin(self, nzs_in: Any, x0: Any, params: Any) -> Any:
-    x = self(x0, params)
-    return x, (x, params), any(jax.tree.leaves(nzs_in[1]))
+  def lin(self, nzs_in, x0, params):
+    x, st = self(x0, params)
+    return (x, st), (x, params, st.converged), _nzs_out(
+        any(jax.tree.leaves(nzs_in[1])))
 
-  def linearized(self, res: Any, x0_dot: Any, params_dot: Any) -> Any:
+  def linearized(self, res, x0_dot, params_dot):
     # g(x(p), p) = 0, so (dg/dx) x_dot = -(dg/dp) p_dot. x0 has no influence.
-    x, params = res
+    x, params, ok = res
     d = _jvp_nonzero(lambda p: self.residual(x, p), params, params_dot)
     if d is None:
       return _no_tangent(self)
-    return self._solve(_neg(d), x, params, _JvpX(self.residual))
+    x_dot = self._solve(_neg(d), x, params, _JvpX(self.residual))
+    return self._guard(ok, x_dot), _NO_STATUS
 
   jvp = jvp_from_lin
 
-  def vjp_fwd(self, nzs_in: Any, x0: Any, params: Any) -> Any:
-    x = self(x0, params)
+  def vjp_fwd(self, nzs_in, x0, params):
+    x, st = self(x0, params)
     nz_params = jax.tree.leaves(nzs_in[1])
-    return x, (x, params, Static(nz_params)), any(nz_params)
+    return (x, st), (x, params, st.converged, Static(nz_params)), _nzs_out(
+        any(nz_params))
 
-  def vjp_bwd_retval(self, res: Any, x_bar: Any) -> Any:
-    x, params, nz_params = res
+  def vjp_bwd_retval(self, res, ct):
+    x, params, ok, nz_params = res
+    x_bar = ct[0]
     if _all_zero(x_bar) or not any(nz_params.value):
       return None, None
     w = self._solve(_instantiate(x_bar), x, params, _VjpX(self.residual))
     return None, _neg_vjp_nonzero(lambda p: self.residual(x, p), params,
-                              nz_params.value, w)
-
-  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
-    return 0
+                                  nz_params.value, self._guard(ok, w))
 
 
 class FixedPoint(_Implicit):
   """``x`` with ``x == f(x, params)``; built by `fixed_point`."""
 
-  residual: Callable[..., Any]
-
-  def __init__(self, x_aval: Any, params_aval: Any, *, f: Any, solver: Any,
-               linear_solver: Any) -> None:
+  def __init__(self, x_aval, params_aval, *, f, solver, linear_solver,
+               throw=True):
     super().__init__(x_aval, params_aval, f=f, solver=solver,
-                     linear_solver=linear_solver)
+                     linear_solver=linear_solver, throw=throw)
     self.residual = _Residual(f)
 
-  def expand(self, x0: Any, params: Any) -> Any:
-    return self.solver(self.f, x0, params)
+  def expand(self, x0, params):
+    return self._finish(*solved(self.solver(self.f, x0, params),
+                                _where(self)))
 
 
 class Root(_Implicit):
   """``x`` with ``g(x, params) == 0``; built by `root`."""
 
-  def __init__(self, x_aval: Any, params_aval: Any, *, g: Any, solver: Any,
-               linear_solver: Any) -> None:
+  def __init__(self, x_aval, params_aval, *, g, solver, linear_solver,
+               throw=True):
     super().__init__(x_aval, params_aval, g=g, solver=solver,
-                     linear_solver=linear_solver)
+                     linear_solver=linear_solver, throw=throw)
     self.residual = g
 
-  def expand(self, x0: Any, params: Any) -> Any:
-    return self.solver(self.g, x0, params)
+  def expand(self, x0, params):
+    return self._finish(*solved(self.solver(self.g, x0, params),
+                                _where(self)))

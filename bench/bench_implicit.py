@@ -1,0 +1,225 @@
+"""hijax.implicit against optimistix and lineax, printed as ratios.
+
+Run: python bench/bench_implicit.py [--repeat 5]   (needs the `bench` extra:
+optimistix and lineax)
+
+Problems (float32, CPU):
+
+  scalar-root   vmap of a Newton square root over 10,000 values, and its grad
+  eager-fp      one eager fixed_point call (a 3-dim contraction), no jit
+  dense-200     a 200x200 dense solve (hijax: MatMul + Dense; lineax: LU) and
+                the gradient of its sum with respect to the matrix
+  cg-200        a 200x200 SPD solve by CG, and its gradient
+  newton-50     a 50-dim Newton root: jacrev of the solution, and an HVP of a
+                loss of it
+
+For each it times the jit steady state (best of ``--repeat`` loops of calls)
+and the compile time (``lower(...).compile()``), and checks the accuracy of
+both against a closed form. Each ratio is peer time / hijax time: above 1.0
+hijax is faster, below 1.0 the peer is.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hijax.implicit import (CG, Dense, MatMul, fixed_point, linear_solve,
+                            root)
+
+try:
+  import lineax as lx
+  import optimistix as optx
+except ImportError as e:  # pragma: no cover
+  raise SystemExit(f"bench_implicit needs the `bench` extra ({e})")
+
+
+def best(fn, *args, repeat=5, number=None):
+  """Best seconds per call of ``fn(*args)`` (blocking on the result)."""
+  jax.block_until_ready(fn(*args))
+  if number is None:
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    number = max(1, int(0.05 / max(time.perf_counter() - t, 1e-6)))
+  times = []
+  for _ in range(repeat):
+    t = time.perf_counter()
+    for _ in range(number):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t) / number)
+  return min(times)
+
+
+def compile_time(fn, *args, repeat=3):
+  times = []
+  for _ in range(repeat):
+    jax.clear_caches()
+    t = time.perf_counter()
+    jax.jit(fn).lower(*args).compile()
+    times.append(time.perf_counter() - t)
+  return min(times)
+
+
+# --- the problems -----------------------------------------------------------
+
+def sq_residual(x, a):
+  return x * x - a
+
+
+def hijax_sqrt(a):
+  return root(sq_residual, jnp.ones_like(a), a)
+
+
+def optx_sqrt(a):
+  return optx.root_find(sq_residual, optx.Newton(rtol=1e-6, atol=1e-6),
+                        jnp.ones_like(a), a).value
+
+
+def contraction(x, p):
+  return p["A"] @ x + p["c"]
+
+
+FP_PARAMS = {"A": jnp.array([[0.2, -0.1, 0.0], [0.1, 0.3, 0.1],
+                             [0.0, 0.2, -0.1]]),
+             "c": jnp.array([1.0, -0.5, 2.0])}
+
+
+def hijax_fp(p):
+  return fixed_point(contraction, jnp.zeros(3), p)
+
+
+def optx_fp(p):
+  return optx.fixed_point(contraction,
+                          optx.FixedPointIteration(rtol=1e-6, atol=1e-6),
+                          jnp.zeros(3), p).value
+
+
+def hijax_dense(A, b):
+  return linear_solve(MatMul(), b, A, solver=Dense())
+
+
+def lx_dense(A, b):
+  return lx.linear_solve(lx.MatrixLinearOperator(A), b, lx.LU()).value
+
+
+def spd_matvec(x, A):
+  return A @ x
+
+
+def hijax_cg(A, b):
+  return linear_solve(spd_matvec, b, A, solver=CG(tol=1e-5))
+
+
+def lx_cg(A, b):
+  op = lx.MatrixLinearOperator(A, lx.positive_semidefinite_tag)
+  return lx.linear_solve(op, b, lx.CG(rtol=1e-5, atol=0.)).value
+
+
+def newton_residual(x, p):
+  M, c = p
+  return M @ x + 0.1 * jnp.tanh(x) - c
+
+
+def hijax_newton(p):
+  return root(newton_residual, jnp.zeros(50), p)
+
+
+def unrolled_newton(p):
+  """The reference: 20 Newton steps in plain JAX, differentiated through."""
+  x = jnp.zeros(50)
+  for _ in range(20):
+    J = jax.jacfwd(newton_residual)(x, p)
+    x = x - jnp.linalg.solve(J, newton_residual(x, p))
+  return x
+
+
+def optx_newton(p):
+  return optx.root_find(newton_residual, optx.Newton(rtol=1e-6, atol=1e-6),
+                        jnp.zeros(50), p).value
+
+
+# --- running ------------------------------------------------------------------
+
+def compare(name, ours, peer, args, reference, repeat, rows):
+  ours_j, peer_j = jax.jit(ours), jax.jit(peer)
+  err_ours = float(jnp.max(jnp.abs(ours_j(*args) - reference)))
+  err_peer = float(jnp.max(jnp.abs(peer_j(*args) - reference)))
+  t_ours = best(ours_j, *args, repeat=repeat)
+  t_peer = best(peer_j, *args, repeat=repeat)
+  c_ours = compile_time(ours, *args)
+  c_peer = compile_time(peer, *args)
+  rows.append((name, t_peer / t_ours, c_peer / c_ours, err_ours, err_peer,
+               t_ours))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--repeat", type=int, default=5)
+  repeat = parser.parse_args().repeat
+  rows = []
+
+  a = jnp.linspace(0.5, 4.0, 10_000)
+  compare("scalar-root value", jax.vmap(hijax_sqrt), jax.vmap(optx_sqrt),
+          (a,), jnp.sqrt(a), repeat, rows)
+  compare("scalar-root grad", jax.vmap(jax.grad(hijax_sqrt)),
+          jax.vmap(jax.grad(optx_sqrt)), (a,), 0.5 / jnp.sqrt(a), repeat, rows)
+
+  key = jax.random.key(0)
+  A = jax.random.normal(key, (200, 200)) / 200 ** 0.5 + 2 * jnp.eye(200)
+  b = jnp.ones(200)
+  x_ref = jnp.linalg.solve(A, b)
+  compare("dense-200 value", hijax_dense, lx_dense, (A, b), x_ref, repeat,
+          rows)
+  g_ref = jax.grad(lambda A: jnp.linalg.solve(A, b).sum())(A)
+  compare("dense-200 grad", jax.grad(lambda A, b: hijax_dense(A, b).sum()),
+          jax.grad(lambda A, b: lx_dense(A, b).sum()), (A, b), g_ref, repeat,
+          rows)
+
+  Q = jax.random.normal(key, (200, 200)) / 200 ** 0.5
+  S = Q @ Q.T + jnp.eye(200)
+  compare("cg-200 value", hijax_cg, lx_cg, (S, b), jnp.linalg.solve(S, b),
+          repeat, rows)
+  gs_ref = jax.grad(lambda S: jnp.linalg.solve(S, b).sum())(S)
+  compare("cg-200 grad", jax.grad(lambda S, b: hijax_cg(S, b).sum()),
+          jax.grad(lambda S, b: lx_cg(S, b).sum()), (S, b), gs_ref, repeat,
+          rows)
+
+  M = jax.random.normal(key, (50, 50)) / 50 ** 0.5 + 3 * jnp.eye(50)
+  c = jnp.linspace(-1, 1, 50)
+  p = (M, c)
+  x = hijax_newton(p)
+  J = M + 0.1 * jnp.diag(1 - jnp.tanh(x) ** 2)
+  compare("newton-50 jacrev", lambda c: jax.jacrev(hijax_newton)((M, c))[1],
+          lambda c: jax.jacrev(optx_newton)((M, c))[1], (c,),
+          jnp.linalg.inv(J), repeat, rows)
+  loss = lambda solve: lambda c: jnp.sum(solve((M, c)) ** 2)
+  v = jnp.ones(50)
+  hvp = lambda solve: lambda c: jax.jvp(jax.grad(loss(solve)), (c,), (v,))[1]
+  hvp_ref = jax.jit(hvp(unrolled_newton))(c)
+  compare("newton-50 hvp", hvp(hijax_newton), hvp(optx_newton), (c,),
+          hvp_ref, repeat, rows)
+
+  # eager: no jit around the call (as in a notebook)
+  eager_ours = best(hijax_fp, FP_PARAMS, repeat=repeat)
+  eager_peer = best(optx_fp, FP_PARAMS, repeat=repeat)
+  jitted_ours = best(jax.jit(hijax_fp), FP_PARAMS, repeat=repeat)
+
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, float32; "
+        "ratio = peer time / hijax time (>1: hijax faster)")
+  print(f"{'problem':<20} {'jit ratio':>9} {'compile':>8} {'hijax err':>10} "
+        f"{'peer err':>10} {'hijax time':>11}")
+  for name, r, cr, e1, e2, t in rows:
+    print(f"{name:<20} {r:9.2f} {cr:8.2f} {e1:10.1e} {e2:10.1e} "
+          f"{t * 1e6:9.0f}us")
+  print(f"{'eager fixed_point':<20} {eager_peer / eager_ours:9.2f} "
+        f"{'':>8} {'':>10} {'':>10} {eager_ours * 1e6:9.0f}us")
+  print(f"eager / jitted call of hijax fixed_point: "
+        f"{eager_ours / jitted_ours:.2f}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,296 @@
+"""The public functions of `hijax.implicit`: `fixed_point`, `root` and
+`linear_solve`, their argument checks and the cache of eager calls.
+
+Called on concrete values (eagerly, as in a notebook), each function runs a
+``jax.jit`` of itself whose static arguments are the functions, the solvers
+and ``throw``: the second call with the same functions and argument types
+compiles and traces nothing. Under a transformation (``jit``, ``grad``,
+``vmap``) it binds the primitive directly.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from hijax._internals import core
+from hijax.closure import closure_convert_params
+from hijax.implicit._linear import Dense, MatMul
+from hijax.implicit._nonlinear import FixedPointIteration, Newton
+from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
+                                        _name)
+from hijax.implicit._status import SolveError
+
+__all__ = ["fixed_point", "root", "linear_solve"]
+
+_CONVENTION = ("hijax.implicit calls it as `{arg}(x, params)`: the unknown "
+               "first, then everything it depends on in one pytree")
+
+
+def _strong(tree):
+  """Arrays of ``tree``'s canonical dtypes, without weak types; integer and
+  boolean leaves become floating point (the unknowns are real numbers)."""
+  def convert(x):
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      dtype = jnp.result_type(float)
+    return jnp.asarray(x, dtype=dtype)
+  return jax.tree.map(convert, tree)
+
+
+def _takes_two(fn) -> bool:
+  try:
+    inspect.signature(fn).bind(None, None)
+  except TypeError:
+    return False
+  except ValueError:  # no signature (a builtin): let the call decide
+    pass
+  return True
+
+
+def _tracer_inside(obj, depth=0) -> bool:
+  """Whether ``obj`` (a solver) holds a tracer in its fields or closure."""
+  if isinstance(obj, core.Tracer):
+    return True
+  if depth > 3:
+    return False
+  if isinstance(obj, (list, tuple)):
+    return any(_tracer_inside(o, depth + 1) for o in obj)
+  if isinstance(obj, dict):
+    return any(_tracer_inside(o, depth + 1) for o in obj.values())
+  inner = []
+  for cell in getattr(obj, "__closure__", None) or ():
+    try:
+      inner.append(cell.cell_contents)
+    except ValueError:  # an empty cell
+      pass
+  if isinstance(obj, functools.partial):
+    inner += [obj.func, *obj.args, *obj.keywords.values()]
+  if hasattr(obj, "__dataclass_fields__"):
+    inner += [getattr(obj, f, None) for f in obj.__dataclass_fields__]
+  return any(_tracer_inside(o, depth + 1) for o in inner)
+
+
+def _check_solver(api, cls, argname, solver, signature):
+  if not callable(solver):
+    raise TypeError(f"hijax.implicit.{api} ({cls}): `{argname}` must be a "
+                    f"solver called as {signature}, got a "
+                    f"{type(solver).__name__}")
+  if _tracer_inside(solver):
+    raise TypeError(
+        f"hijax.implicit.{api} ({cls}): the `{argname}` ({_name(solver)}) "
+        "holds or closes over a traced value. A solver is a static, hashable "
+        f"option, called as {signature}: pass traced values in `params` "
+        "(they reach the solver as its `params` argument) instead")
+
+
+def _closure_converted(api: str, argname: str, fn, x, params):
+  """``(fn, params)``, with the traced arrays ``fn`` captures moved into
+  ``params`` (`hijax.closure.closure_convert_params`)."""
+  if not callable(fn) or not _takes_two(fn):
+    return fn, params  # _check_function says what is wrong
+  try:
+    jax.eval_shape(fn, x, params)
+  except Exception:
+    return fn, params  # the call fails: _check_function says how
+  try:
+    return closure_convert_params(fn, x, params)
+  except TypeError as e:
+    raise TypeError(f"hijax.implicit.{api}: `{argname}`: {e}") from None
+
+
+def _check_function(api: str, cls: str, argname: str, fn, x, params,
+                    x_name: str):
+  """Traces ``fn(x, params)``; rejects closed-over tracers and a result whose
+  types differ from ``x``'s, with errors naming the function's argument."""
+  if not callable(fn):
+    raise TypeError(f"hijax.implicit.{api}: `{argname}` must be a function "
+                    f"of (x, params), got a {type(fn).__name__}")
+  if not _takes_two(fn):
+    raise TypeError(
+        f"hijax.implicit.{api} ({cls}): `{argname}` ({_name(fn)}) does not "
+        f"take two positional arguments; {_CONVENTION.format(arg=argname)}. "
+        f"Write it as `def {argname}(x, params): ...` (ignore `params` if "
+        "it needs none)")
+  try:
+    closed, out = jax.make_jaxpr(fn, return_shape=True)(x, params)
+  except Exception as e:
+    listed = isinstance(x, (list, tuple)) and all(
+        getattr(leaf, "ndim", 1) == 0 for leaf in jax.tree.leaves(x))
+    hint = (f" `{x_name}` is a Python {type(x).__name__} of scalars, which "
+            "is a pytree of separate unknowns: pass `jnp.asarray(...)` for a "
+            "vector." if listed else "")
+    raise TypeError(
+        f"hijax.implicit.{api} ({cls}): calling `{argname}(x, params)` with "
+        f"x like `{x_name}` ({jax.tree.map(jax.typeof, x)}) raised "
+        f"{type(e).__name__}: {e}.{hint} "
+        f"({_CONVENTION.format(arg=argname)}.)") from e
+  if any(isinstance(c, core.Tracer) for c in closed.consts):
+    raise TypeError(
+        f"hijax.implicit.{api} ({cls}): the function passed as `{argname}` "
+        f"({_name(fn)}) closes over a traced value, whose derivatives and "
+        f"batching the {cls} rules cannot see. Pass that value in `params` "
+        f"and read it from the second argument of `{argname}(x, params)` "
+        "instead of capturing it")
+  want = jax.tree.map(lambda a: (a.shape, a.dtype), _avals(x))
+  got = jax.tree.map(lambda a: (a.shape, a.dtype), out)
+  if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
+    raise TypeError(
+        f"hijax.implicit.{api} ({cls}): `{argname}(x, params)` must return "
+        f"the shapes and dtypes of x, {want}, but returned {got}")
+
+
+def _is_concrete(tree) -> bool:
+  return not any(isinstance(leaf, core.Tracer)
+                 for leaf in jax.tree.leaves(tree))
+
+
+def _eager_cached(impl):
+  """``impl(fn, x, params, **options)``, compiled once per (fn, options,
+  argument types) when called on concrete values."""
+  options = [n for n, p in inspect.signature(impl).parameters.items()
+             if p.kind is p.KEYWORD_ONLY]
+  compiled = jax.jit(impl, static_argnums=0, static_argnames=options)
+
+  @functools.wraps(impl)
+  def call(fn, x, params, **options):
+    if not (_is_concrete((x, params)) and core.trace_state_clean()):
+      return impl(fn, x, params, **options)
+    try:
+      return jax.block_until_ready(compiled(fn, x, params, **options))
+    except SolveError:
+      raise
+    except Exception as e:  # a SolveError raised on the host, wrapped by JAX
+      text = str(e)
+      if "SolveError: " not in text:
+        raise
+      raise SolveError(text.split("SolveError: ", 1)[1].splitlines()[0]) \
+          from None
+  return call
+
+
+@_eager_cached
+def _fixed_point(f, x0, params, *, solver, linear_solver, throw):
+  x0 = _strong(x0)
+  _check_solver("fixed_point", "FixedPoint", "solver", solver,
+                "solver(f, x0, params)")
+  _check_solver("fixed_point", "FixedPoint", "linear_solver", linear_solver,
+                "linear_solver(matvec, b)")
+  f, params = _closure_converted("fixed_point", "f", f, x0, params)
+  _check_function("fixed_point", "FixedPoint", "f", f, x0, params, "x0")
+  x, st = FixedPoint(_avals(x0), _avals(params), f=f, solver=solver,
+                     linear_solver=linear_solver, throw=throw)(x0, params)
+  return x if throw else (x, st)
+
+
+@_eager_cached
+def _root(g, x0, params, *, solver, linear_solver, throw):
+  x0 = _strong(x0)
+  _check_solver("root", "Root", "solver", solver, "solver(g, x0, params)")
+  _check_solver("root", "Root", "linear_solver", linear_solver,
+                "linear_solver(matvec, b)")
+  g, params = _closure_converted("root", "g", g, x0, params)
+  _check_function("root", "Root", "g", g, x0, params, "x0")
+  x, st = Root(_avals(x0), _avals(params), g=g, solver=solver,
+               linear_solver=linear_solver, throw=throw)(x0, params)
+  return x if throw else (x, st)
+
+
+@_eager_cached
+def _linear_solve(matvec, b, params, *, solver, throw):
+  b = _strong(b)
+  _check_solver("linear_solve", "LinearSolve", "solver", solver,
+                "solver(matvec, b)")
+  if isinstance(matvec, MatMul):
+    _check_matrix(b, params)
+  else:
+    matvec, params = _closure_converted("linear_solve", "matvec", matvec, b,
+                                        params)
+  _check_function("linear_solve", "LinearSolve", "matvec", matvec, b, params,
+                  "b")
+  x, st = LinearSolve(_avals(b), _avals(params), matvec=matvec,
+                      solver=solver, throw=throw)(b, params)
+  return x if throw else (x, st)
+
+
+def _check_matrix(b, A):
+  shape = getattr(b, "shape", None)
+  if (shape is None or len(shape) != 1 or getattr(A, "shape", None)
+      != (shape[0], shape[0])):
+    raise TypeError(
+        "hijax.implicit.linear_solve (LinearSolve): with `matvec=MatMul()`, "
+        "`b` must be a vector of size n and `params` the (n, n) matrix; got "
+        f"b of shape {shape} and params of shape {getattr(A, 'shape', None)}")
+
+
+def fixed_point(f: Callable, x0, params, *,
+                solver: Callable = FixedPointIteration(),
+                linear_solver: Callable = Dense(), throw: bool = True):
+  """The ``x`` with ``x == f(x, params)``, differentiable in ``params``.
+
+  Args:
+    f: a function ``f(x, params)`` returning a pytree like ``x0``. Traced
+      values it closes over are moved into ``params``.
+    x0: the starting point (a pytree of arrays); not differentiated.
+    params: a pytree of arrays, the parameters the solution depends on.
+    solver: ``solver(f, x0, params) -> (x, Status)`` (or ``x``), the forward
+      solve (default: plain iteration, `FixedPointIteration`, whose ``tol``
+      bounds the estimated distance to the fixed point).
+    linear_solver: ``linear_solver(matvec, b) -> (x, Status)``, for the
+      tangent and cotangent systems with the matrix ``I - df/dx`` (default
+      `Dense`; `GMRES` for large ``x``).
+    throw: True (the default): a failed solve (tolerance not met within
+      ``max_iter``, a non-finite iterate, a failed derivative solve) raises
+      `SolveError` eagerly, or a JAX runtime error containing its message
+      under ``jit``. False: return ``(x, Status)`` and let the caller check
+      ``Status.converged``; derivatives of a failed solve are then NaN.
+  """
+  return _fixed_point(f, x0, params, solver=solver,
+                      linear_solver=linear_solver, throw=throw)
+
+
+def root(g: Callable, x0, params, *, solver: Callable = Newton(),
+         linear_solver: Callable = Dense(), throw: bool = True):
+  """The ``x`` with ``g(x, params) == 0`` (near ``x0``), differentiable in
+  ``params``.
+
+  Args:
+    g: a function ``g(x, params)`` returning a pytree like ``x0``; traced
+      values it closes over are moved into ``params``.
+    x0: the starting point; not differentiated.
+    params: a pytree of arrays.
+    solver: ``solver(g, x0, params) -> (x, Status)`` (default `Newton`, whose
+      ``tol`` bounds the last Newton step).
+    linear_solver: for the tangent and cotangent systems with the matrix
+      ``dg/dx`` (default `Dense`).
+    throw: as for `fixed_point`.
+  """
+  return _root(g, x0, params, solver=solver, linear_solver=linear_solver,
+               throw=throw)
+
+
+def linear_solve(matvec: Callable, b, params, *, solver: Callable = Dense(),
+                 throw: bool = True):
+  """The ``x`` with ``matvec(x, params) == b``, differentiable in ``b`` and
+  ``params``.
+
+  Args:
+    matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``);
+      traced values it closes over are moved into ``params``. `MatMul()` says that ``params`` is
+      the matrix: `Dense` then factorizes it as it is, once for the solve and
+      its gradient.
+    b: the right-hand side, a pytree of arrays.
+    params: a pytree of arrays on which the matrix depends.
+    solver: ``solver(matvec1, b) -> (x, Status)`` with ``matvec1`` a function
+      of ``x`` alone: `Dense` (the default), `CG` (symmetric positive definite
+      systems) or `GMRES`. Every one checks the residual of its solution.
+      Also used for the tangent systems and, with the transposed matrix, the
+      cotangent ones.
+    throw: as for `fixed_point`.
+  """
+  return _linear_solve(matvec, b, params, solver=solver, throw=throw)
+
+

@@ -1,0 +1,270 @@
+"""The linear solvers of `hijax.implicit` (`Dense`, `CG`, `GMRES`) and
+`MatMul`, the matvec that says it is a matrix.
+
+A linear solver is called as ``solver(matvec, b)``, ``matvec`` a function of a
+pytree like ``b``, and returns ``(x, Status)``; every one checks the residual
+of the ``x`` it returns, so a wrong solution is reported, not returned.
+Each is a frozen dataclass, so that it is hashable and can be a static
+parameter of a primitive; its fields are its options.
+
+Narrow floats (bfloat16, float16) are solved in float32 and rounded back: the
+factorizations of ``jnp.linalg`` do not take them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg  # noqa: F401  (lu_factor, lu_solve)
+import jax.scipy.sparse.linalg  # noqa: F401  (gmres)
+from jax.flatten_util import ravel_pytree
+
+from hijax.implicit._status import (CONVERGED, MAX_ITER, NONFINITE, NOT_SPD,
+                                    Status, default_tol, status)
+
+__all__ = ["Dense", "CG", "GMRES", "MatMul", "flat_problem"]
+
+
+def _work_dtype(dtype):
+  """The dtype linear algebra is done in: float32 for narrower floats."""
+  if jnp.finfo(dtype).bits < 32:
+    return jnp.dtype(jnp.float32)
+  return jnp.dtype(dtype)
+
+
+def flat_problem(matvec: Callable, b):
+  """``b`` as one vector in the working dtype, the matvec on such vectors and
+  the map back to ``b``'s pytree and dtypes."""
+  b_flat, unravel = ravel_pytree(b)
+  dtype = b_flat.dtype
+  work = _work_dtype(dtype)
+
+  def flat_matvec(v):
+    return ravel_pytree(matvec(unravel(v.astype(dtype))))[0].astype(work)
+  return b_flat.astype(work), flat_matvec, lambda v: unravel(v.astype(dtype))
+
+
+def krylov_tol(dtype) -> float:
+  """The default ``tol`` of `CG` and `GMRES`: 1e-10 for 64-bit unknowns (the
+  relative residual of an ill-conditioned system, e.g. the 8x8 Hilbert
+  matrix, stops near 1e-12), `default_tol` otherwise."""
+  return 1e-10 if jnp.finfo(dtype).bits == 64 else default_tol(dtype)
+
+
+def _tol(tol, b_flat) -> float:
+  return krylov_tol(b_flat.dtype) if tol is None else tol
+
+
+def _norm(v):
+  return jnp.sqrt(jnp.sum(jnp.abs(v) ** 2)).astype(jnp.float32)
+
+
+def _residual_status(flat_matvec, x, b, tol, atol, steps, reason=None):
+  """The Status of ``x`` for ``A x = b``: converged when finite and
+  ``|b - A x|_2 <= max(tol |b|_2, atol)``; ``error`` is the relative
+  residual ``|b - A x|_2 / |b|_2``."""
+  r = _norm(b - flat_matvec(x))
+  bn = _norm(b)
+  ok = jnp.isfinite(r) & jnp.all(jnp.isfinite(x)) & (
+      r <= jnp.maximum(tol * bn, atol))
+  code = jnp.where(ok, CONVERGED, jnp.where(jnp.isfinite(r), MAX_ITER,
+                                            NONFINITE))
+  if reason is not None:
+    code = jnp.where(reason == CONVERGED, code, reason)
+  return status(code, steps, r / jnp.where(bn > 0, bn, 1.))
+
+
+# --- Dense --------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+  """Direct solver: materializes the matrix (one ``matvec`` per unknown,
+  vectorized with ``vmap``) and factorizes it (LU, ``jnp.linalg.solve``); a
+  system of one unknown is a division. Exact and robust for small to medium
+  systems; memory grows with the square of the size.
+
+  ``tol`` bounds the backward error: the solve fails unless the solution is
+  finite and ``|b - A x|_inf <= tol (|A|_inf |x|_inf + |b|_inf)``. None means
+  the square root of the machine epsilon of the working dtype (3e-4 in float32,
+  1.5e-8 in float64), which a backward-stable factorization meets by far: it
+  fails for singular matrices, not for ill-conditioned ones.
+  """
+  tol: float | None = None
+
+  def __call__(self, matvec: Callable, b):
+    b_flat, flat_matvec, unravel = flat_problem(matvec, b)
+    n = b_flat.size
+    if n == 1:  # one matvec, no vmap and no factorization
+      matrix = flat_matvec(jnp.ones_like(b_flat)).reshape(1, 1)
+    else:
+      eye = jnp.eye(n, dtype=b_flat.dtype)
+      matrix = jax.vmap(flat_matvec, out_axes=1)(eye)
+    x, st = self.solve_matrix(matrix, b_flat)
+    return unravel(x), st
+
+  def _check(self, matrix, x, b):
+    eps = float(jnp.finfo(matrix.dtype).eps)
+    tol = eps ** 0.5 if self.tol is None else self.tol
+    r = jnp.max(jnp.abs(b - matrix @ x), initial=0.)
+    a_norm = jnp.max(jnp.sum(jnp.abs(matrix), axis=1), initial=0.)
+    scale = a_norm * jnp.max(jnp.abs(x), initial=0.) + jnp.max(
+        jnp.abs(b), initial=0.)
+    finite = jnp.all(jnp.isfinite(x)) & jnp.isfinite(r)
+    ok = finite & (r <= tol * scale)
+    code = jnp.where(ok, CONVERGED, jnp.where(finite, MAX_ITER, NONFINITE))
+    return status(code, 1, r / jnp.where(scale > 0, scale, 1.))
+
+  def solve_matrix(self, matrix, b) -> tuple[jax.Array, Status]:
+    """Solves ``matrix @ x = b`` for a vector ``b``; returns ``(x, Status)``."""
+    if b.size == 1:
+      x = b / matrix[0, 0]
+    else:
+      x = jnp.linalg.solve(matrix, b)
+    return x, self._check(matrix, x, b)
+
+  def factor(self, matrix):
+    """The LU factorization of ``matrix``, for `solve_factored`."""
+    if matrix.shape[0] == 1:
+      return matrix, None
+    return jax.scipy.linalg.lu_factor(matrix)
+
+  def solve_factored(self, matrix, factors, b, transpose: bool):
+    """Solves ``matrix @ x = b`` (or ``matrix.T @ x = b``) with the factors
+    of `factor`; returns ``(x, Status)``."""
+    m = matrix.T if transpose else matrix
+    if b.size == 1:
+      x = b / matrix[0, 0]
+    else:
+      x = jax.scipy.linalg.lu_solve(factors, b, trans=int(transpose))
+    return x, self._check(m, x, b)
+
+
+# --- CG -----------------------------------------------------------------------
+
+def _probe(b):
+  """A fixed vector unlike ``b``, to test the matrix with."""
+  i = jnp.arange(b.size, dtype=jnp.float32)
+  return jnp.cos(1.0 + 2.3 * i).astype(b.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class CG:
+  """Conjugate gradients, matrix-free, for symmetric (Hermitian) positive
+  definite systems.
+
+  ``tol`` bounds the relative residual: the solve fails unless
+  ``|b - A x|_2 <= max(tol |b|_2, atol)``, checked on the true residual of the
+  returned ``x``; None means 1e-10 for 64-bit and 1e-6 for 32-bit unknowns
+  (`krylov_tol`).
+  ``maxiter`` (None: 10 times the number of unknowns) bounds the iterations.
+
+  With ``check=True`` (the default), two extra matvecs test the matrix on two
+  vectors (``b`` and a fixed probe): it must be symmetric on them
+  (``u.A v == v.A u`` to the square root of eps) and positive
+  (``u.A u > 0``). This catches a non-symmetric or negative definite matrix
+  before CG returns a wrong answer, but is a necessary condition only: an
+  indefinite matrix that passes it makes CG fail to converge, which the
+  residual check reports.
+  """
+  tol: float | None = None
+  atol: float = 0.0
+  maxiter: int | None = None
+  check: bool = True
+
+  def __call__(self, matvec: Callable, b):
+    b_flat, A, unravel = flat_problem(matvec, b)
+    tol = _tol(self.tol, b_flat)
+    maxiter = 10 * b_flat.size if self.maxiter is None else self.maxiter
+    reason = jnp.int32(CONVERGED)
+    if self.check:
+      reason = jnp.where(self._spd_on_probes(A, b_flat), CONVERGED, NOT_SPD)
+    x, steps = _cg(A, b_flat, tol, self.atol, maxiter)
+    return unravel(x), _residual_status(A, x, b_flat, tol, self.atol, steps,
+                                        reason)
+
+  @staticmethod
+  def _spd_on_probes(A, b):
+    u = b / jnp.where(_norm(b) > 0, _norm(b), 1.).astype(b.dtype)
+    u = jnp.where(_norm(b) > 0, u, _probe(b) * 0.5)
+    v = _probe(b)
+    Au, Av = A(u), A(v)
+    uAv, vAu = jnp.vdot(u, Av), jnp.vdot(v, Au)
+    eps = float(jnp.finfo(b.dtype).eps)
+    scale = _norm(u) * _norm(Av) + _norm(v) * _norm(Au)
+    symmetric = jnp.abs(uAv - jnp.conj(vAu)) <= eps ** 0.5 * scale
+    positive = (jnp.real(jnp.vdot(u, Au)) > 0) & (jnp.real(jnp.vdot(v, Av))
+                                                  > 0)
+    return symmetric & positive
+
+
+def _cg(A, b, tol, atol, maxiter):
+  """Plain conjugate gradients from zero; returns ``(x, steps)``."""
+  bound = jnp.maximum(tol * _norm(b), atol) ** 2
+  rr0 = jnp.real(jnp.vdot(b, b))
+
+  def cond(c):
+    k, _, r, _, rr = c
+    return (k < maxiter) & (rr > bound) & jnp.isfinite(rr)
+
+  def body(c):
+    k, x, r, p, rr = c
+    Ap = A(p)
+    alpha = rr / jnp.vdot(p, Ap)
+    x = x + alpha * p
+    r = r - alpha * Ap
+    rr_new = jnp.real(jnp.vdot(r, r))
+    p = r + (rr_new / rr) * p
+    return k + 1, x, r, p, rr_new
+
+  init = (jnp.int32(0), jnp.zeros_like(b), b, b, rr0)
+  k, x, *_ = jax.lax.while_loop(cond, body, init)
+  return x, k
+
+
+# --- GMRES --------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GMRES:
+  """GMRES (``jax.scipy.sparse.linalg.gmres`` with the "incremental" method,
+  which stays accurate on ill-conditioned systems), matrix-free, for general
+  systems. ``restart`` is capped at the number of unknowns. ``tol`` and
+  ``atol`` bound the relative residual, checked as for `CG`; ``steps`` in
+  the Status is the bound on restarts, since JAX's GMRES does not count."""
+  tol: float | None = None
+  atol: float = 0.0
+  restart: int = 20
+  maxiter: int | None = None
+
+  def __call__(self, matvec: Callable, b):
+    b_flat, A, unravel = flat_problem(matvec, b)
+    tol = _tol(self.tol, b_flat)
+    restart = max(1, min(self.restart, b_flat.size))
+    maxiter = 10 * b_flat.size if self.maxiter is None else self.maxiter
+    x, _ = jax.scipy.sparse.linalg.gmres(
+        A, b_flat, tol=tol, atol=self.atol, restart=restart, maxiter=maxiter,
+        solve_method="incremental")
+    return unravel(x), _residual_status(A, x, b_flat, tol, self.atol,
+                                        maxiter)
+
+
+# --- a matvec that is a matrix ------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MatMul:
+  """The matvec ``x -> A @ x`` with the matrix ``A`` as ``params``:
+  ``linear_solve(MatMul(), b, A)`` solves ``A x = b`` for a vector ``b``.
+
+  Unlike a matvec function, it says that its params *are* the matrix, so
+  `Dense` uses ``A`` as it is (no matrix built from matvecs) and factorizes
+  it once: the transposed solve of reverse mode reuses the LU factors of the
+  forward solve. Other solvers use it as a matvec.
+  """
+
+  def __call__(self, x, A):
+    return A @ x
+
+  def __repr__(self):
+    return "MatMul()"
+

@@ -1,0 +1,157 @@
+"""The nonlinear solvers of `hijax.implicit`: `FixedPointIteration` and
+`Newton`. Each returns ``(x, Status)``; it stops on a non-finite iterate.
+
+Tolerances are per leaf of the unknown's pytree: a leaf is converged when the
+error measure of that leaf is at most ``tol * (1 + max|x_leaf|)``, with
+``tol`` (None: `default_tol` of the leaf's dtype) the same for every leaf when
+given.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from hijax.implicit._linear import Dense
+from hijax.implicit._status import (CONVERGED, LINEAR_FAILED, MAX_ITER,
+                                    NONFINITE, all_finite, default_tol,
+                                    solved, status)
+
+__all__ = ["FixedPointIteration", "Newton"]
+
+
+def _leaf_max_abs(tree):
+  return [jnp.max(jnp.abs(x), initial=0.).astype(jnp.float32)
+          for x in jax.tree.leaves(tree)]
+
+
+def _tols(tol, tree):
+  return [default_tol(x.dtype) if tol is None else tol
+          for x in jax.tree.leaves(tree)]
+
+
+_HISTORY = 8  # past step sizes kept per leaf, to estimate a contraction rate
+
+
+def _iterate(step, x0, tols, max_iter, estimate):
+  """Runs ``x, dx, ok = step(x)`` until every leaf's error estimate (from
+  ``estimate(k, step, rounding_floor, past_steps)``) is within tolerance, an
+  iterate is non-finite, ``ok`` is False, or ``max_iter`` steps."""
+  n = len(jax.tree.leaves(x0))
+  inf = jnp.float32(jnp.inf)
+  eps = [float(jnp.finfo(x.dtype).eps) if jnp.issubdtype(x.dtype, jnp.inexact)
+         else 0. for x in jax.tree.leaves(x0)]
+
+  def within(x, est):
+    return [e <= t * (1 + a) for e, t, a in zip(est, tols, _leaf_max_abs(x))]
+
+  def cond(c):
+    k, x, _, _, done, finite, ok = c
+    return (k < max_iter) & finite & ok & ~jnp.all(jnp.stack(done))
+
+  def body(c):
+    k, x, est, past, done, _, _ = c
+    x, dx, ok = step(x)
+    norms = _leaf_max_abs(dx)
+    # a step below the rounding level of x still carries f's rounding error
+    floors = [e * a for e, a in zip(eps, _leaf_max_abs(x))]
+    new = [estimate(k, s, f, h) for s, f, h in zip(norms, floors, past)]
+    # a leaf that met its tolerance stays converged (and keeps that estimate)
+    est = [jnp.where(d, e, n) for d, e, n in zip(done, est, new)]
+    done = [d | w for d, w in zip(done, within(x, new))]
+    # past[:-1]: the last steps, newest first; past[-1]: the first step.
+    past = [jnp.concatenate([s[None], h[:-2],
+                             jnp.where(k == 0, s, h[-1])[None]])
+            for s, h in zip(norms, past)]
+    return (k + 1, x, est, past, done, all_finite(x), ok)
+
+  if not n:
+    return x0, status(CONVERGED, 0, 0.)
+  init = (jnp.int32(0), x0, [inf] * n, [jnp.full(_HISTORY + 1, inf)] * n,
+          [jnp.bool_(False)] * n, all_finite(x0), jnp.bool_(True))
+  k, x, est, _, done, finite, ok = jax.lax.while_loop(cond, body, init)
+  done = jnp.all(jnp.stack(done)) & ok
+  code = jnp.where(~finite, NONFINITE, jnp.where(
+      done, CONVERGED, jnp.where(ok, MAX_ITER, LINEAR_FAILED)))
+  rel = [e / (1 + s) for e, s in zip(est, _leaf_max_abs(x))]
+  error = jnp.max(jnp.stack(rel))
+  return x, status(code, k, jnp.where(finite, error, jnp.inf))
+
+
+def _contraction_estimate(k, raw, floor, past):
+  """``|x_k - x*|`` for a contraction of rate q: at most ``q / (1 - q)`` times
+  the last step ``s``. ``q`` is the largest of the last ratio of steps, their
+  geometric mean ratio over up to `_HISTORY` steps and that since the first
+  step, so that steps at the rounding level cannot fake a fast rate; inf
+  after a single step. Only when every step so far was exactly zero (``x0``
+  is a fixed point of ``f`` as computed) is the estimate zero."""
+  s = jnp.maximum(raw, floor)
+  m = jnp.minimum(k, _HISTORY)
+  kf = jnp.maximum(k, 1).astype(jnp.float32)
+  last = s / past[0]
+  span = past[jnp.maximum(m - 1, 0)]
+  mean = (s / span) ** (1 / jnp.maximum(m, 1).astype(jnp.float32))
+  mean_all = (s / past[-1]) ** (1 / kf)
+  q = jnp.maximum(jnp.maximum(last, mean), mean_all)
+  est = jnp.where(q < 1, s * q / (1 - q), jnp.inf)
+  exact = (raw == 0) & ((k == 0) | (past[-1] == 0))
+  return jnp.where(exact | (s == 0), 0., jnp.where(k == 0, jnp.inf, est))
+
+
+def _step_estimate(k, raw, floor, past):
+  del k, floor, past
+  return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPointIteration:
+  """Iterates ``x <- f(x, params)``; converges when ``f`` is a contraction in
+  ``x``.
+
+  ``tol`` bounds the *distance to the fixed point*, estimated from the
+  observed rate ``q`` (the larger of the ratio of the last two steps and the
+  mean ratio over the last eight) as
+  ``q / (1 - q) * |last step|``: each leaf stops when that estimate is at
+  most ``tol * (1 + max|x|)``. A slow contraction (``q`` near 1) therefore
+  needs steps far smaller than ``tol``. None means 1e-12 for float64 leaves
+  and 1e-6 for float32 ones (`default_tol`). ``max_iter`` (10,000) is enough
+  for a contraction of rate 0.99 to reach 1e-12; reaching it is a failure.
+  """
+  tol: float | None = None
+  max_iter: int = 10_000
+
+  def __call__(self, f: Callable, x0, params):
+    def step(x):
+      new = f(x, params)
+      return new, jax.tree.map(jnp.subtract, new, x), jnp.bool_(True)
+    return _iterate(step, x0, _tols(self.tol, x0), self.max_iter,
+                    _contraction_estimate)
+
+
+@dataclasses.dataclass(frozen=True)
+class Newton:
+  """Newton's method for ``g(x, params) = 0``: each step solves with the
+  Jacobian ``dg/dx`` (as a matvec) using ``linear_solver``.
+
+  ``tol`` bounds the last Newton step, per leaf, ``|dx| <= tol (1 + |x|)``
+  (near a simple root the step is the distance of the previous iterate to the
+  root, and the returned iterate is closer still); the linear solve of that
+  last step must have succeeded. None: `default_tol`. ``max_iter`` (50)
+  reached, a non-finite iterate (a singular Jacobian) or a failed linear
+  solve is a failure.
+  """
+  tol: float | None = None
+  max_iter: int = 50
+  linear_solver: Callable = Dense()
+
+  def __call__(self, g: Callable, x0, params):
+    def step(x):
+      gx = lambda y: g(y, params)
+      matvec = lambda v: jax.jvp(gx, (x,), (v,))[1]
+      dx, st = solved(self.linear_solver(matvec, gx(x)), "Newton")
+      return jax.tree.map(jnp.subtract, x, dx), dx, st.converged | (
+          st.reason == NONFINITE)  # a non-finite step stops as non-finite
+    return _iterate(step, x0, _tols(self.tol, x0), self.max_iter,
+                    _step_estimate)

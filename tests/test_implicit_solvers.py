@@ -1,0 +1,209 @@
+"""hijax.implicit's solvers on what breaks them: non-symmetric and complex
+systems in both modes, batch rules with unbatched and non-leading batch
+axes, the dtype defaults in use, a matrix handed over as one (`MatMul`),
+the scalar path of `Dense`, and eager calls compiled once."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hijax.implicit import (CG, GMRES, Dense, MatMul, fixed_point,
+                            linear_solve, root)
+
+NONSYM = jnp.array([[3., 1., 0.5], [-1., 2., 0.3], [0.2, -0.7, 1.5]])
+B = jnp.array([1., -2., 0.5])
+
+
+def matvec(x, A):
+  return A @ x
+
+
+def close(a, b, rtol=1e-4, atol=1e-5):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+def _count(jaxpr, name):
+  n = 0
+  for eqn in jaxpr.eqns:
+    n += eqn.primitive.name == name
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (list, tuple)) else (v,)):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          n += _count(inner, name)
+  return n
+
+
+# --- non-symmetric systems: a transpose left out would show ---------------------
+
+@pytest.mark.parametrize("solver,matvec", [(Dense(), matvec),
+                                           (GMRES(), matvec),
+                                           (Dense(), MatMul())],
+                         ids=["Dense", "GMRES", "Dense-MatMul"])
+def test_nonsymmetric_both_modes(solver, matvec):
+  ours = jax.jit(lambda A, b: linear_solve(matvec, b, A, solver=solver))
+  close(ours(NONSYM, B), jnp.linalg.solve(NONSYM, B))
+  for jac in (jax.jacrev, jax.jacfwd):
+    close(jax.jit(jac(ours, argnums=(0, 1)))(NONSYM, B),
+          jac(jnp.linalg.solve, argnums=(0, 1))(NONSYM, B))
+
+
+def test_nonsymmetric_transpose_rule():
+  f = lambda b: linear_solve(matvec, b, NONSYM)
+  (ct,) = jax.linear_transpose(f, B)(B)
+  close(ct, jnp.linalg.solve(NONSYM.T, B))
+
+
+def test_root_with_a_nonsymmetric_jacobian_in_reverse_mode():
+  # g(x, p) = A x + x^3/10 - p: dg/dx = A + diag(3x^2/10) is not symmetric.
+  g = lambda x, p: NONSYM @ x + x ** 3 / 10 - p
+  for linear_solver in (Dense(), GMRES()):
+    sol = jax.jit(lambda p: root(g, jnp.zeros(3), p,
+                                 linear_solver=linear_solver))
+    x = sol(B)
+    J = NONSYM + jnp.diag(3 * x ** 2 / 10)
+    close(jax.jit(jax.jacrev(sol))(B), jnp.linalg.inv(J))
+
+
+# --- complex systems, every solver and mode ----------------------------------------
+
+_CA = jnp.array([[2. + 1j, 0.5 - 0.2j], [-0.3j, 1.5 + 0.1j]], jnp.complex64)
+_HPD = jnp.array([[3., 1. - 1j], [1. + 1j, 2.]], jnp.complex64)
+_CB = jnp.array([1. + 2j, -1j], jnp.complex64)
+
+
+@pytest.mark.parametrize("solver,A", [(Dense(), _CA), (GMRES(), _CA),
+                                      (CG(), _HPD)], ids=["Dense", "GMRES",
+                                                          "CG"])
+def test_complex_systems(solver, A):
+  ours = lambda A, b: linear_solve(matvec, b, A, solver=solver)
+  close(jax.jit(ours)(A, _CB), jnp.linalg.solve(A, _CB))
+  tA, tb = 0.3 * A.T, jnp.array([1j, 1.], jnp.complex64)
+  close(jax.jit(lambda *a: jax.jvp(ours, a, (tA, tb)))(A, _CB),
+        jax.jvp(jnp.linalg.solve, (A, _CB), (tA, tb)))
+  ct = jnp.array([0.5 - 1j, 2.], jnp.complex64)
+  close(jax.jit(lambda A, b: jax.vjp(ours, A, b)[1](ct))(A, _CB),
+        jax.vjp(jnp.linalg.solve, A, _CB)[1](ct))
+
+
+# --- batch rules: unbatched inputs, non-leading and non-square batches -------------------
+
+def test_linear_solve_batched_on_b_only_along_axis_1():
+  bs = jnp.arange(15.).reshape(3, 5) - 7  # five right-hand sides, batch axis 1
+  for solver in (Dense(), GMRES()):
+    f = jax.jit(jax.vmap(lambda b: linear_solve(matvec, b, NONSYM,
+                                                solver=solver), in_axes=1))
+    close(f(bs), jnp.linalg.solve(NONSYM, bs).T)
+
+
+def test_linear_solve_batched_on_the_matrix_only():
+  As = jnp.stack([NONSYM, NONSYM.T, NONSYM + jnp.eye(3), 2 * NONSYM])
+  grad = jax.jit(jax.vmap(jax.grad(
+      lambda A: linear_solve(matvec, B, A).sum())))
+  close(grad(As), jnp.stack([jax.grad(lambda A: jnp.linalg.solve(A, B).sum())(
+      A) for A in As]))
+
+
+def test_fixed_point_and_root_batched_on_params_axis_1():
+  cs = jnp.array([[1., 2., 3., 4., 5.], [0., -1., 1., 0.5, 2.]])  # (2, 5)
+  A = jnp.array([[0.2, -0.1], [0.3, 0.1]])  # not symmetric
+  fp = lambda c: fixed_point(lambda x, c: A @ x + c, jnp.zeros(2), c)
+  explicit = lambda c: jnp.linalg.solve(jnp.eye(2) - A, c)
+  close(jax.jit(jax.vmap(fp, in_axes=1))(cs), jax.vmap(explicit, 1)(cs))
+  close(jax.jit(jax.vmap(jax.jacrev(fp), in_axes=1))(cs),
+        jax.vmap(jax.jacrev(explicit), 1)(cs))
+  g = lambda x, c: x ** 3 + x - c
+  r = jax.jit(jax.vmap(jax.grad(lambda c: root(g, 0., c)), in_axes=0))
+  xs = jax.vmap(lambda c: root(g, 0., c))(cs[0])
+  close(r(cs[0]), 1 / (3 * xs ** 2 + 1))
+
+
+# --- the dtype defaults in use ----------------------------------------------------
+
+def test_cg_default_tolerance_in_float64_and_float32():
+  # An SPD system with condition 1e4: 1e-6 would leave a residual ~1e-7.
+  Q = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (12, 12)))[0]
+  A32 = (Q * jnp.logspace(0, 4, 12)) @ Q.T
+  b32 = jnp.ones(12)
+  with jax.enable_x64(True):
+    A, b = A32.astype(jnp.float64), b32.astype(jnp.float64)
+    A = (A + A.T) / 2
+    x = linear_solve(matvec, b, A, solver=CG())
+    assert x.dtype == jnp.float64
+    assert np.linalg.norm(A @ x - b) <= 1e-10 * np.linalg.norm(b)
+  x32, st = linear_solve(matvec, b32, (A32 + A32.T) / 2, solver=CG(),
+                         throw=False)
+  assert x32.dtype == jnp.float32
+  if bool(st.converged):
+    assert float(st.error) <= 1e-6
+
+
+# --- MatMul, the scalar path and the eager cache --------------------------------------
+
+def test_matmul_factorizes_once_for_value_and_gradient():
+  loss = lambda A, b: linear_solve(MatMul(), b, A).sum()
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(NONSYM, B).jaxpr
+  assert _count(jaxpr, "lu") == 1, jaxpr
+  close(jax.jit(jax.grad(loss, argnums=(0, 1)))(NONSYM, B),
+        jax.grad(lambda A, b: jnp.linalg.solve(A, b).sum(),
+                 argnums=(0, 1))(NONSYM, B))
+  plain = lambda A, b: linear_solve(matvec, b, A).sum()
+  plain_jaxpr = jax.make_jaxpr(jax.grad(plain))(NONSYM, B).jaxpr
+  assert _count(plain_jaxpr, "lu") == 0  # staged: LinearSolve twice
+  assert _count(plain_jaxpr, "LinearSolve") == 2
+
+
+def test_matmul_rejects_a_non_matrix():
+  with pytest.raises(TypeError, match=r"MatMul\(\).*\(n, n\) matrix"):
+    linear_solve(MatMul(), B, jnp.ones((3, 2)))
+
+
+def test_dense_solves_one_unknown_by_division():
+  step = lambda a: root(lambda x, a: x * x - a, 1., a)
+  lowered = jax.jit(jax.vmap(jax.grad(step))).lower(jnp.ones(4)).as_text()
+  assert "getrf" not in lowered.lower(), "a 1x1 LU factorization"
+  close(jax.jit(jax.vmap(jax.grad(step)))(jnp.array([1., 4.])),
+        jnp.array([.5, .25]))
+
+
+class _Compiles:
+  """Counts XLA compilations and jaxpr traces while active."""
+  EVENTS = ("/jax/core/compile/backend_compile_duration",
+            "/jax/core/compile/jaxpr_trace_duration")
+
+  def __enter__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def _listen(self, event, duration, **kwargs):
+    self.count += event in self.EVENTS
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def _newton_step(x, a):
+  return 0.5 * (x + a / x)
+
+
+def _cube(x, a):
+  return x ** 3 - a
+
+
+def test_a_second_eager_call_compiles_nothing():
+  calls = [lambda a: fixed_point(_newton_step, a, a),
+           lambda a: root(_cube, jnp.ones_like(a), a),
+           lambda a: linear_solve(matvec, a * jnp.ones(3), NONSYM),
+           lambda a: linear_solve(MatMul(), a * jnp.ones(3), NONSYM),
+           lambda a: fixed_point(_newton_step, a, a, throw=False)]
+  for call in calls:
+    call(jnp.float32(2.))
+    with _Compiles() as c:
+      jax.block_until_ready(call(jnp.float32(3.)))
+    assert c.count == 0, call
+  # new argument types compile again
+  with _Compiles() as c:
+    fixed_point(_newton_step, jnp.ones(2), jnp.ones(2))
+  assert c.count > 0
