@@ -5,6 +5,7 @@
   python3.12 -m nox -s package typecheck     wheel and sdist installed and tested; types
   python3.12 -m nox -s notebooks             regenerate + execute notebooks/*.ipynb
   python3.12 -m nox -s fuzz                  the property tests, with many more examples
+  python3.12 -m nox -s mutants               mutation testing of hijax/ (tools/mutants.py)
   python3.12 -m nox -s lab                   JupyterLab on notebooks/ with hijax installed
 
 Versions are pinned here and only here; pyproject.toml keeps ranges.
@@ -265,6 +266,19 @@ def fuzz(session):
 
 
 @nox.session(python=PYTHON)
+@_timed
+def mutants(session):
+  """Mutation testing (tools/mutants.py): one-token changes to hijax/ that no test catches.
+
+  Not in the default sessions. Extra arguments go to the script, e.g.
+  `nox -s mutants -- _checks batching --sample 30`.
+  """
+  _install(session, "tests", JAX)
+  session.run("python", "tools/mutants.py", *session.posargs,
+              env={"PYTHONPATH": None})
+
+
+@nox.session(python=PYTHON)
 def lab(session):
   """Open JupyterLab on notebooks/ with hijax installed (editable)."""
   _install(session, "tests", JAX)
@@ -278,8 +292,15 @@ def lab(session):
 # The unit tests `package` runs from the installed sdist: every unit-test module
 # is collected (so a helper missing from the sdist fails), these few run. The
 # sdist has no docs/ or site, so test_docs and test_site are left out.
-SDIST_TESTS = ["tests/test_layout.py", "tests/test_packaging.py",
-               "tests/test_primitive.py"]
+SDIST_TESTS = ["tests/test_layout.py", "tests/test_packaging.py"]
+
+
+def _fresh_hijax(session):
+  """Install options that rebuild and reinstall hijax even where a kept
+  environment has the same version (its files may have changed since)."""
+  if session.venv_backend == "uv":
+    return ["--reinstall-package", "jax-hijax"]
+  return ["--force-reinstall"]
 
 
 def _constraints(session):
@@ -308,7 +329,7 @@ def package(session):
     session.run("python", "-m", "build", "--outdir", str(dist), ".")
   (wheel,), (sdist,) = dist.glob("*.whl"), dist.glob("*.tar.gz")
 
-  session.install(str(wheel), f"jax=={JAX}")
+  session.install(*_fresh_hijax(session), str(wheel), f"jax=={JAX}")
   example = tmp / "readme_example.py"
   readme = (ROOT / "README.md").read_text()
   example.write_text(readme.split("```python\n", 1)[1].split("```", 1)[0])
@@ -323,8 +344,8 @@ def package(session):
   shutil.rmtree(unpacked, ignore_errors=True)
   shutil.unpack_archive(sdist, unpacked)
   (root,) = unpacked.iterdir()
-  reinstall = "--reinstall" if session.venv_backend == "uv" else "--force-reinstall"
-  session.install(reinstall, f"{sdist}[tests]", f"jax=={JAX}",
+  # Replace the wheel's hijax with the sdist's (built from it); keep the rest.
+  session.install(*_fresh_hijax(session), f"{sdist}[tests]", f"jax=={JAX}",
                   "-c", _constraints(session))
   session.chdir(root)
   # The `pytest` script, not `python -m pytest`, so the sdist's own hijax/
@@ -368,12 +389,16 @@ def typecheck(session):
   if skip:
     return
   # Not editable: the type checkers read the installed copy as a user's would.
-  session.install(".", f"jax=={JAX}", "basedpyright", "mypy",
+  session.install(*_fresh_hijax(session), ".", f"jax=={JAX}", "basedpyright", "mypy",
                   "-c", _constraints(session))
   tmp = Path(session.create_tmp()).resolve()
-  session.chdir(tmp)  # away from the checkout: verify the installed package
-  session.run("basedpyright", "--verifytypes", "hijax", "--ignoreexternal")
-  session.chdir(ROOT)
   session.run("basedpyright")  # hijax/ and tests/typecheck/, as configured
-  session.run("mypy", "--cache-dir", str(tmp / "mypy_cache"))
+  # Away from the checkout, `import hijax` is the installed copy: verifytypes
+  # checks what a user gets, and mypy sees the user code as a user's mypy does
+  # (errors inside an installed package are not the user's to fix).
+  session.chdir(tmp)
+  session.run("basedpyright", "--verifytypes", "hijax", "--ignoreexternal")
+  session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"),
+              "--cache-dir", str(tmp / "mypy_cache"), str(ROOT / "tests" / "typecheck"))
+  session.chdir(ROOT)
   _record_pass(session, key)

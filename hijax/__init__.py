@@ -27,6 +27,8 @@ from hijax._avals import (mapped_aval, saved_residuals, shard_aval,
                           unmapped_aval, unshard_aval)
 from hijax.closure import (ClosureConverted, closure_convert,
                            closure_convert_params)
+from hijax.residuals import (Residual, ResidualReport, assert_residual_bytes,
+                             residual_report)
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
@@ -39,7 +41,8 @@ __all__ = [
     "SaveOnlyTheseNames", "save_only_these_names", "SaveAnyNamesButThese",
     "save_any_names_but_these", "mapped_aval", "unmapped_aval", "shard_aval",
     "unshard_aval", "saved_residuals", "closure_convert",
-    "closure_convert_params", "ClosureConverted",
+    "closure_convert_params", "ClosureConverted", "residual_report",
+    "assert_residual_bytes", "ResidualReport", "Residual",
 ]
 __version__: str = _metadata.installed_version()
 _metadata.warn_on_clash()

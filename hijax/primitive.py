@@ -366,7 +366,7 @@ class HiPrim:
                              and hash(self) == hash(other)
                              and self._key == other._key)
 
-  def __getstate__(self):
+  def __getstate__(self) -> dict[str, Any]:
     # The cached hash is of this process (string hashes differ between
     # processes): a copy, pickled or deep-copied, computes its own.
     state = dict(self.__dict__)

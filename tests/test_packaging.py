@@ -10,6 +10,7 @@ import importlib.metadata
 import importlib.util
 import pathlib
 import re
+import sys
 import tomllib
 import warnings
 
@@ -146,6 +147,7 @@ def _load(name: str):
       f"typecheck_{name}", TYPECHECK / f"{name}.py")
   assert spec and spec.loader
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 

@@ -3,10 +3,12 @@
 Each *mutant* is a copy of one module of ``hijax/`` with one token changed
 (``<`` for ``<=``, ``+`` for ``-``, ``and`` for ``or``, ``True`` for ``False``,
 a number plus one, a ``not`` dropped, ``is`` for ``is not``, ``raise`` made a
-``return``, a ``return`` value made None, ``break`` for ``continue``). For
+``return``, a ``return`` value made None, ``break`` for ``continue``),
+outside docstrings, comments and f-strings (messages, checked by the
+message tests rather than by mutants). For
 each mutant the test files that cover the module (`MODULE_TESTS`) run with
-``-x``; the mutant is *killed* if one fails (or the run exceeds the timeout)
-and *survives* otherwise. A survivor is a change that no test notices: either
+``-x``; the mutant is *killed* if one fails and *survives* otherwise (a run
+past the timeout is reported as undecided and not scored). A survivor is a change that no test notices: either
 a missing test, or an *equivalent* mutant (one that cannot change behaviour),
 listed with the reason in ``tools/mutants_equivalent.txt``.
 
@@ -15,6 +17,7 @@ listed with the reason in ``tools/mutants_equivalent.txt``.
   python tools/mutants.py --sample 40 --seed 1  at most 40 mutants per module
   python tools/mutants.py --list _util          print the mutants, run nothing
   python tools/mutants.py --only KEY ...        rerun the given mutants
+  python tools/mutants.py --quick ...           only the fast core test files
 
 Run with ``PYTHONPATH`` unset: the mutants run in a scratch copy of
 ``hijax/`` and ``tests/`` (the checkout is never modified). jax, pytest and
@@ -41,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutants_equivalent.txt"
 
 # The fast, focused core tests run first, then the module's own test files.
-CORE = ["tests/test_core_misuse.py", "tests/test_core_rules.py"]
+CORE = ["tests/test_core_edges.py", "tests/test_core_misuse.py",
+        "tests/test_core_rules.py"]
 MODULE_TESTS = {
     "_util.py": CORE + ["tests/test_autodiff.py"],
     "_checks.py": CORE + ["tests/test_rule_outputs.py"],
@@ -108,10 +112,16 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
       return
     out.append(m)
 
+  fstring = getattr(tokenize, "FSTRING_START", None)
+  depth = 0  # inside an f-string: a message, not logic
   for i, tok in enumerate(tokens):
     nxt = tokens[i + 1] if i + 1 < len(tokens) else None
     prev = tokens[i - 1] if i else None
     s = tok.string
+    if fstring is not None and tok.type in (fstring, tokenize.FSTRING_END):
+      depth += 1 if tok.type == fstring else -1
+    if depth:
+      continue
     if tok.type in (tokenize.OP, tokenize.NAME) and s in _SWAPS:
       if s == "return" and (nxt is None or nxt.type in (
           tokenize.NEWLINE, tokenize.COMMENT) or nxt.string == "None"):
@@ -181,6 +191,9 @@ def _run_tests(ws: Path, tests: list[str], timeout: float) -> str:
       devnull = os.open(os.devnull, os.O_WRONLY)
       os.dup2(devnull, 1)
       os.dup2(devnull, 2)
+      import hijax
+      if not Path(hijax.__file__).resolve().is_relative_to(ws.resolve()):
+        os._exit(3)  # an installed hijax shadows the mutated copy
       import pytest
       code = pytest.main(["-x", "-q", "-p", "no:cacheprovider",
                           "-p", "no:randomly", "-W", "ignore", *tests])
@@ -191,7 +204,11 @@ def _run_tests(ws: Path, tests: list[str], timeout: float) -> str:
   while True:
     done, status = os.waitpid(pid, os.WNOHANG)
     if done:
-      return "passed" if os.waitstatus_to_exitcode(status) == 0 else "failed"
+      code = os.waitstatus_to_exitcode(status)
+      if code == 3:
+        raise SystemExit("tools/mutants.py: the tests import an installed "
+                         "hijax, not the mutated copy; uninstall it")
+      return "passed" if code == 0 else "failed"
     if time.monotonic() > deadline:
       os.kill(pid, signal.SIGKILL)
       os.waitpid(pid, 0)
@@ -206,16 +223,30 @@ def main(argv=None) -> int:
   parser.add_argument("--sample", type=int, default=0,
                       help="at most this many mutants per module, drawn at random")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--timeout", type=float, default=180,
-                      help="seconds per mutant (a timeout counts as killed)")
+  parser.add_argument("--timeout", type=float, default=600,
+                      help="seconds per mutant; a mutant whose tests run longer "
+                      "is reported as undecided (a loop it made endless, or a "
+                      "loaded machine), not scored")
   parser.add_argument("--only", nargs="*", default=None,
                       help="run only the mutants with these keys")
+  parser.add_argument("--only-file", type=Path, default=None,
+                      help="run only the mutants whose keys are lines of this file")
+  parser.add_argument("--quick", action="store_true",
+                      help="run only the core test files (tests/test_core_*.py) "
+                      "where a module has them, not the module's own files")
+  parser.add_argument("--no-baseline", action="store_true",
+                      help="skip the run of the unmutated tests (known to pass)")
+  parser.add_argument("-k", dest="keyword", default=None,
+                      help="pytest -k expression selecting the tests to run")
   parser.add_argument("--list", action="store_true",
                       help="print the mutants and exit")
   parser.add_argument("--report", type=Path, default=None,
                       help="also write the report to this file")
   args = parser.parse_args(argv)
 
+  if args.only_file:
+    args.only = [*(args.only or []),
+                 *args.only_file.read_text().strip().splitlines()]
   names = [m if m.endswith(".py") else f"{m}.py" for m in args.modules]
   names = names or list(MODULE_TESTS)
   for name in names:
@@ -239,7 +270,7 @@ def main(argv=None) -> int:
 
   _preload()
   ws = _workspace()
-  report = []
+  report, baselines = [], {}
 
   def say(line=""):
     print(line, flush=True)
@@ -250,14 +281,21 @@ def main(argv=None) -> int:
       if not muts:
         continue
       tests = [t for t in MODULE_TESTS[name] if (ROOT / t).exists()]
+      if args.quick and any(t in CORE for t in tests):
+        tests = [t for t in tests if t in CORE]
       target = ws / "hijax" / name
       original = target.read_text()
+      if args.keyword:
+        tests = [*tests, "-k", args.keyword]
       t0 = time.monotonic()
-      if _run_tests(ws, tests, args.timeout * 3) != "passed":
-        say(f"{name}: the unmutated tests fail ({' '.join(tests)}); skipped")
+      if not args.no_baseline and tuple(tests) not in baselines:
+        baselines[tuple(tests)] = _run_tests(ws, tests, args.timeout * 3)
+        say(f"unmutated: {' '.join(tests)} {baselines[tuple(tests)]} in "
+            f"{time.monotonic() - t0:.0f} s")
+      if baselines.get(tuple(tests), "passed") != "passed":
+        say(f"{name}: the unmutated tests fail; skipped")
         continue
-      say(f"{name}: {len(muts)} mutants, tests {' '.join(tests)} "
-          f"(unmutated: {time.monotonic() - t0:.0f} s)")
+      say(f"{name}: {len(muts)} mutants, tests {' '.join(tests)}")
       counts = {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0}
       for m in muts:
         target.write_text(m.apply(original))
@@ -276,12 +314,12 @@ def main(argv=None) -> int:
         else:
           counts["survived"] += 1
           say(f"  SURVIVED  line {m.line}: {m.key}")
-      killed = counts["killed"] + counts["timeout"]
-      scored = len(muts) - counts["equivalent"]
-      say(f"{name}: killed {killed}/{len(muts)} ({counts['timeout']} by "
-          f"timeout), {counts['equivalent']} equivalent, "
-          f"{counts['survived']} survived; score {killed}/{scored} "
-          f"non-equivalent; {time.monotonic() - t0:.0f} s")
+      killed = counts["killed"]
+      scored = len(muts) - counts["equivalent"] - counts["timeout"]
+      say(f"{name}: {len(muts)} mutants: {killed} killed, "
+          f"{counts['survived']} survived, {counts['equivalent']} equivalent, "
+          f"{counts['timeout']} undecided (timeout); score {killed}/{scored}; "
+          f"{time.monotonic() - t0:.0f} s")
   finally:
     shutil.rmtree(ws, ignore_errors=True)
     if args.report:

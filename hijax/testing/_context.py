@@ -107,6 +107,13 @@ class CheckContext:
     """Whether every primitive found defines the rule of ``mode``."""
     return all(mode in r for r in self.rules)
 
+  @property
+  def fd_of(self) -> str:
+    """What finite differences are taken of: ``expand`` for hijax
+    primitives, ``the function`` for jax.custom_jvp / custom_vjp ones."""
+    return ("expand" if all(hasattr(p, "in_avals") for p in self.prims)
+            else "the function")
+
   def rule_name(self, mode) -> str:
     names = [r[mode] for r in self.rules if mode in r]
     if not names:  # not a rule's own check: name the primitives
@@ -268,5 +275,5 @@ class CheckContext:
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         pass
     est = self.fd(direction)
-    return (est.values, "finite differences of expand", est.bounds,
+    return (est.values, f"finite differences of {self.fd_of}", est.bounds,
             list(est.tangents))
