@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import jax
+import jax.extend  # noqa: F401  (jax.extend.core)
 from jax.extend import source_info_util
 from jax.interpreters import ad as public_ad
 
@@ -130,7 +131,7 @@ def _equation(eqn, states, outer=None) -> list[str]:
   if inner is not None:
     return _walk(_open(inner)[0], states, outer or _context(eqn, None))
   if name == "cond":
-    return _cond(eqn, states, outer)
+    return _cond(eqn, states, outer)  # pyright: ignore[reportReturnType]
   if name == "scan":
     return _scan(eqn, states, outer)
   if LIN not in states:
@@ -252,4 +253,4 @@ def _scan(eqn, states, outer):
     if new == carry:
       return new + outs[n_carry:]
     carry = new
-  return carry + outs[n_carry:]
+  return carry + outs[n_carry:]  # pyright: ignore[reportPossiblyUnboundVariable]

@@ -19,6 +19,9 @@ UNRELATED_DISTRIBUTION = "hijax"
 # What `installed_version` returns for a checkout used without installing it
 # (e.g. on PYTHONPATH): a valid version that says it is not known.
 UNKNOWN_VERSION = "0+unknown"
+# How this project's summary begins; metadata left by a build of a checkout
+# from before the rename to jax-hijax carries it under the name "hijax".
+OWN_SUMMARY_START = "Custom primitives, derivative rules and types for JAX"
 
 
 def installed_version() -> str:
@@ -35,6 +38,8 @@ def warn_on_clash() -> None:
     other = importlib.metadata.distribution(UNRELATED_DISTRIBUTION)
   except importlib.metadata.PackageNotFoundError:
     return
+  if (other.metadata.get("Summary") or "").startswith(OWN_SUMMARY_START):
+    return  # this project's own metadata from before its rename (a stale build)
   warnings.warn(
       f"the unrelated package {UNRELATED_DISTRIBUTION!r} "
       f"{other.version} (an experiment framework for Haiku) is installed in "

@@ -225,8 +225,8 @@ def _residual_error(prim, res, sres) -> TypeError:
     break
   name = type(prim).__name__
   return TypeError(
-      f"{name}.vjp_fwd returned a {type(r).__name__} among its {what} (at "
-      f"{what}{jax.tree_util.keystr(path)}), which is not a JAX value: "
+      f"{name}.vjp_fwd returned a {type(r).__name__} among its {what} (at "  # pyright: ignore[reportPossiblyUnboundVariable]
+      f"{what}{jax.tree_util.keystr(path)}), which is not a JAX value: "  # pyright: ignore[reportPossiblyUnboundVariable]
       "residuals are saved as arrays for the backward pass. Keep a static "
       f"Python value in {name}.params (each param is an attribute, self.NAME, "
       "in vjp_bwd_retval), or return it as an array")

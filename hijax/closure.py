@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.extend  # noqa: F401  (jax.extend.core)
 
 from hijax._internals import core
 
@@ -36,14 +37,18 @@ class ClosureConverted:
   hashable by identity, like any function, so it can be a `HiPrim` param.
   """
 
-  def __init__(self, fn, jaxpr, consts, hoisted, in_tree, out_tree):
+  __name__: str
+  __qualname__: str
+
+  def __init__(self, fn: Any, jaxpr: Any, consts: Any, hoisted: Any,
+               in_tree: Any, out_tree: Any) -> None:
     self.fn = fn
     self._jaxpr, self._consts, self._hoisted = jaxpr, consts, hoisted
     self._in_tree, self._out_tree = in_tree, out_tree
     self.__name__ = getattr(fn, "__name__", type(fn).__name__)
     self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
-  def __call__(self, *args_and_consts):
+  def __call__(self, *args_and_consts: Any) -> Any:
     *args, hoisted = args_and_consts
     flat, tree = jax.tree.flatten(tuple(args))
     if tree != self._in_tree:
@@ -55,16 +60,17 @@ class ClosureConverted:
     out = _eval_jaxpr(self._jaxpr, consts, flat)
     return jax.tree.unflatten(self._out_tree, out)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"closure_converted({self.__qualname__})"
 
 
 def _eval_jaxpr(jaxpr, consts, args):
   return jax.extend.core.jaxpr_as_fun(
-      jax.extend.core.ClosedJaxpr(jaxpr, consts))(*args)
+      jax.extend.core.ClosedJaxpr(jaxpr, consts))(*args)  # pyright: ignore[reportPrivateImportUsage]
 
 
-def closure_convert(fn: Callable, *example_args) -> tuple[Callable, list[Any]]:
+def closure_convert(fn: Callable[..., Any], *example_args: Any
+                    ) -> tuple[Callable[..., Any], list[Any]]:
   """Splits ``fn`` into a function that captures no tracer, and those tracers.
 
   Returns ``(converted, consts)``. If ``fn``, traced on arguments like
@@ -120,7 +126,7 @@ class _ParamsWithConsts:
     return repr(self.converted)
 
 
-def closure_convert_params(fn: Callable, *example_args):
+def closure_convert_params(fn: Callable, *example_args: Any) -> Any:
   """``(fn2, params2)`` with the traced arrays ``fn`` captures moved into its
   last argument.
 
@@ -136,4 +142,4 @@ def closure_convert_params(fn: Callable, *example_args):
   params = example_args[-1]
   if not consts:
     return fn, params
-  return _ParamsWithConsts(converted), (params, consts)
+  return _ParamsWithConsts(converted), (params, consts)  # pyright: ignore[reportArgumentType]

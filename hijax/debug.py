@@ -28,6 +28,8 @@ the package's ``__init__``.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 
 import jax
@@ -48,19 +50,23 @@ class CotangentProbe(HiPrim):
   ``CotangentProbe(jax.typeof(x), "name")(x)``.
   """
 
-  def __init__(self, x_aval, site: str):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, x_aval: Any, site: str) -> None:
     self.in_avals = (x_aval,)
     self.out_aval = x_aval
     self.params = dict(site=site)
     super().__init__()
 
-  def expand(self, x):
+  def expand(self, x: Any) -> Any:
     return x
 
-  def vjp_fwd(self, nzs_in, x):
+  def vjp_fwd(self, nzs_in: Any, x: Any) -> Any:
     return self(x), None
 
-  def vjp_bwd(self, res, g, x_acc):
+  def vjp_bwd(self, res: Any, g: Any, x_acc: Any) -> Any:
     del res
     if isinstance(g, Zero):
       zero = jnp.zeros((), jnp.int32)
@@ -75,10 +81,10 @@ class CotangentProbe(HiPrim):
           max_abs=jnp.max(jnp.where(finite, jnp.abs(g), 0.), initial=0.))
     return {self.site: summary}
 
-  def jvp(self, primals, tangents):
+  def jvp(self, primals: Any, tangents: Any) -> Any:
     return self(primals[0]), tangents[0]
 
-  def batch_dim_rule(self, axis_data, in_dims):
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return in_dims[0]
 
 
@@ -105,7 +111,7 @@ class SiteReport:
   nans: int = 0
   infs: int = 0
   max_abs: float = 0.
-  iterations: tuple = ()
+  iterations: tuple[Any, ...] = ()
 
   @property
   def finite(self) -> bool:
@@ -141,7 +147,7 @@ class NonFiniteReport:
         return s.site
     return None
 
-  def __str__(self):
+  def __str__(self) -> str:
     rows = [f"{'probe':<16} {'nans':>6} {'infs':>6} {'max |ct|':>10}"]
     for s in self.sites:
       if not s.reached:
@@ -167,7 +173,7 @@ class CotangentWatch:
   def __init__(self):
     self._order: dict[str, None] = {}  # site names, in first-traced order
 
-  def __call__(self, x, name: str):
+  def __call__(self, x: Any, name: str) -> Any:
     if not isinstance(name, str):
       raise TypeError(f"CotangentWatch: a probe's name must be a str, got "
                       f"{type(name).__name__}")
@@ -185,7 +191,7 @@ class CotangentWatch:
     """The probe names seen so far, in the order they were first traced."""
     return tuple(self._order)
 
-  def report(self, logs) -> NonFiniteReport:
+  def report(self, logs: Any) -> NonFiniteReport:
     """Reads the probes' entries out of ``logs`` (other keys are ignored).
 
     ``logs`` must hold concrete values: call this outside ``jit`` (return the
@@ -215,7 +221,7 @@ class CotangentWatch:
                             float(max_abs.max(initial=0.)), iterations))
     return NonFiniteReport(tuple(out))
 
-  def check(self, logs) -> NonFiniteReport:
+  def check(self, logs: Any) -> NonFiniteReport:
     """`report`, raising FloatingPointError if any probe saw a nan or an inf."""
     report = self.report(logs)
     first = report.first

@@ -105,7 +105,7 @@ def jvp_from_lin(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
 
 # --- jvp_from_vjp -----------------------------------------------------------------
 
-def jvp_from_vjp(self, primals, tangents):
+def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   """`jvp` derived from the reverse-mode rules, by transposing the backward rule.
 
   ``jvp = jvp_from_vjp`` in a class body gives a primitive that has only

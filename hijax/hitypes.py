@@ -222,7 +222,7 @@ class HiType(_jax_hijax.HiType):
   # jax.numpy converts what it is given with `__jax_array__`, which a tracer
   # looks up on its type: a hi value reaching jnp (or an array operator with
   # an array on the left) fails here, with the class and the fix.
-  __jax_array__ = aval_method(lambda x: _not_an_array(x.aval))
+  __jax_array__: Any = aval_method(lambda x: _not_an_array(x.aval))
 
 
 def _compute_through_hiprim(cls: str, name: str) -> str:

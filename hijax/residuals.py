@@ -20,7 +20,7 @@ import dataclasses
 import html
 import os
 import re
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -47,7 +47,7 @@ _DESCRIPTION = re.compile(
 class Residual:
   """One saved array: its type, size and where it comes from."""
 
-  shape: tuple
+  shape: tuple[int, ...]
   dtype: str
   nbytes: int
   what: str
@@ -142,7 +142,7 @@ class ResidualReport:
             for r in self.rows]
     return header, body
 
-  def __str__(self):
+  def __str__(self) -> str:
     header, body = self._table()
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     fmt = lambda row: "  ".join(str(x).ljust(w) for x, w in
@@ -173,7 +173,8 @@ class ResidualReport:
             "</table>")
 
 
-def residual_report(f: Callable, *args, policy=None) -> ResidualReport:
+def residual_report(f: Callable, *args: Any,
+                    policy: Any=None) -> ResidualReport:
   """What ``jax.grad(f)`` (``jax.vjp(f, *args)``) saves, as a `ResidualReport`.
 
   With ``policy``, the function is ``jax.checkpoint(f, policy=policy)``: the
@@ -194,7 +195,7 @@ def residual_report(f: Callable, *args, policy=None) -> ResidualReport:
   return ResidualReport(rows, title)
 
 
-def assert_residual_bytes(f: Callable, *args, max_bytes: int, policy=None,
+def assert_residual_bytes(f: Callable, *args: Any, max_bytes: int, policy: Any=None,
                           count_arguments: bool = False) -> ResidualReport:
   """Fails (AssertionError) if ``f`` saves more than ``max_bytes`` for ``grad``.
 

@@ -236,9 +236,11 @@ class TwoOut(UnaryPrim):
     HiPrim.__init__(self)
 
   def expand(self, x):
-    second = {"dtype": x.astype(jnp.float16), "weak": jnp.sin(1.) + 0 * x,
-              "none": x}[self.bad]
-    return x, second
+    weak = jnp.sin(1.) + 0 * x.sum()  # weak-typed, where x is not
+    first = weak if self.bad.startswith("weak-") else x
+    second = {"dtype": x.astype(jnp.float16), "weak": weak,
+              "weak-weak": weak, "weak-dtype": x.astype(jnp.float16)}[self.bad]
+    return first, second
 
 
 def test_each_output_of_expand_is_checked():
@@ -248,6 +250,12 @@ def test_each_output_of_expand_is_checked():
     TwoOut(jax.typeof(x), "dtype")(x)
   _, second = TwoOut(jax.typeof(x), "weak")(x)
   assert jax.typeof(second) == jax.typeof(x)  # the weak type conformed
+  # after an output that was conformed, the next ones are still checked
+  first, second = TwoOut(jax.typeof(x), "weak-weak")(x)
+  assert jax.typeof(first) == jax.typeof(second) == jax.typeof(x)
+  with pytest.raises(TypeError, match="TwoOut.expand returned a value of "
+                     "type float16.* for output 1"):
+    TwoOut(jax.typeof(x), "weak-dtype")(x)
 
 
 # --- hi types: defaults, and the search for tracers ------------------------------------
@@ -262,7 +270,9 @@ def test_cotangent_type_and_spec_default_to_the_tangent_ones():
 class Node:
   def __init__(self, payload):
     self.payload = payload
-    self.self_ref = {"me": self}  # a cycle: the search must stop
+    self.self_ref = {"me": self}  # cycles: the search must stop
+    self.ring = [None]
+    self.ring[0] = self.ring
 
 
 def test_tracer_search_stops_on_cycles():

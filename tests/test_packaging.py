@@ -61,6 +61,13 @@ def test_the_package_reports_its_version():
 
 class _Distribution:
   version = "0.1.0"
+  metadata = {"Summary": "An experiment framework for Haiku and Jax"}
+
+
+class _StaleOwnDistribution:
+  version = "0.1.0"
+  metadata = {"Summary": "Custom primitives, derivative rules and types for "
+              "JAX, with the JAX 301 docs that teach them."}
 
 
 def test_the_unrelated_hijax_distribution_is_named_with_the_fix(monkeypatch):
@@ -75,6 +82,14 @@ def test_the_unrelated_hijax_distribution_is_named_with_the_fix(monkeypatch):
   message = str(caught[0].message)
   assert "'hijax' 0.1.0" in message and "Haiku" in message
   assert "pip uninstall hijax jax-hijax && pip install jax-hijax" in message
+
+
+def test_no_warning_for_this_projects_metadata_from_before_the_rename(monkeypatch):
+  monkeypatch.setattr(importlib.metadata, "distribution",
+                      lambda name: _StaleOwnDistribution())
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    _metadata.warn_on_clash()
 
 
 def test_no_warning_without_the_unrelated_distribution(monkeypatch):

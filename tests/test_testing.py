@@ -572,6 +572,10 @@ _DOCS_INTENTIONAL = {
     "Step": {"Step.vjp_fwd/vjp_bwd_retval"},  # a surrogate gradient
     "ListLogger": {"ListLogger.vjp_fwd/vjp_bwd"},  # logs that are not a dict
     "RetvalWithSres": {"RetvalWithSres.vjp_fwd/vjp_bwd_retval"},  # misuse error
+    # vjp_from_jvp on a jvp that binds a primitive without a transpose rule:
+    # the page shows the error
+    "ScaleNoTranspose": {
+        "ScaleNoTranspose.vjp_fwd/vjp_bwd_retval (vjp_from_jvp)"},
 }
 # Known shortcomings of examples on the page (reported to its author).
 _DOCS_KNOWN_ISSUES: dict[str, set[str]] = {}

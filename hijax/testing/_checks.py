@@ -184,7 +184,7 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
       out = None
     if out is not None:
       result = {}
-      outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)
+      outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)  # pyright: ignore[reportPossiblyUnboundVariable]
       for k in zero_outs:
         t = np.asarray(t_outs[k], np.float64) if k < len(t_outs) else None
         if t is None or t.size == 0:

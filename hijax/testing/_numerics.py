@@ -71,7 +71,7 @@ def is_float(x) -> bool:
       aval, _core.ShapedArray) else None
   if dtype is None:
     try:
-      dtype = np.result_type(x)
+      dtype = np.result_type(x)  # pyright: ignore[reportArgumentType]
     except Exception:  # pylint: disable=broad-except
       return False
   return bool(jnp.issubdtype(dtype, jnp.floating))

@@ -68,7 +68,7 @@ def check_differentiated_rules(ctx: CheckContext):
         "second-order evaluations", 0) + evals
     ctx.ran("second_order", check)
     if mode == "vjp":
-      lhs, rhs, bound = inner_identity(w, est.values, cts, est.tangents,
+      lhs, rhs, bound = inner_identity(w, est.values, cts, est.tangents,  # pyright: ignore[reportPossiblyUnboundVariable]
                                        ctx.settings.tol, est.bounds)
       if not abs(lhs - rhs) <= bound:
         ctx.fail("second_order", check, inputs,
@@ -79,7 +79,7 @@ def check_differentiated_rules(ctx: CheckContext):
                  "as it stands (a stop_gradient, a residual computed "
                  "outside JAX, ...)", abs(lhs - rhs), rule=ctx.rule_name(mode))
     else:
-      ctx.compare("second_order", check, inputs, t_out, est.values,
+      ctx.compare("second_order", check, inputs, t_out, est.values,  # pyright: ignore[reportPossiblyUnboundVariable]
                   ctx.settings.tol, names=[sub.out_names[i] for i in
                                            sub.out_float_idx],
                   got_label="jvp of the tangent map",
