@@ -59,9 +59,10 @@ templates_path = []
 
 # Every cross-reference must resolve (with -W, a broken one fails the build).
 nitpicky = True
-# hijax signatures name JAX internals and the standard library, which cannot be
+# hijax signatures name JAX's types (public ones such as jax.Array, and
+# internals) and the standard library, which cannot be
 # linked without intersphinx (offline); our own names must all resolve.
-nitpick_ignore_regex = [("py:class", r"jax\._src\..*"), ("py:class", r"collections\.abc\..*")]
+nitpick_ignore_regex = [("py:class", r"jax\..*"), ("py:class", r"collections\.abc\..*")]
 
 # --- API reference ------------------------------------------------------------
 # In docstrings, `name` links to the hijax object it names, else is code.
