@@ -9,6 +9,9 @@ compiles and traces nothing. Under a transformation (``jit``, ``grad``,
 """
 from __future__ import annotations
 
+from typing import Any
+
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -30,10 +33,10 @@ _CONVENTION = ("hijax.implicit calls it as `{arg}(x, params)`: the unknown "
                "first, then everything it depends on in one pytree")
 
 
-def _strong(tree):
+def _strong(tree: Any) -> Any:
   """Arrays of ``tree``'s canonical dtypes, without weak types; integer and
   boolean leaves become floating point (the unknowns are real numbers)."""
-  def convert(x):
+  def convert(x: Any) -> Any:
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.inexact):
       dtype = jnp.result_type(float)
@@ -41,7 +44,7 @@ def _strong(tree):
   return jax.tree.map(convert, tree)
 
 
-def _takes_two(fn) -> bool:
+def _takes_two(fn: Any) -> bool:
   try:
     inspect.signature(fn).bind(None, None)
   except TypeError:
@@ -51,7 +54,7 @@ def _takes_two(fn) -> bool:
   return True
 
 
-def _tracer_inside(obj, depth=0) -> bool:
+def _tracer_inside(obj: Any, depth: Any=0) -> bool:
   """Whether ``obj`` (a solver) holds a tracer in its fields or closure."""
   if isinstance(obj, core.Tracer):
     return True
@@ -69,12 +72,12 @@ def _tracer_inside(obj, depth=0) -> bool:
       pass
   if isinstance(obj, functools.partial):
     inner += [obj.func, *obj.args, *obj.keywords.values()]
-  if hasattr(obj, "__dataclass_fields__"):
-    inner += [getattr(obj, f, None) for f in obj.__dataclass_fields__]
+  if dataclasses.is_dataclass(obj):
+    inner += [getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
   return any(_tracer_inside(o, depth + 1) for o in inner)
 
 
-def _check_solver(api, cls, argname, solver, signature):
+def _check_solver(api: Any, cls, argname: Any, solver: Any, signature: Any) -> Any:
   if not callable(solver):
     raise TypeError(f"hijax.implicit.{api} ({cls}): `{argname}` must be a "
                     f"solver called as {signature}, got a "
@@ -87,7 +90,7 @@ def _check_solver(api, cls, argname, solver, signature):
         "(they reach the solver as its `params` argument) instead")
 
 
-def _closure_converted(api: str, argname: str, fn, x, params):
+def _closure_converted(api: str, argname: str, fn: Any, x: Any, params: Any) -> Any:
   """``(fn, params)``, with the traced arrays ``fn`` captures moved into
   ``params`` (`hijax.closure.closure_convert_params`)."""
   if not callable(fn) or not _takes_two(fn):
@@ -102,8 +105,8 @@ def _closure_converted(api: str, argname: str, fn, x, params):
     raise TypeError(f"hijax.implicit.{api}: `{argname}`: {e}") from None
 
 
-def _check_function(api: str, cls: str, argname: str, fn, x, params,
-                    x_name: str):
+def _check_function(api: str, cls: str, argname: str, fn: Any, x: Any, params: Any,
+                    x_name: str) -> Any:
   """Traces ``fn(x, params)``; rejects closed-over tracers and a result whose
   types differ from ``x``'s, with errors naming the function's argument."""
   if not callable(fn):
@@ -143,12 +146,12 @@ def _check_function(api: str, cls: str, argname: str, fn, x, params,
         f"the shapes and dtypes of x, {want}, but returned {got}")
 
 
-def _is_concrete(tree) -> bool:
+def _is_concrete(tree: Any) -> bool:
   return not any(isinstance(leaf, core.Tracer)
                  for leaf in jax.tree.leaves(tree))
 
 
-def _eager_cached(impl):
+def _eager_cached(impl: Any) -> Any:
   """``impl(fn, x, params, **options)``, compiled once per (fn, options,
   argument types) when called on concrete values."""
   options = [n for n, p in inspect.signature(impl).parameters.items()
@@ -156,7 +159,7 @@ def _eager_cached(impl):
   compiled = jax.jit(impl, static_argnums=0, static_argnames=options)
 
   @functools.wraps(impl)
-  def call(fn, x, params, **options):
+  def call(fn: Any, x: Any, params: Any, **options: Any) -> Any:
     if not (_is_concrete((x, params)) and core.trace_state_clean()):
       return impl(fn, x, params, **options)
     try:
@@ -173,7 +176,7 @@ def _eager_cached(impl):
 
 
 @_eager_cached
-def _fixed_point(f, x0, params, *, solver, linear_solver, throw):
+def _fixed_point(f: Any, x0: Any, params: Any, *, solver: Any, linear_solver: Any, throw: Any) -> Any:
   x0 = _strong(x0)
   _check_solver("fixed_point", "FixedPoint", "solver", solver,
                 "solver(f, x0, params)")
@@ -187,7 +190,7 @@ def _fixed_point(f, x0, params, *, solver, linear_solver, throw):
 
 
 @_eager_cached
-def _root(g, x0, params, *, solver, linear_solver, throw):
+def _root(g: Any, x0: Any, params: Any, *, solver: Any, linear_solver: Any, throw: Any) -> Any:
   x0 = _strong(x0)
   _check_solver("root", "Root", "solver", solver, "solver(g, x0, params)")
   _check_solver("root", "Root", "linear_solver", linear_solver,
@@ -200,7 +203,7 @@ def _root(g, x0, params, *, solver, linear_solver, throw):
 
 
 @_eager_cached
-def _linear_solve(matvec, b, params, *, solver, throw):
+def _linear_solve(matvec: Any, b: Any, params: Any, *, solver: Any, throw: Any) -> Any:
   b = _strong(b)
   _check_solver("linear_solve", "LinearSolve", "solver", solver,
                 "solver(matvec, b)")
@@ -216,7 +219,7 @@ def _linear_solve(matvec, b, params, *, solver, throw):
   return x if throw else (x, st)
 
 
-def _check_matrix(b, A):
+def _check_matrix(b: Any, A: Any) -> Any:
   shape = getattr(b, "shape", None)
   if (shape is None or len(shape) != 1 or getattr(A, "shape", None)
       != (shape[0], shape[0])):
@@ -226,9 +229,9 @@ def _check_matrix(b, A):
         f"b of shape {shape} and params of shape {getattr(A, 'shape', None)}")
 
 
-def fixed_point(f: Callable, x0, params, *,
+def fixed_point(f: Callable, x0: Any, params: Any, *,
                 solver: Callable = FixedPointIteration(),
-                linear_solver: Callable = Dense(), throw: bool = True):
+                linear_solver: Callable = Dense(), throw: bool = True) -> Any:
   """The ``x`` with ``x == f(x, params)``, differentiable in ``params``.
 
   Args:
@@ -252,8 +255,8 @@ def fixed_point(f: Callable, x0, params, *,
                       linear_solver=linear_solver, throw=throw)
 
 
-def root(g: Callable, x0, params, *, solver: Callable = Newton(),
-         linear_solver: Callable = Dense(), throw: bool = True):
+def root(g: Callable, x0: Any, params: Any, *, solver: Callable = Newton(),
+         linear_solver: Callable = Dense(), throw: bool = True) -> Any:
   """The ``x`` with ``g(x, params) == 0`` (near ``x0``), differentiable in
   ``params``.
 
@@ -272,8 +275,8 @@ def root(g: Callable, x0, params, *, solver: Callable = Newton(),
                throw=throw)
 
 
-def linear_solve(matvec: Callable, b, params, *, solver: Callable = Dense(),
-                 throw: bool = True):
+def linear_solve(matvec: Callable, b: Any, params: Any, *, solver: Callable = Dense(),
+                 throw: bool = True) -> Any:
   """The ``x`` with ``matvec(x, params) == b``, differentiable in ``b`` and
   ``params``.
 

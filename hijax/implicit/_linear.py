@@ -12,6 +12,8 @@ factorizations of ``jnp.linalg`` do not take them.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 from collections.abc import Callable
 
@@ -27,41 +29,41 @@ from hijax.implicit._status import (CONVERGED, MAX_ITER, NONFINITE, NOT_SPD,
 __all__ = ["Dense", "CG", "GMRES", "MatMul", "flat_problem"]
 
 
-def _work_dtype(dtype):
+def _work_dtype(dtype: Any) -> Any:
   """The dtype linear algebra is done in: float32 for narrower floats."""
   if jnp.finfo(dtype).bits < 32:
     return jnp.dtype(jnp.float32)
   return jnp.dtype(dtype)
 
 
-def flat_problem(matvec: Callable, b):
+def flat_problem(matvec: Callable, b: Any) -> Any:
   """``b`` as one vector in the working dtype, the matvec on such vectors and
   the map back to ``b``'s pytree and dtypes."""
   b_flat, unravel = ravel_pytree(b)
   dtype = b_flat.dtype
   work = _work_dtype(dtype)
 
-  def flat_matvec(v):
+  def flat_matvec(v: Any) -> Any:
     return ravel_pytree(matvec(unravel(v.astype(dtype))))[0].astype(work)
   return b_flat.astype(work), flat_matvec, lambda v: unravel(v.astype(dtype))
 
 
-def krylov_tol(dtype) -> float:
+def krylov_tol(dtype: Any) -> float:
   """The default ``tol`` of `CG` and `GMRES`: 1e-10 for 64-bit unknowns (the
   relative residual of an ill-conditioned system, e.g. the 8x8 Hilbert
   matrix, stops near 1e-12), `default_tol` otherwise."""
   return 1e-10 if jnp.finfo(dtype).bits == 64 else default_tol(dtype)
 
 
-def _tol(tol, b_flat) -> float:
+def _tol(tol: Any, b_flat: Any) -> float:
   return krylov_tol(b_flat.dtype) if tol is None else tol
 
 
-def _norm(v):
+def _norm(v: Any) -> Any:
   return jnp.sqrt(jnp.sum(jnp.abs(v) ** 2)).astype(jnp.float32)
 
 
-def _residual_status(flat_matvec, x, b, tol, atol, steps, reason=None):
+def _residual_status(flat_matvec: Any, x: Any, b: Any, tol: Any, atol: Any, steps: Any, reason: Any=None) -> Any:
   """The Status of ``x`` for ``A x = b``: converged when finite and
   ``|b - A x|_2 <= max(tol |b|_2, atol)``; ``error`` is the relative
   residual ``|b - A x|_2 / |b|_2``."""
@@ -93,7 +95,7 @@ class Dense:
   """
   tol: float | None = None
 
-  def __call__(self, matvec: Callable, b):
+  def __call__(self, matvec: Callable, b: Any) -> Any:
     b_flat, flat_matvec, unravel = flat_problem(matvec, b)
     n = b_flat.size
     if n == 1:  # one matvec, no vmap and no factorization
@@ -104,7 +106,7 @@ class Dense:
     x, st = self.solve_matrix(matrix, b_flat)
     return unravel(x), st
 
-  def _check(self, matrix, x, b):
+  def _check(self, matrix: Any, x: Any, b: Any) -> Any:
     eps = float(jnp.finfo(matrix.dtype).eps)
     tol = eps ** 0.5 if self.tol is None else self.tol
     r = jnp.max(jnp.abs(b - matrix @ x), initial=0.)
@@ -116,7 +118,7 @@ class Dense:
     code = jnp.where(ok, CONVERGED, jnp.where(finite, MAX_ITER, NONFINITE))
     return status(code, 1, r / jnp.where(scale > 0, scale, 1.))
 
-  def solve_matrix(self, matrix, b) -> tuple[jax.Array, Status]:
+  def solve_matrix(self, matrix: Any, b: Any) -> tuple[jax.Array, Status]:
     """Solves ``matrix @ x = b`` for a vector ``b``; returns ``(x, Status)``."""
     if b.size == 1:
       x = b / matrix[0, 0]
@@ -124,13 +126,13 @@ class Dense:
       x = jnp.linalg.solve(matrix, b)
     return x, self._check(matrix, x, b)
 
-  def factor(self, matrix):
+  def factor(self, matrix: Any) -> Any:
     """The LU factorization of ``matrix``, for `solve_factored`."""
     if matrix.shape[0] == 1:
       return matrix, None
     return jax.scipy.linalg.lu_factor(matrix)
 
-  def solve_factored(self, matrix, factors, b, transpose: bool):
+  def solve_factored(self, matrix: Any, factors: Any, b: Any, transpose: bool) -> Any:
     """Solves ``matrix @ x = b`` (or ``matrix.T @ x = b``) with the factors
     of `factor`; returns ``(x, Status)``."""
     m = matrix.T if transpose else matrix
@@ -143,7 +145,7 @@ class Dense:
 
 # --- CG -----------------------------------------------------------------------
 
-def _probe(b):
+def _probe(b: Any) -> Any:
   """A fixed vector unlike ``b``, to test the matrix with."""
   i = jnp.arange(b.size, dtype=jnp.float32)
   return jnp.cos(1.0 + 2.3 * i).astype(b.dtype)
@@ -173,7 +175,7 @@ class CG:
   maxiter: int | None = None
   check: bool = True
 
-  def __call__(self, matvec: Callable, b):
+  def __call__(self, matvec: Callable, b: Any) -> Any:
     b_flat, A, unravel = flat_problem(matvec, b)
     tol = _tol(self.tol, b_flat)
     maxiter = 10 * b_flat.size if self.maxiter is None else self.maxiter
@@ -185,7 +187,7 @@ class CG:
                                         reason)
 
   @staticmethod
-  def _spd_on_probes(A, b):
+  def _spd_on_probes(A: Any, b: Any) -> Any:
     u = b / jnp.where(_norm(b) > 0, _norm(b), 1.).astype(b.dtype)
     u = jnp.where(_norm(b) > 0, u, _probe(b) * 0.5)
     v = _probe(b)
@@ -199,16 +201,16 @@ class CG:
     return symmetric & positive
 
 
-def _cg(A, b, tol, atol, maxiter):
+def _cg(A: Any, b: Any, tol: Any, atol: Any, maxiter: Any) -> Any:
   """Plain conjugate gradients from zero; returns ``(x, steps)``."""
   bound = jnp.maximum(tol * _norm(b), atol) ** 2
   rr0 = jnp.real(jnp.vdot(b, b))
 
-  def cond(c):
+  def cond(c: Any) -> Any:
     k, _, r, _, rr = c
     return (k < maxiter) & (rr > bound) & jnp.isfinite(rr)
 
-  def body(c):
+  def body(c: Any) -> Any:
     k, x, r, p, rr = c
     Ap = A(p)
     alpha = rr / jnp.vdot(p, Ap)
@@ -237,7 +239,7 @@ class GMRES:
   restart: int = 20
   maxiter: int | None = None
 
-  def __call__(self, matvec: Callable, b):
+  def __call__(self, matvec: Callable, b: Any) -> Any:
     b_flat, A, unravel = flat_problem(matvec, b)
     tol = _tol(self.tol, b_flat)
     restart = max(1, min(self.restart, b_flat.size))
@@ -262,9 +264,9 @@ class MatMul:
   forward solve. Other solvers use it as a matvec.
   """
 
-  def __call__(self, x, A):
+  def __call__(self, x: Any, A: Any) -> Any:
     return A @ x
 
-  def __repr__(self):
+  def __repr__(self) -> Any:
     return "MatMul()"
 

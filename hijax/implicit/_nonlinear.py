@@ -8,6 +8,8 @@ given.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 from collections.abc import Callable
 
@@ -22,12 +24,12 @@ from hijax.implicit._status import (CONVERGED, LINEAR_FAILED, MAX_ITER,
 __all__ = ["FixedPointIteration", "Newton"]
 
 
-def _leaf_max_abs(tree):
+def _leaf_max_abs(tree: Any) -> Any:
   return [jnp.max(jnp.abs(x), initial=0.).astype(jnp.float32)
           for x in jax.tree.leaves(tree)]
 
 
-def _tols(tol, tree):
+def _tols(tol: Any, tree: Any) -> Any:
   return [default_tol(x.dtype) if tol is None else tol
           for x in jax.tree.leaves(tree)]
 
@@ -35,7 +37,7 @@ def _tols(tol, tree):
 _HISTORY = 8  # past step sizes kept per leaf, to estimate a contraction rate
 
 
-def _iterate(step, x0, tols, max_iter, estimate):
+def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any) -> Any:
   """Runs ``x, dx, ok = step(x)`` until every leaf's error estimate (from
   ``estimate(k, step, rounding_floor, past_steps)``) is within tolerance, an
   iterate is non-finite, ``ok`` is False, or ``max_iter`` steps."""
@@ -44,14 +46,14 @@ def _iterate(step, x0, tols, max_iter, estimate):
   eps = [float(jnp.finfo(x.dtype).eps) if jnp.issubdtype(x.dtype, jnp.inexact)
          else 0. for x in jax.tree.leaves(x0)]
 
-  def within(x, est):
+  def within(x: Any, est: Any) -> Any:
     return [e <= t * (1 + a) for e, t, a in zip(est, tols, _leaf_max_abs(x))]
 
-  def cond(c):
+  def cond(c: Any) -> Any:
     k, x, _, _, done, finite, ok = c
     return (k < max_iter) & finite & ok & ~jnp.all(jnp.stack(done))
 
-  def body(c):
+  def body(c: Any) -> Any:
     k, x, est, past, done, _, _ = c
     x, dx, ok = step(x)
     norms = _leaf_max_abs(dx)
@@ -80,7 +82,7 @@ def _iterate(step, x0, tols, max_iter, estimate):
   return x, status(code, k, jnp.where(finite, error, jnp.inf))
 
 
-def _contraction_estimate(k, raw, floor, past):
+def _contraction_estimate(k: Any, raw: Any, floor: Any, past: Any) -> Any:
   """``|x_k - x*|`` for a contraction of rate q: at most ``q / (1 - q)`` times
   the last step ``s``. ``q`` is the largest of the last ratio of steps, their
   geometric mean ratio over up to `_HISTORY` steps and that since the first
@@ -100,7 +102,7 @@ def _contraction_estimate(k, raw, floor, past):
   return jnp.where(exact | (s == 0), 0., jnp.where(k == 0, jnp.inf, est))
 
 
-def _step_estimate(k, raw, floor, past):
+def _step_estimate(k: Any, raw: Any, floor: Any, past: Any) -> Any:
   del k, floor, past
   return raw
 
@@ -122,8 +124,8 @@ class FixedPointIteration:
   tol: float | None = None
   max_iter: int = 10_000
 
-  def __call__(self, f: Callable, x0, params):
-    def step(x):
+  def __call__(self, f: Callable, x0: Any, params: Any) -> Any:
+    def step(x: Any) -> Any:
       new = f(x, params)
       return new, jax.tree.map(jnp.subtract, new, x), jnp.bool_(True)
     return _iterate(step, x0, _tols(self.tol, x0), self.max_iter,
@@ -146,8 +148,8 @@ class Newton:
   max_iter: int = 50
   linear_solver: Callable = Dense()
 
-  def __call__(self, g: Callable, x0, params):
-    def step(x):
+  def __call__(self, g: Callable, x0: Any, params: Any) -> Any:
+    def step(x: Any) -> Any:
       gx = lambda y: g(y, params)
       matvec = lambda v: jax.jvp(gx, (x,), (v,))[1]
       dx, st = solved(self.linear_solver(matvec, gx(x)), "Newton")

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 
+from hijax._internals.core import ShapedArray
 from hijax._util import Static
 from hijax.autodiff import Zero, NullAccum, instantiate_zeros
 from hijax.derived import jvp_from_lin
@@ -30,42 +32,42 @@ from hijax.implicit._status import Status, raise_if_failed, solved
 
 # --- small pytree helpers ----------------------------------------------------
 
-def _is_zero(t) -> bool:
+def _is_zero(t: Any) -> bool:
   return isinstance(t, Zero) or getattr(t, "dtype", None) == jax.dtypes.float0
 
 
-def _all_zero(tree) -> bool:
+def _all_zero(tree: Any) -> bool:
   return all(_is_zero(t) for t in jax.tree.leaves(tree, is_leaf=_is_zero))
 
 
-def _instantiate(tree):
+def _instantiate(tree: Any) -> Any:
   return jax.tree.map(instantiate_zeros, tree, is_leaf=_is_zero)
 
 
-def _neg(tree):
+def _neg(tree: Any) -> Any:
   return jax.tree.map(jnp.negative, tree)
 
 
-def _avals(tree):
+def _avals(tree: Any) -> Any:
   return jax.tree.map(jax.typeof, tree)
 
 
-def _no_tangent(prim):
+def _no_tangent(prim: Any) -> Any:
   return jax.tree.map(lambda _: None, prim.out_aval)
 
 
-def _restrict(fn, primals, keep):
+def _restrict(fn: Any, primals: Any, keep: Any) -> Any:
   """``fn`` as a function of the leaves of ``primals`` flagged in ``keep``."""
   flat, tree = jax.tree.flatten(primals)
 
-  def restricted(*kept):
+  def restricted(*kept: Any) -> Any:
     it = iter(kept)
     return fn(jax.tree.unflatten(tree, [next(it) if k else p
                                         for p, k in zip(flat, keep)]))
   return restricted, [p for p, k in zip(flat, keep) if k]
 
 
-def _jvp_nonzero(fn, primals, tangents):
+def _jvp_nonzero(fn: Any, primals: Any, tangents: Any) -> Any:
   """The tangent of ``fn`` at ``primals`` along the nonzero leaves of
   ``tangents`` (zero leaves are not differentiated); None if all are zero."""
   tangents_flat = jax.tree.structure(primals).flatten_up_to(tangents)
@@ -77,7 +79,7 @@ def _jvp_nonzero(fn, primals, tangents):
                                     if k])[1]
 
 
-def _neg_vjp_nonzero(fn, primals, keep, ct):
+def _neg_vjp_nonzero(fn: Any, primals: Any, keep: Any, ct: Any) -> Any:
   """Minus the cotangent of the leaves of ``primals`` flagged in ``keep`` (None
   for the others, which are not differentiated)."""
   flat, tree = jax.tree.flatten(primals)
@@ -95,10 +97,10 @@ class _Residual:
   """``x - f(x, p)``: the fixed-point equation as a root."""
   f: Callable
 
-  def __call__(self, x, p):
+  def __call__(self, x: Any, p: Any) -> Any:
     return jax.tree.map(jnp.subtract, x, self.f(x, p))
 
-  def __repr__(self):
+  def __repr__(self) -> Any:
     return f"x-{_name(self.f)}"
 
 
@@ -107,11 +109,11 @@ class _JvpX:
   """``v -> (dg/dx) v`` at ``(x, p)``, with ``(x, p)`` as the params."""
   g: Callable
 
-  def __call__(self, v, xp):
+  def __call__(self, v: Any, xp: Any) -> Any:
     x, p = xp
     return jax.jvp(lambda y: self.g(y, p), (x,), (v,))[1]
 
-  def __repr__(self):
+  def __repr__(self) -> Any:
     return f"d{_name(self.g)}/dx"
 
 
@@ -120,11 +122,11 @@ class _VjpX:
   """``u -> (dg/dx)^T u`` at ``(x, p)``."""
   g: Callable
 
-  def __call__(self, u, xp):
+  def __call__(self, u: Any, xp: Any) -> Any:
     x, p = xp
     return jax.vjp(lambda y: self.g(y, p), x)[1](u)[0]
 
-  def __repr__(self):
+  def __repr__(self) -> Any:
     return f"d{_name(self.g)}/dx^T"
 
 
@@ -133,15 +135,15 @@ class _Transposed:
   """The transpose of a matvec linear in its first argument."""
   matvec: Callable
 
-  def __call__(self, u, p):
+  def __call__(self, u: Any, p: Any) -> Any:
     zero = jax.tree.map(jnp.zeros_like, u)
     return jax.vjp(lambda v: self.matvec(v, p), zero)[1](u)[0]
 
-  def __repr__(self):
+  def __repr__(self) -> Any:
     return f"{_name(self.matvec)}^T"
 
 
-def _transposed(matvec):
+def _transposed(matvec: Any) -> Any:
   if isinstance(matvec, _JvpX):
     return _VjpX(matvec.g)
   if isinstance(matvec, _VjpX):
@@ -151,31 +153,33 @@ def _transposed(matvec):
   return _Transposed(matvec)
 
 
-def _name(fn):
+def _name(fn: Any) -> Any:
   return getattr(fn, "__name__", None) or repr(fn)
 
 
 # --- the primitives -----------------------------------------------------------
 
-STATUS_AVAL = Status(jax.core.ShapedArray((), jnp.bool_),
-                     jax.core.ShapedArray((), jnp.int32),
-                     jax.core.ShapedArray((), jnp.float32),
-                     jax.core.ShapedArray((), jnp.int32))
-_NO_STATUS = Status(None, None, None, None)
+# A Status of types, of Nones and of flags: the same pytree as the Status of
+# arrays a solve returns (its fields are declared as arrays, hence the casts).
+_ANY: Any = None
+STATUS_AVAL = Status(*(cast(Any, ShapedArray((), dtype)) for dtype in
+                       (jnp.bool_, jnp.int32, jnp.float32, jnp.int32)))
+_NO_STATUS = Status(_ANY, _ANY, _ANY, _ANY)
 
 
-def _nzs_out(nz: bool):
+def _nzs_out(nz: bool) -> Any:
   """The output's nonzero-tangent flags: the Status never has a tangent."""
-  return nz, Status(False, False, False, False)
+  no: Any = False
+  return nz, Status(no, no, no, no)
 
 
-def _nan_unless(ok, tree):
+def _nan_unless(ok: Any, tree: Any) -> Any:
   """``tree``, or NaN where ``ok`` is False."""
   return jax.tree.map(lambda t: jnp.where(ok, t, jnp.nan).astype(t.dtype),
                       tree)
 
 
-def _where(prim) -> str:
+def _where(prim: Any) -> str:
   solver = prim.params["solver"]
   return f"hijax.implicit {type(prim).__name__} (solver={solver!r})"
 
@@ -184,23 +188,31 @@ class _Checked(HiPrim):
   """What the three primitives share: the output ``(x, Status)``, the
   failure check and the batching rule."""
 
-  def _finish(self, x, st):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def _finish(self, x: Any, st: Any) -> Any:
     if self.throw:
       x = raise_if_failed(x, st, _where(self))
     return x, st
 
-  def _guard(self, ok, tangent):
+  def _guard(self, ok: Any, tangent: Any) -> Any:
     """The derivative of a solve whose Status said ``ok``: NaN if not."""
     return tangent if self.throw else _nan_unless(ok, tangent)
 
-  def batch_dim_rule(self, axis_data, in_dims):
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return 0
 
 
 class LinearSolve(_Checked):
   """``x`` with ``matvec(x, params) == b``; built by `linear_solve`."""
 
-  def __init__(self, b_aval, params_aval, *, matvec, solver, throw=True):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, b_aval: Any, params_aval: Any, *, matvec: Any, solver: Any, throw: Any=True):
     self.in_avals = (b_aval, params_aval)
     self.out_aval = (b_aval, STATUS_AVAL)
     self.params = dict(matvec=matvec, solver=solver, throw=throw)
@@ -210,7 +222,7 @@ class LinearSolve(_Checked):
     # A matrix handed over as one (MatMul), solved by Dense: factorize it once.
     return isinstance(self.matvec, MatMul) and isinstance(self.solver, Dense)
 
-  def expand(self, b, params):
+  def expand(self, b: Any, params: Any) -> Any:
     if self._factored():
       x, st = self.solver.solve_matrix(params, b)
     else:
@@ -218,17 +230,17 @@ class LinearSolve(_Checked):
                      _where(self))
     return self._finish(x, st)
 
-  def _solve(self, rhs, params, matvec):
+  def _solve(self, rhs: Any, params: Any, matvec: Any) -> Any:
     w, st = LinearSolve(_avals(rhs), _avals(params), matvec=matvec,
                         solver=self.solver, throw=self.throw)(rhs, params)
     return self._guard(st.converged, w)
 
-  def lin(self, nzs_in, b, params):
+  def lin(self, nzs_in: Any, b: Any, params: Any) -> Any:
     x, st = self(b, params)
     return (x, st), (x, params, st.converged), _nzs_out(
         any(jax.tree.leaves(nzs_in)))
 
-  def linearized(self, res, b_dot, params_dot):
+  def linearized(self, res: Any, b_dot: Any, params_dot: Any) -> Any:
     # A x = b, so A x_dot = b_dot - (dA p_dot) x.
     x, params, ok = res
     d = _jvp_nonzero(lambda p: self.matvec(x, p), params, params_dot)
@@ -240,7 +252,7 @@ class LinearSolve(_Checked):
 
   jvp = jvp_from_lin
 
-  def vjp_fwd(self, nzs_in, b, params):
+  def vjp_fwd(self, nzs_in: Any, b: Any, params: Any) -> Any:
     if self._factored():
       factors = self.solver.factor(params)
       x, st = self.solver.solve_factored(params, factors, b, False)
@@ -251,7 +263,7 @@ class LinearSolve(_Checked):
     return (x, st), (x, params, st.converged, factors, Static(nzs_in)), \
         _nzs_out(any(jax.tree.leaves(nzs_in)))
 
-  def vjp_bwd_retval(self, res, ct):
+  def vjp_bwd_retval(self, res: Any, ct: Any) -> Any:
     x, params, ok, factors, nzs = res
     x_bar = ct[0]
     nz_b, nz_params = nzs.value
@@ -269,7 +281,7 @@ class LinearSolve(_Checked):
                                   jax.tree.leaves(nz_params), w)
     return (w if any(jax.tree.leaves(nz_b)) else None), params_bar
 
-  def transpose(self, ct, b_accums, params):
+  def transpose(self, ct: Any, b_accums: Any, params: Any) -> Any:
     # Linear in b only: the transpose solves with the transposed matrix.
     if any(hasattr(a, "accum") for a in jax.tree.leaves(params)):
       raise NotImplementedError(
@@ -289,26 +301,30 @@ class LinearSolve(_Checked):
 class _Implicit(_Checked):
   """The rules `FixedPoint` and `Root` share: ``residual(x, p) = 0``."""
 
-  residual: Callable  # set by the subclasses
+  residual: Callable[..., Any]  # set by the subclasses
 
-  def __init__(self, x_aval, params_aval, **params):
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, x_aval: Any, params_aval: Any, **params: Any):
     self.in_avals = (x_aval, params_aval)
     self.out_aval = (x_aval, STATUS_AVAL)
     self.params = params
     super().__init__()
 
-  def _solve(self, rhs, x, params, matvec):
+  def _solve(self, rhs: Any, x: Any, params: Any, matvec: Any) -> Any:
     w, st = LinearSolve(_avals(rhs), _avals((x, params)), matvec=matvec,
                         solver=self.linear_solver, throw=self.throw)(
                             rhs, (x, params))
     return self._guard(st.converged, w)
 
-  def lin(self, nzs_in, x0, params):
+  def lin(self, nzs_in: Any, x0: Any, params: Any) -> Any:
     x, st = self(x0, params)
     return (x, st), (x, params, st.converged), _nzs_out(
         any(jax.tree.leaves(nzs_in[1])))
 
-  def linearized(self, res, x0_dot, params_dot):
+  def linearized(self, res: Any, x0_dot: Any, params_dot: Any) -> Any:
     # g(x(p), p) = 0, so (dg/dx) x_dot = -(dg/dp) p_dot. x0 has no influence.
     x, params, ok = res
     d = _jvp_nonzero(lambda p: self.residual(x, p), params, params_dot)
@@ -319,13 +335,13 @@ class _Implicit(_Checked):
 
   jvp = jvp_from_lin
 
-  def vjp_fwd(self, nzs_in, x0, params):
+  def vjp_fwd(self, nzs_in: Any, x0: Any, params: Any) -> Any:
     x, st = self(x0, params)
     nz_params = jax.tree.leaves(nzs_in[1])
     return (x, st), (x, params, st.converged, Static(nz_params)), _nzs_out(
         any(nz_params))
 
-  def vjp_bwd_retval(self, res, ct):
+  def vjp_bwd_retval(self, res: Any, ct: Any) -> Any:
     x, params, ok, nz_params = res
     x_bar = ct[0]
     if _all_zero(x_bar) or not any(nz_params.value):
@@ -338,13 +354,15 @@ class _Implicit(_Checked):
 class FixedPoint(_Implicit):
   """``x`` with ``x == f(x, params)``; built by `fixed_point`."""
 
-  def __init__(self, x_aval, params_aval, *, f, solver, linear_solver,
-               throw=True):
+  residual: Callable[..., Any]
+
+  def __init__(self, x_aval: Any, params_aval: Any, *, f: Any, solver: Any, linear_solver: Any,
+               throw: Any=True):
     super().__init__(x_aval, params_aval, f=f, solver=solver,
                      linear_solver=linear_solver, throw=throw)
     self.residual = _Residual(f)
 
-  def expand(self, x0, params):
+  def expand(self, x0: Any, params: Any) -> Any:
     return self._finish(*solved(self.solver(self.f, x0, params),
                                 _where(self)))
 
@@ -352,12 +370,12 @@ class FixedPoint(_Implicit):
 class Root(_Implicit):
   """``x`` with ``g(x, params) == 0``; built by `root`."""
 
-  def __init__(self, x_aval, params_aval, *, g, solver, linear_solver,
-               throw=True):
+  def __init__(self, x_aval: Any, params_aval: Any, *, g: Any, solver: Any, linear_solver: Any,
+               throw: Any=True):
     super().__init__(x_aval, params_aval, g=g, solver=solver,
                      linear_solver=linear_solver, throw=throw)
     self.residual = g
 
-  def expand(self, x0, params):
+  def expand(self, x0: Any, params: Any) -> Any:
     return self._finish(*solved(self.solver(self.g, x0, params),
                                 _where(self)))

@@ -12,7 +12,7 @@ that the ``cond`` stays a ``cond`` and not a ``select`` of both branches.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,7 @@ class _QuietSolveErrors(logging.Filter):
   """Drops JAX's log of a host callback that raised our `SolveError`: the
   error itself reaches the caller, so the logged traceback is only noise."""
 
-  def filter(self, record):
+  def filter(self, record: Any) -> Any:
     exc = record.exc_info[1] if record.exc_info else None
     return not isinstance(exc, SolveError)
 
@@ -65,14 +65,14 @@ class _QuietSolveErrors(logging.Filter):
 logging.getLogger("jax._src.callback").addFilter(_QuietSolveErrors())
 
 
-def status(reason, steps, error) -> Status:
+def status(reason: Any, steps: Any, error: Any) -> Status:
   """A `Status` from a reason code, a step count and an error measure."""
   reason = jnp.asarray(reason, jnp.int32)
   return Status(reason == CONVERGED, jnp.asarray(steps, jnp.int32),
                 jnp.asarray(error, jnp.float32), reason)
 
 
-def solved(result, where: str):
+def solved(result: Any, where: str) -> Any:
   """``(x, Status)`` from what a solver returned: that pair, or ``x`` alone
   (a user's solver), whose Status then says only whether it is finite."""
   if (isinstance(result, tuple) and len(result) == 2
@@ -86,7 +86,7 @@ def solved(result, where: str):
                         jnp.where(finite, 0., jnp.inf))
 
 
-def default_tol(dtype) -> float:
+def default_tol(dtype: Any) -> float:
   """The default tolerance for unknowns of ``dtype``: 1e-12 for 64-bit floats
   (and complex128), 1e-6 for 32-bit, 10 eps for narrower ones (bfloat16,
   float16), which cannot resolve 1e-6."""
@@ -105,27 +105,27 @@ class _AcrossBatch(HiPrim):
   """The identity on an array, except under ``vmap``, where it reduces over the
   batch (``any`` or ``max``) and returns an unbatched result."""
 
-  def __init__(self, aval, *, reduce):
+  def __init__(self, aval: Any, *, reduce: Any):
     self.in_avals, self.out_aval = (aval,), aval
     self.params = dict(reduce=reduce)
     super().__init__()
 
-  def expand(self, x):
+  def expand(self, x: Any) -> Any:
     return x
 
-  def batch(self, axis_data, args, dims):
+  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     (x,), (d,) = args, dims
     out = getattr(jnp, self.reduce)(x, axis=d)
     return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
 
 
-def _across_batch(x, reduce):
+def _across_batch(x: Any, reduce: Any) -> Any:
   return _AcrossBatch(jax.typeof(x), reduce=reduce)(x)
 
 
 # --- raising ------------------------------------------------------------------
 
-def _message(where, reason, steps, error):
+def _message(where: Any, reason: Any, steps: Any, error: Any) -> Any:
   # Under vmap the (already reduced) values arrive broadcast to the batch.
   reason, steps, error = (int(np.max(reason)), int(np.max(steps)),
                           float(np.max(error)))
@@ -136,7 +136,7 @@ def _message(where, reason, steps, error):
           "solution with its Status and handle the failure yourself")
 
 
-def raise_if_failed(x, st: Status, where: str):
+def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   """``x``, or a `SolveError` at run time if ``st`` says the solve failed.
 
   The check is one ``lax.cond``; the host is called only when it fails.
@@ -146,8 +146,8 @@ def raise_if_failed(x, st: Status, where: str):
   steps = _across_batch(st.steps, "max")
   error = _across_batch(st.error, "max")
 
-  def fail(x):
-    def raise_error(x, reason, steps, error):
+  def fail(x: Any) -> Any:
+    def raise_error(x: Any, reason: Any, steps: Any, error: Any) -> Any:
       raise SolveError(_message(where, reason, steps, error))
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), x)
     return jax.pure_callback(raise_error, shapes, x, reason, steps, error,
@@ -156,7 +156,7 @@ def raise_if_failed(x, st: Status, where: str):
   return jax.lax.cond(failed, fail, lambda x: x, x)
 
 
-def all_finite(tree):
+def all_finite(tree: Any) -> Any:
   """Whether every entry of ``tree`` is finite."""
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
