@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 import jax.numpy as jnp
+from jax.extend import source_info_util
 
 from hijax._core_rules import (JAX_VALUES, flatten_output,  # noqa: F401
                                install_core_rules, new_primitive, pp_params,
@@ -49,9 +50,11 @@ from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
                                 param_name_error, reserved_names,
                                 split_retval_logs, unhashable_error)
 
-# Like JAX's own frames, hijax's are hidden from user tracebacks and from the
-# source locations of residuals, so both point at the user's code.
+# Like JAX's own frames, hijax's are hidden from user tracebacks and skipped
+# in JAX's source information (the "user frame" of an equation, which
+# residual reports and jaxpr locations show), so both point at the user's code.
 traceback_util.register_exclusion(os.path.dirname(__file__))
+source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
 
 __all__ = ["HiPrim", "RULE_INSTALLERS", "DEFAULT_RULES"]
 

@@ -11,8 +11,9 @@ Source lines are shown as ``file.py:line (function)``, with the file's base
 name only (a notebook cell's file as ``cell``), so a report prints the same
 on every machine.
 
-Imports: `hijax._avals` only (and jax, numpy). Importing it registers
-hijax's directory with ``jax.extend.source_info_util.register_exclusion``.
+Imports: `hijax._avals` only (and jax, numpy). The source lines it reports
+skip hijax's own frames: `hijax.primitive` excludes hijax's directory from
+JAX's source information, as JAX excludes its own.
 """
 from __future__ import annotations
 
@@ -24,15 +25,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.extend import source_info_util
 
 from hijax._avals import saved_residuals
-
-# The source line of a residual is JAX's "user frame" of the equation that
-# made it; hijax's own frames (HiPrim.__call__, the rule modules) are not the
-# user's, so they are skipped like JAX's. (hijax.primitive's
-# traceback_util.register_exclusion hides them from tracebacks only.)
-source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
 
 __all__ = ["residual_report", "assert_residual_bytes", "ResidualReport",
            "Residual"]
