@@ -10,6 +10,8 @@
 | ``shard_aval`` | one device's piece of a type inside ``jax.shard_map`` (``in_specs``); not exported |
 | ``unshard_aval`` | the inverse for ``out_specs``; not exported |
 | ``trace_state_clean`` | whether no transformation is tracing (an eager call, which ``hijax.implicit`` compiles once and caches); no public API says so |
+| ``trace_ctx`` | the trace now running; its ``parent_trace`` links lead down the stack of transformations (``hijax.implicit`` sends an eager ``grad`` or ``vmap`` through its compiled solve); no public API exposes the stack |
+| ``EvalTrace`` | the bottom of that stack when the call is eager; not exported |
 
 Public names re-exported: ``AbstractValue``, ``ShapedArray``, ``Tracer``
 (``jax.core``); ``Jaxpr``, ``Literal``, ``mapped_aval``, ``unmapped_aval``
@@ -17,17 +19,18 @@ Public names re-exported: ``AbstractValue``, ``ShapedArray``, ``Tracer``
 (``jax.experimental.hijax``); ``typeof`` (``jax.typeof``).
 """
 from jax import typeof
-from jax._src.core import (custom_typechecks, pp_eqn_rules, pp_vars,
-                           pytype_aval_mappings, shard_aval,
-                           trace_state_clean, typematch, unshard_aval)
+from jax._src.core import (EvalTrace, custom_typechecks, pp_eqn_rules,
+                           pp_vars, pytype_aval_mappings, shard_aval,
+                           trace_ctx, trace_state_clean, typematch,
+                           unshard_aval)
 from jax.core import AbstractValue, ShapedArray, Tracer
 from jax.experimental.hijax import aval_method, aval_property
 from jax.extend.core import Jaxpr, Literal, mapped_aval, unmapped_aval
 
 __all__ = [
-    "AbstractValue", "Jaxpr", "Literal", "ShapedArray", "Tracer", "aval_method",
+    "AbstractValue", "EvalTrace", "Jaxpr", "Literal", "ShapedArray", "Tracer", "aval_method",
     "aval_property", "custom_typechecks", "mapped_aval", "pp_eqn_rules",
-    "pp_vars", "pytype_aval_mappings", "shard_aval", "trace_state_clean",
+    "pp_vars", "pytype_aval_mappings", "shard_aval", "trace_ctx", "trace_state_clean",
     "typematch", "typeof",
     "unmapped_aval", "unshard_aval",
 ]
