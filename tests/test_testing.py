@@ -594,6 +594,7 @@ _DOCS_INTENTIONAL = {
 _DOCS_KNOWN_ISSUES: dict[str, set[str]] = {}
 
 
+@pytest.mark.pages
 def test_custom_derivatives_page_primitives():
   """check_rules on each primitive the custom-derivatives page applies, at the
   first point the page applies it to (in float32, since the instances are

@@ -62,6 +62,22 @@ MODULE_TESTS = {
     "remat.py": ["tests/test_remat.py"],
     "_avals.py": ["tests/test_avals.py"],
 }
+# hijax.implicit and hijax.testing: their own test files, fastest first (a
+# survivor runs them all).
+IMPLICIT = ["tests/test_implicit_failure.py", "tests/test_implicit_solvers.py",
+            "tests/test_implicit.py"]
+TESTING = ["tests/test_testing_gaps.py", "tests/test_testing_scale.py",
+           "tests/test_testing_properties.py", "tests/test_testing_decorators.py",
+           "tests/test_testing.py"]
+MODULE_TESTS.update({
+    "implicit/_linear.py": IMPLICIT,
+    "implicit/_status.py": IMPLICIT,
+    "implicit/_nonlinear.py": IMPLICIT,
+    "implicit/_primitives.py": IMPLICIT,
+    "testing/_numerics.py": TESTING,
+    "testing/_finite_diff.py": TESTING,
+    "testing/_checks.py": TESTING,
+})
 
 _SWAPS = {
     "<": ["<="], "<=": ["<"], ">": [">="], ">=": [">"], "==": ["!="],
