@@ -176,7 +176,8 @@ def _advice(declared, actual, kind) -> str:
     return "Return a value of the declared type. "
   if declared.dtype == _float0 and actual.dtype != _float0:
     return ("An integer or boolean value's tangent and cotangent have dtype "
-            "float0: return None there (a zero), as jax.custom_jvp requires. ")
+            "float0: return None there (hijax reads it as a zero, as "
+            "jax.custom_vjp's bwd does). ")
   if declared.shape != actual.shape:
     return f"Return a value of shape {declared.shape}. "
   if declared.dtype != actual.dtype:
