@@ -154,6 +154,17 @@ def test_matmul_factorizes_once_for_value_and_gradient():
   assert _count(plain_jaxpr, "LinearSolve") == 2
 
 
+def test_matmul_with_one_unknown_value_and_both_gradients():
+  """The 1x1 path of `Dense` with a matrix handed over (a division, forward
+  and transposed): x = b / a, dx/da = -b / a**2, dx/db = 1 / a."""
+  a, b = jnp.array([[4.]]), jnp.array([3.])
+  solve = lambda A, b: linear_solve(MatMul(), b, A)[0]
+  close(solve(a, b), 0.75)
+  dA, db = jax.jit(jax.grad(solve, argnums=(0, 1)))(a, b)
+  close(dA, jnp.array([[-3. / 16.]]))
+  close(db, jnp.array([0.25]))
+
+
 def test_matmul_rejects_a_non_matrix():
   with pytest.raises(TypeError, match=r"MatMul\(\).*\(n, n\) matrix"):
     linear_solve(MatMul(), B, jnp.ones((3, 2)))
