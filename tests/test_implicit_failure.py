@@ -282,3 +282,30 @@ def test_dense_fails_on_a_singular_matrix():
     H = 1. / (jnp.arange(8.)[:, None] + jnp.arange(8.) + 1)
     x = linear_solve(matvec, jnp.ones(8), H, solver=Dense())
     np.testing.assert_allclose(H @ x, 1., atol=1e-8)
+
+
+def test_a_user_solver_returning_x_alone_gets_a_status_of_finiteness():
+  """A solver may return x alone: its Status is then converged after 1 step
+  with error 0 if x is finite, and NONFINITE with error inf if not."""
+  def exact(f, x0, p):  # the fixed point of x = 0.5 x + p is 2 p
+    return 2. * p
+
+  def broken(f, x0, p):
+    return jnp.full_like(x0, jnp.nan)
+
+  f = lambda x, p: 0.5 * x + p
+  x, st = fixed_point(f, 1., 3., solver=exact, throw=False)
+  assert float(x) == 6. and bool(st.converged)
+  assert (int(st.steps), float(st.error), int(st.reason)) == (1, 0., 0)
+  x, st = fixed_point(f, 1., 3., solver=broken, throw=False)
+  assert not bool(st.converged) and np.isnan(float(x))
+  assert (int(st.steps), float(st.error)) == (1, np.inf)
+  assert REASONS[int(st.reason)].startswith("non-finite")
+
+
+def test_tol_zero_converges_on_an_exact_fixed_point():
+  """``tol=0`` is met when the error estimate is exactly 0 (x0 is a fixed
+  point as computed: every step is zero), not only below it."""
+  x, st = fixed_point(lambda x, p: p, 5., 5., throw=False,
+                      solver=FixedPointIteration(tol=0., max_iter=50))
+  assert float(x) == 5. and bool(st.converged) and int(st.steps) < 50, st
