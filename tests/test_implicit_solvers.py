@@ -254,3 +254,13 @@ def test_under_jit_the_primitive_is_bound_directly():
   jaxpr = jax.make_jaxpr(jax.grad(lambda a: fixed_point(_newton_step, a, a)))(2.)
   assert "FixedPoint" in {str(e.primitive) for e in jaxpr.jaxpr.eqns}
   assert not any(e.primitive.name in ("jit", "pjit") for e in jaxpr.jaxpr.eqns)
+
+
+def test_jaxprs_name_the_users_functions():
+  """A primitive's params print the user's function by name (the derived
+  matvecs too), not its repr with an address."""
+  def step(x, a):
+    return 0.5 * (x + a / x)
+  text = str(jax.make_jaxpr(jax.grad(lambda a: fixed_point(step, a, a)))(2.))
+  assert "f=step " in text and "matvec=dx-step/dx^T " in text, text
+  assert " at 0x" not in text, text
