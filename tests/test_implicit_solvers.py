@@ -264,3 +264,14 @@ def test_jaxprs_name_the_users_functions():
   text = str(jax.make_jaxpr(jax.grad(lambda a: fixed_point(step, a, a)))(2.))
   assert "f=step " in text and "matvec=dx-step/dx^T " in text, text
   assert " at 0x" not in text, text
+
+
+def test_linear_transpose_of_linear_solve_in_b_and_not_in_params():
+  """linear_solve is linear in b: its transpose solves with A^T. It is not
+  linear in the matrix: transposing in params is refused, naming why."""
+  b = jnp.array([1., 2., 3.])
+  got, = jax.linear_transpose(lambda b: linear_solve(MatMul(), b, NONSYM),
+                              b)(b)
+  close(got, jnp.linalg.solve(NONSYM.T, b))
+  with pytest.raises(NotImplementedError, match="linear in b, not in params"):
+    jax.linear_transpose(lambda A: linear_solve(MatMul(), b, A), NONSYM)(b)

@@ -186,3 +186,22 @@ def test_float32_rules_compared_exactly_too():
                 modes=("jvp", "lin"), order=1)
   assert {f.rule for f in info.value.failures} == {
       "LinOff32.lin/linearized"}
+
+
+def test_truncation_counts_steps_into_which_the_differences_shrink():
+  """Central quotients converging as h² (differences shrinking by 16 per
+  halving) give a finite truncation estimate from the second step on; a
+  sequence whose differences grow gives none (without rounding to explain
+  them)."""
+  from hijax.testing._finite_diff import _truncation
+  errors = 16.0 ** -np.arange(6)
+  for D in (1.0 + errors, 1.0 - 3 * errors):
+    D = D.reshape(6, 1)
+    diff = np.abs(np.diff(D, axis=0))
+    trunc = _truncation(D, diff, np.zeros_like(D))
+    assert np.isinf(trunc[0]).all() and np.isfinite(trunc[1:]).all(), trunc
+    # within a few percent of the true error |D_k - 1|
+    assert np.allclose(trunc[1:-1, 0], np.abs(D - 1)[1:-1, 0], rtol=0.07)
+  D = (1.0 + 2.0 ** np.arange(6)).reshape(6, 1)  # diverging
+  diff = np.abs(np.diff(D, axis=0))
+  assert np.isinf(_truncation(D, diff, np.zeros_like(D))).all()
