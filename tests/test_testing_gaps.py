@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hijax import vjp_from_jvp
+from hijax import HiPrim, ShapedArray, vjp_from_jvp
 from hijax.testing import RuleCheckError, check_rules
 from hijax.testing._numerics import Tol, compare_leaf
 
@@ -205,3 +205,37 @@ def test_truncation_counts_steps_into_which_the_differences_shrink():
   D = (1.0 + 2.0 ** np.arange(6)).reshape(6, 1)  # diverging
   diff = np.abs(np.diff(D, axis=0))
   assert np.isinf(_truncation(D, diff, np.zeros_like(D))).all()
+
+
+class _EmptyThenSin(HiPrim):
+  """(an empty array, sin x); vjp_fwd claims both have zero tangents."""
+
+  def __init__(self, x_aval):
+    self.in_avals = (x_aval,)
+    self.out_aval = (ShapedArray((0,), x_aval.dtype), x_aval)
+    self.params = {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.zeros(0, x.dtype), jnp.sin(x)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), (jnp.zeros(0, x.dtype), jnp.cos(x) * t)
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x, (False, False)  # the second is a lie
+
+  def vjp_bwd_retval(self, x, ct):
+    return (jnp.cos(x) * ct[1],)
+
+
+def test_an_empty_output_does_not_end_the_nzs_out_check():
+  """The output after an empty one is still checked against its declared
+  zero tangent."""
+  x = jnp.array([0.3, -1.2, 2.0])
+  report = check_rules(lambda x: _EmptyThenSin(jax.typeof(x))(x), x,
+                       raise_on_failure=False, order=1)
+  nzs = [f for f in report.failures if "nzs_out" in f.check]
+  assert nzs and nzs[0].rule == "_EmptyThenSin.vjp_fwd", report
+  assert "out[1]" in str(nzs[0]), nzs[0]
