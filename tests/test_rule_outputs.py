@@ -522,3 +522,25 @@ def test_lower_val_wrong_count_for_a_value_built_by_a_primitive():
   with pytest.raises(ValueError) as e:
     f(X)
   assert_names(e, "ShortPairTy.lower_val", "1 array", "lo_ty lists 2")
+
+
+class _WeakThenWrong(HiPrim):
+  """expand returns a weakly typed first output (converted) and a second of
+  the wrong shape (an error), eagerly as under jit."""
+
+  def __init__(self, aval):
+    self.in_avals = (aval,)
+    self.out_aval = (ShapedArray((), jnp.float32), ShapedArray((2,), jnp.float32))
+    self.params = {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.asarray(2.0), jnp.zeros(3, jnp.float32)
+
+
+def test_an_output_after_a_converted_weak_one_is_still_checked():
+  x = jnp.ones(2, jnp.float32)
+  assert jax.typeof(jnp.asarray(2.0)).weak_type  # what the first output is
+  with pytest.raises(TypeError) as e:
+    _WeakThenWrong(jax.typeof(x))(x)
+  assert_names(e, "_WeakThenWrong.expand", "output 1", "float32[3]", "float32[2]")
