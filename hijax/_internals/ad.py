@@ -8,8 +8,8 @@
 | ``fancy_transposes`` | the transpose table whose rules receive gradient accumulators (``GradAccum``), as ``vjp_bwd`` does; not exported |
 | ``linearize_from_jvp`` | turns a JVP function into a primal output, residuals and a linear map; ``jax.linearize`` works on a whole function and does not take or return which tangents are symbolic zeros |
 
-Public names re-exported: ``JVPTrace``, ``Zero``, ``instantiate_zeros``, ``primitive_jvps``
-(``jax.interpreters.ad``); ``GradAccum``, ``ValAccum``, ``RefAccum``,
+Public names re-exported: ``JVPTrace``, ``Zero``, ``instantiate_zeros``,
+``primitive_jvps`` (``jax.interpreters.ad``); ``GradAccum``, ``ValAccum``, ``RefAccum``,
 ``NullAccum`` (``jax.experimental.hijax``).
 """
 from jax._src.interpreters.ad import (LinearizeTrace, fancy_transposes,
@@ -20,7 +20,8 @@ from jax.experimental.hijax import GradAccum, NullAccum, RefAccum, ValAccum
 from jax.interpreters.ad import JVPTrace, Zero, instantiate_zeros, primitive_jvps
 
 __all__ = [
-    "GradAccum", "JVPTrace", "LinearizeTrace", "NullAccum", "RefAccum", "ValAccum", "Zero",
+    "GradAccum", "JVPTrace", "LinearizeTrace", "NullAccum", "RefAccum",
+    "ValAccum", "Zero",
     "fancy_transposes", "instantiate_zeros", "linearize_from_jvp",
     "linearize_on_zero_tangents", "primitive_jvps", "primitive_linearizations",
 ]

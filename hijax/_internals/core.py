@@ -28,9 +28,11 @@ from jax.experimental.hijax import aval_method, aval_property
 from jax.extend.core import Jaxpr, Literal, mapped_aval, unmapped_aval
 
 __all__ = [
-    "AbstractValue", "EvalTrace", "Jaxpr", "Literal", "ShapedArray", "Tracer", "aval_method",
+    "AbstractValue", "EvalTrace", "Jaxpr", "Literal", "ShapedArray", "Tracer",
+    "aval_method",
     "aval_property", "custom_typechecks", "mapped_aval", "pp_eqn_rules",
-    "pp_vars", "pytype_aval_mappings", "shard_aval", "trace_ctx", "trace_state_clean",
+    "pp_vars", "pytype_aval_mappings", "shard_aval", "trace_ctx",
+    "trace_state_clean",
     "typematch", "typeof",
     "unmapped_aval", "unshard_aval",
 ]

@@ -169,7 +169,8 @@ def _eager_underneath() -> bool:
 
 def _eager_cached(impl: Any) -> Any:
   """``impl(fn, x, params, **options)``, compiled once per (fn, options,
-  argument types) when called on concrete values."""
+  argument types) when called on concrete values or under eager ``grad``,
+  ``jvp`` or ``vmap`` (`_eager_underneath`); bound directly otherwise."""
   options = [n for n, p in inspect.signature(impl).parameters.items()
              if p.kind is p.KEYWORD_ONLY]
   impl.__name__ = impl.__name__.lstrip("_")  # the name jaxprs show
