@@ -16,6 +16,8 @@ instance as the equation's one param, ``_prim``, and never import its class.
 """
 from __future__ import annotations
 
+import sys
+
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 
@@ -79,6 +81,8 @@ def install_core_rules(cls):
 
 def _expand_flat(*args_flat, _prim):
   prim = _prim
+  if type(core.trace_ctx.trace) is not core.EvalTrace:
+    _refuse_jet_unless_allowed(prim)
   if prim._args_are_leaves:
     out = prim.expand(*args_flat)
   else:
@@ -86,6 +90,43 @@ def _expand_flat(*args_flat, _prim):
   out_flat = flatten_output(prim, "expand", out)
   # Eagerly the returned value is the result; under jit the declared type is.
   return _checks.conform_outputs(prim, "expand", prim.out_avals_flat, out_flat)
+
+
+def _refuse_jet_unless_allowed(prim):
+  """A TypeError under ``jax.experimental.jet`` unless the class sets
+  ``jet_from_expand``: jet cannot apply first-order rules, so it would
+  differentiate `expand`, which may disagree with the primitive's rules."""
+  jet = sys.modules.get("jax.experimental.jet")
+  prim = prim._jet_subject()
+  if jet is None or prim.jet_from_expand:
+    return
+  # Under jet directly, or in a jaxpr that jet's trace is lowering (a `jit`
+  # inside jet): a JetTrace is then the parent of the lowering trace.
+  trace = core.trace_ctx.trace
+  while trace is not None and not isinstance(trace, jet.JetTrace):
+    trace = getattr(trace, "parent_trace", None)
+  if trace is None:
+    return
+  name = type(prim).__name__
+  rules = sorted(_defined_rules(prim))
+  uses = (f"{name}.{rules[0]}" if rules else "its derivative rules")
+  raise TypeError(
+      f"{name} under jax.experimental.jet: jet cannot apply a hijax "
+      f"primitive's rules, so it would differentiate {name}.expand, and "
+      f"the series could disagree with {uses} (a straight-through or safe "
+      f"rule, say). If the derivatives of expand are the ones you want, set "
+      f"`jet_from_expand = True` in the class body of {name}; otherwise "
+      f"take derivatives with nested jax.jvp, which applies {uses}.")
+
+
+def _defined_rules(prim) -> set:
+  """The rule methods that ``prim``'s class defines, below `HiPrim`."""
+  rules = set()
+  for cls in type(prim).__mro__:
+    if cls.__module__ == "hijax.primitive":  # HiPrim, whose rules raise
+      break
+    rules |= {m for m in ("jvp", "lin", "vjp_fwd") if m in vars(cls)}
+  return rules
 
 
 # What JAX operations return: arrays eagerly, tracers under a transformation.

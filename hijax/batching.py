@@ -175,6 +175,9 @@ class Batched(HiPrim):
   def __repr__(self) -> str:
     return f"Batched({self.prim!r}, in_dims={self.in_dims}, out_dim={self.out_dim})"
 
+  def _jet_subject(self) -> HiPrim:
+    return self.prim._jet_subject()
+
   def _vmap(self, f, in_axes, out_axes, **kwargs):
     ad = self.axis_data
     vmapped = jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=ad.size,

@@ -115,6 +115,16 @@ class HiPrim:
   vjp_bwd_retval_logs: bool = False
   """Set to True when `vjp_bwd_retval` returns ``(cotangents, logs)``."""
 
+  jet_from_expand: bool = False
+  """Set to True to let ``jax.experimental.jet`` (Taylor mode) differentiate
+  `expand`. jet cannot apply the primitive's rules, so without this it raises
+  a TypeError: the series of `expand` can disagree with a rule that is not
+  `expand`'s derivative (straight-through, or safe at a singularity)."""
+
+  def _jet_subject(self) -> HiPrim:
+    """The primitive whose `jet_from_expand` decides (a wrapper's inner one)."""
+    return self
+
   # Filled in by `__init_subclass__`.
   _primitive: jax.extend.core.Primitive
   _linearized_primitive: jax.extend.core.Primitive
