@@ -39,7 +39,7 @@ PAGES = [
 APPENDIX = ["checking-rules", "implicit", "api"]
 # "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
 BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
-          "spectral-gradients", "ode-gradients"]
+          "spectral-gradients", "ode-gradients", "taylor-mode"]
 
 extensions = [
     "myst_nb",
