@@ -29,7 +29,9 @@ mode                what is compared
 ``"batch"``         ``jax.vmap`` (`batch` or `batch_dim_rule`) with a Python
                     loop over the batch, for every combination of batched and
                     unbatched arguments, with the batch axis first and last;
-                    ``vmap`` of ``jvp`` and of ``vjp`` with loops
+                    ``vmap`` of ``jvp`` and of ``vjp``, and ``jvp`` and
+                    ``vjp`` of ``vmap`` (the batched instance's rules), with
+                    loops
 ``"second_order"``  the checks above, applied to the tangent map, the
                     backward pass and the linearized map of the function,
                     where those bind hijax primitives again (a `jvp` rule that

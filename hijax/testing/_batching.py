@@ -1,5 +1,6 @@
 """The batching checks: ``vmap`` against a Python loop over the batch, for
-combinations of batched arguments, and ``vmap`` of ``jvp`` and ``vjp``."""
+combinations of batched arguments, ``vmap`` of ``jvp`` and ``vjp``, and
+``jvp`` and ``vjp`` of ``vmap``."""
 from __future__ import annotations
 
 import itertools
@@ -99,8 +100,9 @@ def check_batch(ctx: CheckContext):
 
 
 def _check_batched_derivatives(ctx: CheckContext, stacked):
-  """``vmap`` of ``jvp`` and of ``vjp`` (where the rules exist) against loops,
-  with every argument batched along axis 0."""
+  """``vmap`` of ``jvp`` and of ``vjp``, and ``jvp`` and ``vjp`` of ``vmap``
+  (where the rules exist), against loops, with every argument batched along
+  axis 0."""
   direction = tuple(ctx.float_idx)
   if not direction or not ctx.out_float_idx:
     return
@@ -112,17 +114,24 @@ def _check_batched_derivatives(ctx: CheckContext, stacked):
       extra=f"all arguments batched along axis 0, batch size {size}")
   ts = [ctx.random_like(x) for x in xs]
   cts = [ctx.random_like(np.stack([y] * size)) for y in ctx.ref_out()]
+  jvp = lambda f: lambda x, t: jax.jvp(f, x, t)[1]
+  vjp = lambda f: lambda x, c: jax.vjp(f, *x)[1](tuple(c))
+  f_b = jax.vmap(f)
+  # (check, g, batched g, arguments): vmap of a derivative traces the
+  # unbatched instance's rules; a derivative of vmap runs the rules of the
+  # instance that the batch rule binds, on batched types.
   cases = []
   if ctx.has("jvp"):
-    cases.append(("vmap of jvp vs a loop", lambda x, t: jax.jvp(f, x, t)[1],
-                  (xs, ts)))
+    cases += [("vmap of jvp vs a loop", jvp(f), None, (xs, ts)),
+              ("jvp of vmap vs a loop", jvp(f), jvp(f_b), (xs, ts))]
   if ctx.has("vjp"):
-    cases.append(("vmap of vjp vs a loop",
-                  lambda x, c: jax.vjp(f, *x)[1](tuple(c)), (xs, cts)))
-  for check, g, (a, b) in cases:
+    cases += [("vmap of vjp vs a loop", vjp(f), None, (xs, cts)),
+              ("vjp of vmap vs a loop", vjp(f), vjp(f_b), (xs, cts))]
+  for check, g, g_b, (a, b) in cases:
     try:
-      got = jax.tree.leaves(jax.vmap(lambda a, b: g(tuple(a), tuple(b)))(
-          a, b))
+      if g_b is None:
+        g_b = jax.vmap(lambda a, b: g(tuple(a), tuple(b)))
+      got = jax.tree.leaves(g_b(tuple(a), tuple(b)))
       a_np, b_np = to_numpy(a), to_numpy(b)
       want = [jax.tree.leaves(g(tuple(jnp.asarray(x[k]) for x in a_np),
                                 tuple(jnp.asarray(y[k]) for y in b_np)))
