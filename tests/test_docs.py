@@ -3,6 +3,7 @@
 - notebooks/*.ipynb agree cell for cell with docs/*.md (tools/notebooks.py)
   and were executed; regenerate with `nox -s notebooks`.
 - docs/index.md and conf.PAGES list the eight JAX 301 pages in the spec's order.
+- Every page is in a list of conf.py; a subpage hangs off one page's toctree.
 - The spec's own custom-derivatives page runs on hijax (by swapping its
   `jax.experimental.hijax` import for `hijax`).
 - docs/api.md's portability section names exactly the hijax-only names and
@@ -82,6 +83,38 @@ def test_pages_have_labels_and_headers():
         body = text.split("\n---\n", 1)[1].lstrip("\n")
         assert body.startswith(f"(jax-301-{page})=\n# "), (
             f"{page}.md: must start with the label (jax-301-{page})= and a # title")
+
+
+def _hidden_toctree_entries(text):
+    entries = []
+    for toctree in re.findall(r"```\{toctree\}\n(.*?)```", text, re.S):
+        lines = [l.strip() for l in toctree.splitlines() if l.strip()]
+        if ":hidden:" in lines:
+            entries += [l for l in lines if not l.startswith(":")]
+    return entries
+
+
+def test_every_page_is_listed_and_subpages_hang_off_one_page():
+    """Each page under docs/ is in conf.py's PAGES, APPENDIX, BEYOND or
+    SUBPAGES; a subpage (the continuation of a long page) is in a hidden
+    toctree of exactly one listed page, and has that page's kind of header."""
+    listed = _conf_pages() + _conf_list("APPENDIX") + _conf_list("BEYOND")
+    subpages = _conf_list("SUBPAGES")
+    on_disk = sorted(p.stem for p in (ROOT / "docs").glob("*.md")
+                     if p.stem != "index")
+    assert sorted(listed + subpages) == on_disk
+    assert not set(listed) & set(subpages)
+    for sub in subpages:
+        parents = [page for page in listed if sub in _hidden_toctree_entries(
+            (ROOT / "docs" / f"{page}.md").read_text())]
+        assert len(parents) == 1, f"{sub}: in the hidden toctrees of {parents}"
+        text = (ROOT / "docs" / f"{sub}.md").read_text()
+        parent = (ROOT / "docs" / f"{parents[0]}.md").read_text()
+        assert f"{{doc}}`{parents[0]}`" in text, f"{sub}.md: no link back"
+        assert f"{{doc}}`{sub}`" in parent, f"{parents[0]}.md: no link to {sub}"
+        body = text.split("\n---\n", 1)[1].lstrip("\n")
+        assert body.startswith(f"(jax-301-{sub})=\n# "), (
+            f"{sub}.md: must start with (jax-301-{sub})= and a # title")
 
 
 def test_spec_custom_derivatives_page_runs_on_hijax():

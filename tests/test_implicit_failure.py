@@ -310,3 +310,30 @@ def test_tol_zero_converges_on_an_exact_fixed_point():
   x, st = fixed_point(lambda x, p: p, 5., 5., throw=False,
                       solver=FixedPointIteration(tol=0., max_iter=50))
   assert float(x) == 5. and bool(st.converged) and int(st.steps) == 1, st
+
+
+# --- eager transformations raise SolveError, as an eager call does -------------------
+
+@pytest.mark.parametrize("transform", [
+    jax.grad, jax.jacfwd, jax.hessian,
+    lambda f: lambda a: jax.jvp(f, (a,), (1.,))[1],
+    lambda f: lambda a: jax.vmap(f)(jnp.stack([a, a])),
+], ids=["grad", "jacfwd", "hessian", "jvp", "vmap"])
+def test_a_failed_forward_solve_under_an_eager_transformation_is_a_solve_error(
+    transform):
+  fn = transform(lambda a: fixed_point(slow, 0., a))
+  with pytest.raises(SolveError, match=re.escape(REASONS[1])):
+    jax.block_until_ready(fn(jnp.float32(1e-3)))
+
+
+def test_a_failed_derivative_solve_in_an_eager_backward_pass_carries_the_message():
+  # JAX runs grad's backward pass (the transposed solve), not hijax: its
+  # runtime error carries the SolveError's message, as under jit.
+  g = lambda x, a: (x - 1.) ** 2 - a
+  solve = lambda a: root(g, 1., a, solver=lambda g, x0, a: x0)
+  with pytest.raises(Exception, match="SolveError: hijax.implicit "
+                     "LinearSolve") as e:
+    jax.block_until_ready(jax.grad(solve)(0.))
+  assert not isinstance(e.value, SolveError)
+  with pytest.raises(SolveError, match="LinearSolve"):  # forward mode: ours
+    jax.jvp(solve, (0.,), (1.,))

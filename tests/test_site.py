@@ -145,6 +145,7 @@ def test_site_in_chromium(site, chromium):
   pages = site_check.site_pages(site)
   expected = ["index.html"] + [f"{p}.html" for p in _conf_list("PAGES")
                                + _conf_list("APPENDIX") + _conf_list("BEYOND")
+                               + _conf_list("SUBPAGES")
                                if (ROOT / "docs" / f"{p}.md").exists()]
   missing = [p for p in expected if p not in pages]
   assert not missing, f"pages not built: {missing}"
@@ -161,7 +162,7 @@ def test_site_in_chromium(site, chromium):
 def test_notebook_downloads(site):
   """Each notebook page offers its .md and executed .ipynb for download, locally."""
   pages = [p for p in (_conf_list("PAGES") + _conf_list("APPENDIX")
-                       + _conf_list("BEYOND"))
+                       + _conf_list("BEYOND") + _conf_list("SUBPAGES"))
            if (site / f"{p}.html").exists() and _is_notebook(ROOT / "docs" / f"{p}.md")]
   assert pages
   for page in pages:

@@ -517,7 +517,7 @@ def test_assert_rules_hides_its_frames():
     assert_rules(lambda x: BadJvp(jax.typeof(x))(x), 0.5, modes="jvp")
 
 
-# --- the primitives of the custom-derivatives page ----------------------------------------
+# --- the primitives of the custom-derivatives pages ---------------------------------------
 
 _DOCS_RUNNER = r'''
 import contextlib, io, json, os, sys
@@ -526,7 +526,10 @@ import jax, jax.numpy as jnp, jupytext
 from hijax.primitive import HiPrim
 from hijax.testing import check_rules
 
-page, points, options = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+pages, points, options = (json.loads(a) for a in sys.argv[1:4])
+# One process runs every page: the second page's own request for two CPU
+# devices is a no-op if made before JAX first uses its devices, here.
+jax.config.update("jax_num_cpu_devices", 2)
 first_call = {}
 call = HiPrim.__call__
 
@@ -535,35 +538,38 @@ recording = [True]
 def recording_call(self, *args):
   if (recording[0] and type(self).__name__ != "Batched" and type(self) not in first_call
       and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))):
-    first_call[type(self)] = (self, args)
+    first_call[type(self)] = (self, args, page)
   return call(self, *args)
 
 HiPrim.__call__ = recording_call
-ns = {"__name__": "__main__"}
-for cell in jupytext.read(page).cells:
-  if cell.cell_type != "code":
-    continue
-  # A cell meant to fail still defines what later cells use; the primitives
-  # it applies are not checked (they are wrong on purpose).
-  failing = "raises-exception" in cell.metadata.get("tags", [])
-  recording[0] = not failing
-  with contextlib.redirect_stdout(io.StringIO()):
-    try:
-      exec(cell.source, ns)
-    except Exception:
-      if not failing:
-        raise
+for page in pages:  # each in a fresh namespace, as in its own kernel
+  ns = {"__name__": "__main__"}
+  for cell in jupytext.read(page).cells:
+    if cell.cell_type != "code":
+      continue
+    # A cell meant to fail still defines what later cells use; the primitives
+    # it applies are not checked (they are wrong on purpose).
+    failing = "raises-exception" in cell.metadata.get("tags", [])
+    recording[0] = not failing
+    with contextlib.redirect_stdout(io.StringIO()):
+      try:
+        exec(cell.source, ns)
+      except Exception:
+        if not failing:
+          raise
 HiPrim.__call__ = call
 
 results = {}
-for cls, (prim, args) in first_call.items():
+for cls, (prim, args, page) in first_call.items():
   name = cls.__name__
+  # a primitive that a later page defines again is checked again, too
+  key = name if name not in results else f"{name} ({os.path.basename(page)})"
   if name in points:
     args = eval(points[name], {"jnp": jnp})
   report = check_rules(lambda *a, prim=prim: prim(*a), *args,
                        raise_on_failure=False,
                        **eval(options.get(name, "{}")))
-  results[name] = dict(modes=report.modes_run,
+  results[key] = dict(name=name, modes=report.modes_run,
                        failures=sorted({f.rule for f in report.failures}),
                        message=[str(f) for f in report.failures[:2]])
 print("RESULTS" + json.dumps(results))
@@ -596,33 +602,37 @@ _DOCS_KNOWN_ISSUES: dict[str, set[str]] = {}
 
 @pytest.mark.pages
 def test_custom_derivatives_page_primitives():
-  """check_rules on each primitive the custom-derivatives page applies, at the
-  first point the page applies it to (in float32, since the instances are
-  built for float32 arguments)."""
+  """check_rules on each primitive the two custom-derivatives pages apply, at
+  the first point a page applies it to (in float32, since the instances are
+  built for float32 arguments), in one process for both pages."""
   import json
   import os
   import subprocess
   import sys
   from pathlib import Path
   pytest.importorskip("jupytext")
-  page = Path(__file__).resolve().parent.parent / "docs" / "custom-derivatives.md"
-  if not page.exists():
-    pytest.skip("no custom-derivatives page")
+  docs = Path(__file__).resolve().parent.parent / "docs"
+  pages = [docs / "custom-derivatives.md", docs / "custom-derivatives-advanced.md"]
+  if not all(page.exists() for page in pages):
+    pytest.skip("no custom-derivatives pages")
   proc = subprocess.run(
-      [sys.executable, "-c", _DOCS_RUNNER, str(page), json.dumps(_DOCS_POINTS),
-       json.dumps(_DOCS_OPTIONS)],
+      [sys.executable, "-c", _DOCS_RUNNER, json.dumps([str(p) for p in pages]),
+       json.dumps(_DOCS_POINTS), json.dumps(_DOCS_OPTIONS)],
       capture_output=True, text=True, timeout=600,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads(proc.stdout.split("RESULTS", 1)[1])
   assert len(results) >= 20 and "FixedPoint" in results
+  # from the second page, and the first page's primitive it defines again
+  assert {"Scale", "ToCartesian", "Cube", "ExpSaved"} <= set(results), sorted(results)
+  assert sum(r["name"] == "Hypot" for r in results.values()) == 2, sorted(results)
   expected = {**_DOCS_INTENTIONAL, **_DOCS_KNOWN_ISSUES}
-  wrong = {name: r for name, r in results.items()
-           if set(r["failures"]) != expected.get(name, set())}
+  wrong = {key: r for key, r in results.items()
+           if set(r["failures"]) != expected.get(r["name"], set())}
   assert not wrong, "\n\n".join(
-      f"{name}: failing rules {r['failures']}, expected "
-      f"{sorted(expected.get(name, set()))}\n" + "\n".join(r["message"])
-      for name, r in wrong.items())
+      f"{key}: failing rules {r['failures']}, expected "
+      f"{sorted(expected.get(r['name'], set()))}\n" + "\n".join(r["message"])
+      for key, r in wrong.items())
   # the checks that matter ran
   assert "second_order" in results["FixedPoint"]["modes"]
   assert {"jvp", "vjp", "lin"} <= set(results["Sigmoid"]["modes"])

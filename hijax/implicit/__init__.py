@@ -28,8 +28,10 @@ bounds: `FixedPointIteration` the estimated distance to the fixed point,
 error). A solve that misses its tolerance within ``max_iter`` steps, meets a
 non-finite iterate, or (`CG`) a matrix that is not symmetric positive definite
 on two probe vectors, fails: with ``throw=True`` (the default) it raises
-`SolveError` eagerly, and a JAX runtime error carrying the same message under
-``jit`` (one ``lax.cond`` per solve, no host call unless it fails; under
+`SolveError` eagerly (also under an eager ``grad``, ``jvp`` or ``vmap``,
+except for a derivative solve of ``grad``'s backward pass, which JAX runs),
+and a JAX runtime error carrying the same message under ``jit`` and in that
+backward pass (one ``lax.cond`` per solve, no host call unless it fails; under
 ``vmap`` one failing instance fails the batch). With ``throw=False`` the
 functions return ``(x, Status)`` and the derivatives of a failed solve are
 NaN. Default tolerances are per leaf dtype (`default_tol`: 1e-12 in float64,

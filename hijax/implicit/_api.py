@@ -182,19 +182,45 @@ def _eager_cached(impl: Any) -> Any:
       # A function or solver closing over a tracer cannot be a static
       # argument: it is closure-converted (or named in an error) unjitted.
       if _eager_underneath() and not _tracer_inside((fn, options)):
-        return compiled(fn, x, params, **options)
+        # Wait for the values under the tracers, so that a failed solve
+        # raises here, as a SolveError, as it does in an eager call.
+        def run() -> Any:
+          out = compiled(fn, x, params, **options)
+          jax.block_until_ready(_values_below(out))
+          return out
+        return _raising_solve_errors(run)
       return impl(fn, x, params, **options)
-    try:
-      return jax.block_until_ready(compiled(fn, x, params, **options))
-    except SolveError:
-      raise
-    except Exception as e:  # a SolveError raised on the host, wrapped by JAX
-      text = str(e)
-      if "SolveError: " not in text:
-        raise
-      raise SolveError(text.split("SolveError: ", 1)[1].splitlines()[0]) \
-          from None
+    return _raising_solve_errors(
+        lambda: jax.block_until_ready(compiled(fn, x, params, **options)))
   return call
+
+
+def _raising_solve_errors(run: Any) -> Any:
+  """``run()``, with JAX's runtime error that carries a `SolveError`
+  raised on the host turned back into that `SolveError`."""
+  try:
+    return run()
+  except SolveError:
+    raise
+  except Exception as e:  # a SolveError raised on the host, wrapped by JAX
+    text = str(e)
+    if "SolveError: " not in text:
+      raise
+    raise SolveError(text.split("SolveError: ", 1)[1].splitlines()[0]) \
+        from None
+
+
+def _values_below(tree: Any) -> list[Any]:
+  """The arrays held under the tracers of eager ``jvp``, ``linearize`` and
+  ``vmap`` (their primal or batched values), computed by the trace below."""
+  arrays = []
+  for leaf in jax.tree.leaves(tree):
+    while isinstance(leaf, core.Tracer):
+      leaf = getattr(leaf, "primal", None) if hasattr(leaf, "primal") else (
+          getattr(leaf, "val", None))
+    if isinstance(leaf, jax.Array):
+      arrays.append(leaf)
+  return arrays
 
 
 @_eager_cached
@@ -269,9 +295,11 @@ def fixed_point(f: Callable, x0: Any, params: Any, *,
       `Dense`; `GMRES` for large ``x``).
     throw: True (the default): a failed solve (tolerance not met within
       ``max_iter``, a non-finite iterate, a failed derivative solve) raises
-      `SolveError` eagerly, or a JAX runtime error containing its message
-      under ``jit``. False: return ``(x, Status)`` and let the caller check
-      ``Status.converged``; derivatives of a failed solve are then NaN.
+      `SolveError` eagerly (also under eager ``grad``, ``jvp`` and ``vmap``),
+      or a JAX runtime error containing its message under ``jit`` and in the
+      derivative solves of ``grad``'s backward pass. False: return
+      ``(x, Status)`` and let the caller check ``Status.converged``;
+      derivatives of a failed solve are then NaN.
   """
   return _fixed_point(f, x0, params, solver=solver,
                       linear_solver=linear_solver, throw=throw)
