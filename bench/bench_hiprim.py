@@ -9,6 +9,8 @@ times, taking the best of ``--repeat`` runs (7):
   (b) one eager ``jax.grad`` call,
   (c) ``jax.jit(jax.grad(f)).lower(...).compile()`` for a chain of ``--chain``
       applications,
+  (d) for the two HiPrims only: constructing an instance, and constructing
+      and hashing one,
 
 then prints hijax's time divided by JAX's own HiPrim's (target: <= 1.1). It also
 checks that the optimized HLO of ``jit(f)`` for a HiPrim equals that of its
@@ -32,6 +34,15 @@ except ImportError:  # pragma: no cover - every supported JAX has it
 
 
 def make_hiprim(base):
+  cls = make_class(base)
+
+  def f(x, y):
+    return cls(jax.typeof(x), jax.typeof(y))(x, y)
+  f.cls = cls
+  return f
+
+
+def make_class(base):
   class SinTimesY(base.HiPrim):
     def __init__(self, x_aval, y_aval):
       self.in_avals = (x_aval, y_aval)
@@ -49,9 +60,7 @@ def make_hiprim(base):
       cos_x, sin_x, y = res
       return cos_x * g * y, sin_x * g
 
-  def f(x, y):
-    return SinTimesY(jax.typeof(x), jax.typeof(y))(x, y)
-  return f
+  return SinTimesY
 
 
 def plain(x, y):
@@ -116,6 +125,23 @@ def measure(impls, n, repeat):
   return best
 
 
+def measure_construction(classes, repeat, number=20000):
+  """Best time to construct an instance, and to construct and hash one (the
+  first hash of an instance computes it), per class; rounds interleave."""
+  aval = jax.typeof(jnp.linspace(0.1, 1.0, 16))
+  thunks = lambda cls: [lambda: cls(aval, aval),
+                        lambda: hash(cls(aval, aval))]
+  best = {name: [float("inf")] * 2 for name in classes}
+  for _ in range(repeat):
+    for name, cls in classes.items():
+      for i, thunk in enumerate(thunks(cls)):
+        t0 = time.perf_counter()
+        for _ in range(number):
+          thunk()
+        best[name][i] = min(best[name][i], (time.perf_counter() - t0) / number)
+  return best
+
+
 def _optimized_hlo(f, *args):
   text = jax.jit(f).lower(*args).compile().as_text()
   # Debug metadata (source lines, Python names) differs; the computations from
@@ -157,6 +183,17 @@ def main():
     print("hijax / jax HiPrim: " + ", ".join(
         f"{label} {r:.2f}" for label, r in
         zip(("eager call", "eager grad", "jit(grad) compile"), ratios)))
+    build = measure_construction(
+        {"jax HiPrim": impls["jax HiPrim"].cls,
+         "hijax HiPrim": impls["hijax HiPrim"].cls}, args.repeat)
+    for name, (c, h) in build.items():
+      print(f"{name:<16} construct {c * 1e6:.2f} us, construct and hash "
+            f"{h * 1e6:.2f} us")
+    build_ratios = [a / b for a, b in zip(build["hijax HiPrim"],
+                                          build["jax HiPrim"])]
+    print("hijax / jax HiPrim: construct {:.2f}, construct and hash {:.2f}"
+          .format(*build_ratios))
+    ratios += build_ratios
     print("target <= 1.1: " + ("met" if max(ratios) <= 1.1 else "NOT met"))
   ok = check_zero_lowering_overhead()
   raise SystemExit(0 if ok else 1)

@@ -118,16 +118,18 @@ def split_retval_logs(prim, out):
 
 
 def flatten_types(name, attr, tree):
-  """``(leaves, treedef)`` of a tree of types; TypeError names a non-type leaf."""
+  """``(leaves, treedef, kind)`` of a tree of types, ``kind`` "leaf" for a
+  single type, "tuple" for a tuple of types and None otherwise; TypeError
+  names a non-type leaf."""
   # Fast paths for the common cases, a single type or a tuple of types.
   if isinstance(tree, AbstractValue):
-    return [tree], _LEAF
+    return [tree], _LEAF, "leaf"
   if type(tree) is tuple:
     for t in tree:
       if not isinstance(t, AbstractValue):
         break
     else:
-      return list(tree), _tuple_of_leaves(len(tree))
+      return list(tree), _tuple_of_leaves(len(tree)), "tuple"
   leaves, treedef = tree_util.tree_flatten(tree)
   for leaf in leaves:
     if not isinstance(leaf, AbstractValue):
@@ -135,7 +137,9 @@ def flatten_types(name, attr, tree):
           f"{name}.{attr} must contain types (e.g. jax.typeof(x) or "
           f"ShapedArray(shape, dtype)), but contains a {type(leaf).__name__}: "
           f"{leaf!r:.80}")
-  return leaves, treedef
+  # Only the fast paths' inputs flatten to one leaf or a tuple of leaves
+  # (a pytree of types that is neither has another node), so None is exact.
+  return leaves, treedef, None
 
 
 _LEAF = tree_util.tree_structure(0)

@@ -157,9 +157,9 @@ class HiPrim:
       if type(key) is not str or key in self._reserved_names:
         raise param_name_error(self, key)
     self.in_avals = tuple(self.in_avals)
-    self.in_avals_flat, self.in_tree = flatten_types(
+    self.in_avals_flat, self.in_tree, in_kind = flatten_types(
         name, "in_avals", self.in_avals)
-    self.out_avals_flat, self.out_tree = flatten_types(
+    self.out_avals_flat, self.out_tree, out_kind = flatten_types(
         name, "out_aval", self.out_aval)
     if self.effects or type(self.effects) is not frozenset:
       self.effects = effect_set(self)
@@ -178,10 +178,8 @@ class HiPrim:
     self._hash = None
     self.__dict__.update(self.params)
     # Fast paths for the common case: array arguments and a single output.
-    n = len(self.in_avals)
-    self._args_are_leaves = self.in_tree.num_nodes == n + 1 == (
-        self.in_tree.num_leaves + 1)
-    self._single_output = self.out_tree.num_nodes == 1 == self.out_tree.num_leaves
+    self._args_are_leaves = in_kind == "tuple"
+    self._single_output = out_kind == "leaf"
 
   # --- the implementation -------------------------------------------------
 
@@ -365,9 +363,12 @@ class HiPrim:
 
   def __hash__(self) -> int:
     if self._hash is None:
-      self._key = (type(self), self.in_tree, tuple(self.in_avals_flat),
-                   self.out_tree, tuple(self.out_avals_flat), self._params_key,
-                   self.effects)
+      # A tuple of array types (or one output type) implies its tree.
+      ins = (self.in_avals if self._args_are_leaves
+             else (self.in_tree, tuple(self.in_avals_flat)))
+      out = (self.out_aval if self._single_output
+             else (self.out_tree, tuple(self.out_avals_flat)))
+      self._key = (type(self), ins, out, self._params_key, self.effects)
       try:
         self._hash = hash(self._key)
       except TypeError:
