@@ -108,7 +108,7 @@ def _refuse_jet_unless_allowed(prim):
   if trace is None:
     return
   name = type(prim).__name__
-  rules = sorted(_defined_rules(prim))
+  rules = prim._derivative_rules()
   uses = (f"{name}.{rules[0]}" if rules else "its derivative rules")
   raise TypeError(
       f"{name} under jax.experimental.jet: jet cannot apply a hijax "
@@ -117,16 +117,6 @@ def _refuse_jet_unless_allowed(prim):
       f"rule, say). If the derivatives of expand are the ones you want, set "
       f"`jet_from_expand = True` in the class body of {name}; otherwise "
       f"take derivatives with nested jax.jvp, which applies {uses}.")
-
-
-def _defined_rules(prim) -> set:
-  """The rule methods that ``prim``'s class defines, below `HiPrim`."""
-  rules = set()
-  for cls in type(prim).__mro__:
-    if cls.__module__ == "hijax.primitive":  # HiPrim, whose rules raise
-      break
-    rules |= {m for m in ("jvp", "lin", "vjp_fwd") if m in vars(cls)}
-  return rules
 
 
 # What JAX operations return: arrays eagerly, tracers under a transformation.

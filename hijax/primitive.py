@@ -125,6 +125,11 @@ class HiPrim:
     """The primitive whose `jet_from_expand` decides (a wrapper's inner one)."""
     return self
 
+  def _derivative_rules(self) -> list[str]:
+    """The derivative rules (``jvp``, ``lin``, ``vjp_fwd``) the class defines."""
+    return [m for m in ("jvp", "lin", "vjp_fwd")
+            if _owner(type(self), m) is not HiPrim]
+
   # Filled in by `__init_subclass__`.
   _primitive: jax.extend.core.Primitive
   _linearized_primitive: jax.extend.core.Primitive
