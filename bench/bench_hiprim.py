@@ -33,13 +33,9 @@ except ImportError:  # pragma: no cover - every supported JAX has it
   jax_hijax = None
 
 
-def make_hiprim(base):
-  cls = make_class(base)
-
-  def f(x, y):
-    return cls(jax.typeof(x), jax.typeof(y))(x, y)
-  f.cls = cls
-  return f
+def applying(cls):
+  """The function ``(x, y) -> cls(typeof(x), typeof(y))(x, y)``."""
+  return lambda x, y: cls(jax.typeof(x), jax.typeof(y))(x, y)
 
 
 def make_class(base):
@@ -92,10 +88,14 @@ def chain(f, n):
   return g
 
 
-def time_once(thunk, number=1):
+def time_once(thunk, number=1, wait=True):
+  """Seconds per call of ``thunk``, over ``number`` calls; ``wait``: block
+  until each result is ready (for JAX values; not for Python objects)."""
   t0 = time.perf_counter()
   for _ in range(number):
-    jax.block_until_ready(thunk())
+    out = thunk()
+    if wait:
+      jax.block_until_ready(out)
   return (time.perf_counter() - t0) / number
 
 
@@ -113,33 +113,32 @@ def workloads(f, n):
   ]
 
 
-def measure(impls, n, repeat):
-  """Best time per (implementation, workload). Rounds interleave the
-  implementations, so that drift in machine load affects them alike."""
-  loads = {name: workloads(f, n) for name, f in impls.items()}
-  best = {name: [float("inf")] * 3 for name in impls}
+def best_times(loads, repeat, wait=True):
+  """Best time per (name, workload) of ``loads = {name: [(thunk, number)]}``.
+  Rounds interleave the names, so that drift in machine load affects them
+  alike."""
+  best = {name: [float("inf")] * len(thunks) for name, thunks in loads.items()}
   for _ in range(repeat):
     for name, thunks in loads.items():
       for i, (thunk, number) in enumerate(thunks):
-        best[name][i] = min(best[name][i], time_once(thunk, number))
+        best[name][i] = min(best[name][i], time_once(thunk, number, wait))
   return best
+
+
+def measure(impls, n, repeat):
+  """Best time per (implementation, workload)."""
+  return best_times({name: workloads(f, n) for name, f in impls.items()},
+                    repeat)
 
 
 def measure_construction(classes, repeat, number=20000):
   """Best time to construct an instance, and to construct and hash one (the
-  first hash of an instance computes it), per class; rounds interleave."""
+  first hash of an instance computes it), per class."""
   aval = jax.typeof(jnp.linspace(0.1, 1.0, 16))
-  thunks = lambda cls: [lambda: cls(aval, aval),
-                        lambda: hash(cls(aval, aval))]
-  best = {name: [float("inf")] * 2 for name in classes}
-  for _ in range(repeat):
-    for name, cls in classes.items():
-      for i, thunk in enumerate(thunks(cls)):
-        t0 = time.perf_counter()
-        for _ in range(number):
-          thunk()
-        best[name][i] = min(best[name][i], (time.perf_counter() - t0) / number)
-  return best
+  loads = {name: [(lambda cls=cls: cls(aval, aval), number),
+                  (lambda cls=cls: hash(cls(aval, aval)), number)]
+           for name, cls in classes.items()}
+  return best_times(loads, repeat, wait=False)
 
 
 def _optimized_hlo(f, *args):
@@ -152,7 +151,7 @@ def _optimized_hlo(f, *args):
 
 
 def check_zero_lowering_overhead():
-  f = make_hiprim(hijax)
+  f = applying(make_class(hijax))
   x = jnp.linspace(0.1, 1.0, 16)
   same = _optimized_hlo(f, x, x) == _optimized_hlo(plain, x, x)
   print(f"compiled HLO of jit(HiPrim) == jit(expand as a plain function): {same}")
@@ -165,10 +164,11 @@ def main():
   parser.add_argument("--repeat", type=int, default=7)
   args = parser.parse_args()
 
-  impls = {"jax.numpy": plain, "jax.custom_vjp": with_custom_vjp}
+  classes = {"hijax HiPrim": make_class(hijax)}
   if jax_hijax is not None:
-    impls["jax HiPrim"] = make_hiprim(jax_hijax)
-  impls["hijax HiPrim"] = make_hiprim(hijax)
+    classes = {"jax HiPrim": make_class(jax_hijax), **classes}
+  impls = {"jax.numpy": plain, "jax.custom_vjp": with_custom_vjp,
+           **{name: applying(cls) for name, cls in classes.items()}}
 
   print(f"jax {jax.__version__}, chain of {args.chain}, best of {args.repeat}")
   header = f"{'implementation':<16}{'eager call':>14}{'eager grad':>14}{'jit(grad) compile':>20}"
@@ -183,9 +183,7 @@ def main():
     print("hijax / jax HiPrim: " + ", ".join(
         f"{label} {r:.2f}" for label, r in
         zip(("eager call", "eager grad", "jit(grad) compile"), ratios)))
-    build = measure_construction(
-        {"jax HiPrim": impls["jax HiPrim"].cls,
-         "hijax HiPrim": impls["hijax HiPrim"].cls}, args.repeat)
+    build = measure_construction(classes, args.repeat)
     for name, (c, h) in build.items():
       print(f"{name:<16} construct {c * 1e6:.2f} us, construct and hash "
             f"{h * 1e6:.2f} us")
