@@ -52,13 +52,21 @@ def _conf_pages():
     return _conf_list("PAGES")
 
 
+def _toctrees(text):
+    """``(hidden, entries)`` of each ```{toctree}``` block of a MyST page."""
+    blocks = []
+    for block in re.findall(r"```\{toctree\}\n(.*?)```", text, re.S):
+        lines = [l.strip() for l in block.splitlines() if l.strip()]
+        blocks.append((":hidden:" in lines,
+                       [l for l in lines if not l.startswith(":")]))
+    return blocks
+
+
 def test_index_lists_the_eight_pages_in_order():
     pages = _conf_pages()
     assert len(pages) == 8
     index = (ROOT / "docs" / "index.md").read_text()
-    toctrees = [[l.strip() for l in toctree.splitlines()
-                 if l.strip() and not l.strip().startswith(":")]
-                for toctree in re.findall(r"```\{toctree\}\n(.*?)```", index, re.S)]
+    toctrees = [entries for _, entries in _toctrees(index)]
     # The 301 pages and their appendix, then "Beyond 301" in a second toctree.
     assert toctrees == [pages + _conf_list("APPENDIX"), _conf_list("BEYOND")]
     assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == (
@@ -86,12 +94,7 @@ def test_pages_have_labels_and_headers():
 
 
 def _hidden_toctree_entries(text):
-    entries = []
-    for toctree in re.findall(r"```\{toctree\}\n(.*?)```", text, re.S):
-        lines = [l.strip() for l in toctree.splitlines() if l.strip()]
-        if ":hidden:" in lines:
-            entries += [l for l in lines if not l.startswith(":")]
-    return entries
+    return [e for hidden, entries in _toctrees(text) if hidden for e in entries]
 
 
 def test_every_page_is_listed_and_subpages_hang_off_one_page():

@@ -12,15 +12,12 @@ import numpy as np
 import pytest
 from jax.experimental.jet import jet
 
-from hijax import HiPrim, vjp_from_jvp
+from hijax import vjp_from_jvp
+from unary_prim import UnaryPrim, unary
 
 
-class RoundStraightThrough(HiPrim):
+class RoundStraightThrough(UnaryPrim):
   """round(x), with the straight-through derivative 1 (not round's 0)."""
-
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
 
   def expand(self, x):
     return jnp.round(x)
@@ -35,13 +32,9 @@ class RoundStraightThrough(HiPrim):
     return in_dims[0]
 
 
-class Sin(HiPrim):
+class Sin(UnaryPrim):
   """sin(x), whose rule is expand's derivative: jet may expand it."""
   jet_from_expand = True
-
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
 
   def expand(self, x):
     return jnp.sin(x)
@@ -51,12 +44,8 @@ class Sin(HiPrim):
     return self(x), jnp.cos(x) * t
 
 
-def ste(x):
-  return RoundStraightThrough(jax.typeof(x))(x)
-
-
-def sin(x):
-  return Sin(jax.typeof(x))(x)
+ste = unary(RoundStraightThrough)
+sin = unary(Sin)
 
 
 @pytest.mark.parametrize("wrap", [lambda f: f, jax.jit, jax.vmap],
