@@ -13,6 +13,7 @@ import pytest
 from jax.experimental.jet import jet
 
 from hijax import vjp_from_jvp
+import zoo
 from unary_prim import UnaryPrim, unary
 
 
@@ -32,16 +33,9 @@ class RoundStraightThrough(UnaryPrim):
     return in_dims[0]
 
 
-class Sin(UnaryPrim):
-  """sin(x), whose rule is expand's derivative: jet may expand it."""
+class Sin(zoo.SinDerived):
+  """sin(x), whose rules are expand's derivatives: jet may expand it."""
   jet_from_expand = True
-
-  def expand(self, x):
-    return jnp.sin(x)
-
-  def jvp(self, primals, tangents):
-    (x,), (t,) = primals, tangents
-    return self(x), jnp.cos(x) * t
 
 
 ste = unary(RoundStraightThrough)
