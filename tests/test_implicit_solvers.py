@@ -154,6 +154,27 @@ def test_matmul_factorizes_once_for_value_and_gradient():
   assert _count(plain_jaxpr, "LinearSolve") == 2
 
 
+def test_dense_checks_a_transposed_solve_against_the_transposed_system():
+  """`solve_factored(..., transpose=True)` reports the backward error of
+  A.T x = b: |b - A.T x|_inf / (|A.T|_inf |x|_inf + |b|_inf), where |A.T|_inf
+  is the largest column sum of |A| (not the largest row sum, that of A)."""
+  A = jnp.array([[4., 0., 0.], [3., 1., 0.], [5., 2., 1.]])  # row sums 4, 4, 8
+  b = jnp.array([1., 2., 3.])
+  solver = Dense()
+  factors = solver.factor(A)
+  x, st = solver.solve_factored(A, factors, b, True)
+  close(x, np.linalg.solve(np.asarray(A).T, b))
+  assert bool(st.converged)
+  # a wrong x: its error is the closed form with the column-sum norm, 12
+  wrong = x + jnp.array([0., 0., 0.1])
+  st_wrong = solver._check(A, wrong, b, transpose=True)
+  At = np.asarray(A).T
+  expected = (np.max(np.abs(b - At @ wrong))
+              / (12. * np.max(np.abs(wrong)) + np.max(np.abs(b))))
+  close(st_wrong.error, expected)
+  assert not bool(st_wrong.converged)
+
+
 def test_matmul_with_one_unknown_value_and_both_gradients():
   """The 1x1 path of `Dense` with a matrix handed over (a division, forward
   and transposed): x = b / a, dx/da = -b / a**2, dx/db = 1 / a."""

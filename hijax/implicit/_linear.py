@@ -106,11 +106,18 @@ class Dense:
     x, st = self.solve_matrix(matrix, b_flat)
     return unravel(x), st
 
-  def _check(self, matrix: Any, x: Any, b: Any) -> Any:
+  def _check(self, matrix: Any, x: Any, b: Any, transpose: bool = False) -> Any:
+    """The backward-error check of ``x`` for ``matrix @ x = b`` (or, with
+    ``transpose``, ``matrix.T @ x = b``, read from ``matrix`` without making
+    its transpose: XLA on CPU copies ``matrix.T`` and runs ``matrix.T @ x``
+    as a slow loop, while ``x @ matrix`` is a fast vector-matrix product)."""
     eps = float(jnp.finfo(matrix.dtype).eps)
     tol = eps ** 0.5 if self.tol is None else self.tol
-    r = jnp.max(jnp.abs(b - matrix @ x), initial=0.)
-    a_norm = jnp.max(jnp.sum(jnp.abs(matrix), axis=1), initial=0.)
+    ax = x @ matrix if transpose else matrix @ x
+    r = jnp.max(jnp.abs(b - ax), initial=0.)
+    # |A|_inf is the largest row sum of |A|; |A.T|_inf the largest column sum
+    a_norm = jnp.max(jnp.sum(jnp.abs(matrix), axis=0 if transpose else 1),
+                     initial=0.)
     scale = a_norm * jnp.max(jnp.abs(x), initial=0.) + jnp.max(
         jnp.abs(b), initial=0.)
     finite = jnp.all(jnp.isfinite(x)) & jnp.isfinite(r)
@@ -135,12 +142,11 @@ class Dense:
   def solve_factored(self, matrix: Any, factors: Any, b: Any, transpose: bool) -> Any:
     """Solves ``matrix @ x = b`` (or ``matrix.T @ x = b``) with the factors
     of `factor`; returns ``(x, Status)``."""
-    m = matrix.T if transpose else matrix
     if b.size == 1:
       x = b / matrix[0, 0]
     else:
       x = jax.scipy.linalg.lu_solve(factors, b, trans=int(transpose))
-    return x, self._check(m, x, b)
+    return x, self._check(matrix, x, b, transpose)
 
 
 # --- CG -----------------------------------------------------------------------
