@@ -173,6 +173,12 @@ def test_dense_checks_a_transposed_solve_against_the_transposed_system():
               / (12. * np.max(np.abs(wrong)) + np.max(np.abs(b))))
   close(st_wrong.error, expected)
   assert not bool(st_wrong.converged)
+  # one unknown, checked elementwise: |3 - 2 * 1| / (2 * 1 + 3)
+  for transpose in (False, True):
+    st_one = solver._check(jnp.array([[2.]]), jnp.array([1.]), jnp.array([3.]),
+                           transpose=transpose)
+    close(st_one.error, 0.2)
+    assert not bool(st_one.converged)
 
 
 def test_matmul_with_one_unknown_value_and_both_gradients():

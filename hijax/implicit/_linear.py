@@ -113,7 +113,10 @@ class Dense:
     as a slow loop, while ``x @ matrix`` is a fast vector-matrix product)."""
     eps = float(jnp.finfo(matrix.dtype).eps)
     tol = eps ** 0.5 if self.tol is None else self.tol
-    ax = x @ matrix if transpose else matrix @ x
+    if x.size == 1:  # elementwise: under vmap, no batch of 1x1 products
+      ax = matrix.reshape(x.shape) * x
+    else:
+      ax = x @ matrix if transpose else matrix @ x
     r = jnp.max(jnp.abs(b - ax), initial=0.)
     # |A|_inf is the largest row sum of |A|; |A.T|_inf the largest column sum
     a_norm = jnp.max(jnp.sum(jnp.abs(matrix), axis=0 if transpose else 1),

@@ -37,10 +37,15 @@ def _tols(tol: Any, tree: Any) -> Any:
 _HISTORY = 8  # past step sizes kept per leaf, to estimate a contraction rate
 
 
-def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any) -> Any:
+def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
+             history: bool = True) -> Any:
   """Runs ``x, dx, ok = step(x)`` until every leaf's error estimate (from
   ``estimate(k, step, rounding_floor, past_steps)``) is within tolerance, an
-  iterate is non-finite, ``ok`` is False, or ``max_iter`` steps."""
+  iterate is non-finite, ``ok`` is False, or ``max_iter`` steps.
+
+  ``history=False``: the estimate does not read the past steps (it gets an
+  empty array), so the loop does not keep them (under ``vmap`` they are
+  ``_HISTORY + 1`` floats per leaf and instance, rewritten every step)."""
   n = len(jax.tree.leaves(x0))
   inf = jnp.float32(jnp.inf)
   eps = [float(jnp.finfo(x.dtype).eps) if jnp.issubdtype(x.dtype, jnp.inexact)
@@ -64,14 +69,16 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any) -> Any
     est = [jnp.where(d, e, n) for d, e, n in zip(done, est, new)]
     done = [d | w for d, w in zip(done, within(x, new))]
     # past[:-1]: the last steps, newest first; past[-1]: the first step.
-    past = [jnp.concatenate([s[None], h[:-2],
-                             jnp.where(k == 0, s, h[-1])[None]])
-            for s, h in zip(norms, past)]
+    if history:
+      past = [jnp.concatenate([s[None], h[:-2],
+                               jnp.where(k == 0, s, h[-1])[None]])
+              for s, h in zip(norms, past)]
     return (k + 1, x, est, past, done, all_finite(x), ok)
 
   if not n:
     return x0, status(CONVERGED, 0, 0.)
-  init = (jnp.int32(0), x0, [inf] * n, [jnp.full(_HISTORY + 1, inf)] * n,
+  past = jnp.full(_HISTORY + 1 if history else 0, inf)
+  init = (jnp.int32(0), x0, [inf] * n, [past] * n,
           [jnp.bool_(False)] * n, all_finite(x0), jnp.bool_(True))
   k, x, est, _, done, finite, ok = jax.lax.while_loop(cond, body, init)
   done = jnp.all(jnp.stack(done)) & ok
@@ -156,4 +163,4 @@ class Newton:
       return jax.tree.map(jnp.subtract, x, dx), dx, st.converged | (
           st.reason == NONFINITE)  # a non-finite step stops as non-finite
     return _iterate(step, x0, _tols(self.tol, x0), self.max_iter,
-                    _step_estimate)
+                    _step_estimate, history=False)
