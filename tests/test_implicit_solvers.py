@@ -181,6 +181,28 @@ def test_dense_checks_a_transposed_solve_against_the_transposed_system():
     assert not bool(st_one.converged)
 
 
+def test_an_hvp_of_a_root_factorizes_the_jacobian_at_the_solution_once():
+  """jvp of grad of a root solves three systems with dg/dx at the solution:
+  the tangent one and two transposed ones. `Dense` builds dg/dx (not its
+  transpose) for all three, so the compiled program has one LU for them,
+  beside the one in Newton's loop; and the HVP is the unrolled reference's."""
+  M = NONSYM + 2 * jnp.eye(3)
+  g = lambda x, c: M @ x + 0.1 * jnp.tanh(x) - c
+  loss = lambda c: jnp.sum(root(g, jnp.zeros(3), c) ** 2)
+  hvp = lambda c, v: jax.jvp(jax.grad(loss), (c,), (v,))[1]
+  c, v = jnp.array([0.3, -0.2, 0.5]), jnp.array([1., 0.5, -1.])
+  hlo = jax.jit(hvp).lower(c, v).compile().as_text()
+  lus = [l for l in hlo.splitlines() if "custom-call" in l and "getrf" in l]
+  assert len(lus) == 2, "\n".join(lus)
+
+  def unrolled(c):
+    x = jnp.zeros(3)
+    for _ in range(30):
+      x = x - jnp.linalg.solve(jax.jacfwd(g)(x, c), g(x, c))
+    return jnp.sum(x ** 2)
+  close(hvp(c, v), jax.jvp(jax.grad(unrolled), (c,), (v,))[1])
+
+
 def test_matmul_with_one_unknown_value_and_both_gradients():
   """The 1x1 path of `Dense` with a matrix handed over (a division, forward
   and transposed): x = b / a, dx/da = -b / a**2, dx/db = 1 / a."""

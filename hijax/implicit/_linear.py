@@ -80,6 +80,16 @@ def _residual_status(flat_matvec: Any, x: Any, b: Any, tol: Any, atol: Any, step
 
 # --- Dense --------------------------------------------------------------------
 
+def _matrix(flat_matvec: Callable, b_flat: Any) -> Any:
+  """The matrix of ``flat_matvec``: one matvec per unknown, under ``vmap``
+  (a single matvec for one unknown)."""
+  n = b_flat.size
+  if n == 1:
+    return flat_matvec(jnp.ones_like(b_flat)).reshape(1, 1)
+  eye = jnp.eye(n, dtype=b_flat.dtype)
+  return jax.vmap(flat_matvec, out_axes=1)(eye)
+
+
 @dataclasses.dataclass(frozen=True)
 class Dense:
   """Direct solver: materializes the matrix (one ``matvec`` per unknown,
@@ -97,13 +107,18 @@ class Dense:
 
   def __call__(self, matvec: Callable, b: Any) -> Any:
     b_flat, flat_matvec, unravel = flat_problem(matvec, b)
-    n = b_flat.size
-    if n == 1:  # one matvec, no vmap and no factorization
-      matrix = flat_matvec(jnp.ones_like(b_flat)).reshape(1, 1)
-    else:
-      eye = jnp.eye(n, dtype=b_flat.dtype)
-      matrix = jax.vmap(flat_matvec, out_axes=1)(eye)
-    x, st = self.solve_matrix(matrix, b_flat)
+    x, st = self.solve_matrix(_matrix(flat_matvec, b_flat), b_flat)
+    return unravel(x), st
+
+  def solve_transposed(self, matvec: Callable, b: Any) -> Any:
+    """Solves ``A.T x = b``, where ``matvec`` computes ``A v`` (``v`` with
+    the structure of ``b``): builds ``A`` itself, not its transpose, so that
+    a program that also solves with ``A`` (the tangent and the cotangent
+    systems of a root, in an HVP) builds and factorizes one matrix, which
+    XLA computes once. Returns ``(x, Status)``."""
+    b_flat, flat_matvec, unravel = flat_problem(matvec, b)
+    matrix = _matrix(flat_matvec, b_flat)
+    x, st = self.solve_factored(matrix, self.factor(matrix), b_flat, True)
     return unravel(x), st
 
   def _check(self, matrix: Any, x: Any, b: Any, transpose: bool = False) -> Any:

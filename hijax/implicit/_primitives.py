@@ -225,6 +225,12 @@ class LinearSolve(_Checked):
   def expand(self, b: Any, params: Any) -> Any:
     if self._factored():
       x, st = self.solver.solve_matrix(params, b)
+    elif isinstance(self.matvec, _VjpX) and isinstance(self.solver, Dense):
+      # (dg/dx)^T w = b: Dense builds dg/dx as the tangent systems do, so an
+      # HVP factorizes the Jacobian at the solution once, not twice
+      jvp_x = _JvpX(self.matvec.g)
+      x, st = solved(self.solver.solve_transposed(
+          lambda v: jvp_x(v, params), b), _where(self))
     else:
       x, st = solved(self.solver(lambda v: self.matvec(v, params), b),
                      _where(self))
