@@ -181,6 +181,18 @@ def test_dense_checks_a_transposed_solve_against_the_transposed_system():
     assert not bool(st_one.converged)
 
 
+def test_jit_grad_of_a_dense_solve_with_a_matvec_factorizes_once():
+  """The transposed solve of the gradient builds the matvec's own matrix, as
+  the forward solve does, so the compiled gradient has one LU (it had two)."""
+  loss = lambda A, b: linear_solve(matvec, b, A).sum()
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  hlo = grad.lower(NONSYM, B).compile().as_text()
+  lus = [l for l in hlo.splitlines() if "custom-call" in l and "getrf" in l]
+  assert len(lus) == 1, "\n".join(lus)
+  close(grad(NONSYM, B), jax.grad(lambda A, b: jnp.linalg.solve(A, b).sum(),
+                                  argnums=(0, 1))(NONSYM, B))
+
+
 def test_an_hvp_of_a_root_factorizes_the_jacobian_at_the_solution_once():
   """jvp of grad of a root solves three systems with dg/dx at the solution:
   the tangent one and two transposed ones. `Dense` builds dg/dx (not its

@@ -113,9 +113,9 @@ class Dense:
   def solve_transposed(self, matvec: Callable, b: Any) -> Any:
     """Solves ``A.T x = b``, where ``matvec`` computes ``A v`` (``v`` with
     the structure of ``b``): builds ``A`` itself, not its transpose, so that
-    a program that also solves with ``A`` (the tangent and the cotangent
-    systems of a root, in an HVP) builds and factorizes one matrix, which
-    XLA computes once. Returns ``(x, Status)``."""
+    a program that also solves with ``A`` (a solve and its gradient, or the
+    tangent and cotangent systems of a root in an HVP) builds and factorizes
+    one matrix, which XLA computes once. Returns ``(x, Status)``."""
     b_flat, flat_matvec, unravel = flat_problem(matvec, b)
     matrix = _matrix(flat_matvec, b_flat)
     x, st = self.solve_factored(matrix, self.factor(matrix), b_flat, True)

@@ -225,12 +225,14 @@ class LinearSolve(_Checked):
   def expand(self, b: Any, params: Any) -> Any:
     if self._factored():
       x, st = self.solver.solve_matrix(params, b)
-    elif isinstance(self.matvec, _VjpX) and isinstance(self.solver, Dense):
-      # (dg/dx)^T w = b: Dense builds dg/dx as the tangent systems do, so an
-      # HVP factorizes the Jacobian at the solution once, not twice
-      jvp_x = _JvpX(self.matvec.g)
+    elif isinstance(self.matvec, (_VjpX, _Transposed)) and isinstance(
+        self.solver, Dense):
+      # A transposed system (of a gradient): Dense builds the matrix of the
+      # matvec this one transposes, as the forward or tangent system does, so
+      # that a program solving both builds and factorizes one matrix, once
+      forward = _transposed(self.matvec)
       x, st = solved(self.solver.solve_transposed(
-          lambda v: jvp_x(v, params), b), _where(self))
+          lambda v: forward(v, params), b), _where(self))
     else:
       x, st = solved(self.solver(lambda v: self.matvec(v, params), b),
                      _where(self))
