@@ -181,16 +181,22 @@ def test_dense_checks_a_transposed_solve_against_the_transposed_system():
     assert not bool(st_one.converged)
 
 
+def _compiled_lus(fn, *args):
+  """The LU factorizations (LAPACK getrf calls) in ``jit(fn)``'s compiled HLO."""
+  hlo = jax.jit(fn).lower(*args).compile().as_text()
+  return [l for l in hlo.splitlines() if "custom-call" in l and "getrf" in l]
+
+
 def test_jit_grad_of_a_dense_solve_with_a_matvec_factorizes_once():
   """The transposed solve of the gradient builds the matvec's own matrix, as
   the forward solve does, so the compiled gradient has one LU (it had two)."""
   loss = lambda A, b: linear_solve(matvec, b, A).sum()
-  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-  hlo = grad.lower(NONSYM, B).compile().as_text()
-  lus = [l for l in hlo.splitlines() if "custom-call" in l and "getrf" in l]
+  grad = jax.grad(loss, argnums=(0, 1))
+  lus = _compiled_lus(grad, NONSYM, B)
   assert len(lus) == 1, "\n".join(lus)
-  close(grad(NONSYM, B), jax.grad(lambda A, b: jnp.linalg.solve(A, b).sum(),
-                                  argnums=(0, 1))(NONSYM, B))
+  close(jax.jit(grad)(NONSYM, B),
+        jax.grad(lambda A, b: jnp.linalg.solve(A, b).sum(),
+                 argnums=(0, 1))(NONSYM, B))
 
 
 def test_an_hvp_of_a_root_factorizes_the_jacobian_at_the_solution_once():
@@ -203,8 +209,7 @@ def test_an_hvp_of_a_root_factorizes_the_jacobian_at_the_solution_once():
   loss = lambda c: jnp.sum(root(g, jnp.zeros(3), c) ** 2)
   hvp = lambda c, v: jax.jvp(jax.grad(loss), (c,), (v,))[1]
   c, v = jnp.array([0.3, -0.2, 0.5]), jnp.array([1., 0.5, -1.])
-  hlo = jax.jit(hvp).lower(c, v).compile().as_text()
-  lus = [l for l in hlo.splitlines() if "custom-call" in l and "getrf" in l]
+  lus = _compiled_lus(hvp, c, v)
   assert len(lus) == 2, "\n".join(lus)
 
   def unrolled(c):
