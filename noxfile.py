@@ -1,7 +1,9 @@
 """Sessions for building the JAX 301 site and testing hijax.
 
+  python3.12 -m nox -s ci                    everything CI checks, in two lanes at once
   python3.12 -m nox -s docs                  build the site into _build/html
-  python3.12 -m nox -s tests tests-jax011    every test (what .ci/run runs, after docs)
+  python3.12 -m nox -s tests tests-jax011    unit tests and nbval; unit tests on the oldest JAX
+  python3.12 -m nox -s site                  the browser test of the site docs built
   python3.12 -m nox -s package typecheck     wheel and sdist installed and tested; types
   python3.12 -m nox -s notebooks             regenerate + execute notebooks/*.ipynb
   python3.12 -m nox -s fuzz                  the property tests, with many more examples
@@ -13,20 +15,33 @@ Versions are pinned here and only here; pyproject.toml keeps ranges.
 Where the time goes (2 cores): environments are made by uv and kept between
 runs; each page is executed once per run, by nbval in `tests` (the site renders
 those same committed notebooks, see tools/sphinx_jax301.py); pytest runs on two
-workers. A test session whose inputs (every file in the checkout, ../shared, the
-pins) are unchanged since its last successful run says so and is skipped;
-HIJAX_FORCE=1 runs it anyway (.ci/run sets it).
+workers; most of the tests' CPU time is XLA compiling, and JAX's persistent
+compilation cache, kept between runs (COMPILE_CACHE below), loads what an
+earlier run compiled; `ci` runs the sessions in two lanes at once. A test
+session whose inputs (every file in the checkout, ../shared, the pins) are
+unchanged since its last successful run says so and is skipped; HIJAX_FORCE=1
+runs it anyway (.ci/run sets it).
 """
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import nox
+
+# Containers often set PYTHONDONTWRITEBYTECODE (this project's machines do);
+# then every process of a run, each notebook kernel, test worker and
+# subprocess, compiles the sources of JAX, NumPy and matplotlib again: about
+# 5 s of CPU before a page's first line runs. The environments under .nox/
+# are ours, so Python may cache bytecode in them (and in the checkout's
+# ignored __pycache__ folders), as it does by default on a reader's machine.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 PYTHON = "3.12"
 # The JAX versions we test against. pyproject.toml says jax>=0.11.2,<0.13.
@@ -72,13 +87,52 @@ NBVAL_ARGS = [
 # Two workers; a notebook's cells stay together on one worker (one kernel).
 XDIST_ARGS = ["-n", "2", "--dist", "loadfile"]
 
-nox.options.sessions = ["docs", "tests", "tests-jax011", "package", "typecheck"]
+# JAX's persistent compilation cache for the test sessions, one directory per
+# JAX version, kept between runs outside the checkout (like uv's cache of
+# wheels): most of the tests' CPU time is XLA compiling programs that an
+# earlier run compiled already. A hit skips only XLA's compilation of an
+# identical program (keyed by the program, the JAX and jaxlib versions and the
+# compile options); tracing, lowering, every rule, check and execution run as
+# without it. HIJAX_COMPILE_CACHE=off runs without it (each test process then
+# keeps a private one, tests/conftest.py); HIJAX_COMPILE_CACHE=DIR moves it.
+COMPILE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"),
+                     "hijax", "jax-compilation-cache")
+COMPILE_CACHE_MAX_BYTES = 2 << 30  # pruned to half, oldest entries first, past this
+
+# Run one after another by a plain `nox`; `nox -s ci` runs the same in two lanes.
+nox.options.sessions = ["docs", "tests", "site", "tests-jax011", "package", "typecheck"]
 nox.options.error_on_missing_interpreters = True
 # uv makes and fills an environment in seconds; plain venv + pip where it is missing.
 nox.options.default_venv_backend = "uv|virtualenv"
 # Keep environments between runs (the installs below still run, and are no-ops
 # when nothing changed).
 nox.options.reuse_venv = "yes"
+
+
+def _compile_cache_env(session, jax_version):
+  """The variables that point JAX at the kept compilation cache for
+  ``jax_version`` (pruned first), or {} with HIJAX_COMPILE_CACHE=off."""
+  setting = os.environ.get("HIJAX_COMPILE_CACHE", "")
+  if setting == "off":
+    session.log("compilation cache: off (HIJAX_COMPILE_CACHE=off)")
+    return {}
+  path = (Path(setting) if setting else COMPILE_CACHE) / f"jax-{jax_version}"
+  path.mkdir(parents=True, exist_ok=True)
+  entries = sorted((f.stat().st_mtime, f.stat().st_size, f)
+                   for f in path.iterdir() if f.is_file())
+  total = sum(size for _, size, _ in entries)
+  if total > COMPILE_CACHE_MAX_BYTES:
+    for _, size, f in entries:
+      if total <= COMPILE_CACHE_MAX_BYTES // 2:
+        break
+      f.unlink(missing_ok=True)
+      total -= size
+  count = sum(1 for f in path.iterdir() if f.name.endswith("-cache"))
+  session.log(f"compilation cache: {path}, {count} programs, {total / 1e6:.0f} MB "
+              "(HIJAX_COMPILE_CACHE=off runs without it)")
+  return {"JAX_COMPILATION_CACHE_DIR": str(path),
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def _install(session, extra, jax_version):
@@ -182,22 +236,33 @@ def notebooks(session):
 @nox.session(python=PYTHON)
 @_timed
 def tests(session):
-  """Unit tests, the notebook sync and spec-page checks, nbval on notebooks/
-  (each page executed once, in a fresh kernel with a reader's environment),
-  and the browser test of the site that `nox -s docs` built.
+  """Unit tests, the notebook sync and spec-page checks, and nbval on
+  notebooks/ (each page executed once, in a fresh kernel with a reader's
+  environment and the kept compilation cache). The browser test is `site`.
+  """
+  skip, key = _unchanged_since_last_pass(session, JAX)
+  if skip:
+    return
+  _install(session, "tests", JAX)
+  paths = ["tests", *sorted(str(p) for p in Path("notebooks").glob("*.ipynb"))]
+  session.run("pytest", *XDIST_ARGS, *paths, "--ignore", "tests/test_site.py",
+              *NBVAL_ARGS, *session.posargs,
+              env={**READER_ENV, **_compile_cache_env(session, JAX)})
+  _record_pass(session, key)
+
+
+@nox.session(python=PYTHON)
+@_timed
+def site(session):
+  """The browser test (tests/test_site.py) of the site that `nox -s docs`
+  built, in Debian's Chromium (installed with apt-get when missing and run as
+  root; in CI a missing piece fails the test, elsewhere it is skipped).
   """
   skip, key = _unchanged_since_last_pass(session, JAX)
   if skip:
     return
   _install(session, "tests,site", JAX)
-  # Debian's Chromium installs (when missing) while the other tests run.
-  chromium = _start_chromium_install(session)
-  paths = ["tests", *sorted(str(p) for p in Path("notebooks").glob("*.ipynb"))]
-  try:
-    session.run("pytest", *XDIST_ARGS, *paths, "--ignore", "tests/test_site.py",
-                *NBVAL_ARGS, *session.posargs, env=READER_ENV)
-  finally:
-    have_chromium = _finish_chromium_install(session, chromium)
+  have_chromium = _finish_chromium_install(session, _start_chromium_install(session))
   env = dict(READER_ENV)
   if have_chromium and os.environ.get("CI"):
     # In CI the browser test must run: a missing piece fails it.
@@ -221,7 +286,7 @@ def _start_chromium_install(session):
     session.warn("no `chromium` and not root with apt-get: the browser test "
                  "(tests/test_site.py) will be skipped")
     return False
-  log = Path(session.create_tmp()) / "apt-chromium.log"
+  log = Path(tempfile.mkdtemp(prefix="hijax-apt-")) / "apt-chromium.log"
   session.log(f"installing chromium with apt-get in the background (log: {log})")
   script = "apt-get update -q && apt-get install -y -q chromium"
   with open(log, "w") as out:
@@ -242,6 +307,60 @@ def _finish_chromium_install(session, chromium):
   return True
 
 
+# `nox -s ci`: what .ci/run runs. The sessions in two lanes that run at once
+# (the unit tests and nbval keep two workers busy; the other sessions are
+# mostly one process, and installs and Chromium's download wait on the
+# network). `site` needs the site `docs` built, so lane A runs it last, after
+# waiting for `docs` in lane B.
+CI_LANES = {"A": ["tests", "site"], "B": ["docs", "tests-jax011", "package", "typecheck"]}
+
+
+@nox.session(python=False)
+def ci(session):
+  """Every check CI runs: CI_LANES, each lane a `nox` of its own, at once.
+
+  Lane A prints as it goes; lane B's output follows when it ends. Chromium,
+  if missing, installs in the background meanwhile. Fails if any session did.
+  """
+  chromium = _start_chromium_install(session)
+  logs = Path(tempfile.mkdtemp(prefix="hijax-ci-"))
+  docs_done = logs / "docs.done"
+
+  def nox_run(names, **kw):
+    return subprocess.Popen([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"),
+                             "-s", *names], cwd=ROOT, stdin=subprocess.DEVNULL, **kw)
+
+  lane_b_log = logs / "lane-B.log"
+  with open(lane_b_log, "w") as out:
+    # docs first, then a marker file, then the rest of lane B
+    script = (f"{shlex.quote(sys.executable)} -m nox -f noxfile.py -s docs && "
+              f"touch {shlex.quote(str(docs_done))}; docs=$?; "
+              f"{shlex.quote(sys.executable)} -m nox -f noxfile.py -s "
+              + " ".join(CI_LANES["B"][1:]) + "; rest=$?; "
+              "[ $docs -eq 0 ] && [ $rest -eq 0 ]")
+    lane_b = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=out,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    failed = []
+    if nox_run(CI_LANES["A"][:-1]).wait() != 0:
+      failed.append("tests")
+    while lane_b.poll() is None and not docs_done.exists():
+      time.sleep(1)
+    if not _finish_chromium_install(session, chromium):
+      session.warn("no Chromium: the browser test is skipped")
+    if docs_done.exists():
+      if nox_run(CI_LANES["A"][-1:]).wait() != 0:
+        failed.append("site")
+    else:
+      failed.append("site (docs failed, so there is no site to test)")
+    lane_b.wait()
+  print(f"\n----- lane B ({', '.join(CI_LANES['B'])}) -----", flush=True)
+  print(lane_b_log.read_text(), flush=True)
+  if lane_b.returncode != 0:
+    failed.append("lane B (its log above says which session)")
+  if failed:
+    session.error("failed: " + "; ".join(failed))
+
+
 @nox.session(name="tests-jax011", python=PYTHON)
 @_timed
 def tests_jax011(session):
@@ -255,7 +374,8 @@ def tests_jax011(session):
   # The pages' checks (marker `pages`) run in `tests`: the pages and their
   # notebooks are built and executed on the pinned JAX only.
   session.run("pytest", *XDIST_ARGS, "tests", "--ignore", "tests/test_site.py",
-              "-m", "not pages", *session.posargs)
+              "-m", "not pages", *session.posargs,
+              env=_compile_cache_env(session, JAX_OLD))
   _record_pass(session, key)
 
 

@@ -1,32 +1,39 @@
-"""pytest setup of the unit tests: a program compiled twice in one test
-process is compiled once.
+"""pytest setup of the unit tests: a program compiled once is not compiled
+again.
 
 Tests reach the same XLA program again and again (the same primitive, shapes
 and transformations, from different examples of a property test or from
 different tests), and each new Python function means a new ``jit`` cache
-entry, so JAX compiles it again. JAX's persistent compilation cache, in a
-directory private to this test process and removed at its end, turns those
-repeats into cache loads (about 30% of the compilations of
-test_properties.py). Nothing else changes: the programs are the same, and
-the notebooks' kernels, which are other processes, keep a reader's
-environment.
+entry, so JAX compiles it again. JAX's persistent compilation cache turns
+those repeats into cache loads. Where ``JAX_COMPILATION_CACHE_DIR`` is set
+(the nox sessions set it to a directory kept between runs, see noxfile.py),
+that directory is used, shared by the test workers, the processes tests
+start and later runs; otherwise a directory private to this test process,
+removed at its end (about 30% of the compilations of test_properties.py are
+repeats within one process).
+
+A cache hit skips only XLA's compilation of an identical program (the key is
+the program, the JAX and jaxlib versions and the compile options): tracing,
+lowering, every rule and every execution happen as without it.
 """
+import os
 import shutil
 import tempfile
 
 import jax
 
-_CACHE_DIR = None
+_PRIVATE_DIR = None
 
 
 def pytest_configure(config):
-  global _CACHE_DIR
-  _CACHE_DIR = tempfile.mkdtemp(prefix="hijax-tests-jax-cache-")
-  jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+  global _PRIVATE_DIR
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    _PRIVATE_DIR = tempfile.mkdtemp(prefix="hijax-tests-jax-cache-")
+    jax.config.update("jax_compilation_cache_dir", _PRIVATE_DIR)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def pytest_unconfigure(config):
-  if _CACHE_DIR:
-    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+  if _PRIVATE_DIR:
+    shutil.rmtree(_PRIVATE_DIR, ignore_errors=True)

@@ -165,7 +165,8 @@ def test_notebooks_are_checked_in_a_readers_environment():
     for session in ("docs", "tests", "notebooks"):
         body = re.search(rf"^def {session}\(session\):(.*?)^(?:def|@)", nox_src,
                          re.S | re.M).group(1)
-        assert "env=READER_ENV" in body, f"nox session {session} must use READER_ENV"
+        assert re.search(r"env=(READER_ENV\b|\{\*\*READER_ENV\b)", body), \
+            f"nox session {session} must use READER_ENV"
 
 
 def _backticked(text):

@@ -1,7 +1,7 @@
 """The built site in a real browser: headless Chromium, offline.
 
-Checks _build/html (built by `nox -s docs`, which .ci/run runs before the
-tests) with tools/site_check.py: every page loads with the network blocked
+Checks _build/html (built by `nox -s docs`; `nox -s ci` runs this test, the
+`site` session, once `docs` has ended) with tools/site_check.py: every page loads with the network blocked
 except localhost, with no console errors or failed requests, every image
 loaded, all math rendered by MathJax, a copy button on every code block,
 every same-site link resolving, no code block or table scrolling sideways
@@ -9,11 +9,11 @@ at 1280 px; the search page finds `HiPrim`; each page's
 notebook download is a notebook. A screenshot of each page goes to
 _build/screenshots/. Deliberately broken pages check the checker.
 
-Needs Playwright (the `site` extra; the `tests` nox session installs it) and
-Debian's Chromium (`apt-get install chromium`; the `tests` nox session
-installs it when run as root). Without them, or without a built site, the
-tests are skipped with the reason, unless HIJAX_SITE_TEST=required (set by
-the `tests` nox session under CI), in which case they fail.
+Needs Playwright (the `site` extra; the `site` nox session installs it) and
+Debian's Chromium (`apt-get install chromium`; the `site` and `ci` nox
+sessions install it when run as root). Without them, or without a built
+site, the tests are skipped with the reason, unless HIJAX_SITE_TEST=required
+(set by the `site` nox session under CI), in which case they fail.
 """
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ def chromium():
     import playwright.sync_api  # noqa: F401
   except ImportError:
     _unavailable("Playwright is not installed (pip install '.[site]'; the "
-                 "`tests` nox session installs it)")
+                 "`site` nox session installs it)")
   path = site_check.find_chromium()
   if path is None:
     _unavailable("no Chromium binary (Debian: apt-get install chromium; the "
-                 "`tests` nox session installs it when run as root)")
+                 "`site` nox session installs it when run as root)")
   return path
 
 
