@@ -16,7 +16,7 @@ Where the time goes (2 cores): environments are made by uv and kept between
 runs; each page is executed once per run, by nbval in `tests` (the site renders
 those same committed notebooks, see tools/sphinx_jax301.py); pytest runs on two
 workers; most of the tests' CPU time is XLA compiling, and JAX's persistent
-compilation cache, kept between runs (COMPILE_CACHE below), loads what an
+compilation cache, kept between runs (_cache_root below), loads what an
 earlier run compiled; `ci` runs the sessions in two lanes at once. A test
 session whose inputs (every file in the checkout, ../shared, the pins) are
 unchanged since its last successful run says so and is skipped; HIJAX_FORCE=1
@@ -87,36 +87,38 @@ NBVAL_ARGS = [
 # Two workers; a notebook's cells stay together on one worker (one kernel).
 XDIST_ARGS = ["-n", "2", "--dist", "loadfile"]
 
-# JAX's persistent compilation cache for the test sessions, one directory per
-# JAX version, kept between runs outside the checkout (like uv's cache of
-# wheels): most of the tests' CPU time is XLA compiling programs that an
-# earlier run compiled already. A hit skips only XLA's compilation of an
-# identical program (keyed by the program, the JAX and jaxlib versions and the
-# compile options); tracing, lowering, every rule, check and execution run as
-# without it. HIJAX_COMPILE_CACHE=off runs without it (each test process then
-# keeps a private one, tests/conftest.py); HIJAX_COMPILE_CACHE=DIR moves it.
-COMPILE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"),
-                     "hijax", "jax-compilation-cache")
+# Caches kept between runs, outside the checkout (like uv's cache of wheels),
+# under HIJAX_CACHE (default ~/.cache/hijax; HIJAX_CACHE=off keeps none):
+# - JAX's persistent compilation cache for the test sessions, one folder per
+#   JAX version: most of the tests' CPU time is XLA compiling programs that an
+#   earlier run compiled already. A hit skips only XLA's compilation of an
+#   identical program (keyed by the program, the JAX and jaxlib versions and
+#   the compile options); tracing, lowering, every rule, check and execution
+#   run as without it. Without it each test process keeps a private one
+#   (tests/conftest.py).
+# - mypy's incremental cache (`typecheck`), which checks each cached module
+#   against its source and mypy's version.
 COMPILE_CACHE_MAX_BYTES = 2 << 30  # pruned to half, oldest entries first, past this
 
-# Run one after another by a plain `nox`; `nox -s ci` runs the same in two lanes.
-nox.options.sessions = ["docs", "tests", "site", "tests-jax011", "package", "typecheck"]
-nox.options.error_on_missing_interpreters = True
-# uv makes and fills an environment in seconds; plain venv + pip where it is missing.
-nox.options.default_venv_backend = "uv|virtualenv"
-# Keep environments between runs (the installs below still run, and are no-ops
-# when nothing changed).
-nox.options.reuse_venv = "yes"
+
+def _cache_root():
+  """Where the kept caches go, or None with HIJAX_CACHE=off."""
+  setting = os.environ.get("HIJAX_CACHE", "")
+  if setting == "off":
+    return None
+  if setting:
+    return Path(setting)
+  return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "hijax")
 
 
 def _compile_cache_env(session, jax_version):
   """The variables that point JAX at the kept compilation cache for
-  ``jax_version`` (pruned first), or {} with HIJAX_COMPILE_CACHE=off."""
-  setting = os.environ.get("HIJAX_COMPILE_CACHE", "")
-  if setting == "off":
-    session.log("compilation cache: off (HIJAX_COMPILE_CACHE=off)")
+  ``jax_version`` (pruned first), or {} with HIJAX_CACHE=off."""
+  root = _cache_root()
+  if root is None:
+    session.log("compilation cache: none kept (HIJAX_CACHE=off)")
     return {}
-  path = (Path(setting) if setting else COMPILE_CACHE) / f"jax-{jax_version}"
+  path = root / "jax-compilation-cache" / f"jax-{jax_version}"
   path.mkdir(parents=True, exist_ok=True)
   entries = sorted((f.stat().st_mtime, f.stat().st_size, f)
                    for f in path.iterdir() if f.is_file())
@@ -129,22 +131,26 @@ def _compile_cache_env(session, jax_version):
       total -= size
   count = sum(1 for f in path.iterdir() if f.name.endswith("-cache"))
   session.log(f"compilation cache: {path}, {count} programs, {total / 1e6:.0f} MB "
-              "(HIJAX_COMPILE_CACHE=off runs without it)")
+              "(HIJAX_CACHE=off runs without it)")
   return {"JAX_COMPILATION_CACHE_DIR": str(path),
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
-def _install(session, extra, jax_version):
-  """Install hijax (editable) with an extra, the given JAX, and TOOL_PINS as constraints."""
+def _install(session, extra, jax_version, pages=True):
+  """Install hijax (editable) with an extra, the given JAX, and TOOL_PINS as constraints.
+
+  ``pages``: the environment runs pages, so their first imports run once here.
+  """
   constraints = Path(session.create_tmp()) / "constraints.txt"
   constraints.write_text("\n".join(TOOL_PINS) + "\n")
   session.install("-e", f".[{extra}]", f"jax=={jax_version}", "-c", str(constraints))
-  # First imports can print one-off messages (e.g. matplotlib building its
-  # font cache on a new machine); get them out of the way before any page
-  # runs, so they never land in a cell's output.
-  session.run("python", "-c", "import matplotlib.pyplot, jax.numpy as jnp; jnp.zeros(1)",
-              silent=True)
+  if pages:
+    # First imports can print one-off messages (e.g. matplotlib building its
+    # font cache on a new machine); get them out of the way before any page
+    # runs, so they never land in a cell's output.
+    session.run("python", "-c", "import matplotlib.pyplot, jax.numpy as jnp; jnp.zeros(1)",
+                silent=True)
 
 
 def _timed(fn):
@@ -261,7 +267,7 @@ def site(session):
   skip, key = _unchanged_since_last_pass(session, JAX)
   if skip:
     return
-  _install(session, "tests,site", JAX)
+  _install(session, "site", JAX, pages=False)
   have_chromium = _finish_chromium_install(session, _start_chromium_install(session))
   env = dict(READER_ENV)
   if have_chromium and os.environ.get("CI"):
@@ -523,7 +529,10 @@ def typecheck(session):
   # (errors inside an installed package are not the user's to fix).
   session.chdir(tmp)
   session.run("basedpyright", "--verifytypes", "hijax", "--ignoreexternal")
+  # A kept cache changes no result (mypy checks each cached module against its
+  # source); an empty one costs about 18 s of CPU here.
+  mypy_cache = (_cache_root() or tmp) / "mypy"
   session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"),
-              "--cache-dir", str(tmp / "mypy_cache"), str(ROOT / "tests" / "typecheck"))
+              "--cache-dir", str(mypy_cache), str(ROOT / "tests" / "typecheck"))
   session.chdir(ROOT)
   _record_pass(session, key)

@@ -1,0 +1,108 @@
+"""The noxfile's caches kept between runs: JAX's compilation cache (one
+folder per JAX version, pruned oldest first) and how the unit tests use it.
+
+noxfile.py is loaded with a stand-in for the `nox` module (its decorators
+return the functions), so these run without nox installed.
+"""
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+import jax
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Session:
+  """Enough of nox's Session for the cache helpers: log lines are kept."""
+
+  def __init__(self):
+    self.lines = []
+
+  def log(self, line):
+    self.lines.append(line)
+
+
+@pytest.fixture
+def noxfile(monkeypatch):
+  if not (ROOT / "noxfile.py").exists():
+    pytest.skip("no noxfile.py (an sdist)")
+  stub = types.ModuleType("nox")
+  stub.options = types.SimpleNamespace()
+  stub.session = lambda *args, **kwargs: (lambda fn: fn)
+  monkeypatch.setitem(sys.modules, "nox", stub)
+  saved = dict(os.environ)  # loading it changes os.environ (bytecode)
+  try:
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+  return module
+
+
+def test_each_jax_version_gets_its_own_kept_folder(noxfile, monkeypatch, tmp_path):
+  monkeypatch.setenv("HIJAX_CACHE", str(tmp_path))
+  env = noxfile._compile_cache_env(_Session(), "0.12.0.1")
+  old = noxfile._compile_cache_env(_Session(), "0.11.2")
+  assert env["JAX_COMPILATION_CACHE_DIR"] == str(
+      tmp_path / "jax-compilation-cache" / "jax-0.12.0.1")
+  assert old["JAX_COMPILATION_CACHE_DIR"] == str(
+      tmp_path / "jax-compilation-cache" / "jax-0.11.2")
+  assert Path(env["JAX_COMPILATION_CACHE_DIR"]).is_dir()
+  # every compiled program is kept, however small or quick to compile
+  assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+  assert env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "0"
+  assert set(env) == {"JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"}
+
+
+def test_off_keeps_no_cache(noxfile, monkeypatch):
+  monkeypatch.setenv("HIJAX_CACHE", "off")
+  session = _Session()
+  assert noxfile._cache_root() is None
+  assert noxfile._compile_cache_env(session, "0.12.0.1") == {}
+  assert "HIJAX_CACHE=off" in session.lines[-1]
+
+
+def test_a_full_cache_loses_its_oldest_entries_down_to_half(noxfile, monkeypatch, tmp_path):
+  monkeypatch.setenv("HIJAX_CACHE", str(tmp_path))
+  monkeypatch.setattr(noxfile, "COMPILE_CACHE_MAX_BYTES", 1000)
+  folder = tmp_path / "jax-compilation-cache" / "jax-0.12.0.1"
+  folder.mkdir(parents=True)
+  for age in range(6):  # 6 x 300 bytes, entry 0 the newest
+    entry = folder / f"key{age}-cache"
+    entry.write_bytes(b"x" * 300)
+    os.utime(entry, (1e9 - age, 1e9 - age))
+  session = _Session()
+  noxfile._compile_cache_env(session, "0.12.0.1")
+  assert sorted(f.name for f in folder.iterdir()) == ["key0-cache"]  # 300 <= 500
+  assert "1 programs" in session.lines[-1]
+
+
+def test_a_cache_under_its_limit_is_left_alone(noxfile, monkeypatch, tmp_path):
+  monkeypatch.setenv("HIJAX_CACHE", str(tmp_path))
+  monkeypatch.setattr(noxfile, "COMPILE_CACHE_MAX_BYTES", 1000)
+  folder = tmp_path / "jax-compilation-cache" / "jax-0.11.2"
+  folder.mkdir(parents=True)
+  for i in range(3):
+    (folder / f"key{i}-cache").write_bytes(b"x" * 300)
+  noxfile._compile_cache_env(_Session(), "0.11.2")
+  assert len(list(folder.iterdir())) == 3
+
+
+def test_the_unit_tests_use_the_cache_folder_they_are_given():
+  """tests/conftest.py: the folder in JAX_COMPILATION_CACHE_DIR (set by the
+  nox sessions), else a private one; every program is cached either way."""
+  given = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  used = jax.config.jax_compilation_cache_dir
+  if given:
+    assert used == given
+  else:
+    assert used and Path(used).name.startswith("hijax-tests-jax-cache-")
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+  assert jax.config.jax_persistent_cache_min_entry_size_bytes == 0
