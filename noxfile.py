@@ -100,6 +100,15 @@ XDIST_ARGS = ["-n", "2", "--dist", "loadfile"]
 #   against its source and mypy's version.
 COMPILE_CACHE_MAX_BYTES = 2 << 30  # pruned to half, oldest entries first, past this
 
+# Run one after another by a plain `nox`; `nox -s ci` runs the same in two lanes.
+nox.options.sessions = ["docs", "tests", "site", "tests-jax011", "package", "typecheck"]
+nox.options.error_on_missing_interpreters = True
+# uv makes and fills an environment in seconds; plain venv + pip where it is missing.
+nox.options.default_venv_backend = "uv|virtualenv"
+# Keep environments between runs (the installs below still run, and are no-ops
+# when nothing changed).
+nox.options.reuse_venv = "yes"
+
 
 def _cache_root():
   """Where the kept caches go, or None with HIJAX_CACHE=off."""

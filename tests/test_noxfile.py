@@ -106,3 +106,16 @@ def test_the_unit_tests_use_the_cache_folder_they_are_given():
     assert used and Path(used).name.startswith("hijax-tests-jax-cache-")
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
   assert jax.config.jax_persistent_cache_min_entry_size_bytes == 0
+
+
+def test_options_and_the_ci_lanes(noxfile):
+  """uv environments kept between runs, a missing Python an error, and the
+  `ci` lanes running exactly the sessions a plain `nox` runs, each once."""
+  options = noxfile.nox.options
+  assert options.default_venv_backend == "uv|virtualenv"
+  assert options.reuse_venv == "yes"
+  assert options.error_on_missing_interpreters is True
+  lanes = [name for lane in noxfile.CI_LANES.values() for name in lane]
+  assert sorted(lanes) == sorted(options.sessions) and len(set(lanes)) == len(lanes)
+  # the browser test runs after the tests of its lane, `docs` first in the other
+  assert noxfile.CI_LANES["A"][-1] == "site" and noxfile.CI_LANES["B"][0] == "docs"
