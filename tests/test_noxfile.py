@@ -69,30 +69,24 @@ def test_off_keeps_no_cache(noxfile, monkeypatch):
   assert "HIJAX_CACHE=off" in session.lines[-1]
 
 
-def test_a_full_cache_loses_its_oldest_entries_down_to_half(noxfile, monkeypatch, tmp_path):
+@pytest.mark.parametrize("entries, kept", [
+    (6, ["key0-cache"]),  # 1,800 bytes > 1,000: oldest first, down to 500
+    (3, ["key0-cache", "key1-cache", "key2-cache"]),  # 900 bytes: left alone
+])
+def test_a_full_cache_loses_its_oldest_entries_down_to_half(
+    noxfile, monkeypatch, tmp_path, entries, kept):
   monkeypatch.setenv("HIJAX_CACHE", str(tmp_path))
   monkeypatch.setattr(noxfile, "COMPILE_CACHE_MAX_BYTES", 1000)
   folder = tmp_path / "jax-compilation-cache" / "jax-0.12.0.1"
   folder.mkdir(parents=True)
-  for age in range(6):  # 6 x 300 bytes, entry 0 the newest
+  for age in range(entries):  # 300 bytes each, key0 the newest
     entry = folder / f"key{age}-cache"
     entry.write_bytes(b"x" * 300)
     os.utime(entry, (1e9 - age, 1e9 - age))
   session = _Session()
   noxfile._compile_cache_env(session, "0.12.0.1")
-  assert sorted(f.name for f in folder.iterdir()) == ["key0-cache"]  # 300 <= 500
-  assert "1 programs" in session.lines[-1]
-
-
-def test_a_cache_under_its_limit_is_left_alone(noxfile, monkeypatch, tmp_path):
-  monkeypatch.setenv("HIJAX_CACHE", str(tmp_path))
-  monkeypatch.setattr(noxfile, "COMPILE_CACHE_MAX_BYTES", 1000)
-  folder = tmp_path / "jax-compilation-cache" / "jax-0.11.2"
-  folder.mkdir(parents=True)
-  for i in range(3):
-    (folder / f"key{i}-cache").write_bytes(b"x" * 300)
-  noxfile._compile_cache_env(_Session(), "0.11.2")
-  assert len(list(folder.iterdir())) == 3
+  assert sorted(f.name for f in folder.iterdir()) == kept
+  assert f"{len(kept)} programs" in session.lines[-1]
 
 
 def test_the_unit_tests_use_the_cache_folder_they_are_given():
