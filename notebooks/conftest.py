@@ -8,8 +8,11 @@ each output message of a cell that had finished, then stopped the kernel,
 failing the cell and xfailing every later one; and 60 s for a kernel to start.
 A page that hangs is still stopped by --nbval-cell-timeout. And XLA writes a
 "slow operation" alarm to the kernel's stderr when constant folding takes
-over a second, which load alone can cause: such a stderr output, in a cell
-whose stored outputs have none, is not compared.
+over a second, which load alone can cause; and JAX warns, then compiles
+again, when it reads an entry of the compilation cache that another process
+is still writing (the `tests` session shares one cache among the kernels):
+such a stderr output, in a cell whose stored outputs have none, is not
+compared.
 """
 import re
 from pathlib import Path
@@ -33,7 +36,8 @@ def pytest_collection_modifyitems(items):
 
 
 _XLA_ALARM = re.compile(r"slow_operation_alarm\.cc|Constant folding an "
-                        r"instruction is taking")
+                        r"instruction is taking|Error reading persistent "
+                        r"compilation cache entry")
 
 
 def _is_xla_alarm(output) -> bool:
