@@ -25,11 +25,11 @@ runs it anyway (.ci/run sets it).
 import functools
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -129,16 +129,19 @@ def _compile_cache_env(session, jax_version):
     return {}
   path = root / "jax-compilation-cache" / f"jax-{jax_version}"
   path.mkdir(parents=True, exist_ok=True)
-  entries = sorted((f.stat().st_mtime, f.stat().st_size, f)
-                   for f in path.iterdir() if f.is_file())
+  entries = []  # (modified, bytes, file), oldest first
+  for f in path.iterdir():
+    if f.is_file():
+      stat = f.stat()
+      entries.append((stat.st_mtime, stat.st_size, f))
+  entries.sort()
   total = sum(size for _, size, _ in entries)
   if total > COMPILE_CACHE_MAX_BYTES:
-    for _, size, f in entries:
-      if total <= COMPILE_CACHE_MAX_BYTES // 2:
-        break
+    while entries and total > COMPILE_CACHE_MAX_BYTES // 2:
+      _, size, f = entries.pop(0)
       f.unlink(missing_ok=True)
       total -= size
-  count = sum(1 for f in path.iterdir() if f.name.endswith("-cache"))
+  count = sum(1 for _, _, f in entries if f.name.endswith("-cache"))
   session.log(f"compilation cache: {path}, {count} programs, {total / 1e6:.0f} MB "
               "(HIJAX_CACHE=off runs without it)")
   return {"JAX_COMPILATION_CACHE_DIR": str(path),
@@ -338,40 +341,42 @@ def ci(session):
   if missing, installs in the background meanwhile. Fails if any session did.
   """
   chromium = _start_chromium_install(session)
-  logs = Path(tempfile.mkdtemp(prefix="hijax-ci-"))
-  docs_done = logs / "docs.done"
+  lane_b_log = Path(tempfile.mkdtemp(prefix="hijax-ci-")) / "lane-B.log"
+  docs, *rest_of_b = CI_LANES["B"]
+  *tests, site = CI_LANES["A"]
+  docs_ended = threading.Event()
+  failed = []
 
   def nox_run(names, **kw):
-    return subprocess.Popen([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"),
-                             "-s", *names], cwd=ROOT, stdin=subprocess.DEVNULL, **kw)
+    """`nox -s NAMES` in the checkout; True if every session passed."""
+    return subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"),
+                           "-s", *names], cwd=ROOT, stdin=subprocess.DEVNULL,
+                          check=False, **kw).returncode == 0
 
-  lane_b_log = logs / "lane-B.log"
-  with open(lane_b_log, "w") as out:
-    # docs first, then a marker file, then the rest of lane B
-    script = (f"{shlex.quote(sys.executable)} -m nox -f noxfile.py -s docs && "
-              f"touch {shlex.quote(str(docs_done))}; docs=$?; "
-              f"{shlex.quote(sys.executable)} -m nox -f noxfile.py -s "
-              + " ".join(CI_LANES["B"][1:]) + "; rest=$?; "
-              "[ $docs -eq 0 ] && [ $rest -eq 0 ]")
-    lane_b = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=out,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    failed = []
-    if nox_run(CI_LANES["A"][:-1]).wait() != 0:
-      failed.append("tests")
-    while lane_b.poll() is None and not docs_done.exists():
-      time.sleep(1)
-    if not _finish_chromium_install(session, chromium):
-      session.warn("no Chromium: the browser test is skipped")
-    if docs_done.exists():
-      if nox_run(CI_LANES["A"][-1:]).wait() != 0:
-        failed.append("site")
-    else:
-      failed.append("site (docs failed, so there is no site to test)")
-    lane_b.wait()
+  def lane_b():
+    with open(lane_b_log, "w") as out:
+      try:
+        if not nox_run([docs], stdout=out, stderr=subprocess.STDOUT):
+          failed.append(docs)
+      finally:
+        docs_ended.set()
+      if not nox_run(rest_of_b, stdout=out, stderr=subprocess.STDOUT):
+        failed.append(f"{' '.join(rest_of_b)} (lane B's log above says which)")
+
+  lane_b_thread = threading.Thread(target=lane_b)
+  lane_b_thread.start()
+  if not nox_run(tests):
+    failed.append(" ".join(tests))
+  docs_ended.wait()
+  if not _finish_chromium_install(session, chromium):
+    session.warn("no Chromium: the browser test is skipped")
+  if docs in failed:
+    failed.append(f"{site} (not run: {docs} failed, so there is no site to test)")
+  elif not nox_run([site]):
+    failed.append(site)
+  lane_b_thread.join()
   print(f"\n----- lane B ({', '.join(CI_LANES['B'])}) -----", flush=True)
   print(lane_b_log.read_text(), flush=True)
-  if lane_b.returncode != 0:
-    failed.append("lane B (its log above says which session)")
   if failed:
     session.error("failed: " + "; ".join(failed))
 

@@ -35,15 +35,16 @@ def pytest_collection_modifyitems(items):
       item.output_timeout = max(item.output_timeout, OUTPUT_TIMEOUT)
 
 
-_XLA_ALARM = re.compile(r"slow_operation_alarm\.cc|Constant folding an "
-                        r"instruction is taking|Error reading persistent "
-                        r"compilation cache entry")
+# What the machine, not the page, writes to stderr (see the docstring).
+_MACHINE_STDERR = re.compile(r"slow_operation_alarm\.cc|Constant folding an "
+                             r"instruction is taking|Error reading persistent "
+                             r"compilation cache entry")
 
 
-def _is_xla_alarm(output) -> bool:
+def _is_machine_stderr(output) -> bool:
   return (output.get("output_type") == "stream"
           and output.get("name") == "stderr"
-          and bool(_XLA_ALARM.search(output.get("text", ""))))
+          and bool(_MACHINE_STDERR.search(output.get("text", ""))))
 
 
 def _patch_nbval():
@@ -57,7 +58,7 @@ def _patch_nbval():
 
   def compare_outputs(self, test, ref, skip_compare=None):
     if not any(o.get("name") == "stderr" for o in ref):
-      test = [o for o in test if not _is_xla_alarm(o)]
+      test = [o for o in test if not _is_machine_stderr(o)]
     return compare(self, test, ref, skip_compare)
 
   compare_outputs._hijax = True

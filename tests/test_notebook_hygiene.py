@@ -365,12 +365,12 @@ def test_nbval_skips_only_the_machine_s_own_stderr_messages():
   nb_conftest = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(nb_conftest)
   stderr = lambda text: {"output_type": "stream", "name": "stderr", "text": text}
-  assert nb_conftest._is_xla_alarm(stderr(
+  assert nb_conftest._is_machine_stderr(stderr(
       "E1202 slow_operation_alarm.cc:65] Constant folding an instruction is taking > 1s"))
-  assert nb_conftest._is_xla_alarm(stderr(
+  assert nb_conftest._is_machine_stderr(stderr(
       "UserWarning: Error reading persistent compilation cache entry for 'jit_f': "
       "ValueError: truncated"))
-  assert not nb_conftest._is_xla_alarm(stderr("UserWarning: something else"))
-  assert not nb_conftest._is_xla_alarm(
+  assert not nb_conftest._is_machine_stderr(stderr("UserWarning: something else"))
+  assert not nb_conftest._is_machine_stderr(
       {"output_type": "stream", "name": "stdout",
        "text": "Error reading persistent compilation cache entry"})

@@ -1,12 +1,12 @@
 """The built site in a real browser: headless Chromium, offline.
 
 Checks _build/html (built by `nox -s docs`; `nox -s ci` runs this test, the
-`site` session, once `docs` has ended) with tools/site_check.py: every page loads with the network blocked
-except localhost, with no console errors or failed requests, every image
-loaded, all math rendered by MathJax, a copy button on every code block,
-every same-site link resolving, no code block or table scrolling sideways
-at 1280 px; the search page finds `HiPrim`; each page's
-notebook download is a notebook. A screenshot of each page goes to
+`site` session, once `docs` has ended) with tools/site_check.py: every page
+loads with the network blocked except localhost, with no console errors or
+failed requests, every image loaded, all math rendered by MathJax, a copy
+button on every code block, every same-site link resolving, no code block or
+table scrolling sideways at 1280 px; the search page finds `HiPrim`; each
+page's notebook download is a notebook. A screenshot of each page goes to
 _build/screenshots/. Deliberately broken pages check the checker.
 
 Needs Playwright (the `site` extra; the `site` nox session installs it) and
