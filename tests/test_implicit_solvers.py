@@ -139,6 +139,68 @@ def test_cg_default_tolerance_in_float64_and_float32():
     assert float(st.error) <= 1e-6
 
 
+# --- CG: the transposed system of a symmetric one -----------------------------
+
+SPD = jnp.array([[4., 1., 0.5], [1., 3., -0.2], [0.5, -0.2, 2.]])
+
+
+def _untransposable_matvec(x, A):
+  """``A @ x`` through a host callback, which JAX can evaluate but not
+  differentiate or transpose: a solve that needs ``A.T @ u`` from it fails."""
+  out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  return jax.pure_callback(lambda x, A: np.asarray(A) @ np.asarray(x), out,
+                           x, A, vmap_method="broadcast_all")
+
+
+def test_cg_solves_the_transposed_system_with_the_forward_matvec():
+  """CG solves symmetric systems only (and tests the matvec for symmetry),
+  so the cotangent system of its gradient is solved with the forward matvec:
+  ``A @ u``, not the transpose of the matvec (this one has none)."""
+  grad_b = jax.grad(lambda b: linear_solve(_untransposable_matvec, b, SPD,
+                                           solver=CG()).sum())
+  close(jax.jit(grad_b)(B), jnp.linalg.solve(SPD.T, jnp.ones(3)))
+  # with check=False nothing tests the symmetry, so the transpose is needed
+  unchecked = jax.grad(lambda b: linear_solve(
+      _untransposable_matvec, b, SPD, solver=CG(check=False)).sum())
+  with pytest.raises(Exception, match="callbacks do not support JVP"):
+    jax.jit(unchecked)(B)
+
+
+def test_cg_derivatives_in_the_matrix_along_nonsymmetric_tangents():
+  """The values of the transposed system are the system's, but its
+  derivatives in the matrix are the transpose's: along a non-symmetric
+  tangent of a symmetric matrix the two differ. Second derivatives (jacfwd
+  of jacrev, an HVP) show it; Dense, which transposes exactly, is the
+  reference, and so is jnp.linalg.solve."""
+  solve = lambda solver: lambda A: linear_solve(matvec, B, A, solver=solver)
+  loss = lambda solver: lambda A: jnp.sum(solve(solver)(A) ** 3)
+  tangent = jnp.array([[0., 1., 0.], [0., 0., 0.], [0.3, 0., 0.]])
+  for f in (lambda s: jax.jacfwd(jax.jacrev(solve(s))),
+            lambda s: lambda A: jax.jvp(jax.grad(loss(s)), (A,),
+                                        (tangent,))[1]):
+    close(jax.jit(f(CG()))(SPD), jax.jit(f(Dense()))(SPD), rtol=2e-3,
+          atol=1e-4)
+  plain = lambda A: jnp.sum(jnp.linalg.solve(A, B) ** 3)
+  close(jax.jit(lambda A: jax.jvp(jax.grad(loss(CG())), (A,),
+                                  (tangent,))[1])(SPD),
+        jax.jvp(jax.grad(plain), (SPD,), (tangent,))[1], rtol=2e-3,
+        atol=1e-4)
+
+
+def test_root_with_cg_for_its_derivative_systems():
+  """A root whose Jacobian dg/dx is symmetric (g the gradient of a convex
+  energy), with CG for the tangent and cotangent systems: jacrev and the
+  Hessian in the matrix it depends on match Dense's."""
+  g = lambda x, p: p[0] @ x + 0.1 * jnp.tanh(x) - p[1]
+  sol = lambda solver: lambda p: root(g, jnp.zeros(3), p,
+                                      linear_solver=solver)
+  p = (SPD, B)
+  close(jax.jit(jax.jacrev(sol(CG())))(p), jax.jit(jax.jacrev(sol(Dense())))(p))
+  loss = lambda solver: lambda p: jnp.sum(sol(solver)(p) ** 3)
+  close(jax.jit(jax.hessian(loss(CG())))(p),
+        jax.jit(jax.hessian(loss(Dense())))(p), rtol=2e-3, atol=1e-4)
+
+
 # --- MatMul, the scalar path and the eager cache --------------------------------------
 
 def test_matmul_factorizes_once_for_value_and_gradient():

@@ -51,8 +51,8 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
   eps = [float(jnp.finfo(x.dtype).eps) if jnp.issubdtype(x.dtype, jnp.inexact)
          else 0. for x in jax.tree.leaves(x0)]
 
-  def within(x: Any, est: Any) -> Any:
-    return [e <= t * (1 + a) for e, t, a in zip(est, tols, _leaf_max_abs(x))]
+  def within(x_max: Any, est: Any) -> Any:
+    return [e <= t * (1 + a) for e, t, a in zip(est, tols, x_max)]
 
   def cond(c: Any) -> Any:
     k, x, _, _, done, finite, ok = c
@@ -62,18 +62,20 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
     k, x, est, past, done, _, _ = c
     x, dx, ok = step(x)
     norms = _leaf_max_abs(dx)
+    x_max = _leaf_max_abs(x)  # NaN or inf when x is not finite
     # a step below the rounding level of x still carries f's rounding error
-    floors = [e * a for e, a in zip(eps, _leaf_max_abs(x))]
+    floors = [e * a for e, a in zip(eps, x_max)]
     new = [estimate(k, s, f, h) for s, f, h in zip(norms, floors, past)]
     # a leaf that met its tolerance stays converged (and keeps that estimate)
     est = [jnp.where(d, e, n) for d, e, n in zip(done, est, new)]
-    done = [d | w for d, w in zip(done, within(x, new))]
+    done = [d | w for d, w in zip(done, within(x_max, new))]
     # past[:-1]: the last steps, newest first; past[-1]: the first step.
     if history:
       past = [jnp.concatenate([s[None], h[:-2],
                                jnp.where(k == 0, s, h[-1])[None]])
               for s, h in zip(norms, past)]
-    return (k + 1, x, est, past, done, all_finite(x), ok)
+    return (k + 1, x, est, past, done, jnp.all(jnp.isfinite(jnp.stack(x_max))),
+            ok)
 
   if not n:
     return x0, status(CONVERGED, 0, 0.)

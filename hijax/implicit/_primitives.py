@@ -26,7 +26,7 @@ from hijax._util import Static
 from hijax.autodiff import Zero, NullAccum, instantiate_zeros
 from hijax.derived import jvp_from_lin
 from hijax.primitive import HiPrim
-from hijax.implicit._linear import Dense, MatMul
+from hijax.implicit._linear import CG, Dense, MatMul
 from hijax.implicit._status import Status, raise_if_failed, solved
 
 
@@ -153,6 +153,45 @@ def _transposed(matvec: Any) -> Any:
   return _Transposed(matvec)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Symmetric:
+  """The matvec of a system that `CG` has tested for symmetry, as two
+  matvecs equal at these params: ``cheap`` computes its values, and the
+  rules differentiate ``exact`` (`_exact`), since a tangent of a symmetric
+  matrix need not be symmetric."""
+  cheap: Callable
+  exact: Callable
+
+  def __call__(self, v: Any, p: Any) -> Any:
+    return self.cheap(v, p)
+
+  def __repr__(self) -> Any:
+    return _name(self.exact)
+
+
+def _exact(matvec: Any) -> Any:
+  """The matvec to differentiate in params (see `_Symmetric`)."""
+  return matvec.exact if isinstance(matvec, _Symmetric) else matvec
+
+
+def _transposed_for(solver: Any, matvec: Any, rhs: Any) -> Any:
+  """The matvec of the transposed system that ``solver`` will solve.
+
+  `CG` solves symmetric systems only, and with ``check=True`` it tests the
+  matvec it is given for symmetry: for real unknowns the transposed system
+  then has the values of the system itself, computed by its matvec (``A @ v``,
+  not the slower ``v @ A`` of a transpose, nor a reverse pass of ``g`` where a
+  forward one does), while derivatives in params are still the transpose's.
+  Otherwise, the transpose."""
+  transposed = _transposed(_exact(matvec))
+  real = all(not jnp.issubdtype(leaf.dtype, jnp.complexfloating)
+             for leaf in jax.tree.leaves(rhs))
+  if isinstance(solver, CG) and solver.check and real:
+    cheap = matvec.cheap if isinstance(matvec, _Symmetric) else matvec
+    return _Symmetric(cheap, transposed)
+  return transposed
+
+
 def _name(fn: Any) -> Any:
   return getattr(fn, "__name__", None) or repr(fn)
 
@@ -238,9 +277,11 @@ class LinearSolve(_Checked):
                      _where(self))
     return self._finish(x, st)
 
-  def _solve(self, rhs: Any, params: Any, matvec: Any) -> Any:
+  def _solve(self, rhs: Any, params: Any, matvec: Any,
+             solver: Any = None) -> Any:
     w, st = LinearSolve(_avals(rhs), _avals(params), matvec=matvec,
-                        solver=self.solver, throw=self.throw)(rhs, params)
+                        solver=solver or self.solver, throw=self.throw)(
+                            rhs, params)
     return self._guard(st.converged, w)
 
   def lin(self, nzs_in: Any, b: Any, params: Any) -> Any:
@@ -251,7 +292,8 @@ class LinearSolve(_Checked):
   def linearized(self, res: Any, b_dot: Any, params_dot: Any) -> Any:
     # A x = b, so A x_dot = b_dot - (dA p_dot) x.
     x, params, ok = res
-    d = _jvp_nonzero(lambda p: self.matvec(x, p), params, params_dot)
+    matvec = _exact(self.matvec)
+    d = _jvp_nonzero(lambda p: matvec(x, p), params, params_dot)
     if d is None and _all_zero(b_dot):
       return _no_tangent(self)
     rhs = _instantiate(b_dot) if d is None else jax.tree.map(
@@ -283,9 +325,16 @@ class LinearSolve(_Checked):
       w, st = self._finish(w, st)
       w = self._guard(st.converged, w)
     else:
-      w = self._solve(_instantiate(x_bar), params, _transposed(self.matvec))
+      matvec_t, solver = _transposed_for(self.solver, self.matvec,
+                                         x_bar), self.solver
+      if isinstance(matvec_t, _Symmetric):
+        # The forward solve tested this matvec, at these params, for
+        # symmetry (and ``ok`` says how that went): CG need not test it again
+        solver = dataclasses.replace(solver, check=False)
+      w = self._solve(_instantiate(x_bar), params, matvec_t, solver)
     w = self._guard(ok, w)
-    params_bar = _neg_vjp_nonzero(lambda p: self.matvec(x, p), params,
+    matvec = _exact(self.matvec)
+    params_bar = _neg_vjp_nonzero(lambda p: matvec(x, p), params,
                                   jax.tree.leaves(nz_params), w)
     return (w if any(jax.tree.leaves(nz_b)) else None), params_bar
 
@@ -298,7 +347,8 @@ class LinearSolve(_Checked):
     ct = ct[0]
     if _all_zero(ct):
       return
-    w = self._solve(_instantiate(ct), params, _transposed(self.matvec))
+    w = self._solve(_instantiate(ct), params,
+                    _transposed_for(self.solver, self.matvec, ct))
     for acc, w_leaf in zip(jax.tree.leaves(b_accums), jax.tree.leaves(w)):
       # A leaf of b that is not being transposed arrives as a value, not an
       # accumulator; the map is linear in b, so that leaf is zero here.
@@ -354,7 +404,8 @@ class _Implicit(_Checked):
     x_bar = ct[0]
     if _all_zero(x_bar) or not any(nz_params.value):
       return None, None
-    w = self._solve(_instantiate(x_bar), x, params, _VjpX(self.residual))
+    w = self._solve(_instantiate(x_bar), x, params, _transposed_for(
+        self.linear_solver, _JvpX(self.residual), x_bar))
     return None, _neg_vjp_nonzero(lambda p: self.residual(x, p), params,
                                   nz_params.value, self._guard(ok, w))
 

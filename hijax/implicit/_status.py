@@ -139,21 +139,27 @@ def _message(where: Any, reason: Any, steps: Any, error: Any) -> Any:
 def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   """``x``, or a `SolveError` at run time if ``st`` says the solve failed.
 
-  The check is one ``lax.cond``; the host is called only when it fails.
+  The check is one ``lax.cond`` on whether any instance failed; only its
+  failing branch reduces the rest of the Status over the batch and calls the
+  host. ``x`` does not pass through the ``cond`` (which would copy it and
+  split the fused computations around it): the ``cond`` returns a flag, and
+  ``x`` is read through a select on that flag, which ties it to the check (it
+  is NaN if the host call returned instead of raising).
   """
   failed = _across_batch(jnp.logical_not(st.converged), "any")
-  reason = _across_batch(st.reason, "max")
-  steps = _across_batch(st.steps, "max")
-  error = _across_batch(st.error, "max")
 
-  def fail(x: Any) -> Any:
-    def raise_error(x: Any, reason: Any, steps: Any, error: Any) -> Any:
+  def fail(reason: Any, steps: Any, error: Any) -> Any:
+    def raise_error(reason: Any, steps: Any, error: Any) -> Any:
       raise SolveError(_message(where, reason, steps, error))
-    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), x)
-    return jax.pure_callback(raise_error, shapes, x, reason, steps, error,
-                             vmap_method="broadcast_all")
+    reduced = (_across_batch(reason, "max"), _across_batch(steps, "max"),
+               _across_batch(error, "max"))
+    return jax.pure_callback(raise_error, jax.ShapeDtypeStruct((), jnp.bool_),
+                             *reduced, vmap_method="broadcast_all")
 
-  return jax.lax.cond(failed, fail, lambda x: x, x)
+  raised = jax.lax.cond(failed, fail, lambda *_: jnp.bool_(False),
+                        st.reason, st.steps, st.error)
+  return jax.tree.map(lambda a: jnp.where(raised, jnp.nan, a).astype(a.dtype),
+                      x)
 
 
 def all_finite(tree: Any) -> Any:
