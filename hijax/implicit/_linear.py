@@ -63,13 +63,21 @@ def _norm(v: Any) -> Any:
   return jnp.sqrt(jnp.sum(jnp.abs(v) ** 2)).astype(jnp.float32)
 
 
+def _norms(*vectors: Any) -> Any:
+  """The 2-norms of equally long vectors, as float32, in one reduction (on
+  CPU, each of XLA's reductions costs more than the arithmetic in it)."""
+  stacked = jnp.stack(vectors)
+  squares = jnp.real(jnp.einsum("ij,ij->i", jnp.conj(stacked), stacked))
+  return tuple(jnp.sqrt(squares).astype(jnp.float32))
+
+
 def _residual_status(flat_matvec: Any, x: Any, b: Any, tol: Any, atol: Any, steps: Any, reason: Any=None) -> Any:
   """The Status of ``x`` for ``A x = b``: converged when finite and
   ``|b - A x|_2 <= max(tol |b|_2, atol)``; ``error`` is the relative
   residual ``|b - A x|_2 / |b|_2``."""
-  r = _norm(b - flat_matvec(x))
-  bn = _norm(b)
-  ok = jnp.isfinite(r) & jnp.all(jnp.isfinite(x)) & (
+  # xn is NaN or inf when x is not finite
+  r, bn, xn = _norms(b - flat_matvec(x), b, x)
+  ok = jnp.isfinite(r) & jnp.isfinite(xn) & (
       r <= jnp.maximum(tol * bn, atol))
   code = jnp.where(ok, CONVERGED, jnp.where(jnp.isfinite(r), MAX_ITER,
                                             NONFINITE))
@@ -224,14 +232,18 @@ class CG:
   def _spd_on_probes(A: Any, b: Any) -> Any:
     u = b / jnp.where(_norm(b) > 0, _norm(b), 1.).astype(b.dtype)
     u = jnp.where(_norm(b) > 0, u, _probe(b) * 0.5)
-    v = _probe(b)
-    Au, Av = A(u), A(v)
-    uAv, vAu = jnp.vdot(u, Av), jnp.vdot(v, Au)
+    probes = jnp.stack([u, _probe(b)])
+    # one batched matvec and two 2x2 Gram matrices, instead of two matvecs
+    # and six vector reductions: gram[i, j] = <probe_i, A probe_j>
+    images = jax.vmap(A)(probes)
+    gram = jnp.conj(probes) @ images.T
+    norms = jnp.sqrt(jnp.abs(jnp.diagonal(
+        jnp.conj(jnp.concatenate([probes, images])) @ jnp.concatenate(
+            [probes, images]).T))).astype(jnp.float32)  # |u|, |v|, |Au|, |Av|
     eps = float(jnp.finfo(b.dtype).eps)
-    scale = _norm(u) * _norm(Av) + _norm(v) * _norm(Au)
-    symmetric = jnp.abs(uAv - jnp.conj(vAu)) <= eps ** 0.5 * scale
-    positive = (jnp.real(jnp.vdot(u, Au)) > 0) & (jnp.real(jnp.vdot(v, Av))
-                                                  > 0)
+    scale = norms[0] * norms[3] + norms[1] * norms[2]
+    symmetric = jnp.abs(gram[0, 1] - jnp.conj(gram[1, 0])) <= eps ** 0.5 * scale
+    positive = (jnp.real(gram[0, 0]) > 0) & (jnp.real(gram[1, 1]) > 0)
     return symmetric & positive
 
 
