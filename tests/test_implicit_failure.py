@@ -50,6 +50,21 @@ def test_max_iter_reached_raises_eagerly():
   assert "throw=False" in str(e)
 
 
+def test_the_message_names_the_worst_instance_and_its_step_count():
+  """Under vmap one instance reaching max_iter (reason 1, after max_iter
+  steps) and one diverging (reason 2, after a few steps) report the worst
+  reason, with its step count; eagerly and under jit alike."""
+  f = lambda x, a: a * x + 1.  # a = 1e10: overflows; a = 0.9999: too slow
+  solve = jax.vmap(lambda a: fixed_point(
+      f, 0., a, solver=FixedPointIteration(max_iter=50)))
+  for call in (solve, jax.jit(solve)):
+    e = _raises_solve_error(call, jnp.array([0.9999, 1e10]))
+    steps = int(re.search(r"after (\d+) step", str(e)).group(1))
+    assert REASONS[2] in str(e) and 0 < steps < 50, str(e)
+  e = _raises_solve_error(solve, jnp.array([0.9999, 0.5]))
+  assert REASONS[1] in str(e) and "after 50 step(s)" in str(e), str(e)
+
+
 def test_divergence_and_a_singular_newton_step_raise():
   e = _raises_solve_error(fixed_point, divergent, 0., 1.)
   assert REASONS[2] in str(e)

@@ -125,9 +125,13 @@ def _across_batch(x: Any, reduce: Any) -> Any:
 
 # --- raising ------------------------------------------------------------------
 
-def _message(where: Any, reason: Any, steps: Any) -> Any:
-  # Under vmap the (already reduced) values arrive broadcast to the batch.
-  reason, steps = int(np.max(reason)), int(np.max(steps))
+_STEP_BITS = 24  # a step count above 2**24 - 1 is reported as that
+
+
+def _message(where: Any, worst: Any) -> Any:
+  # Under vmap the (already reduced) value arrives broadcast to the batch.
+  worst = int(np.max(worst))
+  reason, steps = worst >> _STEP_BITS, worst & ((1 << _STEP_BITS) - 1)
   text = REASONS[reason] if 0 <= reason < len(REASONS) else f"code {reason}"
   return (f"{where} failed: {text} (after {steps} step(s); under vmap, the "
           "worst instance). Loosen `tol`, raise `max_iter`, start closer, or "
@@ -138,26 +142,28 @@ def _message(where: Any, reason: Any, steps: Any) -> Any:
 def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   """``x``, or a `SolveError` at run time if ``st`` says the solve failed.
 
-  The check is one ``lax.cond`` on whether any instance failed; only its
-  failing branch reduces the reason and step count over the batch and calls
-  the host. ``x`` does not pass through the ``cond`` (which would copy it and
-  split the fused computations around it): the ``cond`` returns a flag, and
-  ``x`` is read through a select on that flag, which ties it to the check (it
-  is NaN if the host call returned instead of raising).
+  The reason and the step count are packed into one integer (the reason in
+  the high bits: a failure is a nonzero reason), reduced over a batch with
+  one ``max`` (that of the worst instance); the check is one ``lax.cond`` on
+  it, whose failing branch calls the host. ``x`` does not pass through the
+  ``cond`` (which would copy it and split the fused computations around it):
+  the ``cond`` returns a flag, and ``x`` is read through a select on that
+  flag, which ties it to the check (it is NaN if the host call returned
+  instead of raising). The Status's error is not part of it: the ``cond``
+  would need it computed first, and for an iteration that costs (an HVP of
+  a Newton root: 84 -> 150 us).
   """
-  failed = _across_batch(jnp.logical_not(st.converged), "any")
+  steps = jnp.minimum(st.steps, (1 << _STEP_BITS) - 1)
+  worst = _across_batch((st.reason << _STEP_BITS) | steps, "max")
 
-  def fail(reason: Any, steps: Any) -> Any:
-    def raise_error(reason: Any, steps: Any) -> Any:
-      raise SolveError(_message(where, reason, steps))
-    reduced = (_across_batch(reason, "max"), _across_batch(steps, "max"))
+  def fail(worst: Any) -> Any:
+    def raise_error(worst: Any) -> Any:
+      raise SolveError(_message(where, worst))
     return jax.pure_callback(raise_error, jax.ShapeDtypeStruct((), jnp.bool_),
-                             *reduced, vmap_method="broadcast_all")
+                             worst, vmap_method="broadcast_all")
 
-  # Not the Status's error: the cond would need it computed before it runs,
-  # and for an iteration that costs (an HVP of a Newton root: 84 -> 150 us)
-  raised = jax.lax.cond(failed, fail, lambda *_: jnp.bool_(False),
-                        st.reason, st.steps)
+  raised = jax.lax.cond(worst >> _STEP_BITS != CONVERGED, fail,
+                        lambda _: jnp.bool_(False), worst)
   return jax.tree.map(lambda a: jnp.where(raised, jnp.nan, a).astype(a.dtype),
                       x)
 
