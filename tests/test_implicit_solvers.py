@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hijax.implicit import (CG, GMRES, Dense, MatMul, fixed_point,
                             linear_solve, root)
@@ -185,6 +187,27 @@ def test_cg_derivatives_in_the_matrix_along_nonsymmetric_tangents():
                                   (tangent,))[1])(SPD),
         jax.jvp(jax.grad(plain), (SPD,), (tangent,))[1], rtol=2e-3,
         atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(st.integers(2, 6), st.integers(0, 2 ** 16))
+def test_cg_matches_dense_to_second_order_on_random_spd_systems(n, seed):
+  """Random SPD systems (float64) and random, non-symmetric directions: the
+  gradient in the matrix and the right-hand side, and an HVP in the matrix,
+  are Dense's (which transposes exactly) when solved by CG."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((n, n))
+    A = jnp.asarray(Q @ Q.T + n * np.eye(n))
+    b = jnp.asarray(rng.standard_normal(n))
+    tangent = jnp.asarray(rng.standard_normal((n, n)))
+    loss = lambda solver: lambda A, b: jnp.sum(
+        jnp.sin(linear_solve(matvec, b, A, solver=solver)))
+    hvp = lambda solver: lambda A, b: jax.jvp(
+        lambda A: jax.grad(loss(solver))(A, b), (A,), (tangent,))[1]
+    for f in (lambda s: jax.grad(loss(s), argnums=(0, 1)), hvp):
+      close(jax.jit(f(CG()))(A, b), jax.jit(f(Dense()))(A, b), rtol=1e-7,
+            atol=1e-9)
 
 
 def test_root_with_cg_for_its_derivative_systems():
