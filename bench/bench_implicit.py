@@ -173,6 +173,11 @@ def stub_checks():
   solve itself. Reaches into private modules; for measuring, never for use.
   Call before anything is traced (the primitives cache their expansion)."""
   from hijax.implicit import _linear, _primitives, _status
+  for owner, name in [(_linear.Dense, "_check"), (_linear, "_residual_status"),
+                      (_linear.CG, "_spd_on_probes"),
+                      (_primitives, "raise_if_failed")]:
+    if not hasattr(owner, name):  # renamed: stubbing it would do nothing
+      raise SystemExit(f"--stub-checks: {owner.__name__}.{name} is gone")
   passed = lambda *args, **kwargs: _status.status(_status.CONVERGED, 1, 0.)
   _linear.Dense._check = passed
   _linear._residual_status = passed
