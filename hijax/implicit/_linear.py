@@ -137,10 +137,15 @@ class Dense:
     eps = float(jnp.finfo(matrix.dtype).eps)
     tol = eps ** 0.5 if self.tol is None else self.tol
     if x.size == 1:  # elementwise: under vmap, no batch of 1x1 products
-      ax = matrix.reshape(x.shape) * x
-      a_norm = jnp.abs(matrix.reshape(()))
+      a = matrix.reshape(())
+      r, x_max, b_max = (jnp.abs(v).reshape(()) for v in (b - a * x, x, b))
+      a_norm = jnp.abs(a)
     else:
       ax = x @ matrix if transpose else matrix @ x
+      # the three maxima in one reduction; a NaN or inf in x shows in its max
+      r, x_max, b_max = jnp.max(
+          jnp.stack([jnp.abs(b - ax), jnp.abs(x), jnp.abs(b)]), axis=1,
+          initial=0.)
       # |A|_inf is the largest row sum of |A|; |A.T|_inf the largest column
       # sum. Summed by a matrix-vector product: on CPU, XLA's reduction of
       # the matrix costs more than the rest of the check together, the
@@ -149,12 +154,6 @@ class Dense:
       ones = jnp.ones(matrix.shape[0], abs_matrix.dtype)
       a_norm = jnp.max(ones @ abs_matrix if transpose else abs_matrix @ ones,
                        initial=0.)
-    # the three maxima in one reduction; a NaN or inf in x shows in its max
-    parts = [jnp.abs(b - ax), jnp.abs(x), jnp.abs(b)]
-    if x.size == 1:
-      r, x_max, b_max = (p.reshape(()) for p in parts)
-    else:
-      r, x_max, b_max = jnp.max(jnp.stack(parts), axis=1, initial=0.)
     scale = a_norm * x_max + b_max
     finite = jnp.isfinite(x_max) & jnp.isfinite(r)
     ok = finite & (r <= tol * scale)
@@ -233,13 +232,12 @@ class CG:
     u = b / jnp.where(_norm(b) > 0, _norm(b), 1.).astype(b.dtype)
     u = jnp.where(_norm(b) > 0, u, _probe(b) * 0.5)
     probes = jnp.stack([u, _probe(b)])
-    # one batched matvec and two 2x2 Gram matrices, instead of two matvecs
-    # and six vector reductions: gram[i, j] = <probe_i, A probe_j>
+    # one batched matvec, a 2x2 Gram matrix and one reduction for the four
+    # norms, instead of two matvecs and six vector reductions:
+    # gram[i, j] = <probe_i, A probe_j>
     images = jax.vmap(A)(probes)
     gram = jnp.conj(probes) @ images.T
-    norms = jnp.sqrt(jnp.abs(jnp.diagonal(
-        jnp.conj(jnp.concatenate([probes, images])) @ jnp.concatenate(
-            [probes, images]).T))).astype(jnp.float32)  # |u|, |v|, |Au|, |Av|
+    norms = _norms(*probes, *images)  # |u|, |v|, |Au|, |Av|
     eps = float(jnp.finfo(b.dtype).eps)
     scale = norms[0] * norms[3] + norms[1] * norms[2]
     symmetric = jnp.abs(gram[0, 1] - jnp.conj(gram[1, 0])) <= eps ** 0.5 * scale
