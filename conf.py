@@ -16,7 +16,7 @@ from pathlib import Path
 import sys
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tools"))  # our two Sphinx extensions
+sys.path.insert(0, str(ROOT / "tools"))  # our Sphinx extensions
 
 import sphinx_jax301  # noqa: E402
 
@@ -59,6 +59,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx_hijax_api",  # tools/: docstring links for the API page
     "sphinx_jax301",  # tools/: pages render the tested notebooks
+    "sphinx_offline_search",  # tools/: search excerpts from a site on disk
 ]
 
 root_doc = "index"

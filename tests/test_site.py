@@ -280,3 +280,32 @@ def test_notebook_download_saves_the_file(site, chromium):
   from_disk, got = site_check.check_download((site / f"{page}.html").resolve().as_uri(),
                                              chromium)
   assert from_disk == [] and got == built, from_disk
+
+
+def test_search_from_disk_shows_excerpts(site, chromium):
+  """Opened from disk, the search page finds `HiPrim` and shows an excerpt
+  under each page it lists (tools/sphinx_offline_search.py)."""
+  search = (site / "search.html").resolve().as_uri()
+  with site_check.browser("http://127.0.0.1/", chromium) as b:
+    problems = b.check_search(search, "HiPrim")
+  assert problems == [], problems
+
+
+def test_page_text_for_offline_search_keeps_sections_and_drops_the_theme():
+  search = _load_tool("sphinx_offline_search")
+  page = """<html><body><nav>site navigation</nav>
+    <main id="main-content" class="bd-main" role="main">
+      <div class="bd-header-article">Download Light Dark</div>
+      <section id="top"><h1>Title<a class="headerlink" href="#top">#</a></h1>
+        <p>Some   text\n with <code>a &lt; b</code>.</p>
+        <section id="part"><h2>Part</h2><div><div>nested</div></div></section>
+        <section><p>unnamed</p></section>
+      </section>
+      <div class="bd-sidebar-secondary"><div>Contents <div>Part</div></div></div>
+      <script>var x = "<section>";</script>
+    </main><footer>site footer</footer></body></html>"""
+  text = search.main_text(page)
+  # As a browser's textContent: no space where the HTML has none.
+  assert text == ('<div role="main">  <section id="top">Title Some text with a &lt; b. '
+                  '<section id="part">Partnested</section> unnamed </section>   </div>'), text
+

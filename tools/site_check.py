@@ -200,6 +200,14 @@ async () => {
 """
 
 
+# [page results of the search page without an excerpt, page results].
+_EXCERPTS_JS = """() => {
+  const pages = [...document.querySelectorAll(
+      '#search-results li.kind-text, #search-results li.kind-title')];
+  return [pages.filter(li => !li.querySelector('p.context')).length, pages.length];
+}"""
+
+
 class Browser:
   """Loads pages in one browser context and reports what is wrong with them."""
 
@@ -328,6 +336,14 @@ class Browser:
         problems.append(f"search for {word!r} found nothing")
       elif not any(word in h for h in hits):
         problems.append(f"search for {word!r}: no result mentions it: {hits[:3]}")
+      # A result that is a page or a section (not an API entry, which shows
+      # its description) gets an excerpt of the page around the word.
+      try:
+        page.wait_for_function(f"() => ({_EXCERPTS_JS})()[0] === 0", timeout=10_000)
+      except Exception:  # noqa: BLE001 - reported as a problem
+        missing, total = page.evaluate(_EXCERPTS_JS)
+        problems.append(f"search for {word!r}: {missing} of {total} page results "
+                        "show no excerpt")
       if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshot))

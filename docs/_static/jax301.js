@@ -90,6 +90,42 @@
     }
   }
 
+  /* 4. Search excerpts on a site opened from disk. Sphinx's search page
+   * fetches each result's page to cut an excerpt from it; a page opened from
+   * disk may not fetch files, so every excerpt was missing. There, such a
+   * fetch is answered from `_search_text/<page>.js` (the page's text, written
+   * by tools/sphinx_offline_search.py), which a script tag may load. */
+  function answerPageFetchesFromScripts() {
+    const root = new URL(document.documentElement.dataset.content_root || "./", location.href);
+    const waiting = {};  // page -> resolve functions of the fetches waiting for it
+    window.jax301PageText = (page, text) => {
+      for (const resolve of waiting[page] || []) {
+        resolve(new Response(text, {headers: {"Content-Type": "text/html"}}));
+      }
+      delete waiting[page];
+    };
+    const fetchFromNetwork = window.fetch;
+    window.fetch = (resource, options) => {
+      const url = new URL(resource instanceof Request ? resource.url : resource, location.href);
+      const page = url.href.startsWith(root.href) ? url.href.slice(root.href.length) : "";
+      if (url.protocol !== "file:" || !page.endsWith(".html")) {
+        return fetchFromNetwork(resource, options);
+      }
+      return new Promise((resolve, reject) => {
+        (waiting[page] = waiting[page] || []).push(resolve);
+        const script = document.createElement("script");
+        script.src = new URL(`_search_text/${page.slice(0, -".html".length)}.js`, root).href;
+        script.onload = () => script.remove();
+        script.onerror = () => {
+          script.remove();
+          reject(new TypeError(`cannot load ${script.src}`));
+        };
+        document.head.append(script);
+      });
+    };
+  }
+  if (location.protocol === "file:") answerPageFetchesFromScripts();
+
   function ready(fn) {
     if (document.readyState !== "loading") fn();
     else document.addEventListener("DOMContentLoaded", fn);
