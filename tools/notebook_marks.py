@@ -55,36 +55,46 @@ def _parse(source: str) -> ast.Module | None:
     return None
 
 
-_SCOPES = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda,
-           ast.FunctionDef, ast.AsyncFunctionDef)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _stored(nodes) -> set[str]:
+  return {n.id for node in nodes for n in ast.walk(node)
+          if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 def _names(node, local=frozenset()):
   """``(name, Load or Store, (line, column))`` of each name ``node`` reads or
-  binds in the cell's own scope: names local to a function, lambda or
-  comprehension inside it are left out."""
+  binds in the cell's own scope: a name local to a function, lambda, class
+  body or comprehension inside it is left out (a read of it there is not a
+  read of the cell's name)."""
   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
     yield node.name, ast.Store, (node.lineno, node.col_offset)
-  if isinstance(node, _SCOPES):
-    inner = set()
-    if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
-      inner |= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      inner |= {n.id for b in node.body for n in ast.walk(b)
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+  if isinstance(node, _FUNCTIONS + (ast.ClassDef,)):
+    # Evaluated where it is defined: decorators, default values, base classes.
+    outer = list(getattr(node, "decorator_list", []))
+    if isinstance(node, ast.ClassDef):
+      outer += node.bases + [k.value for k in node.keywords]
+      inner = _stored(node.body)
     else:
-      inner |= {n.id for g in getattr(node, "generators", []) for n in ast.walk(g.target)
-                if isinstance(n, ast.Name)}
-    local = local | inner
+      outer += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+      inner = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+      if not isinstance(node, ast.Lambda):
+        inner |= _stored(node.body)
+    for child in outer:
+      yield from _names(child, local)
+    for child in node.body if isinstance(node.body, list) else [node.body]:
+      yield from _names(child, local | inner)
+    return
+  if isinstance(node, _COMPREHENSIONS):
+    local = local | _stored(g.target for g in node.generators)
   if isinstance(node, ast.Name) and node.id not in local:
     yield node.id, type(node.ctx), (node.lineno, node.col_offset)
   if isinstance(node, ast.alias):
     yield (node.asname or node.name).split(".")[0], ast.Store, (node.lineno, node.col_offset)
   for child in ast.iter_child_nodes(node):
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and child in node.decorator_list:
-      yield from _names(child, local - inner)
-    else:
-      yield from _names(child, local)
+    yield from _names(child, local)
 
 
 def _bound(tree: ast.Module) -> set[str]:
