@@ -16,7 +16,7 @@ from pathlib import Path
 import sys
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tools"))  # our two Sphinx extensions
+sys.path.insert(0, str(ROOT / "tools"))  # our Sphinx extensions
 
 import sphinx_jax301  # noqa: E402
 
@@ -35,12 +35,16 @@ PAGES = [
     "remat",
     "hijax-types",
 ]
-# The pages after the eight; docs/index.md lists both (tests/test_docs.py checks).
-APPENDIX = ["checking-rules", "implicit", "api"]
+# The pages after the eight, in the same toctree of docs/index.md.
+APPENDIX = ["checking-rules", "implicit"]
 # "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
 BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
           "spectral-gradients", "ode-gradients", "taylor-mode",
           "sparse-jacobians"]
+# The API reference, last (a third toctree), so that "Next" leads from one
+# page to the next and not into the long reference halfway.
+# tests/test_docs.py checks that docs/index.md lists all of these in order.
+REFERENCE = ["api"]
 # Pages that continue one of the above: each is in a hidden toctree at the end
 # of the page it continues, not in docs/index.md (tests/test_docs.py checks).
 SUBPAGES = ["custom-derivatives-advanced"]
@@ -55,6 +59,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx_hijax_api",  # tools/: docstring links for the API page
     "sphinx_jax301",  # tools/: pages render the tested notebooks
+    "sphinx_offline_search",  # tools/: search excerpts from a site on disk
 ]
 
 root_doc = "index"
@@ -107,18 +112,24 @@ nb_ipywidgets_js = {}
 html_theme = "sphinx_book_theme"
 html_title = "JAX 301: advanced autodiff and extending JAX"
 html_static_path = ["docs/_static"]
-# Wider article and smaller code at laptop widths, wrapped outputs
-# (tests/test_site.py checks that no code block or table scrolls sideways).
+# The layout at laptop and phone widths, one search box, words that wrap as
+# words (jax301.css); the theme's sidebar buttons made to work on phones,
+# names in code that break at their dots, downloads that save (jax301.js).
+# tests/test_site.py checks each in Chromium at 1280 and 390 px.
 html_css_files = ["jax301.css"]
+html_js_files = ["jax301.js"]
 html_theme_options = {
     "use_download_button": True,
     "use_fullscreen_button": True,
     "show_toc_level": 2,
     "home_page_in_toc": True,
 }
-# A colour mode before the reader picks one: without it a first visit logs a
-# console error ("Got invalid theme mode"), which the browser test fails on.
-html_context = {"default_mode": "light"}
+# Light or dark as the reader's system is set, until they pick one with the
+# theme's button. (Some default is needed: without one a first visit logs a
+# console error, "Got invalid theme mode", which the browser test fails on.)
+# In dark mode the theme sets figures and rich outputs on a light ground, so
+# plots stay readable; tests/test_site.py checks the pages in both modes.
+html_context = {"default_mode": "auto"}
 html_last_updated_fmt = None
 html_show_sourcelink = True
 html_copy_source = True

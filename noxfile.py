@@ -423,9 +423,9 @@ def mutants(session):
 
 @nox.session(python=PYTHON)
 def lab(session):
-  """Open JupyterLab on notebooks/ with hijax installed (editable)."""
-  _install(session, "tests", JAX)
-  session.install("jupyterlab")
+  """Open JupyterLab on notebooks/ with hijax installed (editable): the
+  `notebooks` extra, which the README gives readers for the same."""
+  _install(session, "notebooks", JAX)
   # Jupyter refuses to start as root unless told to (these machines run as root).
   root = ["--allow-root"] if os.geteuid() == 0 else []
   session.run("jupyter", "lab", "--notebook-dir", "notebooks", *root,

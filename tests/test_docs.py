@@ -67,10 +67,13 @@ def test_index_lists_the_eight_pages_in_order():
     assert len(pages) == 8
     index = (ROOT / "docs" / "index.md").read_text()
     toctrees = [entries for _, entries in _toctrees(index)]
-    # The 301 pages and their appendix, then "Beyond 301" in a second toctree.
-    assert toctrees == [pages + _conf_list("APPENDIX"), _conf_list("BEYOND")]
+    # The 301 pages and their appendix, then "Beyond 301" in a second toctree,
+    # then the API reference, so "Next" never leads into it halfway.
+    assert toctrees == [pages + _conf_list("APPENDIX"), _conf_list("BEYOND"),
+                        _conf_list("REFERENCE")]
+    # The page's own list names the reference with the pages after the eight.
     assert re.findall(r"^- \{doc\}`([\w-]+)`", index, re.M) == (
-        pages + _conf_list("APPENDIX") + _conf_list("BEYOND"))
+        pages + _conf_list("APPENDIX") + _conf_list("REFERENCE") + _conf_list("BEYOND"))
     if SPEC_INDEX.exists():
         spec = SPEC_INDEX.read_text()
         spec_toc = spec.split(".. toctree::", 1)[1]
@@ -98,10 +101,11 @@ def _hidden_toctree_entries(text):
 
 
 def test_every_page_is_listed_and_subpages_hang_off_one_page():
-    """Each page under docs/ is in conf.py's PAGES, APPENDIX, BEYOND or
-    SUBPAGES; a subpage (the continuation of a long page) is in a hidden
+    """Each page under docs/ is in conf.py's PAGES, APPENDIX, BEYOND,
+    REFERENCE or SUBPAGES; a subpage (the continuation of a long page) is in a hidden
     toctree of exactly one listed page, and has that page's kind of header."""
-    listed = _conf_pages() + _conf_list("APPENDIX") + _conf_list("BEYOND")
+    listed = (_conf_pages() + _conf_list("APPENDIX") + _conf_list("BEYOND")
+              + _conf_list("REFERENCE"))
     subpages = _conf_list("SUBPAGES")
     on_disk = sorted(p.stem for p in (ROOT / "docs").glob("*.md")
                      if p.stem != "index")

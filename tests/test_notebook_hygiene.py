@@ -5,8 +5,12 @@
   environment, a kernel's temporary cell file, /work/..., /root/..., /tmp/...;
 - tools/notebook_outputs.py, which `tools/notebooks.py build` applies, is
   checked on made-up tracebacks and outputs, and end to end: a small page
-  built twice gives the same bytes.
+  built twice gives the same bytes;
+- every cell the site hides is marked as such in the notebook a reader runs
+  (tools/notebook_marks.py): checked on made-up cells, and on every
+  committed notebook.
 """
+import copy
 import importlib.util
 import json
 import re
@@ -31,6 +35,7 @@ def _load(name, path):
 
 
 nbout = _load("notebook_outputs", ROOT / "tools" / "notebook_outputs.py")
+marks = _load("notebook_marks", ROOT / "tools" / "notebook_marks.py")
 
 # A path of the machine: a root directory of a Unix machine, a home directory,
 # or an installed package. `<cell>`, `<site-packages>` and `<tmpfile>` are
@@ -374,3 +379,79 @@ def test_nbval_skips_only_the_machine_s_own_stderr_messages():
   assert not nb_conftest._is_machine_stderr(
       {"output_type": "stream", "name": "stdout",
        "text": "Error reading persistent compilation cache entry"})
+
+
+# --- hidden cells, marked --------------------------------------------------------
+
+def _marked_example():
+  nbformat = pytest.importorskip("nbformat")
+  new = nbformat.v4.new_code_cell
+
+  def hidden(source, tag="remove-cell"):
+    return new(source, metadata={"tags": [tag]})
+
+  nb = nbformat.v4.new_notebook()
+  nb.cells = [
+      new("x = 1"),
+      hidden("assert x == 1"),                                     # 1: checks
+      hidden("helper = lambda v: v + 1\nassert helper(1) == 2"),  # 2: both
+      hidden("y = [e for e in range(3)]"),                         # 3: setup
+      hidden("def f(t):\n  return t"),                           # 4: defines
+      hidden("try:\n  f(-1)\nexcept ValueError:\n  pass\n"
+             "else:\n  raise AssertionError('no error')"),        # 5: checks
+      hidden("plot(x)", "remove-input"),                          # 6: output only
+      new("def g():\n  pass", metadata={"tags": ["hide-input"]}),  # 7: folded
+      nbformat.v4.new_markdown_cell("text"),
+      new("print(helper(x), f(2), [e for e in 'ab'])\ny = 5\nprint(y)"),
+  ]
+  return nb
+
+
+def test_mark_says_what_each_hidden_cell_is_for():
+  nb = _marked_example()
+  before = copy.deepcopy(nb)
+  marks.mark(nb)
+  firsts = [c.source.split("\n")[0] for c in nb.cells]
+  assert firsts[1] == "# Hidden on the site: checks the claims above."
+  assert firsts[2] == ("# Hidden on the site: checks the claims above, and defines "
+                       "names later cells use.")
+  # `y` is bound anew below before it is read, and `e` is the comprehension's own.
+  assert firsts[3] == "# Hidden on the site: setup."
+  assert firsts[4] == "# Hidden on the site: defines names later cells use."
+  assert firsts[5] == "# Hidden on the site: checks the claims above."
+  assert firsts[6] == "# Hidden on the site, which shows only this cell's output."
+  assert [c.source for c in nb.cells[7:]] == [c.source for c in before.cells[7:]]
+  assert nb.cells[0] == before.cells[0]
+  collapsed = [i for i, c in enumerate(nb.cells)
+               if c.metadata.get("jupyter") == {"source_hidden": True}]
+  assert collapsed == [1, 2, 3, 4, 5, 6, 7]
+  # The code itself is unchanged below the mark.
+  for cell, old in zip(nb.cells[1:7], before.cells[1:7]):
+    assert cell.source.split("\n", 1)[1] == old.source
+
+
+def test_mark_is_idempotent_and_unmark_undoes_it():
+  nb = _marked_example()
+  page = copy.deepcopy(nb)
+  once = copy.deepcopy(marks.mark(nb))
+  assert marks.mark(nb) == once
+  assert marks.unmark(once) == page
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_notebooks_mark_every_hidden_cell(path):
+  """A reader who downloads a page's notebook sees which cells the site hides."""
+  nb = json.loads(path.read_text(encoding="utf-8"))
+  hidden_tags = {"remove-cell", "remove-input"}
+  wrong = []
+  for i, cell in enumerate(nb["cells"]):
+    if cell["cell_type"] != "code":
+      continue
+    first = "".join(cell["source"]).split("\n")[0]
+    hidden = bool(hidden_tags & set(cell["metadata"].get("tags", [])))
+    if hidden != (first in marks.MARKS.values()):
+      wrong.append(f"cell {i}: hidden on the site: {hidden}, first line {first!r}")
+    if hidden and not cell["metadata"].get("jupyter", {}).get("source_hidden"):
+      wrong.append(f"cell {i}: hidden on the site but not collapsed")
+  assert not wrong, (f"{path.name} (rebuild it with tools/notebooks.py build):\n"
+                     + "\n".join(wrong))

@@ -30,10 +30,63 @@ def _python_blocks(path: pathlib.Path) -> list[str]:
 
 def test_the_distribution_name_is_the_one_installed_and_documented():
   assert PROJECT["name"] == _metadata.DISTRIBUTION == "jax-hijax"
-  readme = (ROOT / "README.md").read_text()
-  first_install = next(line for line in readme.splitlines()
-                       if "pip install" in line)
-  assert first_install == f"pip install {PROJECT['name']}"
+  for doc in ("README.md", "README_PYPI.md"):
+    install = " ".join(_install_section(doc).split())
+    assert "The distribution is `jax-hijax`" in install, doc
+    assert "Do not `pip install hijax`" in install, doc
+
+
+# The project's URLs until the first release: placeholders, which the release
+# checklist in CONTRIBUTING.md replaces with the real ones.
+PLACEHOLDER_URLS = {
+    "https://github.com/hijax-dev/jax-hijax",
+    "https://hijax-dev.github.io/jax-hijax/",
+    "https://github.com/hijax-dev/jax-hijax/issues",
+    "https://github.com/hijax-dev/jax-hijax/blob/main/CHANGELOG.md",
+}
+NOT_YET = "not on PyPI yet"
+
+
+def _install_section(doc: str) -> str:
+  text = (ROOT / doc).read_text()
+  return text.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _commands(section: str) -> list[str]:
+  blocks = re.findall(r"^```sh\n(.*?)^```$", section, re.M | re.S)
+  return [line.split("#")[0].strip() for b in blocks for line in b.splitlines()]
+
+
+def test_install_instructions_match_the_release_state():
+  """Before the first release the install sections say that hijax is not on
+  PyPI and give only commands that work from a checkout; the release
+  checklist (CONTRIBUTING.md) sets the real URLs and `pip install jax-hijax`
+  together, and this test fails until both are done."""
+  urls = set(PROJECT["urls"].values())
+  released = not urls & PLACEHOLDER_URLS
+  assert released or urls <= PLACEHOLDER_URLS, (
+      f"some URLs are real and some placeholders: {sorted(urls & PLACEHOLDER_URLS)}")
+  for doc in ("README.md", "README_PYPI.md"):
+    install = _install_section(doc)
+    commands = _commands(install)
+    from_index = [c for c in commands if c.endswith(f"pip install {PROJECT['name']}")]
+    install = " ".join(install.split())
+    if released:
+      assert NOT_YET not in install, f"{doc} still says hijax is {NOT_YET}"
+      assert from_index, f"{doc}: released, but no `pip install {PROJECT['name']}`"
+    else:
+      assert NOT_YET in install, f"{doc}: unreleased, but does not say {NOT_YET!r}"
+      assert not from_index, f"{doc}: `pip install {PROJECT['name']}` cannot work yet"
+      assert "python -m pip install -e ." in commands, doc
+  checklist = (ROOT / "CONTRIBUTING.md").read_text().split("\n## Releasing", 1)[1]
+  assert "tests/test_packaging.py" in checklist
+
+
+def test_the_readme_wheel_is_the_version_built():
+  """The wheel the README's install builds and installs is this version's."""
+  install = _install_section("README.md")
+  wheels = set(re.findall(r"jax_hijax-[^\s`]+\.whl", install))
+  assert wheels == {f"jax_hijax-{PROJECT['version']}-py3-none-any.whl"}, wheels
 
 
 def test_version_is_read_from_the_installed_metadata(monkeypatch):

@@ -1,13 +1,19 @@
 """The built site in a real browser: headless Chromium, offline.
 
 Checks _build/html (built by `nox -s docs`; `nox -s ci` runs this test, the
-`site` session, once `docs` has ended) with tools/site_check.py: every page
-loads with the network blocked except localhost, with no console errors or
-failed requests, every image loaded, all math rendered by MathJax, a copy
-button on every code block, every same-site link resolving, no code block or
-table scrolling sideways at 1280 px; the search page finds `HiPrim`; each
-page's notebook download is a notebook. A screenshot of each page goes to
-_build/screenshots/. Deliberately broken pages check the checker.
+`site` session, once `docs` has ended) with tools/site_check.py, every page
+at 1280 px (light mode) and at 390 px (a phone, in dark mode): loaded with
+the network blocked except localhost, with no console errors or failed
+requests, every image loaded, all math rendered by MathJax, a copy button on
+every code block, no page wider than the window, no word split over two lines
+in a table cell, the outline or the navigation, readable output text; at
+1280 px every same-site link resolving and no code block or table scrolling
+sideways; at 390 px the navigation drawer and the outline opening from their
+buttons and closing on Escape. The search page finds `HiPrim`; each page's
+notebook download is a notebook with its hidden cells marked, and is saved
+(not shown) from the served site and from the site opened from disk. A
+screenshot of each page at each width goes to _build/screenshots/.
+Deliberately broken pages check the checker.
 
 Needs Playwright (the `site` extra; the `site` nox session installs it) and
 Debian's Chromium (`apt-get install chromium`; the `site` and `ci` nox
@@ -17,6 +23,7 @@ site, the tests are skipped with the reason, unless HIJAX_SITE_TEST=required
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -71,6 +78,18 @@ def _conf_list(name):
   return ns[name]
 
 
+def _all_pages():
+  return (_conf_list("PAGES") + _conf_list("APPENDIX") + _conf_list("BEYOND")
+          + _conf_list("REFERENCE") + _conf_list("SUBPAGES"))
+
+
+def _load_tool(name):
+  spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def _is_notebook(md):
   """A MyST notebook page (jupytext header with a kernelspec), not plain MyST."""
   text = md.read_text(encoding="utf-8") if md.exists() else ""
@@ -91,6 +110,11 @@ BROKEN = """<!doctype html>
   <div class="highlight"><pre>print("no copy button")</pre></div>
   <div class="highlight"><pre>wide = "%s"</pre></div>
   <table><tr><td>%s</td></tr></table>
+  <article><table style="width: 30px"><tr>
+    <td style="overflow-wrap: anywhere">reverse mode</td></tr></table></article>
+  <div class="bd-sidebar-secondary"><nav><a href="#here2" style="display: block;
+    width: 60px; overflow-wrap: anywhere">HiPrim.transpose()</a></nav></div>
+  <p id="here2"></p>
   <code>$code is fine$</code>
   <script>console.error("boom")</script>
   <script src="https://example.invalid/remote.js"></script>
@@ -131,10 +155,68 @@ def test_checker_reports_a_broken_page(tmp_path, chromium):
   assert "2 code blocks but 0 copy buttons" in text
   assert re.search(r"code block scrolls sideways \(\d+ px too wide\): 'wide = \"x", text)
   assert re.search(r"table scrolls sideways \(\d+ px too wide\): 'yyy", text)
+  assert "a table cell breaks inside a word: 'reverse'" in text
+  assert re.search(r"the outline breaks inside a word: '(HiPrim\.|transpose\(\))'", text)
+  assert re.search(r"page is \d+ px wide in a 1280 px window", text)
   assert "console error: boom" in text
   assert "request failed: https://example.invalid/remote.js" in text
   assert "$code is fine$" not in text
   assert blocked == ["https://example.invalid/remote.js"]
+  assert good == [], good
+
+
+# A phone's view: a menu button that opens nothing, an outline whose entry
+# breaks inside a word, a paragraph wider than the phone, grey on grey output.
+PHONE_BROKEN = """<!doctype html>
+<html><head><meta charset="utf-8"><title>phone</title></head>
+<body>
+  <div id="pst-primary-sidebar"><nav><a href="#x">Home</a></nav></div>
+  <button class="primary-toggle">menu</button>
+  <div class="bd-sidebar-secondary"><nav><a href="#x">Section</a></nav></div>
+  <dialog id="pst-secondary-sidebar-modal" style="width: 300px"><nav>
+    <a href="#x" style="display: block; width: 30px; overflow-wrap: anywhere">transpose</a>
+  </nav></dialog>
+  <button class="secondary-toggle"
+    onclick="document.getElementById('pst-secondary-sidebar-modal').showModal()">outline</button>
+  <p id="x" style="width: 600px">A paragraph wider than a phone.</p>
+  <div class="cell_output"><pre style="color: #444; background: #333">grey on grey</pre></div>
+</body></html>
+"""
+
+# The same, working: both drawers open from their buttons (Escape closes a
+# dialog), words fit, output is legible.
+PHONE_GOOD = """<!doctype html>
+<html><head><meta charset="utf-8"><title>phone</title></head>
+<body>
+  <div id="pst-primary-sidebar"></div>
+  <dialog id="pst-primary-sidebar-modal" style="width: 300px"><nav>
+    <a href="#x">Home</a></nav></dialog>
+  <button class="primary-toggle"
+    onclick="document.getElementById('pst-primary-sidebar-modal').showModal()">menu</button>
+  <div class="bd-sidebar-secondary"><nav><a href="#x">Section</a></nav></div>
+  <dialog id="pst-secondary-sidebar-modal" style="width: 300px"><nav>
+    <a href="#x">Reverse-mode rules, transposed</a></nav></dialog>
+  <button class="secondary-toggle"
+    onclick="document.getElementById('pst-secondary-sidebar-modal').showModal()">outline</button>
+  <article><table><tr><td id="x">reverse mode</td><td>HiPrim.transpose()</td></tr></table></article>
+  <div class="cell_output"><pre>legible</pre></div>
+</body></html>
+"""
+
+
+def test_checker_reports_a_broken_phone_page(tmp_path, chromium):
+  (tmp_path / "broken.html").write_text(PHONE_BROKEN, encoding="utf-8")
+  (tmp_path / "good.html").write_text(PHONE_GOOD, encoding="utf-8")
+  with site_check.serve(tmp_path) as base, \
+       site_check.browser(base, chromium, site_check.PHONE, "dark") as b:
+    broken = b.check_page(base + "broken.html")
+    good = b.check_page(base + "good.html")
+  text = "\n".join(broken)
+  assert "the button did not open the navigation drawer (menu button)" in text
+  assert "the outline (\"On this page\") breaks inside a word: 'transpose'" in text
+  assert re.search(r"page is \d+ px wide in a 390 px window .*<p> \d+ px: "
+                   r"\"A paragraph wider than a phone.\"", text)
+  assert re.search(r"output text hard to read: contrast 1\.\d .*'grey on grey'", text)
   assert good == [], good
 
 
@@ -143,9 +225,7 @@ def test_checker_reports_a_broken_page(tmp_path, chromium):
 def test_site_in_chromium(site, chromium):
   """Every page, offline, in Chromium; screenshots in _build/screenshots/."""
   pages = site_check.site_pages(site)
-  expected = ["index.html"] + [f"{p}.html" for p in _conf_list("PAGES")
-                               + _conf_list("APPENDIX") + _conf_list("BEYOND")
-                               + _conf_list("SUBPAGES")
+  expected = ["index.html"] + [f"{p}.html" for p in _all_pages()
                                if (ROOT / "docs" / f"{p}.md").exists()]
   missing = [p for p in expected if p not in pages]
   assert not missing, f"pages not built: {missing}"
@@ -155,15 +235,22 @@ def test_site_in_chromium(site, chromium):
   lines = [f"{page}:\n  " + "\n  ".join(problems) for page, problems in report.items()]
   assert not report, "\n".join(lines)
   shots = {p.stem for p in SCREENSHOTS.glob("*.png")}
-  assert {p.removesuffix(".html") for p in expected} <= shots
-  print(f"{len(pages)} pages checked in Chromium in {elapsed:.1f} s")
+  for page in expected:
+    name = page.removesuffix(".html")
+    assert {name, f"{name}-390", f"{name}-390-menu"} <= shots, name
+  print(f"{len(pages)} pages checked in Chromium at two widths in {elapsed:.1f} s")
+
+
+def _notebook_pages(site):
+  return [p for p in _all_pages()
+          if (site / f"{p}.html").exists() and _is_notebook(ROOT / "docs" / f"{p}.md")]
 
 
 def test_notebook_downloads(site):
-  """Each notebook page offers its .md and executed .ipynb for download, locally."""
-  pages = [p for p in (_conf_list("PAGES") + _conf_list("APPENDIX")
-                       + _conf_list("BEYOND") + _conf_list("SUBPAGES"))
-           if (site / f"{p}.html").exists() and _is_notebook(ROOT / "docs" / f"{p}.md")]
+  """Each notebook page offers its .md and executed .ipynb for download,
+  locally, and the notebook marks the cells the site hides."""
+  marks = _load_tool("notebook_marks")
+  pages = _notebook_pages(site)
   assert pages
   for page in pages:
     html = (site / f"{page}.html").read_text(encoding="utf-8")
@@ -171,7 +258,54 @@ def test_notebook_downloads(site):
       href = f"_sources/{page}{ext}"
       assert f'href="{href}"' in html, f"{page}.html has no download link to {href}"
       assert (site / href).is_file(), f"{href} is linked but not in the build"
+      assert (site / f"{href}.js").is_file(), f"{href}.js (for a site opened from disk)"
     nb = json.loads((site / f"_sources/{page}.ipynb").read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code and any(c.get("outputs") for c in code), \
         f"{page}.ipynb has no executed code cells"
+    for cell in code:
+      hidden = bool({"remove-cell", "remove-input"} & set(cell["metadata"].get("tags", [])))
+      first = "".join(cell["source"]).split("\n")[0]
+      assert hidden == (first in marks.MARKS.values()), (page, first)
+
+
+def test_notebook_download_saves_the_file(site, chromium):
+  """The download menu's notebook is saved, not shown, from the served site
+  and from the site opened from disk (file://), and is the built file."""
+  page = "implicit" if (site / "implicit.html").exists() else _notebook_pages(site)[0]
+  built = (site / "_sources" / f"{page}.ipynb").read_bytes()
+  with site_check.serve(site) as base:
+    served, got = site_check.check_download(f"{base}{page}.html", chromium)
+    assert served == [] and got == built, served
+  from_disk, got = site_check.check_download((site / f"{page}.html").resolve().as_uri(),
+                                             chromium)
+  assert from_disk == [] and got == built, from_disk
+
+
+def test_search_from_disk_shows_excerpts(site, chromium):
+  """Opened from disk, the search page finds `HiPrim` and shows an excerpt
+  under each page it lists (tools/sphinx_offline_search.py)."""
+  search = (site / "search.html").resolve().as_uri()
+  with site_check.browser("http://127.0.0.1/", chromium) as b:
+    problems = b.check_search(search, "HiPrim")
+  assert problems == [], problems
+
+
+def test_page_text_for_offline_search_keeps_sections_and_drops_the_theme():
+  search = _load_tool("sphinx_offline_search")
+  page = """<html><body><nav>site navigation</nav>
+    <main id="main-content" class="bd-main" role="main">
+      <div class="bd-header-article">Download Light Dark</div>
+      <section id="top"><h1>Title<a class="headerlink" href="#top">#</a></h1>
+        <p>Some   text\n with <code>a &lt; b</code>.</p>
+        <section id="part"><h2>Part</h2><div><div>nested</div></div></section>
+        <section><p>unnamed</p></section>
+      </section>
+      <div class="bd-sidebar-secondary"><div>Contents <div>Part</div></div></div>
+      <script>var x = "<section>";</script>
+    </main><footer>site footer</footer></body></html>"""
+  text = search.main_text(page)
+  # As a browser's textContent: no space where the HTML has none.
+  assert text == ('<div role="main">  <section id="top">Title Some text with a &lt; b. '
+                  '<section id="part">Partnested</section> unnamed </section>   </div>'), text
+

@@ -7,17 +7,19 @@
 
 A page is a docs/*.md file with a jupytext header naming a kernel (index.md is
 not a notebook). `build` reads each page with jupytext, drops jupytext's
-pairing metadata (the notebook is generated, not paired), executes it with
-nbclient in docs/ (cells tagged raises-exception may raise; any other error
-aborts), normalises it (tools/notebook_outputs.py: stable cell ids, merged
-streams, short tracebacks, no machine paths, and the stored outputs kept
-where the page's code is unchanged and they still hold), and writes the
-notebook with its outputs. Building an unchanged page again leaves the file
-as it was. `clean` applies the same normalisation to the committed notebooks
-without executing anything (for a notebook built by an older version of this
-tool; what nbval compares is unchanged by it). `check` compares every
-notebook's cells (type, source, tags) with jupytext's reading of its page and
-also requires each code cell to have been executed, and no stray notebooks.
+pairing metadata (the notebook is generated, not paired), marks the cells the
+site hides (tools/notebook_marks.py: a first comment line saying so, and the
+input collapsed in Jupyter), executes it with nbclient in docs/ (cells tagged
+raises-exception may raise; any other error aborts), normalises it
+(tools/notebook_outputs.py: stable cell ids, merged streams, short
+tracebacks, no machine paths, and the stored outputs kept where the page's
+code is unchanged and they still hold), and writes the notebook with its
+outputs. Building an unchanged page again leaves the file as it was. `clean`
+applies the same normalisation to the committed notebooks without executing
+anything (for a notebook built by an older version of this tool; what nbval
+compares is unchanged by it). `check` compares every notebook's cells (type,
+source, tags) with jupytext's reading of its page, marked, and also requires
+each code cell to have been executed, and no stray notebooks.
 """
 import argparse
 import concurrent.futures as cf
@@ -31,6 +33,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import notebook_marks  # noqa: E402
 import notebook_outputs  # noqa: E402
 DOCS = ROOT / "docs"
 NOTEBOOKS = ROOT / "notebooks"
@@ -47,9 +50,10 @@ def pages():
 
 
 def read_page(name):
+    """The page as a notebook, its hidden cells marked (tools/notebook_marks.py)."""
     nb = jupytext.read(DOCS / f"{name}.md")
     nb.metadata.pop("jupytext", None)
-    return nb
+    return notebook_marks.mark(nb)
 
 
 def cell_signature(nb):

@@ -5,8 +5,9 @@
 
 Serves the site on localhost and loads every page in Debian's Chromium
 (driven by Playwright, pointed at the system binary: no browser download),
-with every request not addressed to localhost aborted. For each page it
-reports:
+with every request not addressed to localhost aborted, twice: in a 1280 px
+window in light mode, and in a 390 px window (a phone) with the system set
+to dark mode. For each page and width it reports:
 
 * console errors and uncaught JavaScript exceptions;
 * failed requests (aborted, refused, or HTTP status >= 400), including any
@@ -16,17 +17,31 @@ reports:
   ``\\begin{`` left in text outside code, and math elements (``.math``)
   without MathJax output (``mjx-container``) inside;
 * code cells without a copy button;
-* code blocks and tables wider than their box, which a reader must scroll
-  sideways (at the 1280 px wide window the check uses);
-* links to the same site that do not resolve (HTTP status other than 200,
-  or a ``#fragment`` that names no element of the target page).
+* a page wider than the window (tools/site_layout.py);
+* a word split over two lines in a table cell, the page outline or the
+  navigation (tools/site_layout.py);
+* output text without enough contrast against its background;
 
-`check_search` checks that the search page finds a word. The functions are
-used by tests/test_site.py, which also runs them on deliberately broken pages.
-Exit status 1 if anything is wrong.
+at 1280 px also:
+
+* code blocks and tables wider than their box, which a reader must scroll
+  sideways (at 390 px a table, like code, may scroll inside its own box);
+* links to the same site that do not resolve (HTTP status other than 200,
+  or a ``#fragment`` that names no element of the target page);
+
+and at 390 px: the menu button opens the navigation drawer and "On this
+page" the outline, on the screen, and Escape closes each (site_layout.drawers).
+
+`check_search` checks that the search page finds a word, and
+`check_download` that a notebook page, served or opened from disk
+(file://), saves its notebook from the download menu rather than showing
+it. The
+functions are used by tests/test_site.py, which also runs them on
+deliberately broken pages. Exit status 1 if anything is wrong.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import html.parser
@@ -41,6 +56,9 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import site_layout  # noqa: E402
+
 # Flags for headless Chromium running as root in a container, with nothing
 # that phones home.
 CHROMIUM_ARGS = [
@@ -49,7 +67,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync",
     "--disable-dev-shm-usage",
 ]
-VIEWPORT = {"width": 1280, "height": 900}
+# The two widths every page is checked at: a laptop, and a phone (an iPhone
+# 12 to 15 is 390 CSS px wide), the phone with the system in dark mode.
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+VIEWPORT = DESKTOP
 # Pages of a Sphinx build that are not reader pages.
 SKIP_DIRS = {"_static", "_sources", "_images", "_modules"}
 
@@ -95,10 +117,13 @@ def serve(root):
 # --- the browser ------------------------------------------------------------------
 
 @contextlib.contextmanager
-def browser(base_url: str, chromium: str | None = None):
+def browser(base_url: str, chromium: str | None = None, viewport: dict = DESKTOP,
+            color_scheme: str = "light"):
   """A Chromium browser context in which only ``base_url``'s host is reachable.
 
-  Yields a `Browser`; requests to any other host are aborted and recorded.
+  Yields a `Browser` whose pages have the window size ``viewport`` and the
+  system colour scheme ``color_scheme``; requests to any other host are
+  aborted and recorded (file:// URLs, which reach no network, load).
   """
   from playwright.sync_api import sync_playwright
 
@@ -110,8 +135,9 @@ def browser(base_url: str, chromium: str | None = None):
        sync_playwright() as p:
     context = p.chromium.launch_persistent_context(
         profile, executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
-        viewport=VIEWPORT, service_workers="block", accept_downloads=False)
-    b = Browser(context, origin)
+        viewport=viewport, color_scheme=color_scheme, service_workers="block",
+        accept_downloads=True)
+    b = Browser(context, origin, phone=viewport["width"] < 992)
     context.route("**/*", b._route)
     try:
       yield b
@@ -174,19 +200,28 @@ async () => {
 """
 
 
+# [page results of the search page without an excerpt, page results].
+_EXCERPTS_JS = """() => {
+  const pages = [...document.querySelectorAll(
+      '#search-results li.kind-text, #search-results li.kind-title')];
+  return [pages.filter(li => !li.querySelector('p.context')).length, pages.length];
+}"""
+
+
 class Browser:
   """Loads pages in one browser context and reports what is wrong with them."""
 
-  def __init__(self, context, origin):
+  def __init__(self, context, origin, phone=False):
     self.context = context
     self.origin = origin
+    self.phone = phone  # narrower than the theme's sidebars: drawers instead
     self.blocked = []
     self._link_cache = {}  # url without fragment -> (status, ids or None)
 
   def _route(self, route):
     url = route.request.url
     parts = urlsplit(url)
-    if parts.scheme in ("data", "blob") or parts.netloc == self.origin:
+    if parts.scheme in ("data", "blob", "file") or parts.netloc == self.origin:
       route.continue_()
     else:
       self.blocked.append(url)
@@ -211,6 +246,7 @@ class Browser:
       if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshot))
+      problems += self._layout(page, screenshot)
     except Exception as e:  # noqa: BLE001 - a page that cannot load is a problem
       return problems + [f"could not load or inspect the page: {e}"]
     finally:
@@ -223,6 +259,8 @@ class Browser:
     if state["codeCells"] and state["copyButtons"] < state["codeCells"]:
       problems.append(f"{state['codeCells']} code blocks but "
                       f"{state['copyButtons']} copy buttons")
+    if self.phone:  # code and wide tables scroll in their own box on a phone
+      return problems
     problems += [f"code block scrolls sideways ({px} px too wide): {line!r}"
                  for px, line in state["wideCode"]]
     problems += [f"table scrolls sideways ({px} px too wide): {line!r}"
@@ -231,6 +269,18 @@ class Browser:
       problem = self.check_link(link)
       if problem:
         problems.append(problem)
+    return problems
+
+  def _layout(self, page, screenshot):
+    """The checks of tools/site_layout.py at this window's width."""
+    problems = site_layout.overflow(page)
+    problems += site_layout.broken_words(page, site_layout.TABLE_CELLS, "a table cell")
+    problems += site_layout.low_contrast(page)
+    if self.phone:  # the sidebars are drawers, checked open
+      problems += site_layout.drawers(page, screenshot)
+    else:
+      problems += site_layout.broken_words(page, site_layout.OUTLINE, "the outline")
+      problems += site_layout.broken_words(page, site_layout.NAVIGATION, "the navigation")
     return problems
 
   def _fetch(self, url):
@@ -286,6 +336,14 @@ class Browser:
         problems.append(f"search for {word!r} found nothing")
       elif not any(word in h for h in hits):
         problems.append(f"search for {word!r}: no result mentions it: {hits[:3]}")
+      # A result that is a page or a section (not an API entry, which shows
+      # its description) gets an excerpt of the page around the word.
+      try:
+        page.wait_for_function(f"() => ({_EXCERPTS_JS})()[0] === 0", timeout=10_000)
+      except Exception:  # noqa: BLE001 - reported as a problem
+        missing, total = page.evaluate(_EXCERPTS_JS)
+        problems.append(f"search for {word!r}: {missing} of {total} page results "
+                        "show no excerpt")
       if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshot))
@@ -294,24 +352,75 @@ class Browser:
     return problems
 
 
+def check_download(page_url: str, chromium=None) -> tuple[list[str], bytes | None]:
+  """Opens the page at ``page_url`` and picks its notebook in the download menu.
+
+  Returns (problems, the saved file's bytes or None). Works for a served
+  site and for one opened from disk (a file:// URL), where a browser shows a
+  .ipynb link as text unless the site's own script saves it
+  (docs/_static/jax301.js).
+  """
+  from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+  page = page_url.rsplit("/", 1)[-1]
+  name = page.removesuffix(".html") + ".ipynb"
+  base = page_url if page_url.startswith("file:") else page_url.rsplit("/", 1)[0] + "/"
+  problems = []
+  with browser(base, chromium) as b:
+    tab = b.context.new_page()
+    tab.on("pageerror", lambda e: problems.append(f"JavaScript exception: {e}"))
+    tab.goto(page_url, wait_until="load", timeout=30_000)
+    link = tab.locator(f'.dropdown-download-buttons a[href$="_sources/{name}"]')
+    if link.count() != 1:
+      return [f"{page}: no download menu item for {name}"], None
+    tab.locator(".dropdown-download-buttons button.dropdown-toggle").click()
+    try:
+      with tab.expect_download(timeout=10_000) as info:
+        link.click()
+    except PlaywrightTimeout:
+      shown = [p.url for p in b.context.pages if p.url.endswith(name)]
+      return problems + [f"{page_url}: the {name} menu item did not save the file "
+                         f"(shown instead: {shown})"], None
+    download = info.value
+    if download.suggested_filename != name:
+      problems.append(f"saved as {download.suggested_filename!r}, not {name!r}")
+    with open(download.path(), "rb") as f:
+      return problems, f.read()
+
+
 def check_site(site, screenshots=None, search_word="HiPrim", chromium=None):
-  """Checks every page of ``site``; returns ``{page: [problems]}`` (pages with problems)."""
+  """Checks every page of ``site`` at both widths; returns ``{page: [problems]}``.
+
+  Only pages with problems are in the result; a problem seen at the phone
+  width is marked ``[390 px]``. Screenshots: ``<page>.png`` at 1280 px,
+  ``<page>-390.png`` (and ``-390-menu``, ``-390-outline`` with a drawer
+  open) at 390 px. The two widths are checked at once, each in a browser of
+  its own (most of the time is the browser loading and laying out pages).
+  """
   site = Path(site)
+  passes = [(DESKTOP, "light", "", ""), (PHONE, "dark", f"-{PHONE['width']}",
+                                           f"[{PHONE['width']} px] ")]
+
+  def one_pass(base, viewport, scheme, suffix, mark):
+    found = []  # (page, problem)
+    with browser(base, chromium, viewport, scheme) as b:
+      for rel in site_pages(site):
+        shot = Path(screenshots) / (rel.removesuffix(".html").replace("/", "__")
+                                    + suffix + ".png") if screenshots else None
+        found += [(rel, mark + p) for p in b.check_page(base + rel, shot)]
+      if (site / "search.html").exists() and search_word:
+        shot = Path(screenshots) / f"search-results{suffix}.png" if screenshots else None
+        found += [("search.html?q=" + search_word, mark + p)
+                  for p in b.check_search(base + "search.html", search_word, shot)]
+      found += [("(network)", f"blocked request to {u}") for u in sorted(set(b.blocked))]
+    return found
+
   report = {}
-  with serve(site) as base, browser(base, chromium) as b:
-    for rel in site_pages(site):
-      shot = Path(screenshots) / (rel.removesuffix(".html").replace("/", "__") + ".png") \
-          if screenshots else None
-      problems = b.check_page(base + rel, shot)
-      if problems:
-        report[rel] = problems
-    if (site / "search.html").exists() and search_word:
-      shot = Path(screenshots) / "search-results.png" if screenshots else None
-      problems = b.check_search(base + "search.html", search_word, shot)
-      if problems:
-        report["search.html?q=" + search_word] = problems
-    if b.blocked:
-      report["(network)"] = [f"blocked request to {u}" for u in sorted(set(b.blocked))]
+  with serve(site) as base, concurrent.futures.ThreadPoolExecutor(len(passes)) as pool:
+    # Playwright's synchronous API: one instance per thread, none shared.
+    for found in pool.map(lambda args: one_pass(base, *args), passes):
+      for page, problem in found:
+        report.setdefault(page, []).append(problem)
   return report
 
 

@@ -7,7 +7,8 @@ a second time; it shows those outputs:
 
 * ``prime_execution_cache`` (builder-inited): each committed notebook goes into
   myst-nb's jupyter cache, keyed (by jupyter-cache) on its code cells and their
-  tags. A page whose code is unchanged finds it there and is rendered with the
+  tags, as the page has them (without the marks of hidden cells that the
+  notebook carries, tools/notebook_marks.py). A page whose code is unchanged finds it there and is rendered with the
   stored outputs; a page edited since its notebook was made misses, and myst-nb
   executes it as usual (so a plain ``sphinx-build`` always works, and the
   author sees the new outputs at once). The tests fail on such a stale
@@ -18,18 +19,23 @@ a second time; it shows those outputs:
   is set, as the docs session does in CI: the site then shows only outputs
   that the tests compared).
 * ``offer_executed_notebook`` (html-page-context): the download menu offers the
-  executed notebook.
+  executed notebook, its hidden cells marked as in notebooks/.
 * ``fail_on_execution_errors`` (build-finished): a page that did not execute to
   the end fails the build, listing every such page.
+* ``sources_for_disk`` (build-finished): each download (``_sources/<page>.ipynb``
+  and ``.md``) also as a script, ``<file>.js``, with which docs/_static/jax301.js
+  saves the file when the site is opened from disk (file://), where a browser
+  neither fetches a file nor honours a link's ``download`` attribute.
 """
 from __future__ import annotations
 
 import hashlib
-import shutil
 from importlib import metadata
 from pathlib import Path
 
 from sphinx.util import logging
+
+import notebook_marks  # tools/, on sys.path (conf.py)
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +77,15 @@ def prime_execution_cache(app):
   """
   if app.env.mystnb_config.execution_mode != "cache":
     return
+  import nbformat
+  from jupyter_cache.base import CacheBundleIn
+
   cache = _cache(app)
-  for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
-    cache.cache_notebook_file(str(nb), check_validity=False, overwrite=True)
+  for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+    # Without the marks of hidden cells: the cache is keyed on the page's code.
+    nb = notebook_marks.unmark(nbformat.read(path, as_version=4))
+    cache.cache_notebook_bundle(CacheBundleIn(nb, str(path)), check_validity=False,
+                                overwrite=True)
   cache.list_cache_records()
 
 
@@ -90,9 +102,9 @@ def use_notebook(app, docname, source):
     import nbformat
 
     page = read_myst_markdown_notebook(source[0], MdParserConfig())
+    notebook = notebook_marks.unmark(nbformat.read(path, as_version=4))
     cache = _cache(app)
-    if cache.create_hashed_notebook(page)[1] == \
-        cache.create_hashed_notebook(nbformat.read(path, as_version=4))[1]:
+    if cache.create_hashed_notebook(page)[1] == cache.create_hashed_notebook(notebook)[1]:
       return
   report = logger.warning if app.config.jax301_require_notebooks else logger.info
   report(f"notebooks/{docname}.ipynb is missing or older than the page, so the build "
@@ -113,19 +125,17 @@ def offer_executed_notebook(app, pagename, templatename, context, doctree):
   executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
   if not executed.exists():
     return
+  import nbformat
+
   dest = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
   dest.parent.mkdir(parents=True, exist_ok=True)
-  shutil.copy2(executed, dest)
+  nb = nbformat.read(executed, as_version=4)
   if app.env.mystnb_config.execution_mode == "cache":
-    import nbformat
-
-    nb = nbformat.read(executed, as_version=4)
     try:
       _, nb = _cache(app).merge_match_into_notebook(nb)
     except KeyError:  # not in the cache: the file is what was executed
       pass
-    else:
-      nbformat.write(nb, dest)
+  nbformat.write(notebook_marks.mark(nb), dest)
   context["ipynb_source"] = f"{pagename}.ipynb"
 
 
@@ -144,6 +154,21 @@ def fail_on_execution_errors(app, exception):
     app.statuscode = 1
 
 
+def sources_for_disk(app, exception):
+  """Write ``_sources/<file>.js`` beside each downloadable page source (see the docstring)."""
+  if exception is not None:
+    return
+  import json
+
+  sources = Path(app.outdir) / "_sources"
+  for path in sorted(sources.glob("*")):
+    if path.suffix not in (".ipynb", ".md"):
+      continue
+    text = path.read_text(encoding="utf-8")
+    call = f"jax301SaveSource({json.dumps(path.name)}, {json.dumps(text)});\n"
+    path.with_name(path.name + ".js").write_text(call, encoding="utf-8")
+
+
 def setup(app):
   """Register the hooks (see the module docstring)."""
   # Before reading: the cache holds the committed notebooks (after myst-nb's
@@ -158,4 +183,6 @@ def setup(app):
   app.connect("html-page-context", offer_executed_notebook, priority=500)
   # At the end: pages that did not execute fail the build.
   app.connect("build-finished", fail_on_execution_errors)
+  # The downloads, also as scripts, for a site opened from disk.
+  app.connect("build-finished", sources_for_disk)
   return {"parallel_read_safe": True, "parallel_write_safe": True}
