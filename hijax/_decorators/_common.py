@@ -11,7 +11,10 @@ non-differentiable arguments apart and then:
   `hijax._decorators._tracing.Entry`), else a new one, which traces the
   function and its rules once, hoisting the traced values they close over.
   It then binds the call's primitive, one `HiPrim` instance per call,
-  on the differentiable arguments and the hoisted values.
+  on the differentiable arguments and the hoisted values. A function that
+  cannot be traced with abstract arguments (a Python ``if`` on a value) is
+  handed to JAX's own decorator, which runs it on concrete values under an
+  eager ``grad`` or ``jvp``, as it would have run without hijax.
 
 Imports: `hijax.primitive`, `hijax.autodiff`, the decorators' private
 modules, jax.
@@ -259,8 +262,18 @@ class Decorated:
       if entry.mode == "inline":
         return entry.call.primal(entry.hoisted_values, *diff_args)
       return entry.call.bind(diff_args, entry.hoisted_values)
-    call = self.call_class(self, signature, statics, diff_args, key)
+    try:
+      call = self.call_class(self, signature, statics, diff_args, key)
+    except jax.errors.ConcretizationTypeError:
+      # The function branches in Python on the values of its arguments, so
+      # it cannot be traced once for all values of their types. JAX's own
+      # decorator runs it on concrete values under eager autodiff; do that.
+      return self.as_jax()(*args)
     return call.bind(diff_args, call.hoisted.values)
+
+  def as_jax(self) -> Callable[..., Any]:
+    """The same function and rules under JAX's own decorator."""
+    raise NotImplementedError
 
 
 def zero_tree_like(tree: Any) -> Any:

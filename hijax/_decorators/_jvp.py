@@ -263,6 +263,11 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   def _has_rules(self) -> bool:
     return self.jvp is not None
 
+  def as_jax(self) -> Callable[..., Any]:
+    f = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)
+    f.defjvp(self.jvp, symbolic_zeros=self.symbolic_zeros)  # pyright: ignore[reportArgumentType]
+    return f
+
   def _missing_rules_error(self) -> Exception:
     return AttributeError(
         f"No JVP defined for custom_jvp function {function_name(self.fun)} "

@@ -83,14 +83,12 @@ def _out_paths(owner: RuleOwner) -> list[str]:
 def primal_out(owner: RuleOwner, rule: str, out: Any) -> list[Any]:
   """The primal output a rule returned, flattened and checked against the
   function's output (structure, then each leaf's shape and dtype)."""
-  try:
-    flat = owner.out_tree.flatten_up_to(out)
-  except (ValueError, TypeError):
+  flat, tree = jax.tree.flatten(out)
+  if tree != owner.out_tree:
     raise owner.error(
-        rule, f"returned a primal output with structure "
-        f"{jax.tree.structure(out)}, but {owner.fun_name} returns structure "
-        f"{owner.out_tree}: the primal output must equal "
-        f"{owner.fun_name}(*args)") from None
+        rule, f"returned a primal output with structure {tree}, but "
+        f"{owner.fun_name} returns structure {owner.out_tree}: the primal "
+        f"output must equal {owner.fun_name}(*args)")
   for where, declared, x in zip(_out_paths(owner), owner.out_avals_flat, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
       got, advice = _type_message(declared, x, "rule-primal")

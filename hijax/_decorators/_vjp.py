@@ -304,6 +304,13 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   def _has_rules(self) -> bool:
     return self.fwd is not None and self.bwd is not None
 
+  def as_jax(self) -> Callable[..., Any]:
+    f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
+    define = f.defvjp_with_logs if self.with_logs else f.defvjp
+    define(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros,  # pyright: ignore[reportArgumentType]
+           optimize_remat=self.optimize_remat)
+    return f
+
   def _missing_rules_error(self) -> Exception:
     return AttributeError(
         f"No VJP defined for custom_vjp function {function_name(self.fun)} "
