@@ -211,10 +211,10 @@ def may_close_over_tracers(*objects: Any) -> bool:
     if not stack:
       return False
     x = stack.pop()
+    if isinstance(x, core.Tracer):  # (first: a tracer is also a jax.Array)
+      return True
     if id(x) in seen or isinstance(x, _ATOMS):
       continue
-    if isinstance(x, core.Tracer):
-      return True
     seen.add(id(x))
     stack.extend(_held_by(x))
   return bool(stack)

@@ -169,7 +169,11 @@ class CustomVJPCall(BatchRules, HiPrim):
     ct_h: list[Any] = [None] * len(call.hoisted)
     if closure_vjp is not None:
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
-      for i, ct in zip(closed.value, closure_vjp(g_full)):
+      try:
+        closed_cts = closure_vjp(g_full)
+      except Exception as e:  # noqa: BLE001
+        raise call.closure_error(e) from e
+      for i, ct in zip(closed.value, closed_cts):
         ct_h[i] = ct
     out = (*cts, tuple(ct_h))
     return (out, logs) if call.decorated.with_logs else out
