@@ -200,7 +200,7 @@ class Decorated:
   """The part of `hijax.custom_vjp` and `hijax.custom_jvp` that is the same."""
 
   kind: str = ""
-  call_class: type[Call]
+  _call_class: type[Call]
   fun: Callable[..., Any]
   nondiff_argnums: tuple[int, ...]
   batch_rule: Callable[..., Any] | None = None
@@ -263,7 +263,7 @@ class Decorated:
         return entry.call.primal(entry.hoisted_values, *diff_args)
       return entry.call.bind(diff_args, entry.hoisted_values)
     try:
-      call = self.call_class(self, signature, statics, diff_args, key)
+      call = self._call_class(self, signature, statics, diff_args, key)
     except jax.errors.ConcretizationTypeError:
       # The function branches in Python on the values of its arguments, so
       # it cannot be traced once for all values of their types. JAX's own

@@ -212,7 +212,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   """
 
   kind = "custom_jvp"
-  call_class = JVPCall
+  _call_class = JVPCall
   jvp: Callable[..., Any] | None
   symbolic_zeros: bool
 

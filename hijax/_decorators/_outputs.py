@@ -120,7 +120,8 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any) -> list[Any]:
   for where, aval, t in zip(_out_paths(owner), owner.out_avals_flat, flat):
     declared = aval.to_tangent_aval()
     if t is None or _is_symbolic(t) or (is_float0(t) and not is_float0(declared)):
-      if _is_symbolic(t) and not _checks.matches(declared, t.aval, "tangent"):
+      if t is not None and _is_symbolic(t) and not _checks.matches(
+          declared, t.aval, "tangent"):
         raise owner.error(
             rule, f"returned a symbolic zero of type {t.aval.str_short()} as "
             f"the tangent of {where}, whose tangent type is "

@@ -191,7 +191,7 @@ class CustomVJPCall(BatchRules, HiPrim):
 VJPCall.primitive_class = CustomVJPCall
 
 
-def _nonlinear_bwd_error(call: VJPCall, e: TypeError) -> TypeError:
+def _nonlinear_bwd_error(call: VJPCall, e: TypeError) -> Exception:
   """`jvp_from_vjp`'s error for a bwd rule that is not linear in ``g``, in
   the terms of the decorated function; any other error as it is."""
   message = str(e)
@@ -241,7 +241,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   """
 
   kind = "custom_vjp"
-  call_class = VJPCall
+  _call_class = VJPCall
   fwd: Callable[..., Any] | None
   bwd: Callable[..., Any] | None
   symbolic_zeros: bool
