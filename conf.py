@@ -40,7 +40,7 @@ APPENDIX = ["checking-rules", "implicit", "api"]
 # "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
 BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
           "spectral-gradients", "ode-gradients", "taylor-mode",
-          "sparse-jacobians"]
+          "sparse-jacobians", "porting-custom-vjp"]
 # Pages that continue one of the above: each is in a hidden toctree at the end
 # of the page it continues, not in docs/index.md (tests/test_docs.py checks).
 SUBPAGES = ["custom-derivatives-advanced"]
