@@ -654,6 +654,17 @@ def test_vjp_rule_errors(api):
     jax.grad(lambda x: f(x).sum())(jnp.ones(3))
 
 
+def test_vjp_cotangent_of_another_float_dtype(api):
+  f = api.custom_vjp(lambda x: 2. * x)
+  f.defvjp(lambda x: (f(x), None),
+           lambda _, g: ((2. * g).astype(jnp.float16),))
+  if api is JAX:  # passed on unconverted: the gradient changes dtype
+    assert jax.grad(f)(jnp.float32(1.)).dtype == jnp.float16
+  else:
+    with pytest.raises(TypeError, match=r"astype\(jnp.float32\)"):
+      jax.grad(f)(jnp.float32(1.))
+
+
 def test_vjp_wraps_the_function(api):
   def documented(x):
     """Doubles x."""

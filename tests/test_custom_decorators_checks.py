@@ -142,6 +142,56 @@ def test_wrong_jvp_tangent():
       "float32[], so its tangent is float32[]. Return a value of shape ().")
 
 
+def test_wrong_symbolic_zero_tangent_and_logs():
+  @custom_jvp
+  def f(x):
+    return jnp.sin(x)
+  f.defjvp(lambda p, t: (f(p[0]), SymbolicZero(jax.typeof(jnp.ones(2)))),
+           symbolic_zeros=True)
+  assert "returned a symbolic zero of type float32[2] as the tangent of " \
+         "output, whose tangent type is float32[]" in error_of(
+             jax.jvp, f, (1.,), (1.,))
+  g = custom_vjp(jnp.sin)
+  g.defvjp_with_logs(lambda x: (jnp.sin(x), jnp.cos(x)),
+                     lambda c, ct: ((c * ct,), ["not", "a", "dict"]))
+  assert error_of(jax.grad(g), 1.) == (
+      "hijax.custom_vjp function sin: the bwd rule <lambda> was defined with "
+      "defvjp_with_logs, so the second entry of the pair it returns must be "
+      "None or a dict of backward-pass logs, but it is a list")
+
+
+def test_wrong_batch_rule_outputs():
+  f = custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (c * g,))
+
+  @f.defbatch
+  def sin_batch(axis_size, in_batched, x):
+    return jnp.sin(x)[:2], True
+  assert error_of(jax.vmap(f), jnp.ones(3)) == (
+      "hijax.custom_vjp function sin: its batch rule sin_batch returned "
+      "float32[2] as the output, which it says is batched, but sin returns "
+      "float32[] there, so the rule must return float32[3] (a batched output "
+      "has the batch axis, of size 3, first)")
+  f.defbatch(lambda axis_size, in_batched, x: (jnp.sin(x), "yes"))
+  assert "must return (out, out_batched) with out_batched a bool or a " \
+         "pytree of bools" in error_of(jax.vmap(f), jnp.ones(3))
+  f.defbatch(lambda axis_size, in_batched, x: jnp.sin(x))
+  assert "must return a pair (out, out_batched)" in error_of(
+      jax.vmap(f), jnp.ones(3))
+
+
+def test_nondiff_argnames_must_name_a_parameter():
+  with pytest.raises(ValueError, match="'y', which is not a positional "
+                     "parameter of <lambda>"):
+    custom_vjp(lambda x: x, nondiff_argnames=("y",))
+
+  def f(x):
+    return x
+  with pytest.raises(ValueError, match=r"names 'y', which is not a "
+                     r"positional parameter of f \('x',\)"):
+    custom_jvp(f, nondiff_argnames="y")
+
+
 def test_rule_outputs_are_checked_once_per_trace():
   calls = []
 
@@ -237,6 +287,16 @@ def test_check_rules_on_a_linear_custom_jvp_checks_its_transpose():
   report = check_rules(double, jnp.array([0.5, -1.5]))
   assert any(c.startswith("transpose") for c in report.ran)
   close(jax.grad(lambda x: double(x).sum())(jnp.ones(2)), 2 * jnp.ones(2))
+  close(jax.linear_transpose(double, 1.)(3.), (6.,))
+  assert type(jax.make_jaxpr(double)(1.).eqns[0].params["_prim"]).__name__ \
+      == "LinearCustomJVPCall"
+  # sin(x) y is linear in y: transposable in y
+  assert type(jax.make_jaxpr(_sin_times(custom_jvp))(1., 2.).eqns[0].params[
+      "_prim"]).__name__ == "LinearCustomJVPCall"
+  softplus = custom_jvp(lambda x: jnp.logaddexp(x, 0.))
+  softplus.defjvp(lambda p, t: (softplus(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
+  assert type(jax.make_jaxpr(softplus)(1.).eqns[0].params[
+      "_prim"]).__name__ == "CustomJVPCall"
 
 
 # --- the compiled program ---------------------------------------------------------
