@@ -13,6 +13,9 @@ import collections
 import functools
 import types
 
+import hypothesis
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -672,3 +675,57 @@ def test_vjp_wraps_the_function(api):
   f = api.custom_vjp(documented)
   assert f.__name__ == "documented" and f.__doc__ == "Doubles x."
   assert f.__wrapped__ is documented
+
+
+# --- effects, refs, and values that vary ---------------------------------------
+
+def test_callbacks_in_the_function_and_the_rule(api):
+  log = []
+
+  @api.custom_vjp
+  def f(x):
+    jax.debug.callback(lambda v: log.append(("f", float(v))), x)
+    return x * 2
+
+  def bwd(_, g):
+    jax.debug.callback(lambda v: log.append(("bwd", float(v))), g)
+    return (2 * g,)
+  f.defvjp(lambda x: (f(x), None), bwd)
+  jax.jit(f)(1.)
+  jax.jit(jax.grad(f))(3.)
+  jax.grad(f)(4.)
+  assert log == [("f", 1.), ("f", 3.), ("bwd", 1.), ("f", 4.), ("bwd", 1.)]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_backward_rule_writing_into_a_ref(api, jit):
+  def run(x):
+    ref = jax.new_ref(0.)
+
+    @api.custom_vjp
+    def f(x):
+      return jnp.sin(x)
+
+    def f_bwd(cos_x, g):
+      ref[...] += g
+      return (cos_x * g,)
+    f.defvjp(lambda x: (f(x), jnp.cos(x)), f_bwd)
+    return jax.grad(lambda x: 3. * f(x))(x), ref[...]
+  grad, seen = (jax.jit(run) if jit else run)(1.)
+  close((grad, seen), (3. * np.cos(1.), 3.))
+
+
+_FUNCTIONS = {a.name: (sin_vjp(a), sin_jvp(a)) for a in (JAX, HIJAX)}
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(hnp.arrays(np.float32, (3,), elements=st.floats(
+    -4., 4., width=32)), st.floats(-2., 2., width=32))
+def test_both_decorators_agree_on_random_inputs(x, s):
+  (jax_f, jax_g), (our_f, our_g) = _FUNCTIONS["jax"], _FUNCTIONS["hijax"]
+  loss = lambda f, g: lambda x, s: jnp.sum(f(s * x) * g(x) + f(x) ** 2)
+  close(jax.grad(loss(our_f, our_g), (0, 1))(x, s),
+        jax.grad(loss(jax_f, jax_g), (0, 1))(x, s))
+  # forward mode of hijax's custom_vjp equals reverse mode of JAX's
+  close(jax.jacfwd(loss(our_f, our_g), (0, 1))(x, s),
+        jax.grad(loss(jax_f, jax_g), (0, 1))(x, s), rtol=1e-5, atol=1e-5)
