@@ -36,7 +36,7 @@ from hijax._decorators._arguments import (Signature, function_name,
 from hijax._decorators._outputs import RuleOwner
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
-from hijax.autodiff import Zero, instantiate_zeros
+from hijax.autodiff import instantiate_zeros
 
 __all__ = ["Decorated", "Call", "example_of", "to_rule_zeros"]
 
@@ -89,7 +89,7 @@ class Call:
         self.in_avals_flat, self.primal.out_tree, self.primal.out_avals)
     self.rules: dict[str, _tracing.Traced] = {}
     self.effects = self.primal.effects
-    self.trace_rules(diff_args)
+    self.trace_rules(diff_args)  # may add hoisted values
     self._instance: Any = None
 
   # --- tracing the rules once -------------------------------------------------
@@ -114,7 +114,9 @@ class Call:
       return None
     return traced, shape, entry.reentered
 
-  def _trace_first_and_again(self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]) -> None:
+  def _trace_first_and_again(
+      self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]
+  ) -> None:
     """Keeps the rules that close over traced values in `rules`.
 
     ``traces`` holds ``(name, first, fn, args)``: what `_trace_rule` gave in
@@ -275,12 +277,3 @@ class Decorated:
     """The same function and rules under JAX's own decorator."""
     raise NotImplementedError
 
-
-def zero_tree_like(tree: Any) -> Any:
-  """A pytree of False mirroring ``tree``."""
-  return jax.tree.map(lambda _: False, tree)
-
-
-def as_zero(aval: Any) -> Any:
-  """hijax's symbolic zero of the tangent type of ``aval``."""
-  return Zero(aval.to_tangent_aval())

@@ -102,7 +102,8 @@ class VJPCall(Call):
       g = to_rule_zeros(g, False)
       result = traced(hvals, res, g)
     else:
-      result = self._bwd_direct(res, to_rule_zeros(g, self.decorated.symbolic_zeros))
+      result = self._bwd_direct(
+          res, to_rule_zeros(g, self.decorated.symbolic_zeros))
     rule = f"the bwd rule {self.bwd_name}"
     logs = None
     if self.decorated.with_logs:
