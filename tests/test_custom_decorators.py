@@ -382,6 +382,25 @@ def test_vjp_none_is_a_zero_cotangent_and_clipping(api):
   close(jax.grad(clip_gradient, (0, 1))(-0.75, 0.75, 2.), (0., 0.))
 
 
+@pytest.mark.parametrize("remat3", [False, True], ids=["remat", "remat3"])
+def test_vjp_clipping_rule_under_checkpoint(api, remat3):
+  @api.custom_vjp
+  def clip_gradient(x):
+    return x
+  clip_gradient.defvjp(lambda x: (x, None),
+                       lambda _, g: (jnp.clip(g, -1., 1.),))
+  f = jax.checkpoint(lambda x: jnp.sin(3. * clip_gradient(x)))
+  old = jax.config.jax_remat3
+  jax.config.update("jax_remat3", remat3)
+  try:
+    xs = jnp.array([0.1, 0.5, 2.])
+    expected = jnp.clip(3. * jnp.cos(3. * xs), -1., 1.)
+    close(jax.vmap(jax.grad(f))(xs), expected)
+    close(jax.jit(jax.vmap(jax.grad(f)))(xs), expected)
+  finally:
+    jax.config.update("jax_remat3", old)
+
+
 def test_which_runs_vjp(api):
   log = []
 

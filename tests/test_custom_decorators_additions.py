@@ -130,6 +130,33 @@ def test_forward_mode_of_a_rule_that_is_not_linear_in_g_is_refused():
   assert "clip" in message and "hijax.custom_jvp" in message
 
 
+def test_forward_mode_of_a_rule_not_linear_in_g_is_refused_when_evaluated():
+  """Reverse mode through a forward-mode pass (JAX's default checkpoint, a
+  linearize later transposed) works; a forward-mode value raises, as JAX's
+  decorator raises for any custom_vjp function."""
+  @custom_vjp
+  def clip_gradient(x):
+    return x
+
+  def clip_bwd(_, g):
+    return (jnp.clip(g, -1., 1.),)
+  clip_gradient.defvjp(lambda x: (x, None), clip_bwd)
+  for fwd_mode in (lambda: jax.jvp(clip_gradient, (2.,), (1.,)),
+                   lambda: jax.jit(lambda t: jax.jvp(clip_gradient, (2.,),
+                                                     (t,))[1])(1.),
+                   lambda: jax.linearize(clip_gradient, 2.)[1](1.),
+                   lambda: jax.vmap(lambda t: jax.jvp(clip_gradient, (2.,),
+                                                      (t,))[1])(jnp.ones(2))):
+    with pytest.raises(TypeError, match="clip_bwd is not linear in the "
+                       "cotangent g"):
+      fwd_mode()
+  lin = jax.linearize(lambda x: 3. * clip_gradient(x), 2.)[1]
+  close(jax.linear_transpose(lin, 1.)(1.), (1.,))
+  # forward over reverse never needs the forward mode of bwd here: fwd does
+  # not call the function, so the gradient, clip(1) = 1, is differentiated
+  close(jax.hessian(clip_gradient)(2.), 0.)
+
+
 def test_forward_mode_with_symbolic_zeros_and_a_nondiff_argument():
   @functools.partial(custom_vjp, nondiff_argnums=(0,))
   def scaled(k, x, y):

@@ -33,8 +33,9 @@ from hijax._decorators._batching import BatchRules
 from hijax._decorators._common import (Call, Decorated, example_of,
                                        to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
-from hijax._util import Static, is_zero
-from hijax.autodiff import instantiate_zeros
+from hijax._internals import batching
+from hijax._util import Static, is_float0, is_zero
+from hijax.autodiff import Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import jvp_from_vjp, linearize_from_jvp
 from hijax.primitive import HiPrim
 
@@ -180,16 +181,58 @@ class CustomVJPCall(BatchRules, HiPrim):
     return (out, logs) if call.decorated.with_logs else out
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
-    """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`)."""
+    """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`).
+
+    For a ``bwd`` that is not linear in ``g`` there is no forward mode. The
+    tangent is then, as JAX makes it for every ``custom_vjp`` function, an
+    equation that only transposition evaluates (its transpose is ``bwd``):
+    reverse mode through a forward pass (JAX's default ``jax.checkpoint``, a
+    ``jax.linearize`` that is transposed) works, and a forward-mode value
+    raises the error that says why.
+    """
     try:
       return jvp_from_vjp(self, primals, tangents)
     except TypeError as e:
-      raise _nonlinear_bwd_error(self._call, e) from None
+      error = _nonlinear_bwd_error(self._call, e)
+      if error is e:
+        raise
+      self._call.forward_mode_error = str(error)
+    return self._transpose_only_tangent(primals, tangents)
+
+  def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
+    tangent_avals = [a.to_tangent_aval() for a in self.in_avals_flat]
+    tangents_flat = [
+        t if not (t is None or is_zero(t) or is_float0(t)) else Zero(a)
+        for t, a in zip(self.in_tree.flatten_up_to(tangents), tangent_avals)]
+    nzs_flat = [not is_zero(t) for t in tangents_flat]
+    out, res, *rest = self.vjp_fwd(
+        jax.tree.unflatten(self.in_tree, nzs_flat), *primals)
+    if rest:  # nothing is differentiated
+      return out, None
+    linearized = _bind_linearized(self, nzs_flat,
+                                  [True] * len(self.out_avals_flat))
+    t_out = linearized(res, None, *tangents_flat)
+    return out, jax.tree.unflatten(self.out_tree, t_out)
 
   lin, linearized = linearize_from_jvp
 
 
 VJPCall.primitive_class = CustomVJPCall
+
+
+def _forward_mode_refused(*_: Any, prim: CustomVJPCall, **__: Any) -> Any:
+  """Evaluating (or batching) the transpose-only tangent of a ``bwd`` that
+  is not linear in ``g``: the error `CustomVJPCall.jvp` kept."""
+  raise TypeError(getattr(prim._call, "forward_mode_error", None) or (
+      f"{prim._call.owner} cannot be differentiated in forward mode"))
+
+
+# The tangent equation of `_transpose_only_tangent` is this class's linearized
+# primitive (hijax.autodiff registers its transpose, which calls bwd); where
+# a value of it is needed, it says why forward mode is refused.
+CustomVJPCall._linearized_primitive.to_lojax = _forward_mode_refused
+batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
+    _forward_mode_refused)
 
 
 def _nonlinear_bwd_error(call: VJPCall, e: TypeError) -> Exception:
@@ -231,8 +274,9 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   * traced values that ``fun``, ``fwd`` or ``bwd`` close over are passed in
     as inputs (no escaped tracer); the derivative of ``f`` with respect to
     a closed-over value that ``fun`` reads is that of ``fun``'s own code;
-  * ``vmap`` vmaps the rules, or uses a rule given to `defbatch`, and the
-    batched function is differentiated with the rules;
+  * ``vmap`` vmaps the rules, or uses a rule given to
+    `custom_vjp.defbatch`, and the batched function is differentiated with
+    the rules;
   * every value the rules return is checked against the function's types,
     with an error naming the function, the rule and the argument;
   * a non-differentiable argument may hold traced values (they get no
@@ -276,10 +320,11 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
       symbolic_zeros: as in JAX. When the function or its rules close over
         traced values, the rules are traced once with every input perturbed
         and every cotangent an array.
-      optimize_remat: accepted for JAX's signature. Under ``jax.checkpoint``
-        the forward pass runs the function, not ``fwd``, and the backward
-        pass runs ``fwd`` again: what JAX's flag asks for is what a hijax
-        primitive does. As in JAX, it cannot be combined with
+      optimize_remat: accepted for JAX's signature, and ignored. With
+        ``jax_remat3``, ``jax.checkpoint`` runs the function on the forward
+        pass and ``fwd`` on the backward pass, which is what the flag asks
+        of JAX; with JAX's default remat, the checkpoint's policy applies to
+        ``fwd``'s operations. As in JAX, it cannot be combined with
         ``symbolic_zeros``.
       generic_batching: accepted for JAX 0.12's signature; ``vmap`` batches
         every output of a hijax ``custom_vjp`` function, so an output shared
