@@ -65,6 +65,24 @@ def test_wrong_cotangent_shape_names_function_rule_argument_and_types():
     jax.grad(f)(jnp.ones(3))
 
 
+@pytest.mark.parametrize("transform", [
+    "jit", "vmap", "scan", "checkpoint", "second_order"])
+def test_wrong_cotangent_is_caught_under(transform):
+  def short_bwd(res, g):
+    x, n = res
+    return (g * x[:2] / n,)
+  f = norm_with(short_bwd)
+  g = {"jit": jax.jit(jax.grad(f)),
+       "vmap": jax.vmap(jax.grad(f)),
+       "scan": jax.grad(lambda x: jax.lax.scan(
+           lambda c, _: (c * f(c), None), x, None, length=2)[0].sum()),
+       "checkpoint": jax.grad(jax.checkpoint(f)),
+       "second_order": jax.hessian(f)}[transform]
+  x = jnp.ones((2, 3)) if transform == "vmap" else jnp.ones(3)
+  assert "the bwd rule short_bwd returned a value of type float32[2] as the " \
+         "cotangent of argument x (position 0)" in error_of(g, x)
+
+
 def test_wrong_cotangent_dtype_and_pytree_path():
   @custom_vjp
   def f(params, x):
