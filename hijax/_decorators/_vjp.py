@@ -45,6 +45,9 @@ __all__ = ["custom_vjp", "CustomVJPCall"]
 class VJPCall(Call):
   """A call of a `custom_vjp` function: the function, ``fwd`` and ``bwd``."""
 
+  forward_mode_error: str | None = None
+  """Why forward mode is refused, once `CustomVJPCall.jvp` found out."""
+
   def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
     d = self.decorated
     self.fwd_name, self.bwd_name = function_name(d.fwd), function_name(d.bwd)
@@ -223,7 +226,7 @@ VJPCall.primitive_class = CustomVJPCall
 def _forward_mode_refused(*_: Any, prim: CustomVJPCall, **__: Any) -> Any:
   """Evaluating (or batching) the transpose-only tangent of a ``bwd`` that
   is not linear in ``g``: the error `CustomVJPCall.jvp` kept."""
-  raise TypeError(getattr(prim._call, "forward_mode_error", None) or (
+  raise TypeError(prim._call.forward_mode_error or (
       f"{prim._call.owner} cannot be differentiated in forward mode"))
 
 
