@@ -244,6 +244,34 @@ def test_closure_over_a_differentiated_value(closing, transform):
     close(jax.jacrev(jax.grad(closing))(w, x), jax.hessian(plain)(w, x))
 
 
+def test_closure_with_symbolic_zeros_traces_the_rules_without_zeros():
+  seen = []
+
+  def model(w, x, y):
+    @custom_vjp
+    def f(x, y):
+      return w * x * y, w * x
+
+    def fwd(x, y):
+      seen.append(("fwd", x.perturbed, y.perturbed))
+      return f(x.value, y.value), (x.value, y.value)
+
+    def bwd(res, g):
+      x, y = res
+      seen.append(("bwd", *(type(t).__name__ for t in g)))
+      g_mul, g_lin = g
+      return w * (g_mul * y + g_lin), w * g_mul * x
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
+    return f(x, y)[0]
+  plain = lambda w, x, y: w * x * y
+  close(jax.grad(model, (0, 1))(2., 3., 4.), jax.grad(plain, (0, 1))(2., 3., 4.))
+  # traced once, at the call, with every input perturbed and every
+  # cotangent an array (g_lin is zero here, yet not a SymbolicZero)
+  assert ("fwd", True, True) in seen
+  assert all(kind != "SymbolicZero" for entry in seen if entry[0] == "bwd"
+             for kind in entry[1:])
+
+
 def test_closure_used_by_the_backward_rule_only():
   """A gradient scaled by a traced value, with reverse mode outside vmap."""
   def scale_gradient(s, x):

@@ -223,6 +223,13 @@ def test_rule_outputs_are_checked_once_per_trace():
   assert len(calls) == 1
 
 
+def test_generic_batching_is_accepted_on_both_jax_versions():
+  f = norm_with(norm_bwd)
+  f.defvjp(lambda x: (f(x), (x, f(x))), norm_bwd, generic_batching=True)
+  xs = jnp.array([[3., 4.], [6., 8.]])
+  close(jax.vmap(jax.grad(f))(xs), xs / jnp.linalg.norm(xs, axis=1)[:, None])
+
+
 # --- residuals, checkpoint policies, the checker ----------------------------------
 
 def test_residual_report_and_budget_match_jax():
