@@ -16,8 +16,8 @@ non-differentiable arguments apart and then:
   handed to JAX's own decorator, which runs it on concrete values under an
   eager ``grad`` or ``jvp``, as it would have run without hijax.
 
-Imports: `hijax.primitive`, `hijax.autodiff`, the decorators' private
-modules, jax.
+Imports: `hijax.autodiff`, `hijax._util`, the decorators' private modules,
+jax.
 """
 from __future__ import annotations
 

@@ -142,7 +142,6 @@ class CustomJVPCall(BatchRules, HiPrim):
   vjp_fwd, vjp_bwd_retval = vjp_from_lin
 
 
-
 class LinearCustomJVPCall(CustomJVPCall):
   """`CustomJVPCall` of a function linear in some of its arguments, which
   can therefore be transposed (as when a jvp rule applies the function to
@@ -181,14 +180,13 @@ def _linear_in_some_input(traced: Any) -> bool:
   avals = [v.aval for v in traced.jaxpr.invars]
   n = len(avals)
   for i, aval in enumerate(avals[:_LINEARITY_LEAVES]):
-    if not jnp.issubdtype(aval.dtype, jnp.inexact):
+    dtype = getattr(aval, "dtype", None)  # a hi type has none
+    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
       continue
     if _linearity.nonlinear_reason(traced.jaxpr,
                                    [j == i for j in range(n)]) is None:
       return True
   return False
-
-
 
 
 class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
