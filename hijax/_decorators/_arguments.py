@@ -1,0 +1,137 @@
+"""The arguments of a decorated function: keywords resolved to positions, the
+non-differentiable ones set apart, and the names that messages use.
+
+As ``jax.custom_vjp`` and ``jax.custom_jvp`` do, keyword arguments are bound
+to positions with the function's signature (defaults filled in), and the
+arguments named by ``nondiff_argnums``/``nondiff_argnames`` are handed to the
+rules as they are.
+
+Imports: the standard library only.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["nondiff_positions", "resolve", "Signature", "function_name"]
+
+
+def function_name(fn: Any) -> str:
+  """``fn.__name__``, or what names it best (a ``partial`` names its function)."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _parameters(fun) -> list[inspect.Parameter] | None:
+  if isinstance(fun, functools.partial):
+    return None  # JAX treats a partial's signature as opaque
+  try:
+    return list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):
+    return None
+
+
+def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
+                      nondiff_argnames: Sequence[str], decorator: str
+                      ) -> tuple[int, ...]:
+  """The sorted positions of the non-differentiable arguments."""
+  if isinstance(nondiff_argnums, int):
+    nondiff_argnums = (nondiff_argnums,)
+  if isinstance(nondiff_argnames, str):
+    nondiff_argnames = (nondiff_argnames,)
+  positions = {int(i) for i in nondiff_argnums}
+  if nondiff_argnames:
+    params = _parameters(fun)
+    if params is None:
+      raise TypeError(
+          f"{decorator}: nondiff_argnames needs the signature of "
+          f"{function_name(fun)}, which has none that Python can read; use "
+          "nondiff_argnums")
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for name in nondiff_argnames:
+      if name not in names:
+        raise ValueError(
+            f"{decorator}: nondiff_argnames names {name!r}, which is not a "
+            f"positional parameter of {function_name(fun)} {tuple(names)}")
+      positions.add(names.index(name))
+  if any(i < 0 for i in positions):
+    raise ValueError(f"{decorator}: nondiff_argnums must be non-negative, got "
+                     f"{sorted(positions)}")
+  return tuple(sorted(positions))
+
+
+def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
+            ) -> tuple[Any, ...]:
+  """``args`` and ``kwargs`` as positional arguments of ``fun``.
+
+  Defaults are filled in, as JAX's decorators do; a keyword argument that has
+  no position (a keyword-only parameter) is a TypeError.
+  """
+  target = fun
+  if isinstance(fun, functools.partial):
+    target = lambda *args, **kwargs: None  # noqa: E731 (opaque, as in JAX)
+  try:
+    signature = inspect.signature(target)
+  except (TypeError, ValueError):
+    signature = None  # no signature to read (a builtin)
+  if signature is None and not kwargs:
+    return args
+  try:
+    if signature is None:
+      raise TypeError(f"{function_name(fun)} has no signature to bind "
+                      "keyword arguments with")
+    bound = signature.bind(*args, **kwargs)
+  except TypeError as e:
+    raise TypeError(
+        f"The input arguments to the {decorator}-decorated function "
+        f"{function_name(fun)} could not be resolved to positional-only "
+        f"arguments. Binding failed with the error:\n{e}") from e
+  bound.apply_defaults()
+  passed = [k for k in bound.kwargs if k in kwargs]
+  if passed:
+    raise TypeError(
+        f"The input arguments to the {decorator}-decorated function "
+        f"{function_name(fun)} could not be resolved to positional-only "
+        "arguments. The following keyword arguments could not be resolved "
+        f"to positions: {', '.join(passed)}")
+  return tuple(bound.args)
+
+
+class Signature:
+  """How a call's arguments split into differentiable and static ones.
+
+  ``names[i]`` names the i-th differentiable argument for messages: its
+  parameter name when the signature has one (``x``), else its position.
+  """
+
+  def __init__(self, fun: Callable, nondiff: tuple[int, ...], n_args: int):
+    self.nondiff = tuple(i for i in nondiff if i < n_args)
+    if len(self.nondiff) != len(nondiff):
+      raise TypeError(
+          f"{function_name(fun)} was called with {n_args} argument(s), but "
+          f"nondiff_argnums names position(s) {list(nondiff)}")
+    self.diff = tuple(i for i in range(n_args) if i not in nondiff)
+    params = _parameters(fun) or []
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    self.names = [f"{positional[i]} (position {i})" if i < len(positional)
+                  else f"at position {i}" for i in self.diff]
+
+  def split(self, args: tuple) -> tuple[list[Any], tuple[Any, ...]]:
+    """``(statics, diff_args)``: the non-differentiable arguments and the
+    others."""
+    statics = [args[i] for i in self.nondiff]
+    return statics, tuple(args[i] for i in self.diff)
+
+  def merge(self, statics: Sequence[Any], diff_args: Sequence[Any]) -> tuple:
+    """The full argument tuple from its two parts."""
+    out: list[Any] = [None] * (len(statics) + len(diff_args))
+    for i, x in zip(self.nondiff, statics):
+      out[i] = x
+    for i, x in zip(self.diff, diff_args):
+      out[i] = x
+    return tuple(out)

@@ -1,0 +1,198 @@
+"""``vmap`` of a decorated function: the rules' own batching, or a batch rule.
+
+Without a rule (`Decorated.defbatch`), the primitive's rules are vmapped:
+`batch_dim_rule` puts every output's batch axis first, and hijax's `Batched`
+vmaps the function, its forward and backward rules and its jvp rule.
+
+With a rule, the batched primitive is `BatchedByRule`: its value is the
+rule's output, and its derivative rules are those of `Batched`, the
+function's own rules vmapped. So ``grad`` of ``vmap`` and ``vmap`` of
+``grad`` both differentiate with the user's rules, whatever the batch rule
+computes with (a loop, a batched kernel with no derivative rules).
+
+The batch rule is traced when ``vmap`` reaches the primitive, as
+``jax.make_jaxpr`` of the rule; the traced values it closes over (and those
+of the function, which calls of the function inside the rule receive)
+become inputs of `BatchedByRule`, so it can be lowered and differentiated
+after that trace has ended.
+
+Imports: `hijax.primitive`, `hijax.batching`, `hijax._checks`, the
+decorators' private modules, jax.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hijax import _checks
+from hijax._decorators import _tracing
+from hijax._decorators._arguments import function_name
+from hijax._decorators._outputs import pair
+from hijax._internals import core
+from hijax._util import is_none
+from hijax.batching import Batched, batch_from_dim_rule
+from hijax.primitive import HiPrim
+
+__all__ = ["BatchRules", "BatchedByRule"]
+
+
+class BatchRules:
+  """The batching methods of the primitives of `hijax.custom_vjp` and
+  `hijax.custom_jvp` (a mixin placed before `HiPrim`)."""
+
+  _call: Any
+  out_aval: Any
+
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
+    """Every output is batched, along its first axis."""
+    return jax.tree.map(lambda _: 0, self.out_aval)
+
+  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
+    """The batch rule of the decorated function where one was defined and
+    no hoisted value is batched; otherwise the vmapped rules."""
+    rule = self._call.decorated.batch_rule
+    if rule is None or any(d is not None for d in dims[-1]):
+      return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
+    return _batch_by_rule(self, rule, axis_data, args, dims)
+
+
+def _leading(x, d):
+  return x if d is None else jnp.moveaxis(x, d, 0)
+
+
+def _batch_by_rule(prim, rule, axis_data, args, dims):
+  call = prim._call
+  owner = call.owner
+  rule_name = f"its batch rule {function_name(rule)}"
+  *xs, hvals = args
+  x_dims = dims[:-1]
+  size = axis_data.size
+  in_batched = jax.tree.map(lambda d: d is not None, list(x_dims),
+                            is_leaf=is_none)
+  statics_batched = [jax.tree.map(lambda _: False, s) for s in call.statics]
+  in_batched_full = list(call.signature.merge(statics_batched, in_batched))
+  examples = tuple(jax.tree.map(
+      lambda d, x: _example(x, d), list(x_dims), xs, is_leaf=is_none))
+  out_batched_box = []
+
+  def run(*moved):
+    result = pair(owner, rule_name, rule(size, in_batched_full,
+                                          *call.full_args(moved)),
+                  "(out, out_batched)")
+    out, out_batched = result
+    flags = _flags(owner, rule_name, out_batched)
+    out_flat = _check_batched(owner, rule_name, out, flags, size)
+    out_batched_box.append(flags)
+    return out_flat
+
+  hoisted = _tracing.Hoisted()
+  with call.running(hvals):
+    traced, _ = _tracing.trace(function_name(rule), run, examples, hoisted)
+  flags = out_batched_box[0]
+  out_dim = jax.tree.unflatten(call.primal.out_tree,
+                               [0 if b else None for b in flags])
+  batched = Batched(prim, axis_data, dims, out_dim)
+  const_avals = tuple(core.typeof(h) for h in hoisted.values)
+  new = BatchedByRule(batched, traced, const_avals)
+  return new(*args, tuple(hoisted.values)), out_dim
+
+
+def _example(x, d):
+  aval = core.typeof(x)
+  shape = aval.shape if d is None else (
+      (aval.shape[d],) + aval.shape[:d] + aval.shape[d + 1:])
+  return jax.ShapeDtypeStruct(shape, aval.dtype)
+
+
+def _flags(owner, rule_name, out_batched) -> list[bool]:
+  n = len(owner.out_avals_flat)
+  if isinstance(out_batched, bool):
+    return [out_batched] * n
+  try:
+    flags = owner.out_tree.flatten_up_to(out_batched)
+  except (ValueError, TypeError):
+    flags = None
+  if flags is None or not all(isinstance(b, bool) for b in flags):
+    raise owner.error(
+        rule_name, "must return (out, out_batched) with out_batched a bool or "
+        "a pytree of bools with the structure of the output "
+        f"({owner.out_tree}), but out_batched is {out_batched!r}")
+  return flags
+
+
+def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
+  try:
+    out_flat = owner.out_tree.flatten_up_to(out)
+  except (ValueError, TypeError):
+    raise owner.error(
+        rule_name, f"returned an output with structure "
+        f"{jax.tree.structure(out)}, but {owner.fun_name} returns structure "
+        f"{owner.out_tree}") from None
+  for i, (x, batched, aval) in enumerate(zip(out_flat, flags,
+                                             owner.out_avals_flat)):
+    declared = aval.update(shape=(size, *aval.shape)) if batched else aval
+    if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
+      actual = _checks.type_of(x)
+      got = "a non-JAX value" if actual is None else actual.str_short()
+      what = "the output" if len(out_flat) == 1 else f"output {i}"
+      raise owner.error(
+          rule_name, f"returned {got} as {what}, which it says is "
+          f"{'batched' if batched else 'not batched'}, but "
+          f"{owner.fun_name} returns {aval.str_short()} there, so the rule "
+          f"must return {declared.str_short()} (a batched output has the "
+          f"batch axis, of size {size}, first)", _checks.RuleTypeError)
+  return out_flat
+
+
+class BatchedByRule(HiPrim):
+  """A decorated function applied to a batch, computed by its batch rule.
+
+  The inputs are those of ``batched`` (a `Batched` of the function's
+  primitive) and, last, the traced values the rule closes over; the
+  derivative rules are ``batched``'s, which vmap the function's rules.
+  """
+
+  batched: Batched
+  rule: Any
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, batched: Batched, rule: Any, const_avals: tuple) -> None:
+    self.in_avals = (*batched.in_avals, const_avals)
+    self.out_aval = batched.out_aval
+    self.params = dict(fun=batched.prim._call.name, _batched=batched,
+                       _rule=rule)
+    self.effects = rule.effects
+    super().__init__()
+
+  def expand(self, *args: Any) -> Any:
+    *xs, _, consts = args  # the function's hoisted values are the rule's consts
+    in_dims = self._batched.in_dims[:-1]
+    moved = jax.tree.map(lambda d, x: _leading(x, d), list(in_dims), xs,
+                         is_leaf=is_none)
+    out_flat = self._rule(consts, *moved)
+    out_dim_flat = jax.tree.leaves(self._batched.out_dim, is_leaf=is_none)
+    return jax.tree.unflatten(self._batched.out_tree, [
+        x if d is None else jnp.moveaxis(x, 0, d)
+        for x, d in zip(out_flat, out_dim_flat)])
+
+  def jvp(self, primals: Any, tangents: Any) -> Any:
+    return self._batched.jvp(primals[:-1], tangents[:-1])
+
+  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
+    return self._batched.vjp_fwd(nzs_in[:-1], *args[:-1])
+
+  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
+    return self._batched.vjp_bwd(res, g, *arg_accums[:-1])
+
+  def lin(self, nzs_in: Any, *args: Any) -> Any:
+    return self._batched.lin(nzs_in[:-1], *args[:-1])
+
+  def linearized(self, res: Any, *tangents: Any) -> Any:
+    return self._batched.linearized(res, *tangents[:-1])
+
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
+    return self._batched.batch_dim_rule(axis_data, in_dims[:-1])

@@ -1,0 +1,279 @@
+"""What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator object
+and the `Call`, one call signature of the decorated function.
+
+A call ``f(*args, **kwargs)`` resolves the keywords, sets the
+non-differentiable arguments apart and then:
+
+* eagerly, with no transformation running, calls the function itself, as
+  JAX's decorators do;
+* otherwise finds a `Call` for the signature: the one running now if ``f`` is
+  called from inside one of its own rules with the same signature (see
+  `hijax._decorators._tracing.Entry`), else a new one, which traces the
+  function and its rules once, hoisting the traced values they close over.
+  It then binds the call's primitive, one `HiPrim` instance per call,
+  on the differentiable arguments and the hoisted values. A function that
+  cannot be traced with abstract arguments (a Python ``if`` on a value) is
+  handed to JAX's own decorator, which runs it on concrete values under an
+  eager ``grad`` or ``jvp``, as it would have run without hijax.
+
+Imports: `hijax.autodiff`, `hijax._util`, the decorators' private modules,
+jax.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from hijax._decorators import _tracing
+from hijax._decorators._arguments import (Signature, function_name,
+                                          nondiff_positions, resolve)
+from hijax._decorators._outputs import RuleOwner
+from hijax._internals import core
+from hijax._util import is_float0, is_zero
+from hijax.autodiff import instantiate_zeros
+
+__all__ = ["Decorated", "Call", "example_of", "to_rule_zeros"]
+
+
+def example_of(aval: Any) -> Any:
+  """An abstract stand-in for a value of type ``aval`` to trace a rule with
+  (a float0 array itself, which has no abstract form ``make_jaxpr`` takes)."""
+  if is_float0(aval):
+    return np.zeros(aval.shape, aval.dtype)
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+
+
+def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
+  """Tangents or cotangents as a user rule sees them: hijax's `Zero` becomes
+  a ``jax.custom_derivatives.SymbolicZero`` with ``symbolic_zeros``, an array
+  of zeros otherwise."""
+  def convert(x):
+    if not is_zero(x):
+      return x
+    return SymbolicZero(x.aval) if symbolic_zeros else instantiate_zeros(x)
+  return jax.tree.map(convert, tree, is_leaf=is_zero)
+
+
+class Call:
+  """One call signature of a decorated function: the traced function, the
+  traced values hoisted out of it and its rules, and the primitive.
+
+  ``rules`` maps a rule's name to its `Traced` form when the rule closes over
+  a traced value (it must then be evaluated with the hoisted inputs); a rule
+  absent from it is called directly, as JAX's decorators call it.
+  """
+
+  primitive_class: type
+
+  def __init__(self, decorated: Decorated, signature: Signature,
+               statics: list[Any], diff_args: tuple[Any, ...], key: Any):
+    self.decorated, self.signature = decorated, signature
+    self.statics, self.key = statics, key
+    self.name = function_name(decorated.fun)
+    nondiff_leaves = jax.tree.leaves(statics)
+    self.hoisted = _tracing.Hoisted(nondiff_leaves)
+    fun = decorated.fun
+    self.primal, _ = _tracing.trace(
+        self.name, lambda *d: fun(*signature.merge(statics, d)), diff_args,
+        self.hoisted)
+    leaves, self.in_tree = jax.tree.flatten(diff_args)
+    self.in_avals_flat = [core.typeof(x) for x in leaves]
+    self.owner = RuleOwner(
+        decorated.kind, self.name, signature.names, self.in_tree,
+        self.in_avals_flat, self.primal.out_tree, self.primal.out_avals)
+    self.rules: dict[str, _tracing.Traced] = {}
+    self.effects = self.primal.effects
+    self.trace_rules(diff_args)  # may add hoisted values
+    self._instance: Any = None
+
+  # --- tracing the rules once -------------------------------------------------
+
+  def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
+    """Traces the rules to find the traced values they close over."""
+    raise NotImplementedError
+
+  def _trace_rule(self, name: str, fn: Callable[..., Any],
+                  args: tuple[Any, ...], mode: str):
+    """``(Traced, shape, reentered)`` of a rule, or None where it cannot be
+    traced here (it then runs directly, when it is used, as in JAX)."""
+    entry = _tracing.Entry(self.decorated, self.key, self,
+                           self.hoisted.values, mode)
+    before = len(self.hoisted)
+    try:
+      with _tracing.running(entry):
+        traced, shape = _tracing.trace(name, fn, args, self.hoisted)
+    except Exception:  # noqa: BLE001 (reported when the rule is used)
+      del self.hoisted.values[before:]
+      del self.hoisted.differentiable[before:]
+      return None
+    return traced, shape, entry.reentered
+
+  def _trace_first_and_again(
+      self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]
+  ) -> None:
+    """Keeps the rules that close over traced values in `rules`.
+
+    ``traces`` holds ``(name, first, fn, args)``: what `_trace_rule` gave in
+    mode ``"inline"`` (calls of the function itself evaluated in place, to
+    find every hoisted value first), the rule and its example arguments. A
+    rule that called the function itself is traced again with those calls
+    bound to this call's primitive (its inputs are now known), so that the
+    rule's own derivatives use the function's rules.
+    """
+    n_hoisted = len(self.hoisted)
+    for name, first, fn, args in traces:
+      if first is None or not first[0].hoists:
+        continue
+      traced, _, reentered = first
+      if reentered:
+        again = self._trace_rule(name, fn, args, "bind")
+        if again is not None and len(self.hoisted) == n_hoisted:
+          traced = again[0]
+        else:  # keep the first tracing: its first derivatives are the same
+          del self.hoisted.values[n_hoisted:]
+          del self.hoisted.differentiable[n_hoisted:]
+      self.rules[name] = traced
+
+  # --- binding --------------------------------------------------------------------
+
+  @property
+  def instance(self) -> Any:
+    """The primitive of this call (built once: its types are now fixed)."""
+    if self._instance is None:
+      in_avals = (*jax.tree.unflatten(self.in_tree, self.in_avals_flat),
+                  tuple(core.typeof(h) for h in self.hoisted.values))
+      out_aval = jax.tree.unflatten(self.primal.out_tree, self.primal.out_avals)
+      self._instance = self.primitive_class(self, in_avals, out_aval)
+    return self._instance
+
+  def bind(self, diff_args: tuple[Any, ...], hoisted_values: Sequence[Any]
+           ) -> Any:
+    return self.instance(*diff_args, tuple(hoisted_values))
+
+  @contextlib.contextmanager
+  def running(self, hoisted_values: Sequence[Any]):
+    """While a rule runs directly: a call of the function itself from inside
+    it, with this signature, binds this call's primitive."""
+    entry = _tracing.Entry(self.decorated, self.key, self, hoisted_values,
+                           "bind")
+    with _tracing.running(entry):
+      yield
+
+  def full_args(self, diff_args: Sequence[Any]) -> tuple[Any, ...]:
+    """All the arguments of the function, the static ones put back."""
+    return self.signature.merge(self.statics, diff_args)
+
+  # --- closed-over values being differentiated --------------------------------
+
+  def differentiated_hoisted(self, nzs: Sequence[bool]) -> list[int]:
+    """The hoisted values (indices) that are perturbed and differentiable."""
+    return [i for i, (nz, d) in enumerate(zip(nzs, self.hoisted.differentiable))
+            if nz and d]
+
+  def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
+                        which: list[int]) -> Callable[..., Any]:
+    """The function as a function of the hoisted values ``which``, the
+    arguments held at ``xs``: what is differentiated for closed-over values."""
+    def f(*chosen):
+      values = list(hvals)
+      for i, v in zip(which, chosen):
+        values[i] = v
+      return self.primal(values, *xs)
+    return f
+
+  def closure_error(self, e: Exception) -> Exception:
+    """``e`` with the explanation of what was being differentiated."""
+    return type(e)(
+        f"{self.owner} closes over traced values that are being "
+        "differentiated. Its rules give derivatives with respect to its "
+        f"arguments only, so hijax differentiates {self.name}'s own code with "
+        "respect to those values, which failed:\n\n"
+        f"{e}\n\nPass them as arguments instead (jax.closure_convert finds "
+        f"them) and return their cotangents from the rule.")
+
+
+class Decorated:
+  """The part of `hijax.custom_vjp` and `hijax.custom_jvp` that is the same."""
+
+  kind: str = ""
+  _call_class: type[Call]
+  fun: Callable[..., Any]
+  nondiff_argnums: tuple[int, ...]
+  batch_rule: Callable[..., Any] | None = None
+
+  def __init__(self, fun: Callable[..., Any],
+               nondiff_argnums: Sequence[int] = (),
+               nondiff_argnames: Sequence[str] = ()) -> None:
+    functools.update_wrapper(self, fun)
+    self.fun = fun
+    self.nondiff_argnums = nondiff_positions(
+        fun, nondiff_argnums, nondiff_argnames, f"hijax.{self.kind}")
+
+  def __getattr__(self, name: str) -> Any:
+    # As JAX's decorators do: a `def...` method of a decorated decorated
+    # function (a custom_vmap inside, say) is reached through this one.
+    if name.startswith("def") and "fun" in vars(self):
+      return getattr(self.fun, name)
+    raise AttributeError(
+        f"{type(self).__name__!r} object has no attribute {name!r}")
+
+  def defbatch(self, rule: Callable[..., Any]) -> Callable[..., Any]:
+    """Defines how ``vmap`` computes the function on a batch.
+
+    ``rule(axis_size, in_batched, *args) -> (out, out_batched)``, the
+    signature of ``jax.custom_batching.custom_vmap``'s ``def_vmap``: ``args``
+    are all the arguments of the function, a batched one with its batch axis
+    first; ``in_batched`` has one entry per argument, a pytree of booleans
+    like it (True for a batched leaf); ``out_batched`` says the same of
+    ``out``, as a pytree of booleans like it or one boolean for all of it.
+
+    The derivatives of the batched function (``grad`` of ``vmap``, ``vmap``
+    of ``grad``, any order) are the function's own rules, vmapped, so the
+    rule need not be differentiable. The rule is used when only arguments are
+    batched; when a value the function closes over is batched, the function
+    itself is vmapped instead. Returns ``rule``, so that it can be used as a
+    decorator.
+    """
+    self.batch_rule = rule
+    return rule
+
+  def _has_rules(self) -> bool:
+    raise NotImplementedError
+
+  def _missing_rules_error(self) -> Exception:
+    raise NotImplementedError
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if not self._has_rules():
+      raise self._missing_rules_error()
+    args = resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
+    if core.trace_state_clean():
+      return self.fun(*args)  # eagerly, as JAX's decorators do
+    signature = Signature(self.fun, self.nondiff_argnums, len(args))
+    statics, diff_args = signature.split(args)
+    key = _tracing.signature_key(statics, diff_args)
+    entry = _tracing.find(self, key)
+    if entry is not None:
+      entry.reentered = True
+      if entry.mode == "inline":
+        return entry.call.primal(entry.hoisted_values, *diff_args)
+      return entry.call.bind(diff_args, entry.hoisted_values)
+    try:
+      call = self._call_class(self, signature, statics, diff_args, key)
+    except jax.errors.ConcretizationTypeError:
+      # The function branches in Python on the values of its arguments, so
+      # it cannot be traced once for all values of their types. JAX's own
+      # decorator runs it on concrete values under eager autodiff; do that.
+      return self.as_jax()(*args)
+    return call.bind(diff_args, call.hoisted.values)
+
+  def as_jax(self) -> Callable[..., Any]:
+    """The same function and rules under JAX's own decorator."""
+    raise NotImplementedError
+

@@ -1,0 +1,273 @@
+"""`hijax.custom_jvp`: ``jax.custom_jvp``'s API on a hijax primitive.
+
+The jvp rule is the one the user defines with `custom_jvp.defjvp` (or
+`custom_jvp.defjvps`); linearization and reverse mode are derived from it as
+JAX derives them (``lin, linearized = linearize_from_jvp``, then
+``vjp_from_lin``: the linearized rule, transposed). What the primitive adds
+is what `hijax.custom_vjp` adds besides forward mode: closed-over traced
+values hoisted into inputs, ``vmap`` by a batch rule with derivatives by the
+jvp rule, checked rule outputs, and what every `HiPrim` has.
+
+Imports: `hijax.primitive`, `hijax.derived`, `hijax.autodiff`, the
+decorators' private modules, jax.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import zero_from_primal
+
+from hijax import _linearity
+from hijax._decorators import _tracing
+from hijax._decorators._arguments import function_name
+from hijax._decorators._batching import BatchRules
+from hijax._decorators._common import (Call, Decorated, example_of,
+                                       to_rule_zeros)
+from hijax._decorators._outputs import pair, primal_out, tangent_out
+from hijax._internals import core
+from hijax._util import is_float0, is_zero
+from hijax.autodiff import GradAccum, instantiate_zeros
+from hijax.derived import linearize_from_jvp, vjp_from_lin
+from hijax.primitive import HiPrim
+
+__all__ = ["custom_jvp", "CustomJVPCall"]
+
+
+class JVPCall(Call):
+  """A call of a `custom_jvp` function: the function and its jvp rule."""
+
+  @property
+  def primitive_class(self) -> type:  # pyright: ignore[reportIncompatibleVariableOverride]
+    return (LinearCustomJVPCall if _linear_in_some_input(self.primal)
+            else CustomJVPCall)
+
+  def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
+    self.jvp_name = function_name(self.decorated.jvp)
+    if not (len(self.hoisted) or _tracing.may_close_over_tracers(
+        self.decorated.jvp, self.statics)):
+      return  # the rule runs directly, when differentiated, as in JAX
+    tangents = tuple(jax.tree.map(
+        lambda x: example_of(core.typeof(x).to_tangent_aval()), a)
+        for a in diff_args)
+    args = (diff_args, tangents)
+    first = self._trace_rule(f"the jvp rule {self.jvp_name}", self._jvp_direct,
+                             args, "inline")
+    self._trace_first_and_again([("jvp", first, self._jvp_direct, args)])
+
+  def _jvp_direct(self, primals: Any, tangents: Any) -> Any:
+    return self.decorated.jvp(*self.statics, tuple(primals), tuple(tangents))
+
+  def run_jvp(self, xs: Sequence[Any], txs: Sequence[Any],
+              hvals: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """The jvp rule at ``xs`` with tangents ``txs`` (hijax `Zero` for
+    zeros): the primal output and its tangent leaves (None for zero)."""
+    traced = self.rules.get("jvp")
+    if traced is not None:
+      result = traced(hvals, tuple(xs), to_rule_zeros(tuple(txs), False))
+    else:
+      with self.running(hvals):
+        result = self._jvp_direct(
+            xs, to_rule_zeros(tuple(txs), self.decorated.symbolic_zeros))
+    rule = f"the jvp rule {self.jvp_name}"
+    out, tangent = pair(self.owner, rule, result,
+                        "(primal output, tangent output)")
+    primal_out(self.owner, rule, out)
+    return out, tangent_out(self.owner, rule, tangent)
+
+
+def _add(a, b):
+  if a is None:
+    return b
+  if b is None:
+    return a
+  return a + b
+
+
+def _nonzero(t) -> bool:
+  return not (t is None or is_zero(t) or is_float0(t))
+
+
+class CustomJVPCall(BatchRules, HiPrim):
+  """The primitive of one call signature of a `custom_jvp` function.
+
+  Its inputs are the function's differentiable arguments and, last, the
+  tuple of traced values it (or its rule) closes over.
+  """
+
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+  _call: JVPCall
+
+  def __init__(self, call: JVPCall, in_avals: tuple[Any, ...],
+               out_aval: Any) -> None:
+    self.in_avals, self.out_aval = in_avals, out_aval
+    self.params = dict(fun=call.name, _call=call)
+    self.effects = call.effects
+    super().__init__()
+
+  def expand(self, *args: Any) -> Any:
+    *xs, hvals = args
+    return self._call.primal(hvals, *xs)
+
+  def jvp(self, primals: Any, tangents: Any) -> Any:
+    call = self._call
+    *xs, hvals = primals
+    *txs, th = tangents
+    closed = call.differentiated_hoisted([_nonzero(t) for t in th])
+    if any(_nonzero(t) for t in jax.tree.leaves(txs, is_leaf=is_zero)):
+      out, t_flat = call.run_jvp(xs, txs, hvals)
+    else:  # as in JAX, the rule runs only for a nonzero tangent
+      out, t_flat = self(*primals), [None] * len(call.primal.out_avals)
+    if closed:
+      try:
+        _, t_closed = jax.jvp(call.primal_of_hoisted(xs, hvals, closed),
+                              tuple(hvals[i] for i in closed),
+                              tuple(instantiate_zeros(th[i]) for i in closed))
+      except Exception as e:  # noqa: BLE001
+        raise call.closure_error(e) from e
+      t_flat = [_add(a, b) for a, b in
+                zip(t_flat, call.primal.out_tree.flatten_up_to(t_closed))]
+    return out, jax.tree.unflatten(call.primal.out_tree, t_flat)
+
+  def lin(self, nzs_in: Any, *args: Any) -> Any:
+    if not any(jax.tree.leaves(nzs_in)):
+      return self(*args), None, jax.tree.map(lambda _: False, self.out_aval)
+    return linearize_from_jvp.first(self, nzs_in, *args)
+
+  linearized = linearize_from_jvp.second
+  vjp_fwd, vjp_bwd_retval = vjp_from_lin
+
+
+class LinearCustomJVPCall(CustomJVPCall):
+  """`CustomJVPCall` of a function linear in some of its arguments, which
+  can therefore be transposed (as when a jvp rule applies the function to
+  its tangent: reverse mode then transposes that application)."""
+
+  def transpose(self, ct: Any, *args: Any) -> Any:
+    """For a function linear in the inputs being transposed: the transpose of
+    the function itself (``jax.linear_transpose`` of its traced code)."""
+    leaves, tree = jax.tree.flatten(
+        args, is_leaf=lambda x: isinstance(x, GradAccum))
+    linear = [isinstance(x, GradAccum) for x in leaves]
+
+    def f(*lin_values):
+      it = iter(lin_values)
+      full = [next(it) if lin else x for x, lin in zip(leaves, linear)]
+      *xs, hvals = jax.tree.unflatten(tree, full)
+      return self._call.primal(hvals, *xs)
+
+    examples = [jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
+                for x, lin in zip(leaves, linear) if lin]
+    ct = jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero)
+    cts = jax.linear_transpose(f, *examples)(ct)
+    for acc, c in zip([x for x, lin in zip(leaves, linear) if lin], cts):
+      acc.accum(c)
+
+
+_LINEARITY_LEAVES = 32
+"""Input leaves whose linearity is tested (each walk is one pass over the
+function's equations); a function linear only in a later leaf is not
+transposable."""
+
+
+def _linear_in_some_input(traced: Any) -> bool:
+  """Whether the traced function is linear in one of its (floating-point)
+  input leaves, the others held fixed (`hijax._linearity`)."""
+  avals = [v.aval for v in traced.jaxpr.invars]
+  n = len(avals)
+  for i, aval in enumerate(avals[:_LINEARITY_LEAVES]):
+    dtype = getattr(aval, "dtype", None)  # a hi type has none
+    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+      continue
+    if _linearity.nonlinear_reason(traced.jaxpr,
+                                   [j == i for j in range(n)]) is None:
+      return True
+  return False
+
+
+class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
+  """A function with a custom forward-mode rule, like ``jax.custom_jvp``.
+
+  Same signatures and behaviour: ``f = custom_jvp(fun, nondiff_argnums=(),
+  nondiff_argnames=())`` (also as ``@custom_jvp`` or
+  ``@functools.partial(custom_jvp, nondiff_argnums=...)``), then
+  ``@f.defjvp`` on ``jvp(*nondiff_args, primals, tangents) -> (out,
+  tangent_out)``, or `defjvps` with one rule per argument. Reverse mode
+  transposes the linearized rule, as JAX does.
+
+  What it adds to ``jax.custom_jvp``: traced values that ``fun`` or the rule
+  close over are passed in as inputs (no escaped tracer; the derivative of
+  ``f`` with respect to a closed-over value that ``fun`` reads is that of
+  ``fun``'s own code); `custom_jvp.defbatch` for ``vmap``, the batched
+  function being differentiated with the jvp rule; every value the rule
+  returns checked against the function's types, with an error naming the
+  function, the rule and the output; and what a `HiPrim` has (residual
+  reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
+  """
+
+  kind = "custom_jvp"
+  _call_class = JVPCall
+  jvp: Callable[..., Any] | None
+  symbolic_zeros: bool
+
+  def __init__(self, fun: Callable[..., Any],
+               nondiff_argnums: Sequence[int] = (),
+               nondiff_argnames: Sequence[str] = ()) -> None:
+    super().__init__(fun, nondiff_argnums, nondiff_argnames)
+    self.jvp = None
+    self.symbolic_zeros = False
+
+  def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False
+             ) -> Callable[..., Any]:
+    """Defines the jvp rule, as ``jax.custom_jvp.defjvp`` does.
+
+    ``jvp(*nondiff_args, primals, tangents) -> (out, tangent_out)``:
+    ``primals`` and ``tangents`` are tuples with one entry per
+    differentiable argument; ``out`` must equal the function's output and
+    ``tangent_out`` have its structure and tangent types. With
+    ``symbolic_zeros``, a zero tangent is a
+    ``jax.custom_derivatives.SymbolicZero`` (when the function or its rule
+    close over traced values, the rule is traced once with array tangents).
+    Returns ``jvp``, so that it can be used as a decorator.
+    """
+    self.jvp = jvp
+    self.symbolic_zeros = symbolic_zeros
+    return jvp
+
+  def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+    """One rule per argument: ``jvps[i](t_i, out, *primals)`` is the tangent
+    of the output along argument ``i``'s tangent ``t_i`` (None: no
+    dependence). The tangents are added, as ``jax.custom_jvp.defjvps``
+    does; it cannot be combined with ``nondiff_argnums``."""
+    if self.nondiff_argnums:
+      raise TypeError("Can't use ``defjvps`` with ``nondiff_argnums``.")
+
+    def jvp(primals, tangents):
+      out = self(*primals)
+      parts = [rule(t, out, *primals) for rule, t in zip(jvps, tangents)
+               if rule is not None]
+      if not parts:
+        return out, zero_from_primal(out)
+      return out, jax.tree.map(
+          lambda *ts: ts[0] if is_float0(ts[0]) else sum(ts[1:], ts[0]),
+          *parts)
+    jvp.__name__ = f"defjvps({', '.join(function_name(j) for j in jvps if j)})"
+    self.defjvp(jvp)
+
+  def _has_rules(self) -> bool:
+    return self.jvp is not None
+
+  def as_jax(self) -> Callable[..., Any]:
+    f = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)
+    f.defjvp(self.jvp, symbolic_zeros=self.symbolic_zeros)  # pyright: ignore[reportArgumentType]
+    return f
+
+  def _missing_rules_error(self) -> Exception:
+    return AttributeError(
+        f"No JVP defined for custom_jvp function {function_name(self.fun)} "
+        "using defjvp.")
+

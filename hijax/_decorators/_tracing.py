@@ -1,0 +1,266 @@
+"""Tracing a decorated function and its rules once per call, with the traced
+values they close over turned into inputs.
+
+A function defined inside another often reads values of the enclosing one:
+``y`` in ``def f(x): return x * y``. When ``y`` is being traced (by ``jit``,
+``grad`` or ``vmap``), JAX's decorators keep it inside the function and its
+rules; a rule run after ``y``'s trace has ended (``grad`` of a ``jit``-ed
+function, reverse mode outside a ``vmap``) then meets a dead tracer, and a
+derivative with respect to ``y`` is not defined. Here each function is traced
+with ``jax.make_jaxpr`` when the decorated function is called, while every
+value it reads is alive; the traced values it closes over are *hoisted*: they
+become inputs of the primitive, and the rules evaluate their jaxprs with the
+current values of those inputs.
+
+A rule that calls the decorated function itself (``f_fwd`` calling ``f``) is
+traced while that call is running: `Entry` records the running call, and the
+inner call reuses it (`find`) instead of tracing the rules again.
+
+Imports: jax and `hijax._internals` only.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.extend  # noqa: F401  (jax.extend.core)
+import numpy as np
+
+from hijax._internals import core
+
+__all__ = ["Hoisted", "Traced", "trace", "Entry", "running", "find",
+           "signature_key", "may_close_over_tracers"]
+
+
+class Hoisted:
+  """The traced values a call's functions close over, in order, each once.
+
+  ``differentiable[i]`` is False for a value that came from a
+  non-differentiable argument: its tangents and cotangents are dropped, as
+  ``jax.lax.stop_gradient`` would.
+  """
+
+  def __init__(self, nondiff_leaves: Sequence[Any] = ()):
+    self.values: list[Any] = []
+    self.differentiable: list[bool] = []
+    self._index: dict[int, int] = {}
+    self._nondiff = {id(x) for x in nondiff_leaves
+                     if isinstance(x, core.Tracer)}
+
+  def slot(self, tracer: Any) -> int:
+    """The index of ``tracer`` among the hoisted values (added if new)."""
+    i = self._index.get(id(tracer))
+    if i is None:
+      i = self._index[id(tracer)] = len(self.values)
+      self.values.append(tracer)
+      self.differentiable.append(id(tracer) not in self._nondiff)
+    return i
+
+  def __len__(self) -> int:
+    return len(self.values)
+
+
+class Traced:
+  """A function as traced for one call: ``traced(hoisted_values, *args)``
+  evaluates its jaxpr, the closed-over traced values replaced by the current
+  ``hoisted_values``."""
+
+  def __init__(self, name: str, closed: Any, slots: list[int | None],
+               in_tree: Any, out_tree: Any):
+    self.name = name
+    self.jaxpr = closed.jaxpr
+    self.consts = list(closed.consts)
+    self.slots = slots
+    self.in_tree, self.out_tree = in_tree, out_tree
+    self.out_avals = list(closed.out_avals)
+    self.effects = closed.jaxpr.effects
+
+  @property
+  def hoists(self) -> bool:
+    """Whether the function closes over a traced value."""
+    return any(s is not None for s in self.slots)
+
+  def __call__(self, hoisted_values: Sequence[Any], *args: Any) -> Any:
+    flat = self.in_tree.flatten_up_to(args)
+    consts = [c if s is None else hoisted_values[s]
+              for c, s in zip(self.consts, self.slots)]
+    closed = jax.extend.core.ClosedJaxpr(self.jaxpr, consts)  # pyright: ignore[reportPrivateImportUsage]
+    out = jax.extend.core.jaxpr_as_fun(closed)(*flat)
+    return jax.tree.unflatten(self.out_tree, out)
+
+
+def trace(name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+          hoisted: Hoisted) -> tuple[Traced, Any]:
+  """Traces ``fn(*args)``; returns the `Traced` function and its output shape.
+
+  A fresh function object is traced each time: ``jax.make_jaxpr`` caches by
+  function identity, which would keep a value the function reads from a
+  mutable object (``self.w``) after that object changed. Every traced value
+  ``fn`` closes over is added to ``hoisted``.
+  """
+  closed, shape = jax.make_jaxpr(lambda *a: fn(*a), return_shape=True)(*args)
+  slots = [hoisted.slot(c) if isinstance(c, core.Tracer) else None
+           for c in closed.consts]
+  traced = Traced(name, closed, slots, jax.tree.structure(args),
+                  jax.tree.structure(shape))
+  return traced, shape
+
+
+# --- calls of a decorated function running now --------------------------------
+
+class Entry:
+  """A call of a decorated function whose rules are being traced or run.
+
+  While ``f_fwd`` is traced (or run) for a call of ``f``, a call of ``f`` on
+  arguments of the same types and the same static arguments is the same
+  function: it reuses ``call`` (``mode == "bind"``), or, while the rules are
+  first traced to find what they close over, is evaluated in place
+  (``mode == "inline"``). ``hoisted_values`` are the values its hoisted
+  inputs have there.
+  """
+
+  def __init__(self, decorator: Any, key: Any, call: Any,
+               hoisted_values: Sequence[Any], mode: str):
+    self.decorator, self.key, self.call = decorator, key, call
+    self.hoisted_values = list(hoisted_values)
+    self.mode = mode
+    self.reentered = False
+
+
+_RUNNING = threading.local()
+
+
+def _stack() -> list[Entry]:
+  stack = getattr(_RUNNING, "stack", None)
+  if stack is None:
+    stack = _RUNNING.stack = []
+  return stack
+
+
+@contextlib.contextmanager
+def running(entry: Entry) -> Iterator[Entry]:
+  """Makes ``entry`` findable by `find` while the block runs."""
+  stack = _stack()
+  stack.append(entry)
+  try:
+    yield entry
+  finally:
+    stack.pop()
+
+
+def find(decorator: Any, key: Any) -> Entry | None:
+  """The innermost running call of ``decorator`` with the signature ``key``."""
+  for entry in reversed(_stack()):
+    if entry.decorator is decorator and _same_key(entry.key, key):
+      return entry
+  return None
+
+
+def signature_key(statics: Sequence[Any], diff_args: tuple[Any, ...]) -> Any:
+  """What makes two calls of one decorated function the same function: the
+  static arguments (the same objects, or equal) and the argument types."""
+  leaves, tree = jax.tree.flatten(diff_args)
+  return (tuple(statics), tree, [core.typeof(x) for x in leaves])
+
+
+def _same_key(a, b) -> bool:
+  statics_a, tree_a, avals_a = a
+  statics_b, tree_b, avals_b = b
+  return (tree_a == tree_b and len(statics_a) == len(statics_b)
+          and all(_same_static(x, y) for x, y in zip(statics_a, statics_b))
+          and all(core.typematch(x, y) for x, y in zip(avals_a, avals_b)))
+
+
+def _same_static(x, y) -> bool:
+  if x is y:
+    return True
+  if type(x) is not type(y) or isinstance(x, core.Tracer):
+    return False
+  try:
+    return bool(x == y)
+  except Exception:  # noqa: BLE001 (arrays, tracers: not comparable here)
+    return False
+
+
+# --- whether a rule can close over a traced value -------------------------------
+
+_SCAN_LIMIT = 5000
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), type,
+          types.ModuleType, types.BuiltinFunctionType, np.ndarray, np.generic,
+          jax.Array)
+
+
+def may_close_over_tracers(*objects: Any) -> bool:
+  """Whether a traced value is reachable from ``objects`` (functions and
+  what they hold): their closures, defaults, bound objects, ``partial``
+  arguments, the globals their code names, containers and object attributes.
+
+  Rules are traced when a call is made only where this is True, so that a
+  function whose rules hold no traced value runs them exactly as JAX's
+  decorators do (once, when differentiated). Past a few thousand objects it
+  answers True: tracing is then the safe answer.
+  """
+  seen: set[int] = set()
+  stack = list(objects)
+  for _ in range(_SCAN_LIMIT):
+    if not stack:
+      return False
+    x = stack.pop()
+    if isinstance(x, core.Tracer):  # (first: a tracer is also a jax.Array)
+      return True
+    if id(x) in seen or isinstance(x, _ATOMS):
+      continue
+    seen.add(id(x))
+    stack.extend(_held_by(x))
+  return bool(stack)
+
+
+def _held_by(x) -> list[Any]:
+  if isinstance(x, functools.partial):
+    return [x.func, *x.args, *x.keywords.values()]
+  if isinstance(x, types.MethodType):
+    return [x.__func__, x.__self__]
+  if isinstance(x, types.FunctionType):
+    held = [c.cell_contents for c in x.__closure__ or ()
+            if _cell_is_set(c)]
+    held += list(x.__defaults__ or ()) + list((x.__kwdefaults__ or {}).values())
+    held += [x.__globals__[n] for n in _global_names(x.__code__)
+             if n in x.__globals__]
+    return held
+  if isinstance(x, (list, tuple, set, frozenset)):
+    return list(x)
+  if isinstance(x, dict):
+    return list(x.values())
+  held = list(getattr(x, "__dict__", {}).values())
+  for name in getattr(type(x), "__slots__", ()):
+    if hasattr(x, name):
+      held.append(getattr(x, name))
+  if not held:
+    try:  # a registered pytree node (a named tuple is a tuple, above)
+      leaves = jax.tree.leaves(x)
+    except Exception:  # noqa: BLE001
+      leaves = []
+    held = [] if leaves == [x] else leaves
+  return held
+
+
+def _cell_is_set(cell) -> bool:
+  try:
+    cell.cell_contents  # noqa: B018
+    return True
+  except ValueError:  # an empty cell
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+  names = list(code.co_names)
+  for c in code.co_consts:
+    if isinstance(c, types.CodeType):
+      names.extend(_global_names(c))
+  return tuple(names)

@@ -1,0 +1,371 @@
+"""`hijax.custom_vjp`: ``jax.custom_vjp``'s API on a hijax primitive.
+
+The rules are those the user defines with `custom_vjp.defvjp`; the primitive
+adds what ``jax.custom_vjp`` lacks:
+
+* forward mode, derived from the backward rule (``jvp = jvp_from_vjp``,
+  which checks that the rule is linear in the cotangent), so ``jax.jvp``,
+  ``jax.jacfwd``, ``jax.hessian`` and ``jax.linearize`` work, also when the
+  forward rule calls the function itself;
+* traced values the function or its rules close over, hoisted into inputs
+  (`hijax._decorators._tracing`); the derivatives with respect to those the
+  function reads are those of its own code;
+* ``vmap`` by the rules' own batching or a batch rule, with reverse mode of
+  the batched function (`hijax._decorators._batching`);
+* the rules' outputs checked against the function's types
+  (`hijax._decorators._outputs`), and what a primitive has: residual reports,
+  ``jax.checkpoint``, `hijax.testing.check_rules`.
+
+Imports: `hijax.primitive`, `hijax.derived`, `hijax.autodiff`, the
+decorators' private modules, jax.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.custom_derivatives import CustomVJPPrimal
+
+from hijax._decorators import _tracing
+from hijax._decorators._arguments import function_name
+from hijax._decorators._batching import BatchRules
+from hijax._decorators._common import (Call, Decorated, example_of,
+                                       to_rule_zeros)
+from hijax._decorators._outputs import cotangents, pair, primal_out
+from hijax._internals import batching
+from hijax._util import Static, is_float0, is_zero
+from hijax.autodiff import Zero, _bind_linearized, instantiate_zeros
+from hijax.derived import jvp_from_vjp, linearize_from_jvp
+from hijax.primitive import HiPrim
+
+__all__ = ["custom_vjp", "CustomVJPCall"]
+
+
+class VJPCall(Call):
+  """A call of a `custom_vjp` function: the function, ``fwd`` and ``bwd``."""
+
+  forward_mode_error: str | None = None
+  """Why forward mode is refused, once `CustomVJPCall.jvp` found out."""
+
+  def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
+    d = self.decorated
+    self.fwd_name, self.bwd_name = function_name(d.fwd), function_name(d.bwd)
+    if not (len(self.hoisted) or _tracing.may_close_over_tracers(
+        d.fwd, d.bwd, self.statics)):
+      return  # the rules run directly, when differentiated, as in JAX
+    fwd = self._fwd_with(None)
+    first_fwd = self._trace_rule(f"the fwd rule {self.fwd_name}", fwd,
+                                 diff_args, "inline")
+    first_bwd, bwd_args = None, ()
+    if first_fwd is not None:
+      out_shape_res = first_fwd[1]
+      if isinstance(out_shape_res, (tuple, list)) and len(out_shape_res) == 2:
+        g = jax.tree.unflatten(self.primal.out_tree, [
+            example_of(a.to_ct_aval()) for a in self.primal.out_avals])
+        bwd_args = (out_shape_res[1], g)
+        first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
+                                     self._bwd_direct, bwd_args, "inline")
+    self._trace_first_and_again([("fwd", first_fwd, fwd, diff_args),
+                                 ("bwd", first_bwd, self._bwd_direct,
+                                  bwd_args)])
+
+  def _fwd_with(self, nzs: Any) -> Callable[..., Any]:
+    """``fwd`` as a function of the differentiable arguments; with
+    ``symbolic_zeros``, each leaf is a ``CustomVJPPrimal`` whose
+    ``perturbed`` is read from ``nzs`` (all True if None)."""
+    d = self.decorated
+
+    def fwd(*xs):
+      if d.symbolic_zeros:
+        flags = (jax.tree.map(lambda _: True, xs) if nzs is None else nzs)
+        xs = jax.tree.map(CustomVJPPrimal, xs, flags)
+      return d.fwd(*self.full_args(xs))
+    return fwd
+
+  def _bwd_direct(self, res: Any, g: Any) -> Any:
+    return self.decorated.bwd(*self.statics, res, g)
+
+  # --- the rules, as the primitive runs them ------------------------------------
+
+  def run_fwd(self, nzs: Any, xs: Sequence[Any], hvals: Sequence[Any]):
+    traced = self.rules.get("fwd")
+    if traced is not None:
+      result = traced(hvals, *xs)
+    else:
+      with self.running(hvals):
+        result = self._fwd_with(nzs)(*xs)
+    rule = f"the fwd rule {self.fwd_name}"
+    out, res = pair(self.owner, rule, result, "(primal output, residuals)")
+    primal_out(self.owner, rule, out)
+    return out, res
+
+  def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
+    traced = self.rules.get("bwd")
+    if traced is not None:
+      g = to_rule_zeros(g, False)
+      result = traced(hvals, res, g)
+    else:
+      result = self._bwd_direct(
+          res, to_rule_zeros(g, self.decorated.symbolic_zeros))
+    rule = f"the bwd rule {self.bwd_name}"
+    logs = None
+    if self.decorated.with_logs:
+      result, logs = pair(self.owner, rule, result, "(cotangents, logs)")
+      if logs is not None and type(logs) is not dict:
+        raise self.owner.error(
+            rule, "was defined with defvjp_with_logs, so the second entry of "
+            "the pair it returns must be None or a dict of backward-pass "
+            f"logs, but it is a {type(logs).__name__}")
+    return cotangents(self.owner, rule, result), logs
+
+
+class CustomVJPCall(BatchRules, HiPrim):
+  """The primitive of one call signature of a `custom_vjp` function.
+
+  Its inputs are the function's differentiable arguments and, last, the
+  tuple of traced values it (or a rule) closes over.
+  """
+
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+  _call: VJPCall
+
+  def __init__(self, call: VJPCall, in_avals: tuple[Any, ...],
+               out_aval: Any) -> None:
+    self.in_avals, self.out_aval = in_avals, out_aval
+    self.params = dict(fun=call.name, _call=call)
+    self.effects = call.effects
+    self.vjp_bwd_retval_logs = call.decorated.with_logs
+    super().__init__()
+
+  def expand(self, *args: Any) -> Any:
+    *xs, hvals = args
+    return self._call.primal(hvals, *xs)
+
+  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
+    call = self._call
+    *xs, hvals = args
+    *nzs_x, nzs_h = nzs_in
+    if not any(jax.tree.leaves(nzs_in)):
+      # Nothing is differentiated: the function runs, not its fwd rule.
+      return self(*args), None, jax.tree.map(lambda _: False, self.out_aval)
+    out, res = call.run_fwd(tuple(nzs_x), xs, hvals)
+    bwd_hvals = None
+    if "bwd" in call.rules:
+      used = {s for s in call.rules["bwd"].slots if s is not None}
+      bwd_hvals = tuple(h if i in used else None for i, h in enumerate(hvals))
+    closed = call.differentiated_hoisted(nzs_h)
+    closure_vjp = None
+    if closed:
+      try:
+        _, closure_vjp = jax.vjp(call.primal_of_hoisted(
+            xs, hvals, closed), *[hvals[i] for i in closed])
+      except Exception as e:  # noqa: BLE001
+        raise call.closure_error(e) from e
+    return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
+
+  def vjp_bwd_retval(self, res: Any, g: Any) -> Any:
+    call = self._call
+    user_res, bwd_hvals, closure_vjp, closed = res
+    cts_flat, logs = call.run_bwd(user_res, g, bwd_hvals or ())
+    cts = jax.tree.unflatten(call.in_tree, cts_flat)
+    ct_h: list[Any] = [None] * len(call.hoisted)
+    if closure_vjp is not None:
+      g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
+      try:
+        closed_cts = closure_vjp(g_full)
+      except Exception as e:  # noqa: BLE001
+        raise call.closure_error(e) from e
+      for i, ct in zip(closed.value, closed_cts):
+        ct_h[i] = ct
+    out = (*cts, tuple(ct_h))
+    return (out, logs) if call.decorated.with_logs else out
+
+  def jvp(self, primals: Any, tangents: Any) -> Any:
+    """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`).
+
+    For a ``bwd`` that is not linear in ``g`` there is no forward mode. The
+    tangent is then, as JAX makes it for every ``custom_vjp`` function, an
+    equation that only transposition evaluates (its transpose is ``bwd``):
+    reverse mode through a forward pass (JAX's default ``jax.checkpoint``, a
+    ``jax.linearize`` that is transposed) works, and a forward-mode value
+    raises the error that says why.
+    """
+    try:
+      return jvp_from_vjp(self, primals, tangents)
+    except TypeError as e:
+      error = _nonlinear_bwd_error(self._call, e)
+      if error is e:
+        raise
+      self._call.forward_mode_error = str(error)
+    return self._transpose_only_tangent(primals, tangents)
+
+  def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
+    tangent_avals = [a.to_tangent_aval() for a in self.in_avals_flat]
+    tangents_flat = [
+        t if not (t is None or is_zero(t) or is_float0(t)) else Zero(a)
+        for t, a in zip(self.in_tree.flatten_up_to(tangents), tangent_avals)]
+    nzs_flat = [not is_zero(t) for t in tangents_flat]
+    out, res, *rest = self.vjp_fwd(
+        jax.tree.unflatten(self.in_tree, nzs_flat), *primals)
+    if rest:  # nothing is differentiated
+      return out, None
+    linearized = _bind_linearized(self, nzs_flat,
+                                  [True] * len(self.out_avals_flat))
+    t_out = linearized(res, None, *tangents_flat)
+    return out, jax.tree.unflatten(self.out_tree, t_out)
+
+  lin, linearized = linearize_from_jvp
+
+
+VJPCall.primitive_class = CustomVJPCall
+
+
+def _forward_mode_refused(*_: Any, prim: CustomVJPCall, **__: Any) -> Any:
+  """Evaluating (or batching) the transpose-only tangent of a ``bwd`` that
+  is not linear in ``g``: the error `CustomVJPCall.jvp` kept."""
+  raise TypeError(prim._call.forward_mode_error or (
+      f"{prim._call.owner} cannot be differentiated in forward mode"))
+
+
+# The tangent equation of `_transpose_only_tangent` is this class's linearized
+# primitive (hijax.autodiff registers its transpose, which calls bwd); where
+# a value of it is needed, it says why forward mode is refused.
+CustomVJPCall._linearized_primitive.to_lojax = _forward_mode_refused
+batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
+    _forward_mode_refused)
+
+
+def _nonlinear_bwd_error(call: VJPCall, e: TypeError) -> Exception:
+  """`jvp_from_vjp`'s error for a bwd rule that is not linear in ``g``, in
+  the terms of the decorated function; any other error as it is."""
+  message = str(e)
+  head = f"{CustomVJPCall.__name__}.jvp = jvp_from_vjp"
+  start, end = "is not linear in g: ", ". A backward rule must be linear"
+  if not message.startswith(head) or start not in message or end not in message:
+    return e
+  reason = message[message.index(start) + len(start):message.index(end)]
+  return call.owner.error(
+      f"the bwd rule {call.bwd_name}",
+      "is not linear in the cotangent g, so forward mode (jax.jvp, "
+      f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
+      f"{reason}. hijax.custom_vjp derives forward mode by transposing bwd "
+      "in g, which is right only for a rule linear in g (the chain rule "
+      "multiplies g by the Jacobian). If the rule is meant to change g (a "
+      "clipped or scaled gradient), give forward mode a rule of its own with "
+      "hijax.custom_jvp; otherwise fix the rule")
+
+
+class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
+  """A function with a custom reverse-mode rule, like ``jax.custom_vjp``.
+
+  Same signatures and behaviour: ``f = custom_vjp(fun, nondiff_argnums=(),
+  nondiff_argnames=())`` (also as ``@custom_vjp`` or
+  ``@functools.partial(custom_vjp, nondiff_argnums=...)``), then
+  ``f.defvjp(fwd, bwd)``. ``fwd(*args) -> (out, residuals)`` runs on the
+  forward pass; ``bwd(*nondiff_args, residuals, g)`` returns one cotangent
+  per differentiable argument (None, anywhere in one, for zeros). Arguments
+  may be pytrees and keywords; the output may be a pytree.
+
+  What it adds to ``jax.custom_vjp``:
+
+  * forward mode from ``bwd``: ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``
+    and ``jax.linearize`` transpose ``bwd`` in ``g`` (after checking that it
+    is linear in ``g``), also when ``fwd`` calls ``f`` itself;
+  * traced values that ``fun``, ``fwd`` or ``bwd`` close over are passed in
+    as inputs (no escaped tracer); the derivative of ``f`` with respect to
+    a closed-over value that ``fun`` reads is that of ``fun``'s own code;
+  * ``vmap`` vmaps the rules, or uses a rule given to
+    `custom_vjp.defbatch`, and the batched function is differentiated with
+    the rules;
+  * every value the rules return is checked against the function's types,
+    with an error naming the function, the rule and the argument;
+  * a non-differentiable argument may hold traced values (they get no
+    derivative, as with ``jax.custom_jvp``);
+  * it is a `HiPrim` underneath: residual reports, ``jax.checkpoint`` and
+    `hijax.testing.check_rules` apply to it.
+  """
+
+  kind = "custom_vjp"
+  _call_class = VJPCall
+  fwd: Callable[..., Any] | None
+  bwd: Callable[..., Any] | None
+  symbolic_zeros: bool
+  optimize_remat: bool
+  generic_batching: bool
+  with_logs: bool
+
+  def __init__(self, fun: Callable[..., Any],
+               nondiff_argnums: Sequence[int] = (),
+               nondiff_argnames: Sequence[str] = ()) -> None:
+    super().__init__(fun, nondiff_argnums, nondiff_argnames)
+    self.fwd = self.bwd = None
+    self.symbolic_zeros = self.optimize_remat = False
+    self.generic_batching = self.with_logs = False
+
+  def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
+             symbolic_zeros: bool = False, optimize_remat: bool = False,
+             generic_batching: bool = False) -> None:
+    """Defines the reverse-mode rule, as ``jax.custom_vjp.defvjp`` does.
+
+    Args:
+      fwd: ``fwd(*args) -> (out, residuals)``, with the arguments of the
+        function (the non-differentiable ones included, in place); ``out``
+        must equal ``fun(*args)``. With ``symbolic_zeros``, each leaf of a
+        differentiable argument is a ``jax.custom_derivatives.CustomVJPPrimal``
+        whose ``perturbed`` says whether it is differentiated.
+      bwd: ``bwd(*nondiff_args, residuals, g)``, returning a tuple with one
+        cotangent per differentiable argument (None for zeros). With
+        ``symbolic_zeros``, a zero cotangent in ``g`` is a
+        ``jax.custom_derivatives.SymbolicZero``.
+      symbolic_zeros: as in JAX. When the function or its rules close over
+        traced values, the rules are traced once with every input perturbed
+        and every cotangent an array.
+      optimize_remat: accepted for JAX's signature, and ignored. With
+        ``jax_remat3``, ``jax.checkpoint`` runs the function on the forward
+        pass and ``fwd`` on the backward pass, which is what the flag asks
+        of JAX; with JAX's default remat, the checkpoint's policy applies to
+        ``fwd``'s operations. As in JAX, it cannot be combined with
+        ``symbolic_zeros``.
+      generic_batching: accepted for JAX 0.12's signature; ``vmap`` batches
+        every output of a hijax ``custom_vjp`` function, so an output shared
+        by the batch needs no special treatment.
+    """
+    if symbolic_zeros and optimize_remat:
+      raise NotImplementedError(
+          "remat optimization for custom_vjp does not support symbolic zeros")
+    self.fwd, self.bwd = fwd, bwd
+    self.symbolic_zeros, self.optimize_remat = symbolic_zeros, optimize_remat
+    self.generic_batching = generic_batching
+    self.with_logs = False
+
+  def defvjp_with_logs(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
+                       symbolic_zeros: bool = False,
+                       optimize_remat: bool = False,
+                       generic_batching: bool = False) -> None:
+    """Like `defvjp`, but ``bwd`` returns ``(cotangents, logs)``.
+
+    ``logs`` is None or a dict of values to log out of the backward pass,
+    read with the ``with_logs`` method of the function that ``jax.vjp``
+    returns, as for ``jax.custom_vjp.defvjp_with_logs``.
+    """
+    self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
+    self.with_logs = True
+
+  def _has_rules(self) -> bool:
+    return self.fwd is not None and self.bwd is not None
+
+  def as_jax(self) -> Callable[..., Any]:
+    f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
+    define = f.defvjp_with_logs if self.with_logs else f.defvjp
+    define(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros,  # pyright: ignore[reportArgumentType]
+           optimize_remat=self.optimize_remat)
+    return f
+
+  def _missing_rules_error(self) -> Exception:
+    return AttributeError(
+        f"No VJP defined for custom_vjp function {function_name(self.fun)} "
+        "using defvjp.")
+

@@ -1,0 +1,424 @@
+"""`hijax.custom_vjp` and `hijax.custom_jvp` as hijax primitives: what their
+rules return is checked (each message names the function, the rule, the
+argument or output, what was declared and what came back), residual reports
+and budgets, ``jax.checkpoint`` policies, `hijax.testing.check_rules`, and
+the compiled program, which is JAX's decorator's.
+"""
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+from jax.custom_derivatives import SymbolicZero
+
+import hijax
+from hijax import custom_jvp, custom_vjp
+from hijax._decorators import _tracing
+from hijax.testing import RuleCheckError, check_rules
+
+
+def close(a, b, rtol=1e-5, atol=1e-6):
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=rtol, atol=atol), a, b)
+
+
+def norm_with(bwd, dec=custom_vjp):
+  @dec
+  def norm(x):
+    return jnp.sqrt(jnp.sum(x ** 2))
+
+  def norm_fwd(x):
+    n = norm(x)
+    return n, (x, n)
+  norm.defvjp(norm_fwd, bwd)
+  return norm
+
+
+def norm_bwd(res, g):
+  x, n = res
+  return (g * x / n,)
+
+
+def error_of(fn, *args, kind=Exception):
+  with pytest.raises(kind) as e:
+    fn(*args)
+  return str(e.value).split("\n--------------------")[0]
+
+
+# --- rule outputs, checked --------------------------------------------------------
+
+def test_wrong_cotangent_shape_names_function_rule_argument_and_types():
+  def short_bwd(res, g):
+    x, n = res
+    return (g * x[:2] / n,)
+  f = norm_with(short_bwd)
+  message = error_of(jax.grad(f), jnp.ones(3), kind=ValueError)
+  assert message == (
+      "hijax.custom_vjp function norm: the bwd rule short_bwd returned a "
+      "value of type float32[2] as the cotangent of argument x (position 0), "
+      "but that argument has type float32[3], so its cotangent is "
+      "float32[3]. Return a value of shape (3,).")
+  with pytest.raises(TypeError):  # also a TypeError, as hijax's rule errors
+    jax.grad(f)(jnp.ones(3))
+
+
+@pytest.mark.parametrize("transform", [
+    "jit", "vmap", "scan", "checkpoint", "second_order"])
+def test_wrong_cotangent_is_caught_under(transform):
+  def short_bwd(res, g):
+    x, n = res
+    return (g * x[:2] / n,)
+  f = norm_with(short_bwd)
+  g = {"jit": jax.jit(jax.grad(f)),
+       "vmap": jax.vmap(jax.grad(f)),
+       "scan": jax.grad(lambda x: jax.lax.scan(
+           lambda c, _: (c * f(c), None), x, None, length=2)[0].sum()),
+       "checkpoint": jax.grad(jax.checkpoint(f)),
+       "second_order": jax.hessian(f)}[transform]
+  x = jnp.ones((2, 3)) if transform == "vmap" else jnp.ones(3)
+  assert "the bwd rule short_bwd returned a value of type float32[2] as the " \
+         "cotangent of argument x (position 0)" in error_of(g, x)
+
+
+def test_wrong_cotangent_dtype_and_pytree_path():
+  @custom_vjp
+  def f(params, x):
+    return params["w"] * x
+  f.defvjp(lambda p, x: (f(p, x), (p, x)),
+           lambda r, g: ({"w": (g * r[1]).astype(jnp.float16)}, g * r[0]["w"]))
+  message = error_of(jax.grad(f), {"w": jnp.float32(2.)}, jnp.float32(3.))
+  assert message.startswith(
+      "hijax.custom_vjp function f: the bwd rule <lambda> returned a value of "
+      "type float16[] as the cotangent of argument params (position 0)['w'], "
+      "but that argument has type float32[], so its cotangent is float32[]. "
+      "Convert it with `.astype(jnp.float32)`")
+
+
+def test_wrong_number_and_structure_of_cotangents():
+  f = norm_with(lambda res, g: (g, g))
+  assert error_of(jax.grad(f), jnp.ones(3)) == (
+      "hijax.custom_vjp function norm: the bwd rule <lambda> must return a "
+      "tuple with one cotangent per differentiable argument of norm (1: x "
+      "(position 0)), but returned a tuple of length 2")
+  f = norm_with(lambda res, g: g)
+  message = error_of(jax.grad(f), jnp.ones(3))
+  assert "must return a tuple with one cotangent per differentiable " \
+         "argument of norm" in message and "returned a tuple" not in message
+
+  @custom_vjp
+  def h(d):
+    return d["a"] * d["b"]
+  h.defvjp(lambda d: (h(d), d), lambda d, g: ({"a": g * d["b"]},))
+  assert error_of(jax.grad(h), {"a": 1., "b": 2.}) == (
+      "hijax.custom_vjp function h: the bwd rule <lambda> returned a "
+      "cotangent with structure PyTreeDef({'a': *}) for argument d "
+      "(position 0), whose structure is PyTreeDef({'a': *, 'b': *}): return "
+      "a cotangent of the argument's structure (None for zeros)")
+
+
+def test_wrong_symbolic_zero_cotangent():
+  @custom_vjp
+  def f(x, y):
+    return x * y
+  f.defvjp(lambda x, y: (f(x.value, y.value), None),
+           lambda _, g: (g, SymbolicZero(jax.typeof(jnp.ones(2)))),
+           symbolic_zeros=True)
+  message = error_of(jax.grad(f), 1., 2.)
+  assert "returned a symbolic zero of type float32[2] as the cotangent of " \
+         "argument y (position 1)" in message
+
+
+def test_wrong_fwd_output():
+  f = norm_with(norm_bwd)
+  f.defvjp(lambda x: (jnp.sum(x ** 2).astype(jnp.float16), (x, 1.)), norm_bwd)
+  assert error_of(jax.grad(f), jnp.ones(3)) == (
+      "hijax.custom_vjp function norm: the fwd rule <lambda> returned a value "
+      "of type float16[] as its primal output, but norm returns float32[] "
+      "there. Convert it with `.astype(jnp.float32)` (hijax does not convert "
+      "silently). The primal output must equal norm(*args).")
+  f.defvjp(lambda x: jnp.sum(x), norm_bwd)
+  assert error_of(jax.grad(f), jnp.ones(3)) == (
+      "hijax.custom_vjp function norm: the fwd rule <lambda> must return a "
+      "pair (primal output, residuals), but returned a ArrayImpl")
+
+
+def test_wrong_jvp_tangent():
+  @custom_jvp
+  def f(x):
+    return {"a": jnp.sin(x), "b": x}
+
+  @f.defjvp
+  def f_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return f(x), {"a": jnp.cos(x) * t, "b": jnp.stack([t, t])}
+  assert error_of(jax.jvp, f, (1.,), (1.,)) == (
+      "hijax.custom_jvp function f: the jvp rule f_jvp returned a value of "
+      "type float32[2] as the tangent of output['b'], but that output is "
+      "float32[], so its tangent is float32[]. Return a value of shape ().")
+
+
+def test_wrong_symbolic_zero_tangent_and_logs():
+  @custom_jvp
+  def f(x):
+    return jnp.sin(x)
+  f.defjvp(lambda p, t: (f(p[0]), SymbolicZero(jax.typeof(jnp.ones(2)))),
+           symbolic_zeros=True)
+  assert "returned a symbolic zero of type float32[2] as the tangent of " \
+         "output, whose tangent type is float32[]" in error_of(
+             jax.jvp, f, (1.,), (1.,))
+  g = custom_vjp(jnp.sin)
+  g.defvjp_with_logs(lambda x: (jnp.sin(x), jnp.cos(x)),
+                     lambda c, ct: ((c * ct,), ["not", "a", "dict"]))
+  assert error_of(jax.grad(g), 1.) == (
+      "hijax.custom_vjp function sin: the bwd rule <lambda> was defined with "
+      "defvjp_with_logs, so the second entry of the pair it returns must be "
+      "None or a dict of backward-pass logs, but it is a list")
+
+
+def test_wrong_batch_rule_outputs():
+  f = custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (c * g,))
+
+  @f.defbatch
+  def sin_batch(axis_size, in_batched, x):
+    return jnp.sin(x)[:2], True
+  assert error_of(jax.vmap(f), jnp.ones(3)) == (
+      "hijax.custom_vjp function sin: its batch rule sin_batch returned "
+      "float32[2] as the output, which it says is batched, but sin returns "
+      "float32[] there, so the rule must return float32[3] (a batched output "
+      "has the batch axis, of size 3, first)")
+  f.defbatch(lambda axis_size, in_batched, x: (jnp.sin(x), "yes"))
+  assert "must return (out, out_batched) with out_batched a bool or a " \
+         "pytree of bools" in error_of(jax.vmap(f), jnp.ones(3))
+  f.defbatch(lambda axis_size, in_batched, x: jnp.sin(x))
+  assert "must return a pair (out, out_batched)" in error_of(
+      jax.vmap(f), jnp.ones(3))
+
+
+def test_nondiff_argnames_must_name_a_parameter():
+  with pytest.raises(ValueError, match="'y', which is not a positional "
+                     "parameter of <lambda>"):
+    custom_vjp(lambda x: x, nondiff_argnames=("y",))
+
+  def f(x):
+    return x
+  with pytest.raises(ValueError, match=r"names 'y', which is not a "
+                     r"positional parameter of f \('x',\)"):
+    custom_jvp(f, nondiff_argnames="y")
+
+
+def test_rule_outputs_are_checked_once_per_trace():
+  calls = []
+
+  def bwd(res, g):
+    calls.append(1)
+    return norm_bwd(res, g)
+  f = norm_with(bwd)
+  grad = jax.jit(jax.grad(f))
+  grad(jnp.ones(3))
+  grad(2 * jnp.ones(3))
+  assert len(calls) == 1
+
+
+def test_generic_batching_is_accepted_on_both_jax_versions():
+  f = norm_with(norm_bwd)
+  f.defvjp(lambda x: (f(x), (x, f(x))), norm_bwd, generic_batching=True)
+  xs = jnp.array([[3., 4.], [6., 8.]])
+  close(jax.vmap(jax.grad(f))(xs), xs / jnp.linalg.norm(xs, axis=1)[:, None])
+
+
+# --- residuals, checkpoint policies, the checker ----------------------------------
+
+def test_residual_report_and_budget_match_jax():
+  x = jnp.ones(1000)
+  mine = hijax.residual_report(norm_with(norm_bwd), x)
+  jaxs = hijax.residual_report(norm_with(norm_bwd, jax.custom_vjp), x)
+  assert mine.saved_bytes == jaxs.saved_bytes == 4  # n; x is the argument
+  assert mine.total_bytes == jaxs.total_bytes == 4004
+  assert [r.shape for r in mine.rows] == [r.shape for r in jaxs.rows]
+  hijax.assert_residual_bytes(norm_with(norm_bwd), x, max_bytes=4)
+  with pytest.raises(AssertionError, match="over the budget of 3 bytes"):
+    hijax.assert_residual_bytes(norm_with(norm_bwd), x, max_bytes=3)
+
+
+def _named_cos(dec):
+  @dec
+  def f(x):
+    return jnp.sin(x)
+  f.defvjp(lambda x: (f(x), checkpoint_name(jnp.cos(x), "cos")),
+           lambda c, g: (c * g,))
+  return lambda x: f(jnp.sin(x)).sum()
+
+
+@pytest.mark.parametrize("remat3", [False, True], ids=["remat", "remat3"])
+@pytest.mark.parametrize("policy", [
+    jax.checkpoint_policies.save_only_these_names("cos"),
+    hijax.save_only_these_names("cos"),
+    hijax.save_any_names_but_these("cos"),
+    jax.checkpoint_policies.nothing_saveable,
+    jax.checkpoint_policies.everything_saveable],
+    ids=["jax_names", "hijax_names", "hijax_but", "nothing", "everything"])
+def test_checkpoint_policies_save_what_they_save_for_jax(remat3, policy):
+  x = jnp.linspace(0., 1., 5)
+  with _remat3(remat3):
+    mine = hijax.residual_report(_named_cos(custom_vjp), x, policy=policy)
+    jaxs = hijax.residual_report(_named_cos(jax.custom_vjp), x, policy=policy)
+    grad = jax.grad(jax.checkpoint(_named_cos(custom_vjp), policy=policy))(x)
+  assert [(r.what, r.shape) for r in mine.rows] == [
+      (r.what, r.shape) for r in jaxs.rows]
+  close(grad, jnp.cos(jnp.sin(x)) * jnp.cos(x))
+
+
+class _remat3:
+  def __init__(self, value):
+    self.value = value
+
+  def __enter__(self):
+    self.old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", self.value)
+
+  def __exit__(self, *exc):
+    jax.config.update("jax_remat3", self.old)
+
+
+def test_check_rules_passes_correct_decorators():
+  x = jnp.array([0.5, -1.5, 2.0])
+  report = check_rules(norm_with(norm_bwd), x)
+  assert not report.failures
+  assert {c.split(":")[0] for c in report.ran} >= {
+      "expand", "jvp", "vjp", "lin", "batch", "second_order"}
+
+  @custom_jvp
+  def softplus(x):
+    return jnp.logaddexp(x, 0.)
+  softplus.defjvp(lambda p, t: (softplus(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
+  assert not check_rules(softplus, x).failures
+
+
+def test_check_rules_catches_a_wrong_backward_rule():
+  f = norm_with(lambda res, g: (-g * res[0] / res[1],))  # sign slip
+  with pytest.raises(RuleCheckError, match="CustomVJPCall"):
+    check_rules(f, jnp.array([0.5, -1.5, 2.0]))
+
+
+def test_check_rules_on_a_linear_custom_jvp_checks_its_transpose():
+  @custom_jvp
+  def double(x):
+    return 2. * x
+  double.defjvp(lambda p, t: (double(p[0]), double(t[0])))
+  report = check_rules(double, jnp.array([0.5, -1.5]))
+  assert any(c.startswith("transpose") for c in report.ran)
+  close(jax.grad(lambda x: double(x).sum())(jnp.ones(2)), 2 * jnp.ones(2))
+  close(jax.linear_transpose(double, 1.)(3.), (6.,))
+  assert type(jax.make_jaxpr(double)(1.).eqns[0].params["_prim"]).__name__ \
+      == "LinearCustomJVPCall"
+  # sin(x) y is linear in y: transposable in y
+  assert type(jax.make_jaxpr(_sin_times(custom_jvp))(1., 2.).eqns[0].params[
+      "_prim"]).__name__ == "LinearCustomJVPCall"
+  softplus = custom_jvp(lambda x: jnp.logaddexp(x, 0.))
+  softplus.defjvp(lambda p, t: (softplus(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
+  assert type(jax.make_jaxpr(softplus)(1.).eqns[0].params[
+      "_prim"]).__name__ == "CustomJVPCall"
+
+
+# --- the compiled program ---------------------------------------------------------
+
+def _optimized_hlo(f, *args):
+  """The compiled program's instructions, without names of files, lines and
+  the module (which differ between two definitions of one function)."""
+  text = jax.jit(f).lower(*args).compile().as_text()
+  text = re.sub(r", metadata=\{[^}]*\}", "", text)
+  text = re.sub(r", stack_frame_id=\d+", "", text)
+  text = re.sub(r"^HloModule \S+", "HloModule m", text, flags=re.M)
+  return "\n".join(line for line in text.splitlines()
+                   if line.startswith(("HloModule", "%", "ENTRY", "  ", "}")))
+
+
+def _sin_times(dec):
+  @dec
+  def f(x, y):
+    return jnp.sin(x) * y
+
+  @f.defjvp
+  def f_jvp(primals, tangents):
+    (x, y), (tx, ty) = primals, tangents
+    return f(x, y), jnp.cos(x) * tx * y + jnp.sin(x) * ty
+  return f
+
+
+@pytest.mark.parametrize("which", ["primal", "grad", "vmap"])
+def test_compiled_program_equals_jax_decorators(which):
+  x = jnp.linspace(0.5, 2., 4)
+  pairs = [(norm_with(norm_bwd, jax.custom_vjp), norm_with(norm_bwd), (x,)),
+           (_sin_times(jax.custom_jvp), _sin_times(custom_jvp), (x, 2 * x))]
+  for jax_f, our_f, args in pairs:
+    if which == "grad":
+      jax_f, our_f = (jax.grad(lambda *a, f=f: f(*a).sum())
+                      for f in (jax_f, our_f))
+    elif which == "vmap":
+      jax_f, our_f = jax.vmap(jax_f), jax.vmap(our_f)
+      args = tuple(jnp.stack([a, a + 1]) for a in args)
+    expected = _optimized_hlo(jax_f, *args)
+    assert re.search(r"\b(sqrt|sine|rsqrt|multiply)\b", expected)
+    assert _optimized_hlo(our_f, *args) == expected
+
+
+# --- what a call traces, and when -------------------------------------------------
+
+def test_eager_calls_run_the_function_and_traced_calls_bind_once():
+  f = norm_with(norm_bwd)
+  x = jnp.array([3., 4.])
+  assert f(x) == 5.
+  jaxpr = jax.make_jaxpr(jax.grad(f))(x).jaxpr
+  prims = [e.params["_prim"] for e in jaxpr.eqns if "_prim" in e.params]
+  assert [type(p).__name__ for p in prims] == ["CustomVJPCall"]
+  # fwd's call of f is this call's own primitive: one instance per signature
+  assert repr(prims[0]) == "CustomVJPCall[fun=norm]"
+
+
+def test_a_mutated_closure_is_read_afresh_on_each_call():
+  class Model:
+    w = jnp.float32(2.)
+
+  model = Model()
+
+  @custom_vjp
+  def f(x):
+    return x * model.w
+  f.defvjp(lambda x: (f(x), model.w), lambda w, g: (g * w,))
+  close(jax.grad(f)(1.), 2.)
+  close(jax.jit(f)(1.), 2.)
+  model.w = jnp.float32(5.)
+  close(jax.grad(f)(1.), 5.)
+  close(jax.grad(lambda x: f(x))(1.), 5.)
+
+
+def test_scan_for_closed_over_tracers():
+  found = []
+
+  def probe(y):
+    def inner(x):
+      return x * y
+    part = functools.partial(lambda a, b: a + b, y)
+
+    class Holder:
+      def __init__(self):
+        self.value = {"k": [y]}
+
+      def method(self, x):
+        return x
+
+    def default(x, k=y):
+      return x + k
+    found.extend([_tracing.may_close_over_tracers(inner),
+                  _tracing.may_close_over_tracers(part),
+                  _tracing.may_close_over_tracers(Holder().method),
+                  _tracing.may_close_over_tracers(default),
+                  _tracing.may_close_over_tracers(jnp.sin),
+                  _tracing.may_close_over_tracers(lambda x: x * 2.)])
+    return y
+  jax.jit(probe)(1.)
+  assert found == [True, True, True, True, False, False]
