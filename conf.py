@@ -36,7 +36,7 @@ PAGES = [
     "hijax-types",
 ]
 # The pages after the eight; docs/index.md lists both (tests/test_docs.py checks).
-APPENDIX = ["checking-rules", "implicit", "api"]
+APPENDIX = ["checking-rules", "implicit", "api", "portability"]
 # "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
 BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
           "spectral-gradients", "ode-gradients", "taylor-mode",

@@ -17,14 +17,18 @@ It is built on the `HiPrim.remat` method, which ``jax.checkpoint`` calls (with
 Policies are plain functions in JAX, so ``f_fwd`` could not ask them anything.
 `SaveOnlyTheseNames` is a policy that is also a record: ``f_fwd`` can test
 ``isinstance(policy, SaveOnlyTheseNames)`` and look at ``.saveable_names``.
-JAX's own ``save_only_these_names`` and ``save_any_names_but_these`` policies
-reach ``f_fwd`` converted to these records.
+`SaveAndOffloadOnlyTheseNames` is the record of a policy that also offloads
+named values to another memory kind. JAX's own ``save_only_these_names``,
+``save_any_names_but_these`` and ``save_and_offload_only_these_names``
+policies reach ``f_fwd`` converted to these records.
 """
 # Imports: `hijax.primitive`, `hijax._checks` and `hijax._compat`.
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 import jax
@@ -32,10 +36,12 @@ import jax
 from hijax import _checks
 from hijax import _compat
 from hijax._internals import ad_checkpoint as _ad_checkpoint
+from hijax._internals import partial_eval as _pe
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
-           "SaveAnyNamesButThese", "save_any_names_but_these"]
+           "SaveAnyNamesButThese", "save_any_names_but_these",
+           "SaveAndOffloadOnlyTheseNames", "save_and_offload_only_these_names"]
 
 _name_p = _ad_checkpoint.name_p  # what policies see for `checkpoint_name`
 
@@ -76,12 +82,69 @@ class SaveAnyNamesButThese:
     return prim is _name_p and params.get("name") not in self.names_not_saveable
 
 
+@dataclasses.dataclass(frozen=True)
+class SaveAndOffloadOnlyTheseNames:
+  """A policy saving the values named in ``names_which_can_be_saved``,
+  offloading those named in ``names_which_can_be_offloaded`` (moving them
+  from memory kind ``offload_src`` to ``offload_dst``, e.g. ``"device"`` to
+  ``"pinned_host"``, for the backward pass) and recomputing the rest.
+
+  The inspectable counterpart of
+  ``jax.checkpoint_policies.save_and_offload_only_these_names``, which
+  arrives as one of these at a `custom_remat` forward rule. On a CPU,
+  ``"device"`` and ``"pinned_host"`` memory are the same RAM: an offloaded
+  value is copied there and back, with the same values, and saves no memory.
+  """
+
+  names_which_can_be_saved: frozenset[str]
+  """The names whose values are saved where they are."""
+  names_which_can_be_offloaded: frozenset[str]
+  """The names whose values are saved in ``offload_dst`` memory."""
+  offload_src: str
+  """The memory kind the offloaded values are in (``"device"``)."""
+  offload_dst: str
+  """The memory kind they are saved in (``"pinned_host"``)."""
+
+  def __call__(self, prim: Any, *_: Any, **params: Any) -> Any:
+    """The policy: save, offload or recompute, by the value's name."""
+    if prim is _name_p:
+      name = params.get("name")
+      if name in self.names_which_can_be_saved:
+        return _pe.Saveable
+      if name in self.names_which_can_be_offloaded:
+        return _pe.Offloadable(src=self.offload_src, dst=self.offload_dst)
+    return _pe.Recompute
+
+
+def save_and_offload_only_these_names(
+    *, names_which_can_be_saved: Iterable[str],
+    names_which_can_be_offloaded: Iterable[str], offload_src: str,
+    offload_dst: str) -> SaveAndOffloadOnlyTheseNames:
+  """Policy saving some named values, offloading others, recomputing the rest
+  (`SaveAndOffloadOnlyTheseNames`; the keywords of JAX's own function).
+
+  Raises ``ValueError`` if a name is in both sets.
+  """
+  saved = frozenset(names_which_can_be_saved)
+  offloaded = frozenset(names_which_can_be_offloaded)
+  _check_names("save_and_offload_only_these_names", tuple(saved | offloaded))
+  if saved & offloaded:
+    raise ValueError(
+        "save_and_offload_only_these_names: a name is either saved or "
+        f"offloaded, not both: {sorted(saved & offloaded)} are in both "
+        "names_which_can_be_saved and names_which_can_be_offloaded")
+  return SaveAndOffloadOnlyTheseNames(saved, offloaded, offload_src,
+                                      offload_dst)
+
+
 def as_inspectable(policy: Any) -> Any:
   """``policy``, with JAX's own name policies replaced by their hijax equivalents.
 
-  ``jax.checkpoint_policies.save_only_these_names`` gives a `SaveOnlyTheseNames`
-  and ``save_any_names_but_these`` a `SaveAnyNamesButThese` (equal to those
-  that hijax's functions build); None, ``jax.checkpoint``'s default, gives
+  ``jax.checkpoint_policies.save_only_these_names`` gives a `SaveOnlyTheseNames`,
+  ``save_any_names_but_these`` a `SaveAnyNamesButThese` and
+  ``save_and_offload_only_these_names`` a `SaveAndOffloadOnlyTheseNames`
+  (equal to those that hijax's functions build); None, ``jax.checkpoint``'s
+  default, gives
   ``nothing_saveable``. Other policies are returned as they are.
   """
   if policy is None:
@@ -92,6 +155,9 @@ def as_inspectable(policy: Any) -> Any:
   names = _compat.unsaved_names_of(policy)
   if names is not None:
     return SaveAnyNamesButThese(names)
+  fields = _compat.offload_fields_of(policy)
+  if fields is not None:
+    return SaveAndOffloadOnlyTheseNames(*fields)
   return policy
 
 
@@ -117,7 +183,8 @@ def _check_names(fn, names):
 # --- custom_remat ---------------------------------------------------------------------
 
 def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
-                 f_bwd: Callable) -> Callable:
+                 f_bwd: Callable, *, static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Sequence[str] = ()) -> Callable:
   """Returns ``f`` with its own rematerialization rules for reverse mode.
 
   Args:
@@ -126,8 +193,9 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
     f_fwd: ``f_fwd(policy, *args) -> (out, res)``, the forward pass. Under
       ``jax.checkpoint`` (with ``jax_remat3``) ``policy`` is the checkpoint's
       policy (``jax.checkpoint_policies.nothing_saveable`` if none was given;
-      JAX's own name policies arrive as the equivalent `SaveOnlyTheseNames`
-      or `SaveAnyNamesButThese`, see `as_inspectable`); under plain ``grad``/``vjp`` it is
+      JAX's own name policies arrive as the equivalent `SaveOnlyTheseNames`,
+      `SaveAnyNamesButThese` or `SaveAndOffloadOnlyTheseNames`, see
+      `as_inspectable`); under plain ``grad``/``vjp`` it is
       ``jax.checkpoint_policies.everything_saveable``. ``res`` (any pytree of
       arrays, None to save nothing) is saved for the backward pass.
     f_rem: ``f_rem(res, *args) -> (out, res2)``, the rematerialization: given
@@ -135,27 +203,127 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
       ``res2`` that ``f_bwd`` needs. Under ``jax.checkpoint`` it runs on the
       backward pass; otherwise right after ``f_fwd``.
     f_bwd: ``f_bwd(res2, g) -> cotangents``, a tuple with one cotangent per
-      argument of ``f`` (None for a zero cotangent).
+      positional argument of ``f`` (None for a zero cotangent, and for a
+      static argument).
+    static_argnums: positions of arguments that are static, as in
+      ``jax.jit``: hashable Python values, passed as they are to ``f``,
+      ``f_fwd`` and ``f_rem`` (negative positions count from the end).
+    static_argnames: names of keyword arguments that are static, likewise
+      (an argument ``f`` takes by position may be named too).
 
   Only reverse mode is defined: ``jax.jvp`` and ``jax.linearize`` raise a
-  ``TypeError``. Arguments are positional; ``f``, ``f_fwd``, ``f_rem`` and
-  ``f_bwd`` must not close over traced values (pass them as arguments).
+  ``TypeError``. Traced arguments are positional; ``f``, ``f_fwd``, ``f_rem``
+  and ``f_bwd`` must not close over traced values (pass them as arguments).
   """
   for name, fn in (("f", f), ("f_fwd", f_fwd), ("f_rem", f_rem),
                    ("f_bwd", f_bwd)):
     if not callable(fn):
       raise TypeError(f"custom_remat: {name} must be callable, got {fn!r}")
+  static_nums = _argnums(static_argnums)
+  static_names = _argnames(static_argnames)
+  static_nums |= _positions_of(f, static_names)
 
   @functools.wraps(f)
   def wrapped(*args, **kwargs):
-    if kwargs:
-      raise TypeError(f"custom_remat function {_name(f)} takes positional "
-                      "arguments only")
-    in_avals = jax.tree.map(jax.typeof, args)
-    out_aval = _out_types(f, args)
-    return CustomRemat(in_avals, out_aval, f, f_fwd, f_rem, f_bwd)(*args)
+    dynamic_kwargs = sorted(set(kwargs) - static_names)
+    if dynamic_kwargs:
+      raise TypeError(
+          f"custom_remat function {_name(f)} takes its traced arguments as "
+          f"positional arguments; {', '.join(dynamic_kwargs)} was passed by "
+          "keyword: pass it by position, or name it in static_argnames if it "
+          "is static")
+    statics = _Statics.of(f, args, kwargs, static_nums)
+    dynamic = statics.dynamic(args)
+    in_avals = jax.tree.map(jax.typeof, dynamic)
+    out_aval = _out_types(lambda *dyn: statics.call(f, dyn), dynamic)
+    return CustomRemat(in_avals, out_aval, f, f_fwd, f_rem, f_bwd,
+                       statics)(*dynamic)
 
   return wrapped
+
+
+def _argnums(nums) -> frozenset[int]:
+  nums = (nums,) if isinstance(nums, int) else tuple(nums)
+  if not all(isinstance(i, int) for i in nums):
+    raise TypeError(f"custom_remat: static_argnums must be ints, got {nums!r}")
+  return frozenset(nums)
+
+
+def _argnames(names) -> frozenset[str]:
+  names = (names,) if isinstance(names, str) else tuple(names)
+  if not all(isinstance(n, str) for n in names):
+    raise TypeError(f"custom_remat: static_argnames must be strings, got "
+                    f"{names!r}")
+  return frozenset(names)
+
+
+def _positions_of(f, names) -> frozenset[int]:
+  """The positions of the parameters of ``f`` named ``names`` (as ``jit``)."""
+  try:
+    params = list(inspect.signature(f).parameters.values())
+  except (TypeError, ValueError):
+    return frozenset()
+  return frozenset(i for i, p in enumerate(params) if p.name in names and
+                   p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Statics:
+  """The static arguments of one call: positions and values, and keywords."""
+
+  n_args: int
+  positional: tuple[tuple[int, Any], ...]
+  keywords: tuple[tuple[str, Any], ...]
+
+  @classmethod
+  def of(cls, f, args, kwargs, static_nums) -> _Statics:
+    n = len(args)
+    for i in static_nums:
+      if not -n <= i < n:
+        raise TypeError(
+            f"custom_remat function {_name(f)} has static_argnums {i}, but "
+            f"was called with {n} positional argument(s)")
+    positions = sorted({i % n for i in static_nums})
+    statics = cls(n, tuple((i, args[i]) for i in positions),
+                  tuple(sorted(kwargs.items())))
+    try:
+      hash(statics)
+    except TypeError:
+      raise TypeError(
+          f"custom_remat function {_name(f)}: static arguments must be "
+          "hashable (as for jax.jit's static_argnums), got "
+          f"{[type(v).__name__ for _, v in statics.positional + statics.keywords]}"
+      ) from None
+    return statics
+
+  def dynamic(self, args) -> tuple:
+    """The traced arguments: ``args`` less the static ones."""
+    static = {i for i, _ in self.positional}
+    return tuple(a for i, a in enumerate(args) if i not in static)
+
+  def call(self, fn, dynamic, *leading) -> Any:
+    """``fn(*leading, *args, **static keywords)`` with the statics put back."""
+    dyn, static = iter(dynamic), dict(self.positional)
+    args = [static[i] if i in static else next(dyn) for i in range(self.n_args)]
+    return fn(*leading, *args, **dict(self.keywords))
+
+  def traced_cotangents(self, prim, cts) -> tuple:
+    """The cotangents of the traced arguments; a static one must be None."""
+    n = self.n_args
+    if not isinstance(cts, (tuple, list)) or len(cts) != n:
+      raise TypeError(
+          f"custom_remat: {_name(prim.f_bwd)} must return a tuple with one "
+          f"cotangent per argument of {_name(prim.f)} ({n}), got "
+          f"{type(cts).__name__}"
+          + (f" of length {len(cts)}" if isinstance(cts, (tuple, list)) else ""))
+    static = {i for i, _ in self.positional}
+    for i in sorted(static):
+      if cts[i] is not None:
+        raise TypeError(
+            f"custom_remat: {_name(prim.f_bwd)} returned a cotangent for "
+            f"argument {i} of {_name(prim.f)}, which is static: return None "
+            "for it")
+    return tuple(ct for i, ct in enumerate(cts) if i not in static)
 
 
 def _name(fn) -> str:
@@ -175,23 +343,34 @@ class CustomRemat(HiPrim):
   params: dict[str, Any]
 
   def __init__(self, in_avals: Any, out_aval: Any, f: Any, f_fwd: Any,
-               f_rem: Any, f_bwd: Any) -> None:
+               f_rem: Any, f_bwd: Any, statics: Any = None) -> None:
     self.in_avals = tuple(in_avals)
     self.out_aval = out_aval
-    self.params = dict(f=f, f_fwd=f_fwd, f_rem=f_rem, f_bwd=f_bwd)
+    if statics is None:
+      statics = _Statics(len(self.in_avals), (), ())
+    self.params = dict(f=f, f_fwd=f_fwd, f_rem=f_rem, f_bwd=f_bwd,
+                       statics=statics)
     super().__init__()
 
   def __repr__(self) -> str:
     return f"CustomRemat[f={_name(self.f)}]"
 
+  def pp_params(self) -> dict[str, Any]:
+    """Shows ``f`` and the static arguments in a jaxpr."""
+    shown: dict[str, Any] = dict(f=self.f)
+    if self.statics.positional or self.statics.keywords:
+      shown["static"] = dict(self.statics.positional + self.statics.keywords)
+    return shown
+
   def expand(self, *args: Any) -> Any:
     """Evaluation and lowering: ``f`` itself."""
-    return self.f(*args)
+    return self.statics.call(self.f, args)
 
   def remat(self, trace: Any, *args: Any) -> Any:
     """Under ``jax.checkpoint``: save what ``f_fwd`` chooses; ``f_rem`` later."""
     policy = as_inspectable(trace.policy)
-    out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
+    out, res = _checked_pair(self, "f_fwd",
+                             self.statics.call(self.f_fwd, args, policy),
                              "(out, res)")
     return out, res, self._rematerialize
 
@@ -203,15 +382,17 @@ class CustomRemat(HiPrim):
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     """Outside ``jax.checkpoint`` everything is saveable: run both rules now."""
     policy = jax.checkpoint_policies.everything_saveable
-    out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
+    out, res = _checked_pair(self, "f_fwd",
+                             self.statics.call(self.f_fwd, args, policy),
                              "(out, res)")
-    _, res2 = _checked_pair(self, "f_rem", self.f_rem(res, *args),
+    _, res2 = _checked_pair(self, "f_rem",
+                            self.statics.call(self.f_rem, args, res),
                             "(out, res2)")
     return out, res2
 
   def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """The backward pass: ``f_bwd``, one cotangent per argument."""
-    return _cotangents(self, self.f_bwd(res2, g))
+    return self.statics.traced_cotangents(self, self.f_bwd(res2, g))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
@@ -252,17 +433,20 @@ class Rematerialize(HiPrim):
   def expand(self, res: Any, *args: Any) -> Any:
     """The output that ``f_rem`` recomputes from the saved residuals."""
     prim = self.remat_prim
-    out, _ = _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
+    out, _ = _checked_pair(prim, "f_rem", prim.statics.call(prim.f_rem, args, res),
+                           "(out, res2)")
     return out
 
   def vjp_fwd(self, nzs_in: Any, res: Any, *args: Any) -> Any:
     """Runs ``f_rem``, keeping its ``res2`` for ``f_bwd``."""
     prim = self.remat_prim
-    return _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
+    return _checked_pair(prim, "f_rem", prim.statics.call(prim.f_rem, args, res),
+                         "(out, res2)")
 
   def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """``f_bwd``; the saved residuals get no cotangent."""
-    return (None, *_cotangents(self.remat_prim, self.remat_prim.f_bwd(res2, g)))
+    prim = self.remat_prim
+    return (None, *prim.statics.traced_cotangents(prim, prim.f_bwd(res2, g)))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
@@ -296,17 +480,6 @@ def _checked_pair(prim: CustomRemat, role: str, result, what):
       f"custom_remat, from {_name(prim.f)}(*args),",
       f"{role} must return {what} with out equal to {_name(prim.f)}(*args).")
   return out, second
-
-
-def _cotangents(prim: CustomRemat, cts):
-  n = len(prim.in_avals)
-  if not isinstance(cts, (tuple, list)) or len(cts) != n:
-    raise TypeError(
-        f"custom_remat: {_name(prim.f_bwd)} must return a tuple with one "
-        f"cotangent per argument of {_name(prim.f)} ({n}), got "
-        f"{type(cts).__name__}"
-        + (f" of length {len(cts)}" if isinstance(cts, (tuple, list)) else ""))
-  return tuple(cts)
 
 
 def _forward_mode_error(f) -> TypeError:
