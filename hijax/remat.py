@@ -208,12 +208,15 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
     static_argnums: positions of arguments that are static, as in
       ``jax.jit``: hashable Python values, passed as they are to ``f``,
       ``f_fwd`` and ``f_rem`` (negative positions count from the end).
-    static_argnames: names of keyword arguments that are static, likewise
-      (an argument ``f`` takes by position may be named too).
+    static_argnames: names of parameters that are static, likewise, whether
+      passed by position or by keyword.
 
-  Only reverse mode is defined: ``jax.jvp`` and ``jax.linearize`` raise a
-  ``TypeError``. Traced arguments are positional; ``f``, ``f_fwd``, ``f_rem``
-  and ``f_bwd`` must not close over traced values (pass them as arguments).
+  An argument passed by keyword to a parameter that ``f`` also takes by
+  position counts as positional (as ``jax.custom_vjp`` reads it): it is passed
+  on by position, and ``f_bwd`` returns a cotangent for it. A keyword-only
+  parameter must be static. Only reverse mode is defined: ``jax.jvp`` and
+  ``jax.linearize`` raise a ``TypeError``. ``f``, ``f_fwd``, ``f_rem`` and
+  ``f_bwd`` must not close over traced values (pass them as arguments).
   """
   for name, fn in (("f", f), ("f_fwd", f_fwd), ("f_rem", f_rem),
                    ("f_bwd", f_bwd)):
@@ -221,18 +224,24 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
       raise TypeError(f"custom_remat: {name} must be callable, got {fn!r}")
   static_nums = _argnums(static_argnums)
   static_names = _argnames(static_argnames)
-  static_nums |= _positions_of(f, static_names)
+  signature = _signature(f)
+  named_positions = _positions_of(signature, static_names)
 
   @functools.wraps(f)
   def wrapped(*args, **kwargs):
+    if kwargs and signature is not None:
+      try:  # keywords of positional parameters become positional
+        bound = signature.bind(*args, **kwargs)
+      except TypeError as e:
+        raise TypeError(f"custom_remat function {_name(f)}: {e}") from None
+      args, kwargs = bound.args, bound.kwargs
     dynamic_kwargs = sorted(set(kwargs) - static_names)
     if dynamic_kwargs:
       raise TypeError(
           f"custom_remat function {_name(f)} takes its traced arguments as "
-          f"positional arguments; {', '.join(dynamic_kwargs)} was passed by "
-          "keyword: pass it by position, or name it in static_argnames if it "
-          "is static")
-    statics = _Statics.of(f, args, kwargs, static_nums)
+          f"positional arguments; {', '.join(dynamic_kwargs)} is a keyword "
+          "argument: name it in static_argnames if it is static")
+    statics = _Statics.of(f, args, kwargs, static_nums, named_positions)
     dynamic = statics.dynamic(args)
     in_avals = jax.tree.map(jax.typeof, dynamic)
     out_aval = _out_types(lambda *dyn: statics.call(f, dyn), dynamic)
@@ -257,12 +266,18 @@ def _argnames(names) -> frozenset[str]:
   return frozenset(names)
 
 
-def _positions_of(f, names) -> frozenset[int]:
-  """The positions of the parameters of ``f`` named ``names`` (as ``jit``)."""
+def _signature(f) -> inspect.Signature | None:
   try:
-    params = list(inspect.signature(f).parameters.values())
+    return inspect.signature(f)
   except (TypeError, ValueError):
+    return None
+
+
+def _positions_of(signature, names) -> frozenset[int]:
+  """The positions of the parameters named ``names`` (as ``jit`` reads them)."""
+  if signature is None:
     return frozenset()
+  params = list(signature.parameters.values())
   return frozenset(i for i, p in enumerate(params) if p.name in names and
                    p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
@@ -276,14 +291,18 @@ class _Statics:
   keywords: tuple[tuple[str, Any], ...]
 
   @classmethod
-  def of(cls, f, args, kwargs, static_nums) -> _Statics:
+  def of(cls, f, args, kwargs, static_nums, named_positions) -> _Statics:
+    """The statics of the call ``f(*args, **kwargs)``: ``static_nums`` must
+    be in range; a parameter in ``static_argnames`` is static where it is
+    passed, by position (``named_positions``) or by keyword."""
     n = len(args)
     for i in static_nums:
       if not -n <= i < n:
         raise TypeError(
             f"custom_remat function {_name(f)} has static_argnums {i}, but "
             f"was called with {n} positional argument(s)")
-    positions = sorted({i % n for i in static_nums})
+    positions = sorted({i % n for i in static_nums}
+                       | {i for i in named_positions if i < n})
     statics = cls(n, tuple((i, args[i]) for i in positions),
                   tuple(sorted(kwargs.items())))
     try:

@@ -54,6 +54,28 @@ def sin_n_rules(log):
   return fwd, rem, bwd
 
 
+def test_static_positional_parameter_passed_by_keyword():
+  log = []
+  h = custom_remat(sin_n, *sin_n_rules(log), static_argnames="n")
+  ref = jax.grad(lambda x: sin_n(x, 2).sum())(X)
+  for call in (lambda x: h(x, n=2), lambda x: h(x, 2), lambda x: h(x=x, n=2)):
+    np.testing.assert_allclose(jax.grad(jax.checkpoint(
+        lambda x: call(x).sum()))(X), ref, rtol=1e-6)
+  assert {e for e in log} == {("fwd", 2), ("rem", 2)}
+
+
+def test_a_traced_argument_passed_by_keyword_is_positional():
+  def f(x, y):
+    return jnp.sin(x) * y
+
+  h = custom_remat(f, lambda p, x, y: (f(x, y), None),
+                   lambda r, x, y: (f(x, y), (jnp.cos(x), jnp.sin(x), y)),
+                   lambda r, g: (g * r[0] * r[2], g * r[1]))
+  gx, gy = jax.grad(lambda x, y: h(x, y=y).sum(), (0, 1))(X, 2 * X)
+  np.testing.assert_allclose(gx, 2 * X * jnp.cos(X), rtol=1e-6)
+  np.testing.assert_allclose(gy, jnp.sin(X), rtol=1e-6)
+
+
 @pytest.mark.parametrize("static", [dict(static_argnums=1),
                                     dict(static_argnums=-1),
                                     dict(static_argnums=(1,)),
@@ -100,9 +122,10 @@ def test_static_argument_errors():
   with pytest.raises(TypeError, match=r"has static_argnums 1, but was called "
                      r"with 1 positional argument"):
     h(X)
-  with pytest.raises(TypeError, match=r"n was passed by keyword: pass it by "
-                     "position, or name it in static_argnames"):
-    custom_remat(sin_n, *sin_n_rules([]))(X, n=2)
+  keyword_only = custom_remat(lambda x, *, n: sin_n(x, n), *sin_n_rules([]))
+  with pytest.raises(TypeError, match=r"n is a keyword argument: name it in "
+                     "static_argnames if it is static"):
+    keyword_only(X, n=2)
   fwd, rem, _ = sin_n_rules([])
   bad = custom_remat(sin_n, fwd, rem, lambda cs, g: (g * cs[0], g),
                      static_argnums=1)
