@@ -393,3 +393,16 @@ def test_pairs_by_field_or_unpacked_give_the_same_rules(m):
                                rtol=1e-6)
     _, f_lin = jax.linearize(f, X)
     np.testing.assert_allclose(f_lin(jnp.ones_like(X)), jnp.cos(X), rtol=1e-6)
+
+
+def test_the_rule_checker_checks_a_vjp_bwd_retval_logs_method():
+  from hijax.testing import RuleCheckError, check_rules, defined_rules
+  good = sin_prim(hijax, vjp_fwd=fwd, vjp_bwd_retval_logs=retval_logs)
+  assert "vjp" in check_rules(good, X).modes_run
+  assert defined_rules(_instance(hijax, jax.typeof(X), vjp_fwd=fwd,
+                                 vjp_bwd_retval_logs=retval_logs))["vjp"] == (
+      "Sin.vjp_fwd/vjp_bwd_retval_logs")
+  wrong = sin_prim(hijax, vjp_fwd=fwd,
+                   vjp_bwd_retval_logs=lambda self, c, g: ((2 * c * g,), None))
+  with pytest.raises(RuleCheckError, match="vjp_bwd_retval_logs: vjp vs finite"):
+    check_rules(wrong, X)
