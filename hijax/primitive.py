@@ -134,6 +134,9 @@ class HiPrim:
   # Filled in by `__init_subclass__`.
   _primitive: jax.extend.core.Primitive
   _linearized_primitive: jax.extend.core.Primitive
+  _has_check: bool = False  # (these three: by `hook_flags`)
+  _has_staging: bool = False
+  _dce_takes_live_ins: bool = True
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)
