@@ -22,12 +22,12 @@ named values to another memory kind. JAX's own ``save_only_these_names``,
 ``save_any_names_but_these`` and ``save_and_offload_only_these_names``
 policies reach ``f_fwd`` converted to these records.
 """
-# Imports: `hijax.primitive`, `hijax._checks` and `hijax._compat`.
+# Imports: `hijax.primitive`, `hijax._checks`, `hijax._compat` and
+# `hijax._static_args`.
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
@@ -37,6 +37,7 @@ from hijax import _checks
 from hijax import _compat
 from hijax._internals import ad_checkpoint as _ad_checkpoint
 from hijax._internals import partial_eval as _pe
+from hijax._static_args import Statics, StaticSpec, fn_name as _name
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
@@ -222,26 +223,11 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
                    ("f_bwd", f_bwd)):
     if not callable(fn):
       raise TypeError(f"custom_remat: {name} must be callable, got {fn!r}")
-  static_nums = _argnums(static_argnums)
-  static_names = _argnames(static_argnames)
-  signature = _signature(f)
-  named_positions = _positions_of(signature, static_names)
+  spec = StaticSpec(f, static_argnums, static_argnames)
 
   @functools.wraps(f)
   def wrapped(*args, **kwargs):
-    if kwargs and signature is not None:
-      try:  # keywords of positional parameters become positional
-        bound = signature.bind(*args, **kwargs)
-      except TypeError as e:
-        raise TypeError(f"custom_remat function {_name(f)}: {e}") from None
-      args, kwargs = bound.args, bound.kwargs
-    dynamic_kwargs = sorted(set(kwargs) - static_names)
-    if dynamic_kwargs:
-      raise TypeError(
-          f"custom_remat function {_name(f)} takes its traced arguments as "
-          f"positional arguments; {', '.join(dynamic_kwargs)} is a keyword "
-          "argument: name it in static_argnames if it is static")
-    statics = _Statics.of(f, args, kwargs, static_nums, named_positions)
+    args, statics = spec.split(args, kwargs)
     dynamic = statics.dynamic(args)
     in_avals = jax.tree.map(jax.typeof, dynamic)
     out_aval = _out_types(lambda *dyn: statics.call(f, dyn), dynamic)
@@ -249,104 +235,6 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
                        statics)(*dynamic)
 
   return wrapped
-
-
-def _argnums(nums) -> frozenset[int]:
-  nums = (nums,) if isinstance(nums, int) else tuple(nums)
-  if not all(isinstance(i, int) for i in nums):
-    raise TypeError(f"custom_remat: static_argnums must be ints, got {nums!r}")
-  return frozenset(nums)
-
-
-def _argnames(names) -> frozenset[str]:
-  names = (names,) if isinstance(names, str) else tuple(names)
-  if not all(isinstance(n, str) for n in names):
-    raise TypeError(f"custom_remat: static_argnames must be strings, got "
-                    f"{names!r}")
-  return frozenset(names)
-
-
-def _signature(f) -> inspect.Signature | None:
-  try:
-    return inspect.signature(f)
-  except (TypeError, ValueError):
-    return None
-
-
-def _positions_of(signature, names) -> frozenset[int]:
-  """The positions of the parameters named ``names`` (as ``jit`` reads them)."""
-  if signature is None:
-    return frozenset()
-  params = list(signature.parameters.values())
-  return frozenset(i for i, p in enumerate(params) if p.name in names and
-                   p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Statics:
-  """The static arguments of one call: positions and values, and keywords."""
-
-  n_args: int
-  positional: tuple[tuple[int, Any], ...]
-  keywords: tuple[tuple[str, Any], ...]
-
-  @classmethod
-  def of(cls, f, args, kwargs, static_nums, named_positions) -> _Statics:
-    """The statics of the call ``f(*args, **kwargs)``: ``static_nums`` must
-    be in range; a parameter in ``static_argnames`` is static where it is
-    passed, by position (``named_positions``) or by keyword."""
-    n = len(args)
-    for i in static_nums:
-      if not -n <= i < n:
-        raise TypeError(
-            f"custom_remat function {_name(f)} has static_argnums {i}, but "
-            f"was called with {n} positional argument(s)")
-    positions = sorted({i % n for i in static_nums}
-                       | {i for i in named_positions if i < n})
-    statics = cls(n, tuple((i, args[i]) for i in positions),
-                  tuple(sorted(kwargs.items())))
-    try:
-      hash(statics)
-    except TypeError:
-      raise TypeError(
-          f"custom_remat function {_name(f)}: static arguments must be "
-          "hashable (as for jax.jit's static_argnums), got "
-          f"{[type(v).__name__ for _, v in statics.positional + statics.keywords]}"
-      ) from None
-    return statics
-
-  def dynamic(self, args) -> tuple:
-    """The traced arguments: ``args`` less the static ones."""
-    static = {i for i, _ in self.positional}
-    return tuple(a for i, a in enumerate(args) if i not in static)
-
-  def call(self, fn, dynamic, *leading) -> Any:
-    """``fn(*leading, *args, **static keywords)`` with the statics put back."""
-    dyn, static = iter(dynamic), dict(self.positional)
-    args = [static[i] if i in static else next(dyn) for i in range(self.n_args)]
-    return fn(*leading, *args, **dict(self.keywords))
-
-  def traced_cotangents(self, prim, cts) -> tuple:
-    """The cotangents of the traced arguments; a static one must be None."""
-    n = self.n_args
-    if not isinstance(cts, (tuple, list)) or len(cts) != n:
-      raise TypeError(
-          f"custom_remat: {_name(prim.f_bwd)} must return a tuple with one "
-          f"cotangent per argument of {_name(prim.f)} ({n}), got "
-          f"{type(cts).__name__}"
-          + (f" of length {len(cts)}" if isinstance(cts, (tuple, list)) else ""))
-    static = {i for i, _ in self.positional}
-    for i in sorted(static):
-      if cts[i] is not None:
-        raise TypeError(
-            f"custom_remat: {_name(prim.f_bwd)} returned a cotangent for "
-            f"argument {i} of {_name(prim.f)}, which is static: return None "
-            "for it")
-    return tuple(ct for i, ct in enumerate(cts) if i not in static)
-
-
-def _name(fn) -> str:
-  return getattr(fn, "__name__", repr(fn))
 
 
 def _out_types(f, args):
@@ -366,7 +254,7 @@ class CustomRemat(HiPrim):
     self.in_avals = tuple(in_avals)
     self.out_aval = out_aval
     if statics is None:
-      statics = _Statics(len(self.in_avals), (), ())
+      statics = Statics(len(self.in_avals), (), ())
     self.params = dict(f=f, f_fwd=f_fwd, f_rem=f_rem, f_bwd=f_bwd,
                        statics=statics)
     super().__init__()
@@ -411,7 +299,8 @@ class CustomRemat(HiPrim):
 
   def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """The backward pass: ``f_bwd``, one cotangent per argument."""
-    return self.statics.traced_cotangents(self, self.f_bwd(res2, g))
+    return self.statics.traced_cotangents(self.f, self.f_bwd,
+                                          self.f_bwd(res2, g))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
@@ -465,7 +354,8 @@ class Rematerialize(HiPrim):
   def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """``f_bwd``; the saved residuals get no cotangent."""
     prim = self.remat_prim
-    return (None, *prim.statics.traced_cotangents(prim, prim.f_bwd(res2, g)))
+    return (None, *prim.statics.traced_cotangents(prim.f, prim.f_bwd,
+                                                  prim.f_bwd(res2, g)))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
