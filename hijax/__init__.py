@@ -5,6 +5,11 @@ implementation in ordinary JAX, and add the rules the transformations you use
 need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
 from jax.core import ShapedArray
+# Names of jax.experimental.hijax that hijax's rules need nothing new for:
+# JAX's own objects (types, effects, the transpose helper).
+from jax.experimental.hijax import (AbstractRef, AbstractValue, TransformedRef,
+                                    control_flow_allowed_effects,
+                                    is_undefined_primal)
 
 from hijax import _metadata
 
@@ -13,15 +18,18 @@ from hijax import _metadata
 # derived import autodiff; testing and implicit import those; hitypes stands alone.
 # Importing the rule modules is what registers them: each appends its installer
 # to primitive.RULE_INSTALLERS, run for every HiPrim subclass defined later.
-from hijax.primitive import HiPrim
+from hijax.primitive import HiPrim, VJPHiPrimitive
 from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
                             instantiate_zeros)
-from hijax import batching as _batching  # noqa: F401  (installs the vmap rule)
+from hijax.batching import (bdims_at_front, unmap_avals,  # (installs the vmap rule)
+                            vmap_rule)
 from hijax.derived import (jvp_from_lin, jvp_from_vjp, linearize_from_jvp,
                            vjp_from_jvp, vjp_from_lin)
 from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
-from hijax.remat import (SaveAnyNamesButThese, SaveOnlyTheseNames, custom_remat,
+from hijax.remat import (SaveAndOffloadOnlyTheseNames, SaveAnyNamesButThese,
+                         SaveOnlyTheseNames, custom_remat,
+                         save_and_offload_only_these_names,
                          save_any_names_but_these, save_only_these_names)
 from hijax._avals import (mapped_aval, saved_residuals, shard_aval,
                           unmapped_aval, unshard_aval)
@@ -35,7 +43,11 @@ from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
 
 __all__ = [
-    "HiPrim", "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
+    "HiPrim", "VJPHiPrimitive", "AbstractValue", "AbstractRef",
+    "TransformedRef", "control_flow_allowed_effects", "is_undefined_primal",
+    "vmap_rule", "bdims_at_front", "unmap_avals",
+    "SaveAndOffloadOnlyTheseNames", "save_and_offload_only_these_names",
+    "ShapedArray", "Zero", "instantiate_zeros", "GradAccum",
     "ValAccum", "RefAccum", "NullAccum", "linearize_from_jvp", "vjp_from_lin",
     "vjp_from_jvp", "jvp_from_lin", "jvp_from_vjp", "HiType", "register_hitype", "MappingSpec",
     "HiPspec", "aval_method", "aval_property", "custom_remat",

@@ -90,3 +90,45 @@ saved_names_of = _names_reader(jax.checkpoint_policies.save_only_these_names)
 unsaved_names_of = _names_reader(
     jax.checkpoint_policies.save_any_names_but_these)
 """The names of a ``jax.checkpoint_policies.save_any_names_but_these`` policy, or None."""
+
+
+_OFFLOAD_PROBE = dict(names_which_can_be_saved=["__hijax_saved__"],
+                      names_which_can_be_offloaded=["__hijax_offloaded__"],
+                      offload_src="__hijax_src__", offload_dst="__hijax_dst__")
+
+
+def _offload_reader(factory) -> Callable[[object], tuple | None]:
+  """A function giving ``(saved, offloaded, src, dst)`` of a policy built by
+  ``factory`` (a dataclass on 0.11, a closure on 0.12), or None."""
+  sample = factory(**_OFFLOAD_PROBE)
+  probes = [frozenset(v) if isinstance(v, list) else v
+            for v in _OFFLOAD_PROBE.values()]
+
+  def normal(v):
+    return frozenset(v) if isinstance(v, (set, frozenset)) else v
+  if dataclasses.is_dataclass(sample):
+    values = {f.name: normal(getattr(sample, f.name))
+              for f in dataclasses.fields(sample)}
+    found = [next((n for n, v in values.items() if v == p), None)
+             for p in probes]
+    names = [n for n in found if n is not None]
+    cls = type(sample)
+    if len(names) != len(probes):
+      return lambda p: None
+    return lambda p: (tuple(normal(getattr(p, n)) for n in names)
+                      if type(p) is cls else None)
+  code, cells = getattr(sample, "__code__", None), sample.__closure__ or ()
+  contents = [normal(c.cell_contents) for c in cells]
+  index = [next((i for i, v in enumerate(contents) if v == p), None)
+           for p in probes]
+  if code is None or None in index:
+    return lambda p: None  # an unknown layout: no policy is recognized
+  return lambda p: (tuple(normal(p.__closure__[i].cell_contents)  # pyright: ignore[reportOptionalSubscript, reportAttributeAccessIssue]
+                          for i in index)
+                    if getattr(p, "__code__", None) is code else None)
+
+
+offload_fields_of = _offload_reader(
+    jax.checkpoint_policies.save_and_offload_only_these_names)
+"""``(names saved, names offloaded, src, dst)`` of a
+``jax.checkpoint_policies.save_and_offload_only_these_names`` policy, or None."""

@@ -7,12 +7,18 @@ registers, for the subclass's ``jax.extend.core.Primitive``:
 * lowering: the primitive is "high", and ``to_lojax`` calls `HiPrim.expand`
   (eagerly on the spot, under ``jit`` when the jaxpr is lowered), checking its
   output against ``out_aval``;
-* staging (one equation, marking the jaxpr as needing lowering), the jaxpr
-  type check, pretty-printing (``Square[k=2] a``), dead-code elimination
-  (`HiPrim.dce`) and rematerialization (`HiPrim.remat`).
+* staging (one equation, marking the jaxpr as needing lowering, or what an
+  overriding `HiPrim.staging` records), the jaxpr type check (which calls
+  `HiPrim.check` again), pretty-printing (``Square[k=2] a``, the params of
+  `HiPrim.pp_params`), dead-code elimination (`HiPrim.dce`, taking
+  ``(used_outs, live_ins)`` or jax 0.11.2's ``(used_outs)``) and
+  rematerialization (`HiPrim.remat`, returning jax 0.12's ``(out, res, rem)``
+  or 0.11.2's ``(out, rem)``).
 
-Imports: `hijax._checks` and `hijax._compat`. The rules receive the `HiPrim`
-instance as the equation's one param, ``_prim``, and never import its class.
+Imports: `hijax._checks`, `hijax._compat` and `hijax._util`. The rules
+receive the `HiPrim` instance as the equation's one param, ``_prim``, and
+never import its class; what they need to know of the class (which hooks it
+overrides) `hijax._declaration.hook_flags` set on it.
 """
 from __future__ import annotations
 
@@ -22,18 +28,24 @@ import jax
 import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 
 from hijax import _checks, _compat
+from hijax._util import describe_value
 from hijax._internals import api
 from hijax._internals import core
 from hijax._internals import partial_eval as pe
 from hijax._internals import pretty_printer as pp
 
 __all__ = ["new_primitive", "taking_prim", "install_core_rules",
-           "flatten_output", "pp_params"]
+           "flatten_output", "format_params"]
 
 
-def pp_params(prim) -> str:
-  """The params shown in a jaxpr and by ``repr``: ``[k=2 f=fn]``, or nothing."""
-  shown = {k: v for k, v in prim.params.items() if not k.startswith("_")}
+def format_params(prim) -> str:
+  """The params shown in a jaxpr and by ``repr`` (`HiPrim.pp_params`):
+  ``[k=2 f=fn]``, or nothing."""
+  shown = prim.pp_params()
+  if type(shown) is not dict:
+    raise TypeError(
+        f"{type(prim).__name__}.pp_params must return a dict of the params "
+        f"to print, got {type(shown).__name__}")
   if not shown:
     return ""
   return "[" + " ".join(f"{k}={_short(v)}" for k, v in shown.items()) + "]"
@@ -137,8 +149,16 @@ def flatten_output(prim, method, out) -> list:
 
 def _stage(trace, source_info, *args_flat, _prim):
   trace.frame.is_high = True  # the jaxpr must be lowered with `expand`
-  return trace.default_process_primitive(
-      _prim._primitive, args_flat, dict(_prim=_prim), source_info)
+  if not _prim._has_staging:
+    return trace.default_process_primitive(
+        _prim._primitive, args_flat, dict(_prim=_prim), source_info)
+  # An overriding `staging` (JAX's hook) records what it likes into `trace`.
+  with jax.extend.core.set_current_trace(trace):
+    out = _prim.staging(trace, source_info,
+                        *jax.tree.unflatten(_prim.in_tree, args_flat))
+  out_flat = flatten_output(_prim, "staging", out)
+  return _checks.conform_outputs(_prim, "staging", _prim.out_avals_flat,
+                                 out_flat)
 
 
 def _typecheck(_ctx_factory, *in_atoms, _prim):
@@ -148,6 +168,8 @@ def _typecheck(_ctx_factory, *in_atoms, _prim):
       raise TypeError(
           f"{type(prim).__name__}: jaxpr input {i} has type "
           f"{atom.aval.str_short()}, expected {expected.str_short()}")
+  if prim._has_check:
+    prim.check(*prim.in_avals)  # where JAX's own type check calls it
   return prim.out_avals_flat, prim.effects
 
 
@@ -155,7 +177,7 @@ def _pp_eqn(eqn, context, settings):
   prim = eqn.params["_prim"]
   lhs = core.pp_vars(eqn.outvars, context, print_shapes=settings.print_shapes,
                      is_binder=True)
-  rhs = pp.text(type(prim).__name__ + pp_params(prim) + " ") + core.pp_vars(
+  rhs = pp.text(type(prim).__name__ + format_params(prim) + " ") + core.pp_vars(
       eqn.invars, context)
   return pp.concat([lhs, pp.text(" = "), rhs]) if eqn.outvars else rhs
 
@@ -165,7 +187,15 @@ def _dce(used_outs_flat, live_ins_flat, eqn):
   used_outs = jax.tree.unflatten(prim.out_tree, used_outs_flat)
   live_ins = (None if live_ins_flat is None
               else jax.tree.unflatten(prim.in_tree, live_ins_flat))
-  used_ins, produced_outs, new_prim = prim.dce(used_outs, live_ins)
+  if prim._dce_takes_live_ins:
+    result = prim.dce(used_outs, live_ins)
+  else:  # jax 0.11.2's form, `dce(self, used_outs)`
+    result = prim.dce(used_outs)
+  if not isinstance(result, tuple) or len(result) != 3:
+    raise TypeError(
+        f"{type(prim).__name__}.dce must return (used_ins, produced_outs, "
+        f"new_prim or None), got {describe_value(result)}")
+  used_ins, produced_outs, new_prim = result
   if new_prim is None:
     return [False] * len(eqn.invars), None
   used_ins_flat = _broadcast_flags(prim, "dce", "used inputs", used_ins,
@@ -191,7 +221,19 @@ def _broadcast_flags(prim, method, what, flags, treedef) -> list[bool]:
 def _remat(trace, *args_flat, _prim):
   prim = _prim
   args = jax.tree.unflatten(prim.in_tree, args_flat)
-  out, res, rem = prim.remat(trace, *args)
+  result = prim.remat(trace, *args)
+  if (isinstance(result, tuple) and len(result) == 3
+      and callable(result[2])):
+    out, res, rem = result  # jax 0.12's form: rem(res, *args)
+  elif (isinstance(result, tuple) and len(result) == 2
+        and callable(result[1])):
+    out, res, rem_args = result[0], (), result[1]  # 0.11.2's: rem(*args)
+    rem = lambda _, *args: rem_args(*args)
+  else:
+    raise TypeError(
+        f"{type(prim).__name__}.remat must return (out, res, rem) with "
+        "rem(res, *args) recomputing out (JAX 0.12's form) or (out, rem) "
+        f"with rem(*args) (0.11.2's), got {describe_value(result)}")
 
   def rem_flat(res, *args_flat):
     args = jax.tree.unflatten(prim.in_tree, args_flat)

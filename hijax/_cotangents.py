@@ -22,21 +22,25 @@ from hijax._util import describe_value
 __all__ = ["accumulate", "check_cotangent"]
 
 
-def accumulate(prim: Any, arg_accums: Any, cts: Any) -> None:
+def accumulate(prim: Any, arg_accums: Any, cts: Any,
+               method: str = "vjp_bwd_retval") -> None:
   """Adds cotangents returned by a retval-style rule into the accumulators.
 
   ``prim`` is a `HiPrim`. ``cts`` has one entry per input of ``prim``, each a
   pytree matching that input's type (None, anywhere, means a zero cotangent).
+  ``method`` is the rule that returned them, for the error messages.
   """
   name = type(prim).__name__
   if not isinstance(cts, (tuple, list)) or len(cts) != len(prim.in_avals):
+    what, got = ("(cotangents, logs) with cotangents a tuple", "cotangents"
+                 ) if method == "vjp_bwd_retval_logs" else ("a tuple", "")
     raise TypeError(
-        f"{name}.vjp_bwd_retval must return a tuple with one cotangent per "
-        f"input ({len(prim.in_avals)}), got {describe_value(cts)}")
+        f"{name}.{method} must return {what} with one cotangent per "
+        f"input ({len(prim.in_avals)}), got {got}{' ' * bool(got)}"
+        f"{describe_value(cts)}")
   if prim._args_are_leaves:  # one accumulator per input: no pytrees to match
     for i, (acc, ct) in enumerate(zip(arg_accums, cts)):
-      if ct is not None and check_cotangent(prim, "vjp_bwd_retval", i,
-                                            acc.aval, ct):
+      if ct is not None and check_cotangent(prim, method, i, acc.aval, ct):
         acc.accum(ct)
     return
   for i, (accs, ct, aval_tree) in enumerate(zip(arg_accums, cts, prim.in_avals)):
@@ -47,12 +51,11 @@ def accumulate(prim: Any, arg_accums: Any, cts: Any) -> None:
       ct_leaves = treedef.flatten_up_to(ct)
     except (ValueError, TypeError):
       raise TypeError(
-          f"{name}.vjp_bwd_retval: the cotangent for input {i} has structure "
+          f"{name}.{method}: the cotangent for input {i} has structure "
           f"{jax.tree.structure(ct)}, but the input has structure {treedef}"
       ) from None
     for acc, c in zip(jax.tree.leaves(accs), ct_leaves):
-      if c is not None and check_cotangent(prim, "vjp_bwd_retval", i,
-                                           acc.aval, c):
+      if c is not None and check_cotangent(prim, method, i, acc.aval, c):
         acc.accum(c)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 import jax
 from jax import tree_util
@@ -35,8 +36,137 @@ def reserved_names(cls) -> frozenset:
   """
   methods = {n for n in dir(cls) if callable(getattr(cls, n, None))
              or isinstance(inspect.getattr_static(cls, n, None), property)}
-  own = {"in_avals", "out_aval", "params", "effects", "vjp_bwd_retval_logs"}
+  own = {"in_avals", "out_aval", "params", "effects", "vjp_bwd_retval_logs",
+         "skip_linearization_on_zero_tangents", "jet_from_expand"}
   return frozenset(methods | own | SET_BY_INIT)
+
+
+def owner(cls, name) -> type:
+  """The class of ``cls``'s method resolution order that defines ``name``."""
+  return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
+# --- the hooks a subclass overrides ---------------------------------------------
+
+def hook_flags(cls, base) -> None:
+  """Sets what the rules read of ``cls``'s hooks (``base`` is `HiPrim`).
+
+  ``_has_check`` and ``_has_staging``: the class overrides `HiPrim.check` or
+  `HiPrim.staging`; ``_dce_takes_live_ins``: its `dce` takes ``(used_outs,
+  live_ins)`` (JAX 0.12's form) rather than ``(used_outs)`` (0.11.2's).
+  Refuses ``physicalize`` and a `vjp_bwd_retval_logs` that is neither a flag
+  nor a method.
+  """
+  if "physicalize" in dir(cls):
+    raise TypeError(
+        f"{cls.__name__} defines `physicalize`, the hook through which the "
+        "Pallas fuser of JAX's own hijax turns fusible dtypes into physical "
+        "arrays. JAX calls it only for primitives of jax.experimental.hijax, "
+        "so on a hijax primitive it would never run; hijax does not support "
+        "the Pallas fuser. Remove `physicalize` (or keep the class on "
+        "jax.experimental.hijax)")
+  logs = inspect.getattr_static(cls, "vjp_bwd_retval_logs")
+  if not (isinstance(logs, bool) or callable(logs)
+          or hasattr(logs, "__get__")):
+    raise TypeError(
+        f"{cls.__name__}.vjp_bwd_retval_logs is {logs!r:.60}: it is either "
+        "a flag (`vjp_bwd_retval_logs = True`: vjp_bwd_retval returns "
+        "(cotangents, logs)) or a method `vjp_bwd_retval_logs(self, res, g)` "
+        "returning (cotangents, logs)")
+  cls._has_check = owner(cls, "check") is not base
+  cls._has_staging = owner(cls, "staging") is not base
+  cls._dce_takes_live_ins = _dce_takes_live_ins(cls)
+
+
+def _dce_takes_live_ins(cls) -> bool:
+  try:
+    params = list(inspect.signature(cls.dce).parameters.values())[1:]
+  except (TypeError, ValueError):
+    return True  # not introspectable: JAX 0.12's form
+  if any(p.kind is p.VAR_POSITIONAL for p in params):
+    return True
+  positional = [p for p in params
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  required = [p for p in params if p.default is p.empty
+              and p.kind is not p.VAR_KEYWORD]
+  if len(positional) >= 2 and len(required) <= 2:
+    return True
+  if len(positional) == 1 and len(required) <= 1:
+    return False
+  raise TypeError(
+      f"{cls.__name__}.dce takes {len(positional)} positional parameter(s) "
+      "after self: write `dce(self, used_outs, live_ins)` (JAX 0.12's form) "
+      "or `dce(self, used_outs)` (0.11.2's)")
+
+
+def check_backward_rules(cls, base) -> None:
+  """Rejects a class whose `vjp_bwd_retval` would never be called.
+
+  The default `HiPrim.vjp_bwd` (``base.vjp_bwd``) is what calls
+  `vjp_bwd_retval` (or an overriding `vjp_bwd_retval_logs`), so a `vjp_bwd`
+  defined in the same class, or in a subclass of the one defining the
+  retval rule, hides it. (A subclass may replace an inherited retval rule
+  with its own `vjp_bwd`.)
+  """
+  bwd = owner(cls, "vjp_bwd")
+  if bwd is base:
+    return
+  for rule in ("vjp_bwd_retval", "vjp_bwd_retval_logs"):
+    retval = owner(cls, rule)
+    if retval is base or isinstance(retval.__dict__[rule], bool):
+      continue  # (the flag form of vjp_bwd_retval_logs is not a rule)
+    if cls.__mro__.index(retval) <= cls.__mro__.index(bwd):
+      name = cls.__name__
+      raise TypeError(
+          f"{name}.vjp_bwd (from {bwd.__name__}) and {name}.{rule} "
+          f"(from {retval.__name__}) are both defined, so {rule} would "
+          "never be called: reverse mode calls vjp_bwd. Define only one "
+          f"backward rule: {rule}(self, res, g) returning cotangents, or "
+          "vjp_bwd(self, res, g, *accums) accumulating them")
+
+
+def missing_jvp_fix(cls, base) -> str:
+  """What to write for forward mode, given the rules ``cls`` defines."""
+  if owner(cls, "lin") is not base:
+    return ("implement `jvp(self, primals, tangents)`, or derive it from "
+            "`lin`/`linearized` with `jvp = jvp_from_lin` in the class body")
+  if owner(cls, "vjp_fwd") is not base:
+    return ("implement `jvp(self, primals, tangents)`, or derive it from the "
+            "reverse-mode rules with `jvp = jvp_from_vjp` in the class body")
+  return "implement `jvp(self, primals, tangents)`"
+
+
+class falsy_method:  # noqa: N801 - used as a decorator, like `property`
+  """A method whose bound form reads as False.
+
+  `HiPrim.vjp_bwd_retval_logs` is a method in jax 0.11.2 and 0.12, and a
+  boolean flag in JAX's earlier API; its default is both: callable, and False
+  in ``if self.vjp_bwd_retval_logs:``.
+  """
+
+  def __init__(self, func: Callable[..., Any]) -> None:
+    self.func = func
+    functools.update_wrapper(self, func)  # pyright: ignore[reportArgumentType]
+
+  def __get__(self, obj: Any, objtype: Any = None) -> Any:
+    return self if obj is None else _FalsyBound(self.func, obj)
+
+  def __call__(self, obj: Any, *args: Any) -> Any:
+    """Called on the class: ``HiPrim.vjp_bwd_retval_logs(prim, res, g)``."""
+    return self.func(obj, *args)
+
+
+class _FalsyBound:
+  __slots__ = ("func", "obj")
+
+  def __init__(self, func, obj):
+    self.func, self.obj = func, obj
+
+  def __call__(self, *args):
+    return self.func(self.obj, *args)
+
+  def __bool__(self):
+    return False
 
 
 def param_name_error(prim, key) -> TypeError:
@@ -103,17 +233,24 @@ def _hashable(x) -> bool:
   return True
 
 
-def split_retval_logs(prim, out):
-  """``(cotangents, logs)`` from `vjp_bwd_retval`; TypeError if not a pair."""
+def split_retval_logs(prim, out, method="vjp_bwd_retval"):
+  """``(cotangents, logs)`` from ``prim.method``; TypeError if not a pair.
+
+  ``method`` is "vjp_bwd_retval" (the class sets the flag) or
+  "vjp_bwd_retval_logs" (the class overrides that method).
+  """
   # The logs are None or a dict; a second entry that is neither is a cotangent
   # of a two-input primitive whose rule forgot the logs.
   if not (isinstance(out, tuple) and len(out) == 2
           and (out[1] is None or type(out[1]) is dict)):
+    name = type(prim).__name__
+    why = ("the class sets vjp_bwd_retval_logs = True, so vjp_bwd_retval must "
+           "return" if method == "vjp_bwd_retval" else "it must return")
+    fix = ("`(cts, logs)`, or remove `vjp_bwd_retval_logs = True`"
+           if method == "vjp_bwd_retval" else "`(cts, logs)`, or `(cts, None)`")
     raise TypeError(
-        f"{type(prim).__name__}.vjp_bwd_retval returned {describe_value(out)}, but "
-        "the class sets vjp_bwd_retval_logs = True, so vjp_bwd_retval must "
-        "return a pair (cotangents, logs) with logs None or a dict: return "
-        "`(cts, logs)`, or remove `vjp_bwd_retval_logs = True`")
+        f"{name}.{method} returned {describe_value(out)}, but {why} a pair "
+        f"(cotangents, logs) with logs None or a dict: return {fix}")
   return out
 
 

@@ -170,6 +170,12 @@ def check_tangents(prim: Any, method: Any, tangent_avals: Any,
 
 def _linearize_rule(is_vjp, nzs_in_flat, *args_flat, prim):
   name = type(prim).__name__
+  if prim.skip_linearization_on_zero_tangents and not any(nzs_in_flat) and not any(
+      isinstance(core.typeof(x), AbstractRef) for x in args_flat):
+    # No tangent flows in: apply the primitive, without its forward rule.
+    out_flat = prim._primitive.bind(*args_flat, _prim=prim)
+    zeros = lambda *_: [Zero(a.to_tangent_aval()) for a in prim.out_avals_flat]
+    return out_flat, [False] * len(out_flat), None, None, zeros
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   nzs_in = jax.tree.unflatten(prim.in_tree, list(nzs_in_flat))
   method = "vjp_fwd" if is_vjp else "lin"
@@ -307,7 +313,7 @@ def checked_backward(prim: HiPrim, accums_flat):
   symbolic zero in either gets advice.
   """
   own_bwd = type(prim).vjp_bwd is not HiPrim.vjp_bwd
-  method = "vjp_bwd" if own_bwd else "vjp_bwd_retval"
+  method = "vjp_bwd" if own_bwd else prim._retval_rule()
   with _checks.rule_context(f"{type(prim).__name__}.{method}"):
     if own_bwd:
       with _checked_accums(prim, method, accums_flat, _input_of_leaf(prim)):

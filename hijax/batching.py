@@ -35,7 +35,76 @@ from hijax.autodiff import (NullAccum, ValAccum, Zero, checked_backward,
                             instantiate_zeros)
 from hijax.primitive import DEFAULT_RULES, HiPrim, RULE_INSTALLERS
 
-__all__ = ["Batched", "batch_from_dim_rule"]
+__all__ = ["Batched", "batch_from_dim_rule", "vmap_rule", "bdims_at_front",
+           "unmap_avals"]
+
+
+# --- helpers for writing a `batch` rule (jax 0.12's, or ours with 0.11.2) ------------
+
+def own_unmap_avals(axis_data: Any, avals: Any, dims: Any) -> Any:
+  """The batched types: each type of ``avals`` with an axis of size
+  ``axis_data.size`` inserted at its entry of ``dims`` (None: unchanged)."""
+  return jax.tree.map(lambda a, d: core.unmapped_aval(
+      axis_data.size, d, a, axis_data.explicit_mesh_axis), avals, dims)
+
+
+def own_bdims_at_front(axis_data: Any, args: Any, dims: Any) -> Any:
+  """``args`` with each batch axis moved to the front; an unbatched argument
+  (dim None) is broadcast along a new leading axis of size ``axis_data.size``."""
+  return jax.tree.map(lambda x, d: batching.bdim_at_front(
+      x, d, axis_data.size, axis_data.explicit_mesh_axis), args, dims)
+
+
+def own_vmap_rule(axis_data: Any, f: Any, in_axes: Any, out_axes: Any, *,
+                  sum_match: bool = False) -> Any:
+  """``f`` vmapped over the batch that ``axis_data`` describes, for a `batch` rule.
+
+  Symbolic zeros among the arguments get the per-example type inside, and
+  among the results the batched type outside, so tangents and cotangents may
+  pass through. An entry of ``out_axes`` may be ``batching.infer`` (JAX's
+  marker); the function then returns ``(out, inferred_out_axes)``.
+  """
+  size = axis_data.size
+  infers = any(d is batching.infer for d in jax.tree.leaves(out_axes))
+  vmapped = jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=size,
+                     axis_name=axis_data.name,
+                     spmd_axis_name=axis_data.spmd_name or
+                     axis_data.explicit_mesh_axis, sum_match=sum_match)
+
+  def to_example(d, x):
+    return Zero(core.mapped_aval(size, d, x.aval)) if _is_zero_at(d, x) else x
+
+  def to_batch(d, x):
+    if not _is_zero_at(d, x) or d is batching.sum_axis or d is batching.infer:
+      return x
+    return Zero(core.unmapped_aval(size, d, x.aval,
+                                   axis_data.explicit_mesh_axis))
+
+  def batched(*args):
+    args = jax.tree.map(to_example, in_axes, args, is_leaf=is_none)
+    result = vmapped(*args)
+    out, inferred = result if infers else (result, None)
+    out = jax.tree.map(to_batch, out_axes, out, is_leaf=is_none)
+    return (out, inferred) if infers else out
+  return batched
+
+
+def _is_zero_at(d, x) -> bool:
+  return isinstance(x, Zero) and d is not None
+
+
+# JAX's own helpers where the installed JAX has them (0.12), ours otherwise.
+vmap_rule: Any = getattr(_jax_hijax, "vmap_rule", own_vmap_rule)
+"""``vmap_rule(axis_data, f, in_axes, out_axes, *, sum_match=False)``: ``f``
+vmapped over the batch of a `HiPrim.batch` rule, symbolic zeros passing
+through (JAX's own with jax 0.12; `own_vmap_rule` with 0.11.2)."""
+bdims_at_front: Any = getattr(_jax_hijax, "bdims_at_front", own_bdims_at_front)
+"""``bdims_at_front(axis_data, args, dims)``: each argument with its batch axis
+first, unbatched ones broadcast (JAX's own with jax 0.12;
+`own_bdims_at_front` with 0.11.2)."""
+unmap_avals: Any = getattr(_jax_hijax, "unmap_avals", own_unmap_avals)
+"""``unmap_avals(axis_data, avals, dims)``: the batched types (JAX's own with
+jax 0.12; `own_unmap_avals` with 0.11.2)."""
 
 
 def batch_from_dim_rule(prim: HiPrim, axis_data: Any, args: Any,

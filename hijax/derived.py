@@ -9,7 +9,10 @@
 * ``jvp = jvp_from_vjp``: forward mode by transposing the backward rule in its
   cotangent (checked to be linear in it first, by `hijax._linearity`).
 
-The pairs are named tuples of two functions, so they unpack into two methods.
+The pairs are named tuples of two functions, with JAX's field names
+(``linearize_from_jvp.lin``, ``.linearized``; ``vjp_from_jvp.vjp_fwd``,
+``.vjp_bwd_retval``; likewise ``vjp_from_lin``), so they unpack into two
+methods.
 A class that assigns a derived method to another name (``lin, linearized =
 vjp_from_jvp``), or a pair without unpacking it, is rejected when it is created.
 
@@ -18,7 +21,7 @@ class-creation checks are installers appended to `RULE_INSTALLERS`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.extend.core
@@ -35,7 +38,7 @@ from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin",
-           "jvp_from_vjp"]
+           "jvp_from_vjp", "LinearizeFromJvp", "VjpFromJvp", "VjpFromLin"]
 
 
 def _zero_tangents(prim: HiPrim, nzs_flat, nz_tangents):
@@ -234,46 +237,92 @@ def _vjp_bwd_from_jvp(self, saved, g):
 
 # --- the pairs ----------------------------------------------------------------------
 
-class RulePair:
-  """Two derived methods, to be unpacked in a class body (calling it is an error)."""
+class _Pair:
+  """What the three pairs add to their named tuple's fields."""
 
+  __slots__ = ()
   name: str
   targets: str
-  first: Callable[..., Any]
-  second: Callable[..., Any]
-
-  def __init__(self, name: str, targets: str, first: Callable[..., Any],
-               second: Callable[..., Any]) -> None:
-    self.name, self.targets = name, targets
-    self.first, self.second = first, second
-
-  def __iter__(self) -> Iterator[Any]:
-    return iter((self.first, self.second))
-
-  def __repr__(self) -> str:
-    return self.name
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     raise TypeError(f"{self.name} defines two methods: unpack it in the class "
                     f"body, `{self.targets} = {self.name}`")
 
+  def __repr__(self) -> str:
+    return self.name
 
-linearize_from_jvp: RulePair = RulePair("linearize_from_jvp", "lin, linearized",
-                              _lin_from_jvp, _linearized_from_jvp)
+  # Each pair's two methods by position, for code that does not know the
+  # pair's field names (such as hijax.testing).
+  @property
+  def first(self) -> Callable[..., Any]:
+    """The first of the two methods."""
+    return self[0]  # pyright: ignore[reportIndexIssue]
+
+  @property
+  def second(self) -> Callable[..., Any]:
+    """The second of the two methods."""
+    return self[1]  # pyright: ignore[reportIndexIssue]
+
+
+class _LinFields(NamedTuple):
+  lin: Callable[..., Any]
+  """`HiPrim.lin` derived from `HiPrim.jvp`."""
+  linearized: Callable[..., Any]
+  """`HiPrim.linearized`, the linear map `lin` recorded."""
+
+
+class _VjpFields(NamedTuple):
+  vjp_fwd: Callable[..., Any]
+  """The derived `HiPrim.vjp_fwd`."""
+  vjp_bwd_retval: Callable[..., Any]
+  """The derived `HiPrim.vjp_bwd_retval`."""
+
+
+class LinearizeFromJvp(_Pair, _LinFields):
+  """The pair `linearize_from_jvp`: a named tuple ``(lin, linearized)``."""
+
+  __slots__ = ()
+  name = "linearize_from_jvp"
+  targets = "lin, linearized"
+
+
+class VjpFromJvp(_Pair, _VjpFields):
+  """The pair `vjp_from_jvp`: a named tuple ``(vjp_fwd, vjp_bwd_retval)``,
+  saving the primal inputs and transposing `HiPrim.jvp`."""
+
+  __slots__ = ()
+  name = "vjp_from_jvp"
+  targets = "vjp_fwd, vjp_bwd_retval"
+
+
+class VjpFromLin(_Pair, _VjpFields):
+  """The pair `vjp_from_lin`: a named tuple ``(vjp_fwd, vjp_bwd_retval)``,
+  saving the residuals of `HiPrim.lin` and transposing `HiPrim.linearized`."""
+
+  __slots__ = ()
+  name = "vjp_from_lin"
+  targets = "vjp_fwd, vjp_bwd_retval"
+
+
+RulePair: tuple[type, ...] = (LinearizeFromJvp, VjpFromJvp, VjpFromLin)
+"""The classes of the derived pairs (named tuples of two methods, with JAX's
+field names), for ``isinstance``."""
+
+linearize_from_jvp: LinearizeFromJvp = LinearizeFromJvp(_lin_from_jvp,
+                                                        _linearized_from_jvp)
 """``lin, linearized = linearize_from_jvp``: linearization from the `jvp` rule."""
 
-vjp_from_lin: RulePair = RulePair("vjp_from_lin", "vjp_fwd, vjp_bwd_retval",
-                        _vjp_fwd_from_lin, _vjp_bwd_from_lin)
+vjp_from_lin: VjpFromLin = VjpFromLin(_vjp_fwd_from_lin, _vjp_bwd_from_lin)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_lin``: reverse mode by transposing `linearized`."""
 
-vjp_from_jvp: RulePair = RulePair("vjp_from_jvp", "vjp_fwd, vjp_bwd_retval",
-                        _vjp_fwd_from_jvp, _vjp_bwd_from_jvp)
+vjp_from_jvp: VjpFromJvp = VjpFromJvp(_vjp_fwd_from_jvp, _vjp_bwd_from_jvp)
 """``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``: reverse mode by transposing `jvp`."""
 
 
 _PAIRS = (linearize_from_jvp, vjp_from_lin, vjp_from_jvp)
-_RIGHT_NAME: dict[int, tuple[Any, RulePair | None, str]] = {id(f): (f, pair, name) for pair in _PAIRS
-               for f, name in zip(pair, pair.targets.split(", "))}
+_RIGHT_NAME: dict[int, tuple[Any, Any, str]] = {
+    id(f): (f, pair, name) for pair in _PAIRS
+    for f, name in zip(pair, pair.targets.split(", "))}
 _RIGHT_NAME[id(jvp_from_lin)] = (jvp_from_lin, None, "jvp")
 _RIGHT_NAME[id(jvp_from_vjp)] = (jvp_from_vjp, None, "jvp")
 

@@ -39,15 +39,19 @@ import jax.extend  # noqa: F401  (jax.extend.core.Primitive)
 import jax.numpy as jnp
 from jax.extend import source_info_util
 
+from jax.experimental.hijax import ValAccum
+
 from hijax._core_rules import (JAX_VALUES, flatten_output,  # noqa: F401
-                               install_core_rules, new_primitive, pp_params,
-                               taking_prim)
+                               format_params, install_core_rules,
+                               new_primitive, taking_prim)
 from hijax._cotangents import accumulate
 from hijax._internals import core
 from hijax._internals import traceback_util
-from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
-                                flatten_types, missing_attribute_error,
-                                param_name_error, reserved_names,
+from hijax._declaration import (SET_BY_INIT, argument_type_error,
+                                check_backward_rules, effect_set,
+                                falsy_method, flatten_types, hook_flags,
+                                missing_attribute_error, missing_jvp_fix,
+                                owner, param_name_error, reserved_names,
                                 split_retval_logs, unhashable_error)
 
 # Like JAX's own frames, hijax's are hidden from user tracebacks and skipped
@@ -56,7 +60,7 @@ from hijax._declaration import (SET_BY_INIT, argument_type_error, effect_set,
 traceback_util.register_exclusion(os.path.dirname(__file__))
 source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
 
-__all__ = ["HiPrim", "RULE_INSTALLERS", "DEFAULT_RULES"]
+__all__ = ["HiPrim", "VJPHiPrimitive", "RULE_INSTALLERS", "DEFAULT_RULES"]
 
 RULE_INSTALLERS: list[Callable[[type[HiPrim]], None]] = [install_core_rules]
 """Functions ``install(cls)`` run for each new `HiPrim` subclass."""
@@ -85,14 +89,20 @@ class HiPrim:
 
   Two instances are equal (and JAX treats them as the same primitive
   application) exactly when their class, ``in_avals``, ``out_aval``,
-  ``params`` and ``effects`` (any collection of JAX effects) are equal.
+  ``params`` and ``effects`` (any collection of JAX effects) are equal. (JAX's
+  own ``HiPrim`` does not compare the types; hijax does, so that two
+  applications are never confused under ``jit``.)
 
   The only required method is `expand`, the implementation in ordinary JAX
   operations. The other methods are rules for transformations, each optional
   until the transformation is used: `vjp_fwd` with `vjp_bwd_retval` or
   `vjp_bwd` (reverse mode), `jvp` (forward mode), `lin` with `linearized`
   (``jax.linearize``), `batch_dim_rule` or `batch` (``vmap``), `transpose`
-  (linear primitives), `dce` and `remat`.
+  (linear primitives), `dce` and `remat`. The hooks `check`, `staging` and
+  `pp_params` and the flag `skip_linearization_on_zero_tangents` do what they
+  do in ``jax.experimental.hijax``; a rule whose form changed between JAX
+  releases (`vjp_bwd_retval_logs`, `dce`, `remat`) may take either form.
+  `VJPHiPrimitive`, the class's name in JAX's earlier API, is the same class.
 
   For type checkers, a rule that takes a variable number of arguments is
   declared ``(self, ..., *args: Any, **kwargs: Any)``, the form they read as
@@ -112,15 +122,6 @@ class HiPrim:
   out_avals_flat: list[Any]
   out_tree: Any
 
-  vjp_bwd_retval_logs: bool = False
-  """Set to True when `vjp_bwd_retval` returns ``(cotangents, logs)``."""
-
-  jet_from_expand: bool = False
-  """Set to True to let ``jax.experimental.jet`` (Taylor mode) differentiate
-  `expand`. jet cannot apply the primitive's rules, so without this it raises
-  a TypeError: the series of `expand` can disagree with a rule that is not
-  `expand`'s derivative (straight-through, or safe at a singularity)."""
-
   def _jet_subject(self) -> HiPrim:
     """The primitive whose `jet_from_expand` decides (a wrapper's inner one)."""
     return self
@@ -128,17 +129,23 @@ class HiPrim:
   def _derivative_rules(self) -> list[str]:
     """The derivative rules (``jvp``, ``lin``, ``vjp_fwd``) the class defines."""
     return [m for m in ("jvp", "lin", "vjp_fwd")
-            if _owner(type(self), m) is not HiPrim]
+            if owner(type(self), m) is not HiPrim]
 
   # Filled in by `__init_subclass__`.
   _primitive: jax.extend.core.Primitive
   _linearized_primitive: jax.extend.core.Primitive
+  _has_check: bool = False  # (these three: by `hook_flags`)
+  _has_staging: bool = False
+  _dce_takes_live_ins: bool = True
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)
+    # Which hooks the class overrides and which form of `dce` it uses; a hook
+    # hijax cannot honour (`physicalize`) is refused here.
+    hook_flags(cls, HiPrim)
     cls._primitive = new_primitive(cls.__name__)
     cls._linearized_primitive = new_primitive(f"{cls.__name__}.linearized")
-    _check_backward_rules(cls)
+    check_backward_rules(cls, HiPrim)
     cls._reserved_names = reserved_names(cls)
     for install in RULE_INSTALLERS:
       install(cls)
@@ -185,6 +192,8 @@ class HiPrim:
     # Fast paths for the common case: array arguments and a single output.
     self._args_are_leaves = in_kind == "tuple"
     self._single_output = out_kind == "leaf"
+    if self._has_check:
+      self.check(*self.in_avals)
 
   # --- the implementation -------------------------------------------------
 
@@ -225,23 +234,49 @@ class HiPrim:
 
     Receives one `GradAccum` per input (a pytree matching ``in_avals``) and
     calls ``acc.accum(ct)``. Returns None or a dict of backward-pass logs. The
-    default calls `vjp_bwd_retval` and accumulates what it returns.
+    default calls `vjp_bwd_retval` (or an overriding `vjp_bwd_retval_logs`)
+    and accumulates what it returns.
     """
-    out = self.vjp_bwd_retval(res, g)
-    logs = None
-    if self.vjp_bwd_retval_logs:
-      out, logs = split_retval_logs(self, out)
-    accumulate(self, arg_accums, out)
+    form = self.vjp_bwd_retval_logs
+    if not form:  # neither the flag nor an overriding method
+      accumulate(self, arg_accums, self.vjp_bwd_retval(res, g))
+      return None
+    method = self._retval_rule()
+    out = self.vjp_bwd_retval(res, g) if form is True else form(res, g)
+    out, logs = split_retval_logs(self, out, method)
+    accumulate(self, arg_accums, out, method)
     return logs
+
+  @falsy_method
+  def vjp_bwd_retval_logs(self, res: Any, g: Any, /) -> Any:
+    """Backward pass returning ``(cotangents, logs)``, logs None or a dict.
+
+    Two forms. Override this method (as in jax 0.11.2 and 0.12) to return
+    the cotangents together with the logs; or set ``vjp_bwd_retval_logs =
+    True`` in the class body (as in JAX's earlier ``VJPHiPrimitive``) to say
+    that `vjp_bwd_retval` itself returns the pair. By default it returns
+    ``(vjp_bwd_retval(res, g), None)``, or, for a class that overrides
+    `vjp_bwd`, runs that with value accumulators; read as a boolean it is
+    then False.
+    """
+    if type(self).vjp_bwd is not HiPrim.vjp_bwd:
+      accums = [ValAccum(getattr(a, "inner_aval", a).to_ct_aval())
+                for a in self.in_avals_flat]
+      logs = self.vjp_bwd(res, g, *jax.tree.unflatten(self.in_tree, accums))
+      return jax.tree.unflatten(self.in_tree, [a.freeze() for a in accums]), logs
+    return self.vjp_bwd_retval(res, g), None
+
+  def _retval_rule(self) -> str:
+    """The rule whose cotangents the default `vjp_bwd` accumulates."""
+    form = self.vjp_bwd_retval_logs
+    return "vjp_bwd_retval_logs" if form and form is not True else "vjp_bwd_retval"
 
   # --- forward mode and linearization --------------------------------------
 
   def jvp(self, primals: Any, tangents: Any, /) -> Any:
     """Forward mode: ``(primals, tangents) -> (out, out_tangent)``."""
-    raise NotImplementedError(
-        f"{type(self).__name__} has no forward-mode rule: implement "
-        "`jvp(self, primals, tangents)`, or derive it from `lin`/`linearized` "
-        "with `jvp = jvp_from_lin` in the class body")
+    raise NotImplementedError(f"{type(self).__name__} has no forward-mode "
+                              f"rule: {missing_jvp_fix(type(self), HiPrim)}")
 
   def lin(self, nzs_in: Any, /, *args: Any, **kwargs: Any) -> Any:
     """Linearization: returns ``(out, residuals)`` like `vjp_fwd`."""
@@ -294,7 +329,8 @@ class HiPrim:
 
     ``used_outs`` mirrors ``out_aval`` with booleans. The default keeps the whole
     primitive if any output is used (or it has effects) and drops it otherwise.
-    ``live_ins`` is None on JAX versions that do not report it.
+    ``live_ins`` is None on JAX versions that do not report it. An override
+    may take ``(used_outs)`` alone, as in jax 0.11.2, on any JAX version.
     """
     del live_ins
     if any(jax.tree.leaves(used_outs)) or self.effects:
@@ -305,11 +341,47 @@ class HiPrim:
     """Rematerialization under ``jax.checkpoint`` (with ``jax_remat3``).
 
     Returns ``(out, res, rem)``: ``res`` is saved, and ``rem(res, *args)``
-    recomputes ``out`` in the backward pass. The default saves nothing and
-    recomputes the whole primitive.
+    recomputes ``out`` in the backward pass (jax 0.12's form); or ``(out,
+    rem)`` with ``rem(*args)`` (jax 0.11.2's), on any JAX version. The default
+    saves nothing and recomputes the whole primitive.
     """
     del trace
     return self(*args), (), lambda _, *args: self(*args)
+
+  # --- checking, staging and printing ------------------------------------------
+
+  def check(self, *in_avals: Any) -> None:
+    """Validation of the argument types, to raise on a misuse; by default none.
+
+    Called with ``in_avals`` at the end of `HiPrim.__init__` and again when
+    JAX type-checks a jaxpr containing the primitive (``jax_enable_checks``).
+    """
+
+  def staging(self, trace: Any, source_info: Any, /, *args: Any) -> Any:
+    """How ``jit`` (any staging trace) records an application; returns the
+    output. The default records one equation of the primitive; an override
+    may record something else (``self.expand(*args)``, say), traced into
+    ``trace``, as JAX's own ``HiPrim.staging`` may."""
+    outs = trace.default_process_primitive(
+        self._primitive, jax.tree.leaves(args), dict(_prim=self), source_info)
+    return jax.tree.unflatten(self.out_tree, outs)
+
+  def pp_params(self) -> dict[str, Any]:
+    """The params a jaxpr and ``repr`` show: by default those not starting with ``_``."""
+    return {k: v for k, v in self.params.items() if not k.startswith("_")}
+
+  # --- flags --------------------------------------------------------------------
+
+  skip_linearization_on_zero_tangents: bool = False
+  """Set to True to skip `vjp_fwd` (and `lin`) when no input has a nonzero
+  tangent: the primitive is then applied as it is and its output tangents
+  are zeros (as in JAX's own ``HiPrim``)."""
+
+  jet_from_expand: bool = False
+  """Set to True to let ``jax.experimental.jet`` (Taylor mode) differentiate
+  `expand`. jet cannot apply the primitive's rules, so without this it raises
+  a TypeError: the series of `expand` can disagree with a rule that is not
+  `expand`'s derivative (straight-through, or safe at a singularity)."""
 
   # --- binding ----------------------------------------------------------------
 
@@ -353,7 +425,7 @@ class HiPrim:
     return args_flat
 
   def __repr__(self) -> str:
-    return f"{type(self).__name__}{pp_params(self)}"
+    return f"{type(self).__name__}{format_params(self)}"
 
   def __getattr__(self, name: str) -> Any:
     # Reached only when ordinary lookup fails: an attribute that
@@ -404,27 +476,5 @@ if getattr(sys.modules.get(type(_AUTO_LAYOUT).__module__), "AutoLayout",
   copyreg.pickle(type(_AUTO_LAYOUT), lambda _: "AutoLayout")
 
 
-
-def _owner(cls, name) -> type:
-  return next(c for c in cls.__mro__ if name in c.__dict__)
-
-
-def _check_backward_rules(cls):
-  """Rejects a class whose `vjp_bwd_retval` would never be called.
-
-  The default `HiPrim.vjp_bwd` is what calls `vjp_bwd_retval`, so a `vjp_bwd`
-  defined in the same class, or in a subclass of the one defining
-  `vjp_bwd_retval`, hides it. (A subclass may replace an inherited
-  `vjp_bwd_retval` with its own `vjp_bwd`.)
-  """
-  bwd, retval = _owner(cls, "vjp_bwd"), _owner(cls, "vjp_bwd_retval")
-  if bwd is HiPrim or retval is HiPrim:
-    return
-  if cls.__mro__.index(retval) <= cls.__mro__.index(bwd):
-    name = cls.__name__
-    raise TypeError(
-        f"{name}.vjp_bwd (from {bwd.__name__}) and {name}.vjp_bwd_retval "
-        f"(from {retval.__name__}) are both defined, so vjp_bwd_retval would "
-        "never be called: reverse mode calls vjp_bwd. Define only one "
-        "backward rule: vjp_bwd_retval(self, res, g) returning cotangents, or "
-        "vjp_bwd(self, res, g, *accums) accumulating them")
+VJPHiPrimitive = HiPrim
+"""The name of `HiPrim` in JAX's development API until jax 0.11.1 (2026)."""

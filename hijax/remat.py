@@ -17,14 +17,18 @@ It is built on the `HiPrim.remat` method, which ``jax.checkpoint`` calls (with
 Policies are plain functions in JAX, so ``f_fwd`` could not ask them anything.
 `SaveOnlyTheseNames` is a policy that is also a record: ``f_fwd`` can test
 ``isinstance(policy, SaveOnlyTheseNames)`` and look at ``.saveable_names``.
-JAX's own ``save_only_these_names`` and ``save_any_names_but_these`` policies
-reach ``f_fwd`` converted to these records.
+`SaveAndOffloadOnlyTheseNames` is the record of a policy that also offloads
+named values to another memory kind. JAX's own ``save_only_these_names``,
+``save_any_names_but_these`` and ``save_and_offload_only_these_names``
+policies reach ``f_fwd`` converted to these records.
 """
-# Imports: `hijax.primitive`, `hijax._checks` and `hijax._compat`.
+# Imports: `hijax.primitive`, `hijax._checks`, `hijax._compat` and
+# `hijax._static_args`.
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 import jax
@@ -32,10 +36,13 @@ import jax
 from hijax import _checks
 from hijax import _compat
 from hijax._internals import ad_checkpoint as _ad_checkpoint
+from hijax._internals import partial_eval as _pe
+from hijax._static_args import Statics, StaticSpec, fn_name as _name
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_remat", "SaveOnlyTheseNames", "save_only_these_names",
-           "SaveAnyNamesButThese", "save_any_names_but_these"]
+           "SaveAnyNamesButThese", "save_any_names_but_these",
+           "SaveAndOffloadOnlyTheseNames", "save_and_offload_only_these_names"]
 
 _name_p = _ad_checkpoint.name_p  # what policies see for `checkpoint_name`
 
@@ -76,12 +83,69 @@ class SaveAnyNamesButThese:
     return prim is _name_p and params.get("name") not in self.names_not_saveable
 
 
+@dataclasses.dataclass(frozen=True)
+class SaveAndOffloadOnlyTheseNames:
+  """A policy saving the values named in ``names_which_can_be_saved``,
+  offloading those named in ``names_which_can_be_offloaded`` (moving them
+  from memory kind ``offload_src`` to ``offload_dst``, e.g. ``"device"`` to
+  ``"pinned_host"``, for the backward pass) and recomputing the rest.
+
+  The inspectable counterpart of
+  ``jax.checkpoint_policies.save_and_offload_only_these_names``, which
+  arrives as one of these at a `custom_remat` forward rule. On a CPU,
+  ``"device"`` and ``"pinned_host"`` memory are the same RAM: an offloaded
+  value is copied there and back, with the same values, and saves no memory.
+  """
+
+  names_which_can_be_saved: frozenset[str]
+  """The names whose values are saved where they are."""
+  names_which_can_be_offloaded: frozenset[str]
+  """The names whose values are saved in ``offload_dst`` memory."""
+  offload_src: str
+  """The memory kind the offloaded values are in (``"device"``)."""
+  offload_dst: str
+  """The memory kind they are saved in (``"pinned_host"``)."""
+
+  def __call__(self, prim: Any, *_: Any, **params: Any) -> Any:
+    """The policy: save, offload or recompute, by the value's name."""
+    if prim is _name_p:
+      name = params.get("name")
+      if name in self.names_which_can_be_saved:
+        return _pe.Saveable
+      if name in self.names_which_can_be_offloaded:
+        return _pe.Offloadable(src=self.offload_src, dst=self.offload_dst)
+    return _pe.Recompute
+
+
+def save_and_offload_only_these_names(
+    *, names_which_can_be_saved: Iterable[str],
+    names_which_can_be_offloaded: Iterable[str], offload_src: str,
+    offload_dst: str) -> SaveAndOffloadOnlyTheseNames:
+  """Policy saving some named values, offloading others, recomputing the rest
+  (`SaveAndOffloadOnlyTheseNames`; the keywords of JAX's own function).
+
+  Raises ``ValueError`` if a name is in both sets.
+  """
+  saved = frozenset(names_which_can_be_saved)
+  offloaded = frozenset(names_which_can_be_offloaded)
+  _check_names("save_and_offload_only_these_names", tuple(saved | offloaded))
+  if saved & offloaded:
+    raise ValueError(
+        "save_and_offload_only_these_names: a name is either saved or "
+        f"offloaded, not both: {sorted(saved & offloaded)} are in both "
+        "names_which_can_be_saved and names_which_can_be_offloaded")
+  return SaveAndOffloadOnlyTheseNames(saved, offloaded, offload_src,
+                                      offload_dst)
+
+
 def as_inspectable(policy: Any) -> Any:
   """``policy``, with JAX's own name policies replaced by their hijax equivalents.
 
-  ``jax.checkpoint_policies.save_only_these_names`` gives a `SaveOnlyTheseNames`
-  and ``save_any_names_but_these`` a `SaveAnyNamesButThese` (equal to those
-  that hijax's functions build); None, ``jax.checkpoint``'s default, gives
+  ``jax.checkpoint_policies.save_only_these_names`` gives a `SaveOnlyTheseNames`,
+  ``save_any_names_but_these`` a `SaveAnyNamesButThese` and
+  ``save_and_offload_only_these_names`` a `SaveAndOffloadOnlyTheseNames`
+  (equal to those that hijax's functions build); None, ``jax.checkpoint``'s
+  default, gives
   ``nothing_saveable``. Other policies are returned as they are.
   """
   if policy is None:
@@ -92,6 +156,9 @@ def as_inspectable(policy: Any) -> Any:
   names = _compat.unsaved_names_of(policy)
   if names is not None:
     return SaveAnyNamesButThese(names)
+  fields = _compat.offload_fields_of(policy)
+  if fields is not None:
+    return SaveAndOffloadOnlyTheseNames(*fields)
   return policy
 
 
@@ -117,7 +184,8 @@ def _check_names(fn, names):
 # --- custom_remat ---------------------------------------------------------------------
 
 def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
-                 f_bwd: Callable) -> Callable:
+                 f_bwd: Callable, *, static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Sequence[str] = ()) -> Callable:
   """Returns ``f`` with its own rematerialization rules for reverse mode.
 
   Args:
@@ -126,8 +194,9 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
     f_fwd: ``f_fwd(policy, *args) -> (out, res)``, the forward pass. Under
       ``jax.checkpoint`` (with ``jax_remat3``) ``policy`` is the checkpoint's
       policy (``jax.checkpoint_policies.nothing_saveable`` if none was given;
-      JAX's own name policies arrive as the equivalent `SaveOnlyTheseNames`
-      or `SaveAnyNamesButThese`, see `as_inspectable`); under plain ``grad``/``vjp`` it is
+      JAX's own name policies arrive as the equivalent `SaveOnlyTheseNames`,
+      `SaveAnyNamesButThese` or `SaveAndOffloadOnlyTheseNames`, see
+      `as_inspectable`); under plain ``grad``/``vjp`` it is
       ``jax.checkpoint_policies.everything_saveable``. ``res`` (any pytree of
       arrays, None to save nothing) is saved for the backward pass.
     f_rem: ``f_rem(res, *args) -> (out, res2)``, the rematerialization: given
@@ -135,31 +204,37 @@ def custom_remat(f: Callable, f_fwd: Callable, f_rem: Callable,
       ``res2`` that ``f_bwd`` needs. Under ``jax.checkpoint`` it runs on the
       backward pass; otherwise right after ``f_fwd``.
     f_bwd: ``f_bwd(res2, g) -> cotangents``, a tuple with one cotangent per
-      argument of ``f`` (None for a zero cotangent).
+      positional argument of ``f`` (None for a zero cotangent, and for a
+      static argument).
+    static_argnums: positions of arguments that are static, as in
+      ``jax.jit``: hashable Python values, passed as they are to ``f``,
+      ``f_fwd`` and ``f_rem`` (negative positions count from the end).
+    static_argnames: names of parameters that are static, likewise, whether
+      passed by position or by keyword.
 
-  Only reverse mode is defined: ``jax.jvp`` and ``jax.linearize`` raise a
-  ``TypeError``. Arguments are positional; ``f``, ``f_fwd``, ``f_rem`` and
+  An argument passed by keyword to a parameter that ``f`` also takes by
+  position counts as positional (as ``jax.custom_vjp`` reads it): it is passed
+  on by position, and ``f_bwd`` returns a cotangent for it. A keyword-only
+  parameter must be static. Only reverse mode is defined: ``jax.jvp`` and
+  ``jax.linearize`` raise a ``TypeError``. ``f``, ``f_fwd``, ``f_rem`` and
   ``f_bwd`` must not close over traced values (pass them as arguments).
   """
   for name, fn in (("f", f), ("f_fwd", f_fwd), ("f_rem", f_rem),
                    ("f_bwd", f_bwd)):
     if not callable(fn):
       raise TypeError(f"custom_remat: {name} must be callable, got {fn!r}")
+  spec = StaticSpec(f, static_argnums, static_argnames)
 
   @functools.wraps(f)
   def wrapped(*args, **kwargs):
-    if kwargs:
-      raise TypeError(f"custom_remat function {_name(f)} takes positional "
-                      "arguments only")
-    in_avals = jax.tree.map(jax.typeof, args)
-    out_aval = _out_types(f, args)
-    return CustomRemat(in_avals, out_aval, f, f_fwd, f_rem, f_bwd)(*args)
+    args, statics = spec.split(args, kwargs)
+    dynamic = statics.dynamic(args)
+    in_avals = jax.tree.map(jax.typeof, dynamic)
+    out_aval = _out_types(lambda *dyn: statics.call(f, dyn), dynamic)
+    return CustomRemat(in_avals, out_aval, f, f_fwd, f_rem, f_bwd,
+                       statics)(*dynamic)
 
   return wrapped
-
-
-def _name(fn) -> str:
-  return getattr(fn, "__name__", repr(fn))
 
 
 def _out_types(f, args):
@@ -175,23 +250,34 @@ class CustomRemat(HiPrim):
   params: dict[str, Any]
 
   def __init__(self, in_avals: Any, out_aval: Any, f: Any, f_fwd: Any,
-               f_rem: Any, f_bwd: Any) -> None:
+               f_rem: Any, f_bwd: Any, statics: Any = None) -> None:
     self.in_avals = tuple(in_avals)
     self.out_aval = out_aval
-    self.params = dict(f=f, f_fwd=f_fwd, f_rem=f_rem, f_bwd=f_bwd)
+    if statics is None:
+      statics = Statics(len(self.in_avals), (), ())
+    self.params = dict(f=f, f_fwd=f_fwd, f_rem=f_rem, f_bwd=f_bwd,
+                       statics=statics)
     super().__init__()
 
   def __repr__(self) -> str:
     return f"CustomRemat[f={_name(self.f)}]"
 
+  def pp_params(self) -> dict[str, Any]:
+    """Shows ``f`` and the static arguments in a jaxpr."""
+    shown: dict[str, Any] = dict(f=self.f)
+    if self.statics.positional or self.statics.keywords:
+      shown["static"] = dict(self.statics.positional + self.statics.keywords)
+    return shown
+
   def expand(self, *args: Any) -> Any:
     """Evaluation and lowering: ``f`` itself."""
-    return self.f(*args)
+    return self.statics.call(self.f, args)
 
   def remat(self, trace: Any, *args: Any) -> Any:
     """Under ``jax.checkpoint``: save what ``f_fwd`` chooses; ``f_rem`` later."""
     policy = as_inspectable(trace.policy)
-    out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
+    out, res = _checked_pair(self, "f_fwd",
+                             self.statics.call(self.f_fwd, args, policy),
                              "(out, res)")
     return out, res, self._rematerialize
 
@@ -203,15 +289,18 @@ class CustomRemat(HiPrim):
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     """Outside ``jax.checkpoint`` everything is saveable: run both rules now."""
     policy = jax.checkpoint_policies.everything_saveable
-    out, res = _checked_pair(self, "f_fwd", self.f_fwd(policy, *args),
+    out, res = _checked_pair(self, "f_fwd",
+                             self.statics.call(self.f_fwd, args, policy),
                              "(out, res)")
-    _, res2 = _checked_pair(self, "f_rem", self.f_rem(res, *args),
+    _, res2 = _checked_pair(self, "f_rem",
+                            self.statics.call(self.f_rem, args, res),
                             "(out, res2)")
     return out, res2
 
   def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """The backward pass: ``f_bwd``, one cotangent per argument."""
-    return _cotangents(self, self.f_bwd(res2, g))
+    return self.statics.traced_cotangents(self.f, self.f_bwd,
+                                          self.f_bwd(res2, g))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
@@ -252,17 +341,21 @@ class Rematerialize(HiPrim):
   def expand(self, res: Any, *args: Any) -> Any:
     """The output that ``f_rem`` recomputes from the saved residuals."""
     prim = self.remat_prim
-    out, _ = _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
+    out, _ = _checked_pair(prim, "f_rem", prim.statics.call(prim.f_rem, args, res),
+                           "(out, res2)")
     return out
 
   def vjp_fwd(self, nzs_in: Any, res: Any, *args: Any) -> Any:
     """Runs ``f_rem``, keeping its ``res2`` for ``f_bwd``."""
     prim = self.remat_prim
-    return _checked_pair(prim, "f_rem", prim.f_rem(res, *args), "(out, res2)")
+    return _checked_pair(prim, "f_rem", prim.statics.call(prim.f_rem, args, res),
+                         "(out, res2)")
 
   def vjp_bwd_retval(self, res2: Any, g: Any) -> Any:
     """``f_bwd``; the saved residuals get no cotangent."""
-    return (None, *_cotangents(self.remat_prim, self.remat_prim.f_bwd(res2, g)))
+    prim = self.remat_prim
+    return (None, *prim.statics.traced_cotangents(prim.f, prim.f_bwd,
+                                                  prim.f_bwd(res2, g)))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode is not defined: raises ``TypeError``."""
@@ -296,17 +389,6 @@ def _checked_pair(prim: CustomRemat, role: str, result, what):
       f"custom_remat, from {_name(prim.f)}(*args),",
       f"{role} must return {what} with out equal to {_name(prim.f)}(*args).")
   return out, second
-
-
-def _cotangents(prim: CustomRemat, cts):
-  n = len(prim.in_avals)
-  if not isinstance(cts, (tuple, list)) or len(cts) != n:
-    raise TypeError(
-        f"custom_remat: {_name(prim.f_bwd)} must return a tuple with one "
-        f"cotangent per argument of {_name(prim.f)} ({n}), got "
-        f"{type(cts).__name__}"
-        + (f" of length {len(cts)}" if isinstance(cts, (tuple, list)) else ""))
-  return tuple(cts)
 
 
 def _forward_mode_error(f) -> TypeError:

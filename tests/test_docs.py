@@ -6,8 +6,9 @@
 - Every page is in a list of conf.py; a subpage hangs off one page's toctree.
 - The spec's own custom-derivatives page runs on hijax (by swapping its
   `jax.experimental.hijax` import for `hijax`).
-- docs/api.md's portability section names exactly the hijax-only names and
-  the names of jax.experimental.hijax that hijax lacks, for the installed JAX.
+- (docs/portability.md, which lists the hijax-only names and the differences
+  from jax.experimental.hijax, is run on both JAX versions by
+  tests/test_portability_page.py.)
 The notebooks' outputs themselves are checked by nbval (`nox -s tests`).
 """
 import importlib.util
@@ -171,40 +172,3 @@ def test_notebooks_are_checked_in_a_readers_environment():
                          re.S | re.M).group(1)
         assert re.search(r"env=(READER_ENV\b|\{\*\*READER_ENV\b)", body), \
             f"nox session {session} must use READER_ENV"
-
-
-def _backticked(text):
-  return set(re.findall(r"`([\w.]+)`", text))
-
-
-def test_api_page_portability_section_matches_installed_jax():
-  """docs/api.md says which names are hijax's own and which names of
-  jax.experimental.hijax hijax lacks; both lists must be true of the JAX the
-  tests run with (0.12.0.1 or 0.11.2)."""
-  import jax
-  import jax.experimental.hijax as jax_hijax
-  import hijax
-  text = (ROOT / "docs" / "api.md").read_text()
-  section = text.split("(jax-301-api-portability)=", 1)[1].split("\n## ", 2)[1]
-  table = [l for l in section.splitlines() if l.strip().startswith("| `")]
-  listed_only = set().union(*(_backticked(l.split("|")[1]) for l in table))
-  public = lambda mod: {n for n in dir(mod) if not n.startswith("_")}
-  hijax_only = {n for n in hijax.__all__ if not hasattr(jax_hijax, n)}
-  submodules = {"testing", "implicit", "debug"}
-  assert not any(hasattr(jax_hijax, m) for m in submodules)
-  # HiPrim attributes of hijax's own, listed as `HiPrim.name`
-  attrs = {n for n in listed_only if n.startswith("HiPrim.")}
-  for n in attrs:
-    name = n.split(".", 1)[1]
-    assert hasattr(hijax.HiPrim, name) and not hasattr(jax_hijax.HiPrim, name)
-  assert listed_only - attrs == hijax_only | {f"hijax.{m}" for m in submodules}
-
-  missing = re.search(r"are not in hijax: (.*?)\(with both versions\), and "
-                      r"(.*?)\(with 0\.12 only\)", section, re.S)
-  both, only_012 = _backticked(missing.group(1)), _backticked(missing.group(2))
-  lacked = {n for n in public(jax_hijax) if not hasattr(hijax, n)}
-  new_jax = jax.__version_info__ >= (0, 12)
-  assert lacked == (both | only_012 if new_jax else both), lacked
-
-  assert "VJPHiPrimitive" not in public(jax_hijax)
-  assert hasattr(jax, "custom_remat") == (not new_jax)

@@ -108,9 +108,13 @@ def defined_rules(prim: Any) -> dict[str, str]:
     rules["jvp"] = f"{name}.jvp" + {
         derived.jvp_from_lin: " (jvp_from_lin)",
         derived.jvp_from_vjp: " (jvp_from_vjp)"}.get(cls.jvp, "")
-  if _overrides(cls, "vjp_fwd") and (_overrides(cls, "vjp_bwd")
+  # (vjp_bwd_retval_logs is a rule when it is a method, not the flag)
+  logs = (_overrides(cls, "vjp_bwd_retval_logs")
+          and callable(cls.vjp_bwd_retval_logs))
+  if _overrides(cls, "vjp_fwd") and (_overrides(cls, "vjp_bwd") or logs
                                       or _overrides(cls, "vjp_bwd_retval")):
-    bwd = "vjp_bwd" if _overrides(cls, "vjp_bwd") else "vjp_bwd_retval"
+    bwd = ("vjp_bwd" if _overrides(cls, "vjp_bwd") else
+           "vjp_bwd_retval_logs" if logs else "vjp_bwd_retval")
     how = {derived.vjp_from_lin.first: " (vjp_from_lin)",
            derived.vjp_from_jvp.first: " (vjp_from_jvp)"}.get(cls.vjp_fwd, "")
     rules["vjp"] = f"{name}.vjp_fwd/{bwd}{how}"
