@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -223,6 +224,69 @@ def unhashable_error(prim) -> TypeError:
             f"{name}.{attr} contains the type {type(aval).__name__}, which is "
             "not hashable: write a hi type as a frozen dataclass")
   return TypeError(f"{name}: its effects must be hashable")
+
+
+# Values a param may hold that can hide a traced value, and how to look inside.
+_SCALAR_PARAMS = (bool, int, float, complex, str, bytes, type(None), type)
+
+
+def captured_tracer(params: dict[str, Any]) -> tuple[str, Any] | None:
+  """``(key, tracer)`` for the first param holding a traced value, or None.
+
+  Looks inside functions (closure cells, default arguments), partials, bound
+  methods and containers, where a traced value hides from ``hash``: a param
+  is static, so such a value would be invisible to every rule.
+  """
+  for key, value in params.items():
+    if isinstance(value, _SCALAR_PARAMS):
+      continue  # the common case, checked without a walk
+    tracer = _find_tracer(value)
+    if tracer is not None:
+      return key, tracer
+  return None
+
+
+def _find_tracer(value: Any, budget: int = 500) -> Any:
+  stack, seen = [value], set()
+  while stack and budget > 0:
+    v = stack.pop()
+    budget -= 1
+    if isinstance(v, core.Tracer):
+      return v
+    if isinstance(v, _SCALAR_PARAMS) or id(v) in seen:
+      continue
+    seen.add(id(v))
+    if isinstance(v, types.FunctionType):
+      for cell in v.__closure__ or ():
+        try:
+          stack.append(cell.cell_contents)
+        except ValueError:  # a cell not yet assigned
+          pass
+      stack.extend(v.__defaults__ or ())
+      stack.extend((v.__kwdefaults__ or {}).values())
+    elif isinstance(v, functools.partial):
+      stack.extend((v.func, *v.args, *v.keywords.values()))
+    elif isinstance(v, types.MethodType):
+      stack.extend((v.__func__, v.__self__))
+    elif isinstance(v, (tuple, list, set, frozenset)):
+      stack.extend(v)
+    elif isinstance(v, dict):
+      stack.extend(v.values())
+  return None
+
+
+def captured_tracer_error(prim, key: str, tracer: Any) -> Exception:
+  """The error for a traced value captured in ``prim.params[key]``."""
+  name = type(prim).__name__
+  return jax.errors.UnexpectedTracerError(
+      f"{name}.params[{key!r}] holds a traced value of type "
+      f"{core.typeof(tracer).str_short()} (a function closing over it, "
+      "a partial or a container holding it). Params are static: no rule of "
+      f"{name} would see that value, so its derivative or batching would be "
+      "lost. Pass the value as an argument of the primitive (declared in "
+      "in_avals) instead; for a function param `f(x, a)` whose last argument "
+      "is an input, `f, a = hijax.closure_convert_params(f, x, a)` moves the "
+      "captured values into that argument")
 
 
 def _hashable(x) -> bool:

@@ -48,6 +48,7 @@ from hijax._cotangents import accumulate
 from hijax._internals import core
 from hijax._internals import traceback_util
 from hijax._declaration import (SET_BY_INIT, argument_type_error,
+                                captured_tracer, captured_tracer_error,
                                 check_backward_rules, effect_set,
                                 falsy_method, flatten_types, hook_flags,
                                 missing_attribute_error, missing_jvp_fix,
@@ -186,6 +187,9 @@ class HiPrim:
         hash(params_key)
       except TypeError:
         raise unhashable_error(self) from None
+      captured = captured_tracer(params)
+      if captured is not None:
+        raise captured_tracer_error(self, *captured)
     self._params_key = params_key
     self._hash = None
     self.__dict__.update(self.params)
