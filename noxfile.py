@@ -63,6 +63,12 @@ TOOL_PINS = [
     "pytest-xdist==3.8.0",
     "basedpyright==1.40.2",
     "mypy==2.4.1",
+    # The libraries the implicit page runs in its comparison (its hidden
+    # cells assert what each does with this JAX).
+    "optimistix==0.1.0",
+    "lineax==0.1.1",
+    "equinox==0.13.8",
+    "jaxopt==0.8.5",
 ]
 
 ROOT = Path(__file__).resolve().parent

@@ -172,3 +172,43 @@ def test_notebooks_are_checked_in_a_readers_environment():
                          re.S | re.M).group(1)
         assert re.search(r"env=(READER_ENV\b|\{\*\*READER_ENV\b)", body), \
             f"nox session {session} must use READER_ENV"
+
+
+def _page_imports():
+    """``{module: [pages]}`` for every top-level module a page's code imports."""
+    import ast
+    jupytext = pytest.importorskip("jupytext")
+    found = {}
+    for md in sorted((ROOT / "docs").glob("*.md")):
+        text = md.read_text(encoding="utf-8")
+        if "{code-cell}" not in text:
+            continue
+        for cell in jupytext.reads(text, fmt="md:myst").cells:
+            if cell.cell_type != "code":
+                continue
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:  # IPython magics: leave out their lines
+                tree = ast.parse("\n".join(
+                    l for l in cell.source.splitlines() if not l.startswith(("%", "!"))))
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom)
+                         and node.level == 0 else [])
+                for name in names:
+                    found.setdefault(name.split(".")[0], set()).add(md.stem)
+    return found
+
+
+def test_the_notebooks_extra_installs_what_the_pages_import():
+    """A reader who installs `.[notebooks]` (README) can run every page."""
+    import tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    provided = {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].replace("-", "_")
+                for req in extras["notebooks"]}
+    # hijax, JAX and what JAX itself requires; IPython comes with the kernel
+    provided |= {"jax", "jaxlib", "numpy", "scipy", "ml_dtypes", "hijax", "IPython"}
+    missing = {mod: sorted(pages) for mod, pages in _page_imports().items()
+               if mod not in provided and mod not in sys.stdlib_module_names}
+    assert not missing, f"pages import modules the notebooks extra lacks: {missing}"
