@@ -522,6 +522,9 @@ def test_assert_rules_hides_its_frames():
 _DOCS_RUNNER = r'''
 import contextlib, io, json, os, sys
 os.environ.setdefault("MPLBACKEND", "Agg")
+# A page's breakpoint() in a backward rule is a demo: the checker calling that
+# rule must not stop in a debugger (the default hook reads this at each call).
+os.environ["PYTHONBREAKPOINT"] = "0"
 import jax, jax.numpy as jnp, jupytext
 from hijax.primitive import HiPrim
 from hijax.testing import check_rules
@@ -593,8 +596,12 @@ _DOCS_INTENTIONAL = {
     "ScaleNoTranspose": {
         "ScaleNoTranspose.vjp_fwd/vjp_bwd_retval (vjp_from_jvp)"},
     # jvp_from_vjp of a backward rule that clips g: the page shows the error
-    "ClippedLogSumExp": {"ClippedLogSumExp.jvp (jvp_from_vjp)",
-                         "ClippedLogSumExp.batch_dim_rule"},
+    "ClippedLogSumExp": {"ClippedLogSumExp.jvp (jvp_from_vjp)"},
+    # a backward rule affine in g: the page shows the linearity check's error
+    "AddsOne": {"AddsOne.jvp (jvp_from_vjp)", "AddsOne.vjp_fwd/vjp_bwd_retval"},
+    # ... one that multiplies g by itself, and one that branches on g
+    "Squares": {"Squares.jvp (jvp_from_vjp)", "Squares.vjp_fwd/vjp_bwd_retval"},
+    "Branches": {"Branches.jvp (jvp_from_vjp)"},
 }
 # Known shortcomings of examples on the page (reported to its author).
 _DOCS_KNOWN_ISSUES: dict[str, set[str]] = {}
