@@ -48,8 +48,13 @@ return ``x`` alone: then only finiteness is checked). ``matvec=MatMul()`` hands
 and the transposed solve of its gradient.
 
 **Eager calls are compiled once.** Called on concrete values, each function
-runs a cached ``jax.jit`` of itself keyed on the functions, the solvers and the
-argument types: a second call compiles and traces nothing. The tangent and cotangent systems of `fixed_point` and
+runs a cached ``jax.jit`` of itself keyed on what its functions compute (their
+code and the values they read: closure cells, default arguments, the globals
+they load, a bound method's object), the solvers and the argument types; the
+JAX arrays a function captures are inputs of that program, not constants. A
+second call, even of a lambda written again in a loop or a cell, compiles
+and traces nothing, and a call whose function reads other values never gets
+a program traced for the old ones. The tangent and cotangent systems of `fixed_point` and
 `root` are solved by ``linear_solver=`` (default `Dense`: the Jacobian is
 materialized, one matvec per unknown, and factorized; `CG` and `GMRES` are
 matrix-free). `linear_solve` uses its own ``solver`` for them too.
