@@ -8,8 +8,13 @@ Problems (float32, CPU):
 
   scalar-root   vmap of a Newton square root over 10,000 values, and its grad
   eager-fp      one eager fixed_point call (a 3-dim contraction), no jit
+  eager-lambda  one eager root call of a lambda written in the loop (a new
+                function object each call), against optimistix's
   dense-200     a 200x200 dense solve (hijax: MatMul + Dense; lineax: LU) and
                 the gradient of its sum with respect to the matrix
+  dense-natural the same, written `linear_solve(lambda x, A: A @ x, b, A)`
+                (hijax recognises the matrix product; printed also as a ratio
+                to MatMul)
   cg-200        a 200x200 SPD solve by CG, and its gradient
   newton-50     a 50-dim Newton root: jacrev of the solution, and an HVP of a
                 loss of it
@@ -113,6 +118,10 @@ def lx_dense(A, b):
   return lx.linear_solve(lx.MatrixLinearOperator(A), b, lx.LU()).value
 
 
+def hijax_dense_natural(A, b):
+  return linear_solve(lambda x, A: A @ x, b, A, solver=Dense())
+
+
 def spd_matvec(x, A):
   return A @ x
 
@@ -213,6 +222,13 @@ def main():
           jax.grad(lambda A, b: lx_dense(A, b).sum()), (A, b), g_ref, repeat,
           rows)
 
+  compare("dense-natural value", hijax_dense_natural, lx_dense, (A, b), x_ref,
+          repeat, rows)
+  compare("dense-natural grad",
+          jax.grad(lambda A, b: hijax_dense_natural(A, b).sum()),
+          jax.grad(lambda A, b: lx_dense(A, b).sum()), (A, b), g_ref, repeat,
+          rows)
+
   Q = jax.random.normal(key, (200, 200)) / 200 ** 0.5
   S = Q @ Q.T + jnp.eye(200)
   compare("cg-200 value", hijax_cg, lx_cg, (S, b), jnp.linalg.solve(S, b),
@@ -247,6 +263,15 @@ def main():
   jitted_blocked = best(lambda p: jax.block_until_ready(jitted(p)), FP_PARAMS,
                         repeat=repeat)
 
+  # eager, a lambda written again at each call (as in a loop or a cell)
+  w0, y = jnp.float32(1.), jnp.float32(2.)
+  ours_lambda = lambda: root(lambda w, y: w * jnp.exp(w) - y, w0, y)
+  peer_lambda = lambda: optx.root_find(
+      lambda w, y: w * jnp.exp(w) - y, optx.Newton(rtol=1e-6, atol=1e-6), w0,
+      y).value
+  lambda_ours = best(ours_lambda, repeat=repeat)
+  lambda_peer = best(peer_lambda, repeat=min(repeat, 3), number=1)
+
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, float32; "
         "ratio = peer time / hijax time (>1: hijax faster)"
         + ("; hijax's checks STUBBED OUT" if options.stub_checks else ""))
@@ -257,6 +282,12 @@ def main():
           f"{t * 1e6:9.0f}us")
   print(f"{'eager fixed_point':<20} {eager_peer / eager_ours:9.2f} "
         f"{'':>8} {'':>10} {'':>10} {eager_ours * 1e6:9.0f}us")
+  t = {r[0]: r[5] for r in rows}
+  for what in ("value", "grad"):
+    print(f"dense-200 {what}: the natural form (A @ x) / MatMul(): "
+          f"{t['dense-natural ' + what] / t['dense-200 ' + what]:.2f} (time)")
+  print(f"{'eager-lambda root':<20} {lambda_peer / lambda_ours:9.2f} "
+        f"{'':>8} {'':>10} {'':>10} {lambda_ours * 1e6:9.0f}us")
   print(f"eager / jitted call of hijax fixed_point: "
         f"{eager_ours / jitted_blocked:.2f} (each call waited for), "
         f"{eager_ours / jitted_ours:.2f} (jitted calls queued)")

@@ -28,10 +28,11 @@ from hijax._internals import ad, batching, core
 from hijax.closure import closure_convert_params
 from hijax.implicit._function_key import Uncacheable, by_identity, split
 from hijax.implicit._linear import Dense, MatMul
+from hijax.implicit._matrix import matrix_matvec
 from hijax.implicit._nonlinear import FixedPointIteration, Newton
 from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
                                         _name)
-from hijax.implicit._status import SolveError
+from hijax.implicit._status import SolveError, quiet_solve_errors
 
 __all__ = ["fixed_point", "root", "linear_solve"]
 
@@ -255,7 +256,8 @@ def _raising_solve_errors(run: Any) -> Any:
   """``run()``, with JAX's runtime error that carries a `SolveError`
   raised on the host turned back into that `SolveError`."""
   try:
-    return run()
+    with quiet_solve_errors():
+      return run()
   except SolveError:
     raise
   except Exception as e:  # a SolveError raised on the host, wrapped by JAX
@@ -318,6 +320,8 @@ def _linear_solve(matvec: Any, b: Any, params: Any, *, solver: Any, throw: Any) 
                                         params)
   _check_function("linear_solve", "LinearSolve", "matvec", matvec, b, params,
                   "b")
+  if isinstance(solver, Dense) and not isinstance(matvec, MatMul):
+    matvec = matrix_matvec(matvec, b, params)
   x, st = LinearSolve(_avals(b), _avals(params), matvec=matvec,
                       solver=solver, throw=throw)(b, params)
   return x if throw else (x, st)
@@ -353,9 +357,14 @@ def fixed_point(f: Callable, x0: Any, params: Any, *,
       ``max_iter``, a non-finite iterate, a failed derivative solve) raises
       `SolveError` eagerly (also under eager ``grad``, ``jvp`` and ``vmap``),
       or a JAX runtime error containing its message under ``jit`` and in the
-      derivative solves of ``grad``'s backward pass. False: return
-      ``(x, Status)`` and let the caller check ``Status.converged``;
-      derivatives of a failed solve are then NaN.
+      derivative solves of ``grad``'s backward pass (the reason is then
+      logged first, at level ERROR on the ``hijax.implicit`` logger, since
+      JAX's message begins with its callback machinery). The check is a
+      host callback, which ``jax.export`` cannot serialize: exporting a
+      solve with ``throw=True`` raises a ValueError that says to pass
+      ``throw=False``. False: return ``(x, Status)`` and let the caller
+      check ``Status.converged``; derivatives of a failed solve are then
+      NaN.
   """
   return _fixed_point(f, x0, params, solver=solver,
                       linear_solver=linear_solver, throw=throw)

@@ -36,6 +36,12 @@ def _work_dtype(dtype: Any) -> Any:
   return jnp.dtype(dtype)
 
 
+def _working(a: Any) -> Any:
+  """``a`` in the dtype linear algebra is done in (float32 for narrower)."""
+  work = _work_dtype(a.dtype)
+  return a if a.dtype == work else a.astype(work)
+
+
 def flat_problem(matvec: Callable, b: Any) -> Any:
   """``b`` as one vector in the working dtype, the matvec on such vectors and
   the map back to ``b``'s pytree and dtypes."""
@@ -162,14 +168,17 @@ class Dense:
 
   def solve_matrix(self, matrix: Any, b: Any) -> tuple[jax.Array, Status]:
     """Solves ``matrix @ x = b`` for a vector ``b``; returns ``(x, Status)``."""
+    dtype = b.dtype
+    matrix, b = _working(matrix), _working(b)
     if b.size == 1:
       x = b / matrix[0, 0]
     else:
       x = jnp.linalg.solve(matrix, b)
-    return x, self._check(matrix, x, b)
+    return x.astype(dtype), self._check(matrix, x, b)
 
   def factor(self, matrix: Any) -> Any:
     """The LU factorization of ``matrix``, for `solve_factored`."""
+    matrix = _working(matrix)
     if matrix.shape[0] == 1:
       return matrix, None
     return jax.scipy.linalg.lu_factor(matrix)
@@ -177,11 +186,13 @@ class Dense:
   def solve_factored(self, matrix: Any, factors: Any, b: Any, transpose: bool) -> Any:
     """Solves ``matrix @ x = b`` (or ``matrix.T @ x = b``) with the factors
     of `factor`; returns ``(x, Status)``."""
+    dtype = b.dtype
+    matrix, b = _working(matrix), _working(b)
     if b.size == 1:
       x = b / matrix[0, 0]
     else:
       x = jax.scipy.linalg.lu_solve(factors, b, trans=int(transpose))
-    return x, self._check(matrix, x, b, transpose)
+    return x.astype(dtype), self._check(matrix, x, b, transpose)
 
 
 # --- CG -----------------------------------------------------------------------

@@ -161,7 +161,9 @@ class Newton:
     def step(x: Any) -> Any:
       gx = lambda y: g(y, params)
       matvec = lambda v: jax.jvp(gx, (x,), (v,))[1]
-      dx, st = solved(self.linear_solver(matvec, gx(x)), "Newton")
+      rhs = gx(x)
+      dx, st = solved(self.linear_solver(matvec, rhs), "Newton", rhs,
+                      self.linear_solver)
       return jax.tree.map(jnp.subtract, x, dx), dx, st.converged | (
           st.reason == NONFINITE)  # a non-finite step stops as non-finite
     return _iterate(step, x0, _tols(self.tol, x0), self.max_iter,
