@@ -1,8 +1,9 @@
 """hijax.implicit against optimistix and lineax, printed as ratios.
 
-Run: python bench/bench_implicit.py [--repeat 5] [--stub-checks]   (needs
-the `bench` extra: optimistix and lineax; --stub-checks measures without
-hijax's checks of the returned solutions, which the peers do not run)
+Run: python bench/bench_implicit.py [--repeat 5] [--stub-checks] [--clock cpu]
+(needs the `bench` extra: optimistix and lineax; --stub-checks measures
+without hijax's checks of the returned solutions, which the peers do not
+run; --clock cpu times CPU time instead of wall time)
 
 Problems (float32, CPU):
 
@@ -44,20 +45,26 @@ except ImportError as e:  # pragma: no cover
   raise SystemExit(f"bench_implicit needs the `bench` extra ({e})")
 
 
+# The clock: wall time by default; --clock cpu reads the process's CPU time
+# (all its threads), which a busy shared machine disturbs far less (time
+# spent waiting for a core is not counted). Pin to one core to compare.
+clock = time.perf_counter
+
+
 def best(fn, *args, repeat=5, number=None):
   """Best seconds per call of ``fn(*args)`` (blocking on the result)."""
   jax.block_until_ready(fn(*args))
   if number is None:
-    t = time.perf_counter()
+    t = clock()
     jax.block_until_ready(fn(*args))
-    number = max(1, int(0.05 / max(time.perf_counter() - t, 1e-6)))
+    number = max(1, int(0.05 / max(clock() - t, 1e-6)))
   times = []
   for _ in range(repeat):
-    t = time.perf_counter()
+    t = clock()
     for _ in range(number):
       out = fn(*args)
     jax.block_until_ready(out)
-    times.append((time.perf_counter() - t) / number)
+    times.append((clock() - t) / number)
   return min(times)
 
 
@@ -65,9 +72,9 @@ def compile_time(fn, *args, repeat=3):
   times = []
   for _ in range(repeat):
     jax.clear_caches()
-    t = time.perf_counter()
+    t = clock()
     jax.jit(fn).lower(*args).compile()
-    times.append(time.perf_counter() - t)
+    times.append(clock() - t)
   return min(times)
 
 
@@ -199,7 +206,12 @@ def main():
   parser.add_argument("--repeat", type=int, default=5)
   parser.add_argument("--stub-checks", action="store_true",
                       help="measure with hijax's result checks removed")
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="wall time, or this process's CPU time (steadier "
+                      "on a shared machine; pin to one core with taskset)")
   options = parser.parse_args()
+  global clock
+  clock = time.process_time if options.clock == "cpu" else time.perf_counter
   repeat = options.repeat
   if options.stub_checks:
     stub_checks()
@@ -274,7 +286,8 @@ def main():
 
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, float32; "
         "ratio = peer time / hijax time (>1: hijax faster)"
-        + ("; hijax's checks STUBBED OUT" if options.stub_checks else ""))
+        + ("; hijax's checks STUBBED OUT" if options.stub_checks else "")
+        + ("; CPU time" if options.clock == "cpu" else ""))
   print(f"{'problem':<20} {'jit ratio':>9} {'compile':>8} {'hijax err':>10} "
         f"{'peer err':>10} {'hijax time':>11}")
   for name, r, cr, e1, e2, t in rows:
