@@ -237,3 +237,17 @@ def test_a_recursive_function_capturing_arrays_is_keyed_by_identity():
     return lambda w, y: power(w, 3) - y
   for c in (jnp.float32(1.), jnp.float32(8.)):
     close(solve_w(make(c)), (2 / float(c)) ** (1 / 3), rtol=1e-4)
+
+
+def test_solvers_are_keyed_by_their_fields():
+  """Equal solvers share a program; a solver with other fields gets its own
+  (its tolerance shows in the steps taken)."""
+  steps = lambda solver: int(root(lambda w, y: w * w - y, jnp.float32(1.),
+                                  jnp.float32(9.), solver=solver,
+                                  throw=False)[1].steps)
+  loose, tight = steps(Newton(tol=1e-1)), steps(Newton(tol=1e-6))
+  assert loose < tight
+  with Compiles() as c:
+    assert steps(Newton(tol=1e-1)) == loose
+  assert c.count == 0
+  assert steps(Newton(tol=1e-6)) == tight

@@ -117,6 +117,11 @@ def split(fn: Any, dynamic: bool = True) -> tuple[FunctionSpec, list[Any]]:
   identity and ``arrays`` is empty (for options, and for functions that need
   their arrays as constants, e.g. to call ``float`` on one). Raises
   `Uncacheable` when ``fn`` cannot be keyed (see the class)."""
+  t = type(fn)
+  if t in _SCALARS or (t not in _SPLIT_TYPES and _value_class(t)):
+    spec = _value_spec(fn)  # an option: a number, a flag, a solver
+    if spec is not None:
+      return spec, []
   s = _Splitter()
   key, rebuild = s.part(fn, dynamic)
   if s.cycle and s.leaves:
@@ -125,6 +130,35 @@ def split(fn: Any, dynamic: bool = True) -> tuple[FunctionSpec, list[Any]]:
   if rebuild is None:
     rebuild = lambda it: fn
   return FunctionSpec(key, rebuild, _name(fn)), s.leaves
+
+
+_VALUE_SPECS: dict[Any, FunctionSpec] = {}
+# types whose own equality is not what they compute (a bound method's is
+# its object's identity, not its attributes)
+_SPLIT_TYPES = (types.FunctionType, types.MethodType)
+
+
+def _value_class(t: type) -> bool:
+  return t.__eq__ is not object.__eq__ and t.__hash__ is not None
+
+
+def _value_spec(v: Any) -> FunctionSpec | None:
+  """The spec of a value keyed by its own equality (a scalar, a frozen
+  dataclass), kept: the options of every eager call are such values. None
+  if it is not hashable, or not equal to itself."""
+  try:
+    memo = (type(v), _SCALARS[type(v)](v) if type(v) in _SCALARS else v)
+    spec = _VALUE_SPECS.get(memo)
+    if spec is None:
+      if type(v) not in _SCALARS and (v == v) is not True:
+        return None
+      if len(_VALUE_SPECS) > 1024:
+        _VALUE_SPECS.clear()
+      spec = _VALUE_SPECS[memo] = FunctionSpec(("value", *memo),
+                                               lambda it: v, _name(v))
+    return spec
+  except Exception:  # an unhashable field, an __eq__ returning arrays
+    return None
 
 
 def by_identity(fn: Any) -> FunctionSpec:
@@ -215,6 +249,8 @@ class _Splitter:
     scalar = _SCALARS.get(t)
     if scalar is not None:
       return scalar(v), None
+    if t is types.FunctionType:
+      return self.function(v, dynamic)
     if isinstance(v, (jax.Array, core.Tracer)):
       if dynamic:
         self.leaves.append(v)
@@ -229,8 +265,6 @@ class _Splitter:
       if a.dtype.hasobject:
         return _Identity(v), None
       return ("numpy", t, a.dtype.str, a.shape, a.tobytes()), None
-    if t is types.FunctionType:
-      return self.function(v, dynamic)
     if t is types.MethodType:
       return self.composite(
           "method", (v.__func__, v.__self__), dynamic,
@@ -270,9 +304,17 @@ class _Splitter:
       self.user_globals.add(id(g))
     elif id(g) not in self.user_globals:
       return _Identity(fn), None  # a library's function
+    cells = fn.__closure__ or ()
+    if not cells and fn.__defaults__ is None and fn.__kwdefaults__ is None:
+      self.active.append(id(fn))
+      try:
+        read = tuple((name, self.part(g[name], False)[0]) if name in g
+                     else (name,) for name in _global_names(fn.__code__))
+      finally:
+        self.active.pop()
+      return ("function", fn.__code__, (None, None), read), None
     self.active.append(id(fn))
     try:
-      cells = fn.__closure__ or ()
       parts = [self.part(fn.__defaults__, dynamic),
                self.part(fn.__kwdefaults__, dynamic),
                *(self.cell(c, dynamic) for c in cells)]
