@@ -27,7 +27,7 @@ from jax import api_util
 from jax.extend import linear_util as lu
 
 from hijax import _linearity
-from hijax._internals import ad
+from hijax._internals import ad, core
 from hijax._core_rules import flatten_output
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
@@ -237,7 +237,7 @@ def _transposed_backward(self: HiPrim, nzs_flat, live, g_avals, res, sres,
 
   try:
     types = [jax.typeof(x) for x in (*arrays, *tangents_live)]
-    if not all(type(t) is jax.core.ShapedArray for t in types):
+    if not all(type(t) is core.ShapedArray for t in types):
       raise TypeError("hi types")
     key = (self, tuple(nzs_flat), tuple(live), tree, tuple(types), tuple(
         _static_key(x) for x, a in zip(leaves, is_array) if not a))
@@ -254,7 +254,7 @@ def _transposed_backward(self: HiPrim, nzs_flat, live, g_avals, res, sres,
       _TRANSPOSED.clear()
     _TRANSPOSED[key] = entry
   closed, compiled = entry
-  if any(isinstance(x, jax.core.Tracer) for x in (*arrays, *tangents_live)):
+  if any(isinstance(x, core.Tracer) for x in (*arrays, *tangents_live)):
     return lambda tangents: jax.extend.core.jaxpr_as_fun(closed)(
         *arrays, *tangents)
   return lambda tangents: compiled(*arrays, *tangents)

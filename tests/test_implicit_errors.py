@@ -156,3 +156,13 @@ def test_export_with_throw_false_runs_and_returns_the_status():
   A, b = jnp.array([[2., 1.], [0., 3.]]), jnp.array([1., 2.])
   np.testing.assert_allclose(jax.export.export(g)(A, b).call(A, b),
                              jnp.linalg.solve(A, b), rtol=1e-6)
+
+
+def test_the_failure_primitive_reduces_a_batch_to_its_worst_instance():
+  """Its batching rule (reached only when the packed reason arrives batched)
+  raises for the worst instance: reason 2 after 5 steps, beside reason 1."""
+  from hijax.implicit._status import _STEP_BITS, _failed_p
+  worst = jnp.array([(1 << _STEP_BITS) | 9, (2 << _STEP_BITS) | 5],
+                    jnp.int32)
+  with pytest.raises(SolveError, match=r"non-finite iterate .*after 5 step"):
+    jax.vmap(lambda w: _failed_p.bind(w, where="here"))(worst)

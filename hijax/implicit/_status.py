@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import batching, mlir
 
+from hijax._internals.core import ShapedArray
 from hijax.primitive import HiPrim
 
 __all__ = ["Status", "SolveError", "REASONS", "default_tol",
@@ -289,13 +290,13 @@ def _failed_lowering(ctx: Any, worst: Any, *, where: str) -> Any:
 
 def _failed_batch(args: Any, dims: Any, *, where: str) -> Any:
   (worst,), (d,) = args, dims
-  return _failed_p.bind(jnp.max(worst, axis=d), where=where), \
-      batching.not_mapped
+  # an unbatched flag (None: JAX's "not mapped")
+  return _failed_p.bind(jnp.max(worst, axis=d), where=where), None
 
 
 _failed_p.def_impl(lambda worst, *, where: _raise_solve_error(where, worst))
 _failed_p.def_abstract_eval(
-    lambda worst, *, where: jax.core.ShapedArray((), jnp.bool_))
+    lambda worst, *, where: ShapedArray((), jnp.bool_))
 mlir.register_lowering(_failed_p, _failed_lowering)
 batching.primitive_batchers[_failed_p] = _failed_batch
 
