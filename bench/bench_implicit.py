@@ -3,7 +3,8 @@
 Run: python bench/bench_implicit.py [--repeat 5] [--stub-checks] [--clock cpu]
 (needs the `bench` extra: optimistix and lineax; --stub-checks measures
 without hijax's checks of the returned solutions, which the peers do not
-run; --clock cpu times CPU time instead of wall time)
+run, or without those named, e.g. --stub-checks dense,failure (see CHECKS);
+--clock cpu times CPU time instead of wall time)
 
 Problems (float32, CPU):
 
@@ -182,12 +183,22 @@ def compare(name, ours, peer, args, reference, repeat, rows):
                t_ours))
 
 
-def stub_checks():
-  """Replaces hijax.implicit's checks of a returned solution (the residual
-  and symmetry tests, the failure cond) with nothing, in this process only:
-  what is left to compare with the peers, which run no such checks, is the
-  solve itself. Reaches into private modules; for measuring, never for use.
-  Call before anything is traced (the primitives cache their expansion)."""
+CHECKS = {
+    "dense": "Dense's backward-error check of a system of 2 or more unknowns",
+    "dense1": "Dense's check of a system of one unknown (each Newton step of "
+              "a scalar root)",
+    "residual": "the residual check of CG and GMRES",
+    "spd": "CG's symmetry and positivity test",
+    "failure": "the failure check of throw=True (a reduction and a cond)",
+}
+
+
+def stub_checks(which):
+  """Replaces the checks named in ``which`` (keys of `CHECKS`) with nothing,
+  in this process only: what is left to compare with the peers, which run
+  no such checks, is the solve itself. Reaches into private modules; for
+  measuring, never for use. Call before anything is traced (the primitives
+  cache their expansion)."""
   from hijax.implicit import _linear, _primitives, _status
   for owner, name in [(_linear.Dense, "_check"), (_linear, "_residual_status"),
                       (_linear.CG, "_spd_on_probes"),
@@ -195,17 +206,28 @@ def stub_checks():
     if not hasattr(owner, name):  # renamed: stubbing it would do nothing
       raise SystemExit(f"--stub-checks: {owner.__name__}.{name} is gone")
   passed = lambda *args, **kwargs: _status.status(_status.CONVERGED, 1, 0.)
-  _linear.Dense._check = passed
-  _linear._residual_status = passed
-  _linear.CG._spd_on_probes = staticmethod(lambda A, b: jnp.bool_(True))
-  _primitives.raise_if_failed = lambda x, st, where: x
+  dense = _linear.Dense._check
+
+  def dense_check(self, matrix, x, b, transpose=False):
+    if ("dense1" if x.size == 1 else "dense") in which:
+      return passed()
+    return dense(self, matrix, x, b, transpose)
+  _linear.Dense._check = dense_check
+  if "residual" in which:
+    _linear._residual_status = passed
+  if "spd" in which:
+    _linear.CG._spd_on_probes = staticmethod(lambda A, b: jnp.bool_(True))
+  if "failure" in which:
+    _primitives.raise_if_failed = lambda x, st, where: x
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeat", type=int, default=5)
-  parser.add_argument("--stub-checks", action="store_true",
-                      help="measure with hijax's result checks removed")
+  parser.add_argument(
+      "--stub-checks", nargs="?", const=",".join(CHECKS), default="",
+      help="measure with hijax's result checks removed: all of them, or "
+      "those named (comma-separated: " + ", ".join(CHECKS) + ")")
   parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                       help="wall time, or this process's CPU time (steadier "
                       "on a shared machine; pin to one core with taskset)")
@@ -213,8 +235,11 @@ def main():
   global clock
   clock = time.process_time if options.clock == "cpu" else time.perf_counter
   repeat = options.repeat
-  if options.stub_checks:
-    stub_checks()
+  stubbed = [c for c in options.stub_checks.split(",") if c]
+  if any(c not in CHECKS for c in stubbed):
+    raise SystemExit(f"--stub-checks: one of {', '.join(CHECKS)}")
+  if stubbed:
+    stub_checks(stubbed)
   rows = []
 
   a = jnp.linspace(0.5, 4.0, 10_000)
@@ -286,7 +311,7 @@ def main():
 
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, float32; "
         "ratio = peer time / hijax time (>1: hijax faster)"
-        + ("; hijax's checks STUBBED OUT" if options.stub_checks else "")
+        + (f"; STUBBED OUT: {', '.join(stubbed)}" if stubbed else "")
         + ("; CPU time" if options.clock == "cpu" else ""))
   print(f"{'problem':<20} {'jit ratio':>9} {'compile':>8} {'hijax err':>10} "
         f"{'peer err':>10} {'hijax time':>11}")

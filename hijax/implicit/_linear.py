@@ -132,6 +132,7 @@ class Dense:
   1.5e-8 in float64), which a backward-stable factorization meets by far: it
   fails for singular matrices, not for ill-conditioned ones.
   """
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
 
   def __call__(self, matvec: Callable, b: Any) -> Any:
@@ -244,6 +245,7 @@ class CG:
   indefinite matrix that passes it makes CG fail to converge, which the
   residual check reports.
   """
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
   atol: float = 0.0
   maxiter: int | None = None
@@ -311,6 +313,7 @@ class GMRES:
   systems. ``restart`` is capped at the number of unknowns. ``tol`` and
   ``atol`` bound the relative residual, checked as for `CG`; ``steps`` in
   the Status is the bound on restarts, since JAX's GMRES does not count."""
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
   atol: float = 0.0
   restart: int = 20

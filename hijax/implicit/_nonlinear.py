@@ -130,6 +130,7 @@ class FixedPointIteration:
   and 1e-6 for float32 ones (`default_tol`). ``max_iter`` (10,000) is enough
   for a contraction of rate 0.99 to reach 1e-12; reaching it is a failure.
   """
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
   max_iter: int = 10_000
 
@@ -153,6 +154,7 @@ class Newton:
   reached, a non-finite iterate (a singular Jacobian) or a failed linear
   solve is a failure.
   """
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
   max_iter: int = 50
   linear_solver: Callable = Dense()

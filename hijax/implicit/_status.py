@@ -116,6 +116,8 @@ def solved(result: Any, where: str, like: Any = None,
                  "dtypes, or (x, Status)")
     raise _returned_error(where, solver, like, problem)
   if pair:
+    if getattr(solver, "_status_is_declared", False):
+      return result  # one of hijax's solvers: its Status is built by status
     return x, _normalized(result[1], where, solver)
   finite = all_finite(result)
   return result, status(jnp.where(finite, CONVERGED, NONFINITE), 1,
