@@ -45,7 +45,9 @@ factorized in float32.
 (default `Dense`). Each returns ``(x, Status)`` (a solver of your own may
 return ``x`` alone: then only finiteness is checked). ``matvec=MatMul()`` hands
 `linear_solve` a matrix as it is: `Dense` factorizes it once, for the solve
-and the transposed solve of its gradient.
+and the transposed solve of its gradient. A matvec that is a product of ``x``
+with a square params leaf (``A @ x``, ``x @ A``, ``A.T @ x``, ``jnp.dot``,
+``jnp.einsum``) is recognised from its jaxpr and used the same way.
 
 **Eager calls are compiled once.** Called on concrete values, each function
 runs a cached ``jax.jit`` of itself keyed on what its functions compute (their

@@ -397,9 +397,12 @@ def linear_solve(matvec: Callable, b: Any, params: Any, *, solver: Callable = De
 
   Args:
     matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``);
-      traced values it closes over are moved into ``params``. `MatMul()` says that ``params`` is
-      the matrix: `Dense` then factorizes it as it is, once for the solve and
-      its gradient.
+      traced values it closes over are moved into ``params``. `MatMul()`
+      says that ``params`` is the matrix: `Dense` then factorizes it as it
+      is, once for the solve and its gradient; so it does for a matvec that
+      is a product of ``x`` with a square params leaf (``A @ x``,
+      ``x @ A``, ``A.T @ x``, ``jnp.dot``, ``jnp.einsum``), recognised from
+      its jaxpr.
     b: the right-hand side, a pytree of arrays.
     params: a pytree of arrays on which the matrix depends.
     solver: ``solver(matvec1, b) -> (x, Status)`` with ``matvec1`` a function
