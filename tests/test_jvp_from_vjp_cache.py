@@ -70,6 +70,42 @@ def test_an_eager_jvp_called_again_traces_and_compiles_nothing():
   np.testing.assert_allclose(tan, jnp.cos(x) * y, rtol=1e-6)
 
 
+class TwiceSinTimesY(SinTimesY):
+  """The same structure and types as SinTimesY, another backward rule."""
+
+  def expand(self, x, y):
+    return 2 * jnp.sin(x) * y
+
+  def vjp_fwd(self, nzs_in, x, y):
+    return self(x, y), (jnp.cos(x), jnp.sin(x), y)
+
+  def vjp_bwd_retval(self, res, g):
+    cos_x, sin_x, y = res
+    return 2 * cos_x * g * y, 2 * sin_x * g
+
+
+def test_the_transposed_rule_is_kept_per_class_and_types():
+  """Each class and each input type has its own transposed rule, kept: a
+  shape seen before compiles nothing, and a class with the same structure
+  never receives another class's rule."""
+  def jvp(cls, n):
+    x, y = jnp.linspace(0., 1., n), jnp.linspace(1., 2., n)
+    f = lambda x, y: cls(jax.typeof(x), jax.typeof(y))(x, y)
+    tan = jax.jvp(f, (x, y), (jnp.ones(n), jnp.ones(n)))[1]
+    scale = 2. if cls is TwiceSinTimesY else 1.
+    np.testing.assert_allclose(tan, scale * (jnp.cos(x) * y + jnp.sin(x)),
+                               rtol=1e-6)
+
+  for cls in (SinTimesY, TwiceSinTimesY):
+    for n in (4, 6):
+      jvp(cls, n)
+  for cls in (SinTimesY, TwiceSinTimesY):
+    for n in (4, 6):
+      with Compiles() as c:
+        jvp(cls, n)
+      assert c.count == 0, (cls.__name__, n, c.count)
+
+
 class SignedScale(HiPrim):
   """x * s with s = +-2 read eagerly from x: a Python float residual."""
 
