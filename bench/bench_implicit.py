@@ -1,15 +1,22 @@
 """hijax.implicit against optimistix and lineax, printed as ratios.
 
-Run: python bench/bench_implicit.py [--repeat 5] [--stub-checks]   (needs
-the `bench` extra: optimistix and lineax; --stub-checks measures without
-hijax's checks of the returned solutions, which the peers do not run)
+Run: python bench/bench_implicit.py [--repeat 5] [--stub-checks] [--clock cpu]
+(needs the `bench` extra: optimistix and lineax; --stub-checks measures
+without hijax's checks of the returned solutions, which the peers do not
+run, or without those named, e.g. --stub-checks dense,failure (see CHECKS);
+--clock cpu times CPU time instead of wall time)
 
 Problems (float32, CPU):
 
   scalar-root   vmap of a Newton square root over 10,000 values, and its grad
   eager-fp      one eager fixed_point call (a 3-dim contraction), no jit
+  eager-lambda  one eager root call of a lambda written in the loop (a new
+                function object each call), against optimistix's
   dense-200     a 200x200 dense solve (hijax: MatMul + Dense; lineax: LU) and
                 the gradient of its sum with respect to the matrix
+  dense-natural the same, written `linear_solve(lambda x, A: A @ x, b, A)`
+                (hijax recognises the matrix product; printed also as a ratio
+                to MatMul)
   cg-200        a 200x200 SPD solve by CG, and its gradient
   newton-50     a 50-dim Newton root: jacrev of the solution, and an HVP of a
                 loss of it
@@ -39,20 +46,26 @@ except ImportError as e:  # pragma: no cover
   raise SystemExit(f"bench_implicit needs the `bench` extra ({e})")
 
 
+# The clock: wall time by default; --clock cpu reads the process's CPU time
+# (all its threads), which a busy shared machine disturbs far less (time
+# spent waiting for a core is not counted). Pin to one core to compare.
+clock = time.perf_counter
+
+
 def best(fn, *args, repeat=5, number=None):
   """Best seconds per call of ``fn(*args)`` (blocking on the result)."""
   jax.block_until_ready(fn(*args))
   if number is None:
-    t = time.perf_counter()
+    t = clock()
     jax.block_until_ready(fn(*args))
-    number = max(1, int(0.05 / max(time.perf_counter() - t, 1e-6)))
+    number = max(1, int(0.05 / max(clock() - t, 1e-6)))
   times = []
   for _ in range(repeat):
-    t = time.perf_counter()
+    t = clock()
     for _ in range(number):
       out = fn(*args)
     jax.block_until_ready(out)
-    times.append((time.perf_counter() - t) / number)
+    times.append((clock() - t) / number)
   return min(times)
 
 
@@ -60,9 +73,9 @@ def compile_time(fn, *args, repeat=3):
   times = []
   for _ in range(repeat):
     jax.clear_caches()
-    t = time.perf_counter()
+    t = clock()
     jax.jit(fn).lower(*args).compile()
-    times.append(time.perf_counter() - t)
+    times.append(clock() - t)
   return min(times)
 
 
@@ -111,6 +124,10 @@ def hijax_dense(A, b):
 
 def lx_dense(A, b):
   return lx.linear_solve(lx.MatrixLinearOperator(A), b, lx.LU()).value
+
+
+def hijax_dense_natural(A, b):
+  return linear_solve(lambda x, A: A @ x, b, A, solver=Dense())
 
 
 def spd_matvec(x, A):
@@ -166,12 +183,22 @@ def compare(name, ours, peer, args, reference, repeat, rows):
                t_ours))
 
 
-def stub_checks():
-  """Replaces hijax.implicit's checks of a returned solution (the residual
-  and symmetry tests, the failure cond) with nothing, in this process only:
-  what is left to compare with the peers, which run no such checks, is the
-  solve itself. Reaches into private modules; for measuring, never for use.
-  Call before anything is traced (the primitives cache their expansion)."""
+CHECKS = {
+    "dense": "Dense's backward-error check of a system of 2 or more unknowns",
+    "dense1": "Dense's check of a system of one unknown (each Newton step of "
+              "a scalar root)",
+    "residual": "the residual check of CG and GMRES",
+    "spd": "CG's symmetry and positivity test",
+    "failure": "the failure check of throw=True (a reduction and a cond)",
+}
+
+
+def stub_checks(which):
+  """Replaces the checks named in ``which`` (keys of `CHECKS`) with nothing,
+  in this process only: what is left to compare with the peers, which run
+  no such checks, is the solve itself. Reaches into private modules; for
+  measuring, never for use. Call before anything is traced (the primitives
+  cache their expansion)."""
   from hijax.implicit import _linear, _primitives, _status
   for owner, name in [(_linear.Dense, "_check"), (_linear, "_residual_status"),
                       (_linear.CG, "_spd_on_probes"),
@@ -179,21 +206,40 @@ def stub_checks():
     if not hasattr(owner, name):  # renamed: stubbing it would do nothing
       raise SystemExit(f"--stub-checks: {owner.__name__}.{name} is gone")
   passed = lambda *args, **kwargs: _status.status(_status.CONVERGED, 1, 0.)
-  _linear.Dense._check = passed
-  _linear._residual_status = passed
-  _linear.CG._spd_on_probes = staticmethod(lambda A, b: jnp.bool_(True))
-  _primitives.raise_if_failed = lambda x, st, where: x
+  dense = _linear.Dense._check
+
+  def dense_check(self, matrix, x, b, transpose=False):
+    if ("dense1" if x.size == 1 else "dense") in which:
+      return passed()
+    return dense(self, matrix, x, b, transpose)
+  _linear.Dense._check = dense_check
+  if "residual" in which:
+    _linear._residual_status = passed
+  if "spd" in which:
+    _linear.CG._spd_on_probes = staticmethod(lambda A, b: jnp.bool_(True))
+  if "failure" in which:
+    _primitives.raise_if_failed = lambda x, st, where: x
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeat", type=int, default=5)
-  parser.add_argument("--stub-checks", action="store_true",
-                      help="measure with hijax's result checks removed")
+  parser.add_argument(
+      "--stub-checks", nargs="?", const=",".join(CHECKS), default="",
+      help="measure with hijax's result checks removed: all of them, or "
+      "those named (comma-separated: " + ", ".join(CHECKS) + ")")
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="wall time, or this process's CPU time (steadier "
+                      "on a shared machine; pin to one core with taskset)")
   options = parser.parse_args()
+  global clock
+  clock = time.process_time if options.clock == "cpu" else time.perf_counter
   repeat = options.repeat
-  if options.stub_checks:
-    stub_checks()
+  stubbed = [c for c in options.stub_checks.split(",") if c]
+  if any(c not in CHECKS for c in stubbed):
+    raise SystemExit(f"--stub-checks: one of {', '.join(CHECKS)}")
+  if stubbed:
+    stub_checks(stubbed)
   rows = []
 
   a = jnp.linspace(0.5, 4.0, 10_000)
@@ -210,6 +256,13 @@ def main():
           rows)
   g_ref = jax.grad(lambda A: jnp.linalg.solve(A, b).sum())(A)
   compare("dense-200 grad", jax.grad(lambda A, b: hijax_dense(A, b).sum()),
+          jax.grad(lambda A, b: lx_dense(A, b).sum()), (A, b), g_ref, repeat,
+          rows)
+
+  compare("dense-natural value", hijax_dense_natural, lx_dense, (A, b), x_ref,
+          repeat, rows)
+  compare("dense-natural grad",
+          jax.grad(lambda A, b: hijax_dense_natural(A, b).sum()),
           jax.grad(lambda A, b: lx_dense(A, b).sum()), (A, b), g_ref, repeat,
           rows)
 
@@ -247,9 +300,19 @@ def main():
   jitted_blocked = best(lambda p: jax.block_until_ready(jitted(p)), FP_PARAMS,
                         repeat=repeat)
 
+  # eager, a lambda written again at each call (as in a loop or a cell)
+  w0, y = jnp.float32(1.), jnp.float32(2.)
+  ours_lambda = lambda: root(lambda w, y: w * jnp.exp(w) - y, w0, y)
+  peer_lambda = lambda: optx.root_find(
+      lambda w, y: w * jnp.exp(w) - y, optx.Newton(rtol=1e-6, atol=1e-6), w0,
+      y).value
+  lambda_ours = best(ours_lambda, repeat=repeat)
+  lambda_peer = best(peer_lambda, repeat=min(repeat, 3), number=1)
+
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, float32; "
         "ratio = peer time / hijax time (>1: hijax faster)"
-        + ("; hijax's checks STUBBED OUT" if options.stub_checks else ""))
+        + (f"; STUBBED OUT: {', '.join(stubbed)}" if stubbed else "")
+        + ("; CPU time" if options.clock == "cpu" else ""))
   print(f"{'problem':<20} {'jit ratio':>9} {'compile':>8} {'hijax err':>10} "
         f"{'peer err':>10} {'hijax time':>11}")
   for name, r, cr, e1, e2, t in rows:
@@ -257,6 +320,12 @@ def main():
           f"{t * 1e6:9.0f}us")
   print(f"{'eager fixed_point':<20} {eager_peer / eager_ours:9.2f} "
         f"{'':>8} {'':>10} {'':>10} {eager_ours * 1e6:9.0f}us")
+  t = {r[0]: r[5] for r in rows}
+  for what in ("value", "grad"):
+    print(f"dense-200 {what}: the natural form (A @ x) / MatMul(): "
+          f"{t['dense-natural ' + what] / t['dense-200 ' + what]:.2f} (time)")
+  print(f"{'eager-lambda root':<20} {lambda_peer / lambda_ours:9.2f} "
+        f"{'':>8} {'':>10} {'':>10} {lambda_ours * 1e6:9.0f}us")
   print(f"eager / jitted call of hijax fixed_point: "
         f"{eager_ours / jitted_blocked:.2f} (each call waited for), "
         f"{eager_ours / jitted_ours:.2f} (jitted calls queued)")

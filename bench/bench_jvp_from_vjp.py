@@ -1,6 +1,7 @@
 """The cost of ``jvp = jvp_from_vjp`` against a hand-written ``jvp``.
 
 Run: python bench/bench_jvp_from_vjp.py [--chain 100] [--size 1000] [--repeat 5]
+[--clock cpu]
 
 The same primitive (sin(x) * y with reverse-mode rules) is given forward mode
 twice: by a hand-written ``jvp``, and by ``jvp = jvp_from_vjp``, which runs
@@ -8,8 +9,9 @@ twice: by a hand-written ``jvp``, and by ``jvp = jvp_from_vjp``, which runs
 linear in the cotangent). For a chain of ``--chain`` applications it times,
 best of ``--repeat``:
 
-  (a) one eager ``jax.jvp`` call (the derived rule traces and checks the
-      backward rule on every eager call),
+  (a) one eager ``jax.jvp`` call (the derived rule traces, checks and
+      transposes the backward rule once per primitive, flags and residual
+      types, and runs it compiled afterwards),
   (b) tracing and compiling ``jax.jit(jax.jvp(...))``,
   (c) running the compiled function on arrays of ``--size`` elements,
   (d) tracing and compiling ``jax.jit(jax.hessian(...))`` of a short chain,
@@ -17,7 +19,9 @@ best of ``--repeat``:
 and prints derived / hand-written for each, and the same ratio for the
 number of instructions in the optimized HLO of (c). (c) near 1 means that once
 compiled, forward mode from the backward rule costs what the hand-written rule
-does; (a), (b) and (d) are the price of the extra tracing.
+does; (a), (b) and (d) are the price of the extra tracing. ``--clock cpu``
+times the process's CPU time instead of wall time (steadier on a shared
+machine; pin to one core with ``taskset -c 0``).
 """
 from __future__ import annotations
 
@@ -67,13 +71,16 @@ def chain(cls, n):
   return f
 
 
+clock = time.perf_counter  # --clock cpu: time.process_time
+
+
 def best(thunk, repeat, number=1):
   times = []
   for _ in range(repeat):
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(number):
       jax.block_until_ready(thunk())
-    times.append((time.perf_counter() - t0) / number)
+    times.append((clock() - t0) / number)
   return min(times)
 
 
@@ -108,7 +115,10 @@ def main():
   parser.add_argument("--chain", type=int, default=100)
   parser.add_argument("--size", type=int, default=1000)
   parser.add_argument("--repeat", type=int, default=5)
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
   a = parser.parse_args()
+  global clock
+  clock = time.process_time if a.clock == "cpu" else time.perf_counter
   derived, derived_hlo = measure(Derived, a.chain, a.size, a.repeat)
   hand, hand_hlo = measure(Hand, a.chain, a.size, a.repeat)
   names = ("eager jvp", "jit(jvp) trace+compile", "compiled jvp run",

@@ -25,11 +25,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.extend.core
+import numpy as np
 from jax import api_util
 from jax.extend import linear_util as lu
 
 from hijax import _linearity
-from hijax._internals import ad
+from hijax._internals import ad, core
 from hijax._core_rules import flatten_output
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
@@ -120,8 +121,10 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   tangent.
 
   Cost: each `jvp` runs `vjp_fwd` (the primal output and all residuals) and
-  the backward rule, transposed; at trace time the backward rule is traced
-  once more and its jaxpr is checked. Before transposing, the jaxpr of the
+  the backward rule, transposed. The backward rule is traced, checked and
+  transposed once per primitive (class and params), nonzero flags and
+  residual types, and kept: an eager `jvp` then runs the transposed rule as
+  one compiled program. Before transposing, the jaxpr of the
   backward rule is checked to be linear in ``g``: a rule that is not (one
   that clips ``g``, adds a constant to it, multiplies it by itself) raises a
   TypeError naming the rule, the operation and its source line, rather than
@@ -148,6 +151,24 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   if not any(nzs_flat) or not any(live):
     return out, None
 
+  tangents_live = [instantiate_zeros(t) for t, nz in zip(tangents_flat,
+                                                          nzs_flat) if nz]
+  transposed = _transposed_backward(self, nzs_flat, live, g_avals, res, sres,
+                                    tangents_live)
+  t_live = iter(transposed(tangents_live))
+  t_out = [next(t_live) if nz else None for nz in live]
+  return out, jax.tree.unflatten(self.out_tree, t_out)
+
+
+# Transposed backward rules, as jaxprs of (residual arrays, input tangents),
+# by primitive, flags and types: see _transposed_backward.
+_TRANSPOSED: dict[Any, Any] = {}
+_TRANSPOSED_MAX = 512
+
+
+def _backward_in_g(self: HiPrim, nzs_flat, live, g_avals, res, sres):
+  """The backward rule at these residuals, as a function of the live output
+  cotangents returning the cotangents of the differentiated inputs."""
   def backward(*g_live):
     it = iter(g_live)
     g = jax.tree.unflatten(self.out_tree, [next(it) if nz else Zero(a)
@@ -162,12 +183,15 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
         self.vjp_bwd(res, sres, g, *arg_accums)
     return [instantiate_zeros(acc.freeze())
             for acc, nz in zip(accums, nzs_flat) if nz]
+  return backward
 
-  examples = [jax.ShapeDtypeStruct(a.shape, a.dtype)
-              for a, nz in zip(g_avals, live) if nz]
+
+def _transpose_in_g(self: HiPrim, backward, examples, tangents_live):
+  """The output tangents: ``backward``, checked linear in g, transposed."""
   backward_jaxpr = jax.make_jaxpr(backward)(*examples)
   reason = _linearity.nonlinear_reason(backward_jaxpr, [True] * len(examples))
   if reason is not None:
+    name = type(self).__name__
     method = ("vjp_bwd" if type(self).vjp_bwd is not HiPrim.vjp_bwd
               else "vjp_bwd_retval")
     raise TypeError(
@@ -175,12 +199,68 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
         f"cotangent g, but {name}.{method} is not linear in g: {reason}. A "
         "backward rule must be linear in g (the chain rule multiplies g by "
         "the Jacobian); fix the rule, or write `jvp` by hand")
-  transposed = jax.linear_transpose(
-      jax.extend.core.jaxpr_as_fun(backward_jaxpr), *examples)
-  t_live = iter(transposed([instantiate_zeros(t) for t, nz in
-                            zip(tangents_flat, nzs_flat) if nz]))
-  t_out = [next(t_live) if nz else None for nz in live]
-  return out, jax.tree.unflatten(self.out_tree, t_out)
+  return jax.linear_transpose(
+      jax.extend.core.jaxpr_as_fun(backward_jaxpr), *examples)(tangents_live)
+
+
+def _static_key(leaf):
+  """A residual leaf that is not an array, by type and value (raises
+  TypeError if unhashable); floats by their bits (0.0 and -0.0 differ)."""
+  if isinstance(leaf, float):
+    return float, leaf.hex()
+  hash(leaf)
+  return type(leaf), leaf
+
+
+def _transposed_backward(self: HiPrim, nzs_flat, live, g_avals, res, sres,
+                         tangents_live):
+  """The backward rule transposed in g: a function of the live input
+  tangents.
+
+  Tracing the backward rule, checking it linear and transposing it costs
+  milliseconds, more than an eager call of the rule itself: it is done once
+  per primitive (class and params), flags and residual types, as a jaxpr of
+  the residual arrays and the tangents, and kept. Called eagerly, that jaxpr
+  runs as one compiled program; under a trace, its equations are traced in.
+  Residuals that are not arrays (Python numbers, flags) are part of the key;
+  an unhashable one, or types other than arrays, trace afresh each call."""
+  leaves, tree = jax.tree.flatten((res, sres))
+  is_array = [isinstance(x, (jax.Array, np.ndarray, np.generic))
+              for x in leaves]
+  arrays = [x for x, a in zip(leaves, is_array) if a]
+  examples = [jax.ShapeDtypeStruct(a.shape, a.dtype)
+              for a, nz in zip(g_avals, live) if nz]
+
+  def transposed(arrays, tangents_live):
+    it = iter(arrays)
+    res, sres = jax.tree.unflatten(tree, [next(it) if a else x
+                                          for x, a in zip(leaves, is_array)])
+    backward = _backward_in_g(self, nzs_flat, live, g_avals, res, sres)
+    return _transpose_in_g(self, backward, examples, tangents_live)
+
+  try:
+    types = [jax.typeof(x) for x in (*arrays, *tangents_live)]
+    if not all(type(t) is core.ShapedArray for t in types):
+      raise TypeError("hi types")
+    key = (self, tuple(nzs_flat), tuple(live), tree, tuple(types), tuple(
+        _static_key(x) for x, a in zip(leaves, is_array) if not a))
+    entry = _TRANSPOSED.get(key)
+  except TypeError:
+    return lambda tangents: transposed(arrays, tangents)
+  if entry is None:
+    specs = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type)
+             for t in types]
+    closed = jax.make_jaxpr(lambda *xs: transposed(
+        xs[:len(arrays)], list(xs[len(arrays):])))(*specs)
+    entry = closed, jax.jit(jax.extend.core.jaxpr_as_fun(closed))
+    if len(_TRANSPOSED) >= _TRANSPOSED_MAX:
+      _TRANSPOSED.clear()
+    _TRANSPOSED[key] = entry
+  closed, compiled = entry
+  if any(isinstance(x, core.Tracer) for x in (*arrays, *tangents_live)):
+    return lambda tangents: jax.extend.core.jaxpr_as_fun(closed)(
+        *arrays, *tangents)
+  return lambda tangents: compiled(*arrays, *tangents)
 
 
 # --- vjp_from_lin and vjp_from_jvp ----------------------------------------------------

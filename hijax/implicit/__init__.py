@@ -45,11 +45,18 @@ factorized in float32.
 (default `Dense`). Each returns ``(x, Status)`` (a solver of your own may
 return ``x`` alone: then only finiteness is checked). ``matvec=MatMul()`` hands
 `linear_solve` a matrix as it is: `Dense` factorizes it once, for the solve
-and the transposed solve of its gradient.
+and the transposed solve of its gradient. A matvec that is a product of ``x``
+with a square params leaf (``A @ x``, ``x @ A``, ``A.T @ x``, ``jnp.dot``,
+``jnp.einsum``) is recognised from its jaxpr and used the same way.
 
 **Eager calls are compiled once.** Called on concrete values, each function
-runs a cached ``jax.jit`` of itself keyed on the functions, the solvers and the
-argument types: a second call compiles and traces nothing. The tangent and cotangent systems of `fixed_point` and
+runs a cached ``jax.jit`` of itself keyed on what its functions compute (their
+code and the values they read: closure cells, default arguments, the globals
+they load, a bound method's object), the solvers and the argument types; the
+JAX arrays a function captures are inputs of that program, not constants. A
+second call, even of a lambda written again in a loop or a cell, compiles
+and traces nothing, and a call whose function reads other values never gets
+a program traced for the old ones. The tangent and cotangent systems of `fixed_point` and
 `root` are solved by ``linear_solver=`` (default `Dense`: the Jacobian is
 materialized, one matvec per unknown, and factorized; `CG` and `GMRES` are
 matrix-free). `linear_solve` uses its own ``solver`` for them too.

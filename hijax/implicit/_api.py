@@ -2,9 +2,11 @@
 `linear_solve`, their argument checks and the cache of eager calls.
 
 Called on concrete values (eagerly, as in a notebook), each function runs a
-``jax.jit`` of itself whose static arguments are the functions, the solvers
-and ``throw``: the second call with the same functions and argument types
-compiles and traces nothing. Under ``grad``, ``jvp``, ``jacfwd`` or ``vmap``
+``jax.jit`` of itself whose static arguments are the keys of the functions,
+the solvers and ``throw`` (`hijax.implicit._function_key`: code and the values
+read, not the objects), and whose inputs include the arrays the function
+captures: the second call of the same code with the same argument types,
+even of a new lambda, compiles and traces nothing. Under ``grad``, ``jvp``, ``jacfwd`` or ``vmap``
 applied eagerly, it calls that same ``jax.jit``, so the rules' work runs as a
 few compiled programs rather than op by op (an eager ``grad`` of a scalar
 solve: 3 compilations instead of about 60). Under ``jit`` or ``make_jaxpr``
@@ -24,11 +26,13 @@ import jax.numpy as jnp
 
 from hijax._internals import ad, batching, core
 from hijax.closure import closure_convert_params
+from hijax.implicit._function_key import Uncacheable, by_identity, split
 from hijax.implicit._linear import Dense, MatMul
+from hijax.implicit._matrix import matrix_matvec
 from hijax.implicit._nonlinear import FixedPointIteration, Newton
 from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,
                                         _name)
-from hijax.implicit._status import SolveError
+from hijax.implicit._status import SolveError, quiet_solve_errors
 
 __all__ = ["fixed_point", "root", "linear_solve"]
 
@@ -168,38 +172,92 @@ def _eager_underneath() -> bool:
 
 
 def _eager_cached(impl: Any) -> Any:
-  """``impl(fn, x, params, **options)``, compiled once per (fn, options,
-  argument types) when called on concrete values or under eager ``grad``,
-  ``jvp`` or ``vmap`` (`_eager_underneath`); bound directly otherwise."""
+  """``impl(fn, x, params, **options)``, compiled once per program when called
+  on concrete values or under eager ``grad``, ``jvp`` or ``vmap``
+  (`_eager_underneath`); bound directly otherwise.
+
+  The program is keyed by value (`_function_key.split`): ``fn`` by its code
+  and what it reads, the JAX arrays it captures passed as inputs, and the
+  options (solvers, ``throw``) likewise, so an inline lambda written again
+  finds the program compiled for the first one. A function that needs a
+  captured array as a constant (``float(a)``, ``if a > 0``) is traced again
+  with its arrays as constants, keyed by identity, and remembered."""
   options = [n for n, p in inspect.signature(impl).parameters.items()
              if p.kind is p.KEYWORD_ONLY]
-  impl.__name__ = impl.__name__.lstrip("_")  # the name jaxprs show
-  compiled = jax.jit(impl, static_argnums=0, static_argnames=options)
+
+  def traced(fn_spec: Any, arrays: Any, x: Any, params: Any,
+             **option_specs: Any) -> Any:
+    return impl(fn_spec.rebuild(arrays), x, params,
+                **{k: s.rebuild(()) for k, s in option_specs.items()})
+  traced.__name__ = impl.__name__.lstrip("_")  # the name jaxprs show
+  compiled = jax.jit(traced, static_argnums=0, static_argnames=options)
+  needs_constants: dict[Any, None] = {}  # specs whose arrays are constants
+
+  def attempt(spec: Any, arrays: Any, x: Any, params: Any, eager: bool,
+              option_specs: Any) -> Any:
+    if eager:
+      return _raising_solve_errors(lambda: jax.block_until_ready(
+          compiled(spec, arrays, x, params, **option_specs)))
+
+    # Wait for the values under the tracers, so that a failed solve raises
+    # here, as a SolveError, as it does in an eager call.
+    def run() -> Any:
+      out = compiled(spec, arrays, x, params, **option_specs)
+      jax.block_until_ready(_values_below(out))
+      return out
+    return _raising_solve_errors(run)
 
   @functools.wraps(impl)
-  def call(fn: Any, x: Any, params: Any, **options: Any) -> Any:
-    if not (_is_concrete((x, params)) and core.trace_state_clean()):
-      # A function or solver closing over a tracer cannot be a static
-      # argument: it is closure-converted (or named in an error) unjitted.
-      if _eager_underneath() and not _tracer_inside((fn, options)):
-        # Wait for the values under the tracers, so that a failed solve
-        # raises here, as a SolveError, as it does in an eager call.
-        def run() -> Any:
-          out = compiled(fn, x, params, **options)
-          jax.block_until_ready(_values_below(out))
-          return out
-        return _raising_solve_errors(run)
-      return impl(fn, x, params, **options)
-    return _raising_solve_errors(
-        lambda: jax.block_until_ready(compiled(fn, x, params, **options)))
+  def call(fn: Any, x: Any, params: Any, **opts: Any) -> Any:
+    eager = _is_concrete((x, params)) and core.trace_state_clean()
+    if not (eager or _eager_underneath()):
+      return impl(fn, x, params, **opts)
+    try:
+      # A solver holding a tracer cannot be static: _check_solver names it.
+      option_specs = {k: split(v, dynamic=False)[0] for k, v in opts.items()}
+      spec, arrays = split(fn)
+      if arrays and spec in needs_constants:
+        spec, arrays = split(fn, dynamic=False)
+    except Uncacheable:
+      if not eager:  # a tracer where no input can carry it: unjitted
+        return impl(fn, x, params, **opts)
+      spec, arrays = by_identity(fn), []
+      option_specs = {k: by_identity(v) for k, v in opts.items()}
+    try:
+      return attempt(spec, arrays, x, params, eager, option_specs)
+    except SolveError:
+      raise
+    except Exception:
+      if not arrays:
+        raise
+    # The trace failed with the captured arrays as inputs: again with them
+    # as constants (raising what the function raises, if it fails anyway).
+    try:
+      constant_spec = split(fn, dynamic=False)[0]
+    except Uncacheable:
+      return impl(fn, x, params, **opts)
+    try:
+      out = attempt(constant_spec, [], x, params, eager, option_specs)
+    except SolveError:  # it compiled: the solve itself failed
+      _remember(needs_constants, spec)
+      raise
+    _remember(needs_constants, spec)
+    return out
   return call
+
+
+def _remember(memo: dict[Any, None], key: Any) -> None:
+  if len(memo) > 1024:
+    memo.clear()
+  memo[key] = None
 
 
 def _raising_solve_errors(run: Any) -> Any:
   """``run()``, with JAX's runtime error that carries a `SolveError`
   raised on the host turned back into that `SolveError`."""
   try:
-    return run()
+    with quiet_solve_errors():
+      return run()
   except SolveError:
     raise
   except Exception as e:  # a SolveError raised on the host, wrapped by JAX
@@ -262,6 +320,8 @@ def _linear_solve(matvec: Any, b: Any, params: Any, *, solver: Any, throw: Any) 
                                         params)
   _check_function("linear_solve", "LinearSolve", "matvec", matvec, b, params,
                   "b")
+  if isinstance(solver, Dense) and not isinstance(matvec, MatMul):
+    matvec = matrix_matvec(matvec, b, params)
   x, st = LinearSolve(_avals(b), _avals(params), matvec=matvec,
                       solver=solver, throw=throw)(b, params)
   return x if throw else (x, st)
@@ -297,9 +357,14 @@ def fixed_point(f: Callable, x0: Any, params: Any, *,
       ``max_iter``, a non-finite iterate, a failed derivative solve) raises
       `SolveError` eagerly (also under eager ``grad``, ``jvp`` and ``vmap``),
       or a JAX runtime error containing its message under ``jit`` and in the
-      derivative solves of ``grad``'s backward pass. False: return
-      ``(x, Status)`` and let the caller check ``Status.converged``;
-      derivatives of a failed solve are then NaN.
+      derivative solves of ``grad``'s backward pass (the reason is then
+      logged first, at level ERROR on the ``hijax.implicit`` logger, since
+      JAX's message begins with its callback machinery). The check is a
+      host callback, which ``jax.export`` cannot serialize: exporting a
+      solve with ``throw=True`` raises a ValueError that says to pass
+      ``throw=False``. False: return ``(x, Status)`` and let the caller
+      check ``Status.converged``; derivatives of a failed solve are then
+      NaN.
   """
   return _fixed_point(f, x0, params, solver=solver,
                       linear_solver=linear_solver, throw=throw)
@@ -332,9 +397,12 @@ def linear_solve(matvec: Callable, b: Any, params: Any, *, solver: Callable = De
 
   Args:
     matvec: ``matvec(x, params)``, linear in ``x`` (a pytree like ``b``);
-      traced values it closes over are moved into ``params``. `MatMul()` says that ``params`` is
-      the matrix: `Dense` then factorizes it as it is, once for the solve and
-      its gradient.
+      traced values it closes over are moved into ``params``. `MatMul()`
+      says that ``params`` is the matrix: `Dense` then factorizes it as it
+      is, once for the solve and its gradient; so it does for a matvec that
+      is a product of ``x`` with a square params leaf (``A @ x``,
+      ``x @ A``, ``A.T @ x``, ``jnp.dot``, ``jnp.einsum``), recognised from
+      its jaxpr.
     b: the right-hand side, a pytree of arrays.
     params: a pytree of arrays on which the matrix depends.
     solver: ``solver(matvec1, b) -> (x, Status)`` with ``matvec1`` a function

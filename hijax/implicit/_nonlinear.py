@@ -130,6 +130,7 @@ class FixedPointIteration:
   and 1e-6 for float32 ones (`default_tol`). ``max_iter`` (10,000) is enough
   for a contraction of rate 0.99 to reach 1e-12; reaching it is a failure.
   """
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
   max_iter: int = 10_000
 
@@ -153,6 +154,7 @@ class Newton:
   reached, a non-finite iterate (a singular Jacobian) or a failed linear
   solve is a failure.
   """
+  _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
   max_iter: int = 50
   linear_solver: Callable = Dense()
@@ -161,7 +163,9 @@ class Newton:
     def step(x: Any) -> Any:
       gx = lambda y: g(y, params)
       matvec = lambda v: jax.jvp(gx, (x,), (v,))[1]
-      dx, st = solved(self.linear_solver(matvec, gx(x)), "Newton")
+      rhs = gx(x)
+      dx, st = solved(self.linear_solver(matvec, rhs), "Newton", rhs,
+                      self.linear_solver)
       return jax.tree.map(jnp.subtract, x, dx), dx, st.converged | (
           st.reason == NONFINITE)  # a non-finite step stops as non-finite
     return _iterate(step, x0, _tols(self.tol, x0), self.max_iter,

@@ -27,6 +27,7 @@ from hijax.autodiff import Zero, NullAccum, instantiate_zeros
 from hijax.derived import jvp_from_lin
 from hijax.primitive import HiPrim
 from hijax.implicit._linear import CG, Dense, MatMul
+from hijax.implicit._matrix import MatrixMatvec
 from hijax.implicit._status import Status, raise_if_failed, solved
 
 
@@ -144,6 +145,9 @@ class _Transposed:
 
 
 def _transposed(matvec: Any) -> Any:
+  if isinstance(matvec, MatrixMatvec):
+    return MatrixMatvec(_transposed(matvec.matvec), matvec.index,
+                        not matvec.transposed)
   if isinstance(matvec, _JvpX):
     return _VjpX(matvec.g)
   if isinstance(matvec, _VjpX):
@@ -220,7 +224,7 @@ def _nan_unless(ok: Any, tree: Any) -> Any:
 
 def _where(prim: Any) -> str:
   solver = prim.params["solver"]
-  return f"hijax.implicit {type(prim).__name__} (solver={solver!r})"
+  return f"hijax.implicit {type(prim).__name__} (solver={_name(solver)})"
 
 
 class _Checked(HiPrim):
@@ -258,12 +262,26 @@ class LinearSolve(_Checked):
     super().__init__()
 
   def _factored(self) -> bool:
-    # A matrix handed over as one (MatMul), solved by Dense: factorize it once.
-    return isinstance(self.matvec, MatMul) and isinstance(self.solver, Dense)
+    # A matrix handed over as one (MatMul), or a matvec that multiplies by
+    # one of the params (MatrixMatvec), solved by Dense: factorize it once.
+    return isinstance(self.matvec, (MatMul, MatrixMatvec)) and isinstance(
+        self.solver, Dense)
+
+  def _matrix(self, params: Any) -> tuple[Any, bool]:
+    """For `_factored`: the matrix ``M`` as it is in params, and whether the
+    system's matrix is its transpose."""
+    if isinstance(self.matvec, MatrixMatvec):
+      return self.matvec.leaf(params), self.matvec.transposed
+    return params, False
 
   def expand(self, b: Any, params: Any) -> Any:
     if self._factored():
-      x, st = self.solver.solve_matrix(params, b)
+      matrix, transposed = self._matrix(params)
+      if transposed:
+        x, st = self.solver.solve_factored(
+            matrix, self.solver.factor(matrix), b, True)
+      else:
+        x, st = self.solver.solve_matrix(matrix, b)
     elif isinstance(self.matvec, (_VjpX, _Transposed)) and isinstance(
         self.solver, Dense):
       # A transposed system (of a gradient): Dense builds the matrix of the
@@ -274,7 +292,7 @@ class LinearSolve(_Checked):
           lambda v: forward(v, params), b), _where(self))
     else:
       x, st = solved(self.solver(lambda v: self.matvec(v, params), b),
-                     _where(self))
+                     _where(self), b, self.solver)
     return self._finish(x, st)
 
   def _solve(self, rhs: Any, params: Any, matvec: Any,
@@ -304,8 +322,9 @@ class LinearSolve(_Checked):
 
   def vjp_fwd(self, nzs_in: Any, b: Any, params: Any) -> Any:
     if self._factored():
-      factors = self.solver.factor(params)
-      x, st = self.solver.solve_factored(params, factors, b, False)
+      matrix, transposed = self._matrix(params)
+      factors = self.solver.factor(matrix)
+      x, st = self.solver.solve_factored(matrix, factors, b, transposed)
       x, st = self._finish(x, st)
     else:
       factors = None
@@ -320,8 +339,9 @@ class LinearSolve(_Checked):
     if _all_zero(x_bar):
       return None, None
     if factors is not None:  # the transposed solve reuses the LU factors
-      w, st = self.solver.solve_factored(params, factors, _instantiate(x_bar),
-                                         True)
+      matrix, transposed = self._matrix(params)
+      w, st = self.solver.solve_factored(matrix, factors, _instantiate(x_bar),
+                                         not transposed)
       w, st = self._finish(w, st)
       w = self._guard(st.converged, w)
     else:
@@ -423,7 +443,7 @@ class FixedPoint(_Implicit):
 
   def expand(self, x0: Any, params: Any) -> Any:
     return self._finish(*solved(self.solver(self.f, x0, params),
-                                _where(self)))
+                                _where(self), x0, self.solver))
 
 
 class Root(_Implicit):
@@ -437,4 +457,4 @@ class Root(_Implicit):
 
   def expand(self, x0: Any, params: Any) -> Any:
     return self._finish(*solved(self.solver(self.g, x0, params),
-                                _where(self)))
+                                _where(self), x0, self.solver))

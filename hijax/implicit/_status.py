@@ -7,17 +7,28 @@ public functions) the primitive's ``expand`` calls `raise_if_failed`: a
 host to raise `SolveError`. The passing branch costs one predicate and no host
 round trip. Under ``vmap`` the predicate is reduced over the batch by
 `_AcrossBatch`, a primitive whose batching rule reduces instead of mapping, so
-that the ``cond`` stays a ``cond`` and not a ``select`` of both branches.
+that the ``cond`` stays a ``cond`` and not a ``select`` of both branches. The
+failing branch is a primitive of its own (``hijax_solve_failed``), lowered to
+a host callback, except under ``jax.export``, which it refuses in words
+(naming ``throw=False``); under ``jit`` it logs the reason before raising.
+
+`solved` reads what a solver returned and names a user's solver that
+returned the wrong thing.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from typing import Any, NamedTuple
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import batching, mlir
 
+from hijax._internals.core import ShapedArray
 from hijax.primitive import HiPrim
 
 __all__ = ["Status", "SolveError", "REASONS", "default_tol",
@@ -49,7 +60,8 @@ class Status(NamedTuple):
 
 class SolveError(RuntimeError):
   """A solve of `hijax.implicit` failed (raised eagerly; under ``jit`` it is
-  wrapped in JAX's runtime error, whose message contains this one)."""
+  wrapped in JAX's runtime error, whose message ends with this one, and its
+  message is logged first on the ``hijax.implicit`` logger)."""
 
 
 class _QuietSolveErrors(logging.Filter):
@@ -72,18 +84,101 @@ def status(reason: Any, steps: Any, error: Any) -> Status:
                 jnp.asarray(error, jnp.float32), reason)
 
 
-def solved(result: Any, where: str) -> Any:
+def solved(result: Any, where: str, like: Any = None,
+           solver: Any = None) -> Any:
   """``(x, Status)`` from what a solver returned: that pair, or ``x`` alone
-  (a user's solver), whose Status then says only whether it is finite."""
-  if (isinstance(result, tuple) and len(result) == 2
-      and isinstance(result[1], Status)):
-    return result
+  (a user's solver), whose Status then says only whether it is finite.
+
+  With ``like`` (the unknown, or its types), ``x`` must have its structure,
+  shapes and dtypes, and a Status must hold one scalar per field: anything
+  else raises a TypeError naming ``solver`` (the solver called, for the
+  message), what it returned, what was expected and the fix."""
+  pair = (isinstance(result, tuple) and len(result) == 2
+          and isinstance(result[1], Status))
   if isinstance(result, Status):
-    raise TypeError(f"{where}: the solver returned a Status alone; return "
-                    "(x, Status) or x")
+    raise _returned_error(where, solver, like,
+                          "a Status alone: return (x, Status) or x")
+  x = result[0] if pair else result
+  if like is not None and not _like(x, like):
+    expected = jax.tree.map(lambda a: jax.typeof(a).str_short(), like)
+    if (isinstance(result, tuple) and len(result) == 2
+        and _like(result[0], like)):
+      problem = (f"{_describe(result)}, whose second element is not a "
+                 "hijax.implicit.Status: return (x, Status(converged, steps, "
+                 "error, reason)), or x alone (its Status then says only "
+                 "whether x is finite)")
+    elif pair:
+      problem = (f"(x, Status) with x {_describe(x)}, but the unknown is "
+                 f"{expected}: return x with the unknown's shapes and dtypes")
+    else:
+      problem = (f"{_describe(result)}, but the unknown is {expected}: "
+                 "return the solution x, with the unknown's shapes and "
+                 "dtypes, or (x, Status)")
+    raise _returned_error(where, solver, like, problem)
+  if pair:
+    if getattr(solver, "_status_is_declared", False):
+      return result  # one of hijax's solvers: its Status is built by status
+    return x, _normalized(result[1], where, solver)
   finite = all_finite(result)
   return result, status(jnp.where(finite, CONVERGED, NONFINITE), 1,
                         jnp.where(finite, 0., jnp.inf))
+
+
+def _types(tree: Any) -> Any:
+  return jax.tree.map(lambda a: (tuple(a.shape), jnp.dtype(a.dtype)),
+                      tree)
+
+
+def _like(x: Any, like: Any) -> bool:
+  try:
+    return (jax.tree.structure(x) == jax.tree.structure(like)
+            and _types(x) == _types(like))
+  except (AttributeError, TypeError):  # a leaf that is not an array
+    return False
+
+
+def _describe(v: Any) -> str:
+  """What a solver returned, in words: its pytree of types."""
+  if isinstance(v, Status):
+    return "Status(...)"
+  if isinstance(v, (tuple, list)):
+    inner = ", ".join(_describe(e) for e in v)
+    return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+  if hasattr(v, "shape") and hasattr(v, "dtype"):
+    return jax.typeof(v).str_short()
+  return repr(v) if isinstance(v, (bool, int, float)) else (
+      f"a {type(v).__name__}")
+
+
+def _solver_name(solver: Any) -> str:
+  if solver is None:
+    return "the solver"
+  return getattr(solver, "__qualname__", None) or repr(solver)
+
+
+def _returned_error(where: str, solver: Any, like: Any,
+                    problem: str) -> TypeError:
+  return TypeError(f"{where}: your solver {_solver_name(solver)} returned "
+                   f"{problem}")
+
+
+def _normalized(st: Status, where: str, solver: Any) -> Status:
+  """A solver's Status with the declared dtypes (one scalar per field), its
+  ``converged`` and ``reason`` made to agree: not converged is a failure."""
+  fields = []
+  for field, dtype in zip(Status._fields, (jnp.bool_, jnp.int32, jnp.float32,
+                                           jnp.int32)):
+    value = getattr(st, field)
+    if jnp.shape(value) != ():
+      raise TypeError(
+          f"{where}: your solver {_solver_name(solver)} returned a Status "
+          f"whose `{field}` is {_describe(value)}: each field is one scalar "
+          "per solve (under vmap too: the batch is added for you)")
+    fields.append(jnp.asarray(value).astype(dtype))
+  converged, steps, error, reason = fields
+  failed = ~converged | (reason != CONVERGED)
+  reason = jnp.where(failed & (reason == CONVERGED), MAX_ITER, reason)
+  return Status(~failed, steps, error, reason)
 
 
 def default_tol(dtype: Any) -> float:
@@ -156,16 +251,67 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   steps = jnp.minimum(st.steps, (1 << _STEP_BITS) - 1)
   worst = _across_batch((st.reason << _STEP_BITS) | steps, "max")
 
-  def fail(worst: Any) -> Any:
-    def raise_error(worst: Any) -> Any:
-      raise SolveError(_message(where, worst))
-    return jax.pure_callback(raise_error, jax.ShapeDtypeStruct((), jnp.bool_),
-                             worst, vmap_method="broadcast_all")
-
-  raised = jax.lax.cond(worst >> _STEP_BITS != CONVERGED, fail,
+  raised = jax.lax.cond(worst >> _STEP_BITS != CONVERGED,
+                        lambda w: _failed_p.bind(w, where=where),
                         lambda _: jnp.bool_(False), worst)
   return jax.tree.map(lambda a: jnp.where(raised, jnp.nan, a).astype(a.dtype),
                       x)
+
+
+# The failing branch's host call, as a primitive of its own: its lowering is
+# where jax.export (which cannot serialize a host callback) is told what to
+# do, in words naming hijax and throw=False, instead of JAX's message.
+_failed_p = jax.extend.core.Primitive("hijax_solve_failed")
+_LOG = logging.getLogger("hijax.implicit")
+_QUIET = threading.local()  # set while an eager call turns errors into ours
+
+
+def _raise_solve_error(where: str, worst: Any) -> Any:
+  message = _message(where, worst)
+  if not getattr(_QUIET, "depth", 0):
+    # Under jit JAX wraps this error in its own, whose first lines are its
+    # callback machinery; the log line puts the reason first.
+    _LOG.error("SolveError: %s", message)
+  raise SolveError(message)
+
+
+def _failed_lowering(ctx: Any, worst: Any, *, where: str) -> Any:
+  parameters = getattr(ctx.module_context, "lowering_parameters", None)
+  if getattr(parameters, "for_export", False):
+    raise ValueError(
+        f"{where}: jax.export cannot serialize this solve's check: with "
+        "throw=True (the default) a failed solve raises through a host "
+        "callback, which exported programs cannot contain. Pass "
+        "throw=False to the solve in the function you export, and check "
+        "the returned Status (`converged`) yourself")
+  callback = functools.partial(_raise_solve_error, where)
+  return mlir.lower_fun(lambda w: jax.pure_callback(
+      callback, jax.ShapeDtypeStruct((), jnp.bool_), w,
+      vmap_method="broadcast_all"), multiple_results=False)(ctx, worst)
+
+
+def _failed_batch(args: Any, dims: Any, *, where: str) -> Any:
+  (worst,), (d,) = args, dims
+  # an unbatched flag (None: JAX's "not mapped")
+  return _failed_p.bind(jnp.max(worst, axis=d), where=where), None
+
+
+_failed_p.def_impl(lambda worst, *, where: _raise_solve_error(where, worst))
+_failed_p.def_abstract_eval(
+    lambda worst, *, where: ShapedArray((), jnp.bool_))
+mlir.register_lowering(_failed_p, _failed_lowering)
+batching.primitive_batchers[_failed_p] = _failed_batch
+
+
+class quiet_solve_errors:
+  """While active (an eager call that raises `SolveError` itself), a failed
+  solve is not logged."""
+
+  def __enter__(self) -> None:
+    _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
+
+  def __exit__(self, *exc: Any) -> None:
+    _QUIET.depth -= 1
 
 
 def all_finite(tree: Any) -> Any:

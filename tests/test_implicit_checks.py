@@ -1,0 +1,98 @@
+"""The cheaper result checks give the verdicts of the full ones: Dense reads
+|A| only when the residual is not already within tol (|A x| + |b|), and
+the verdict, the reason and the reported error are those of the backward
+error check |b - A x| <= tol (|A| |x| + |b|), alone and under vmap with
+instances that need |A| beside ones that do not."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from hijax.implicit import Dense, MatMul, linear_solve
+from hijax.implicit._linear import _LAZY_NORM
+
+N = 70  # 70 x 70 >= _LAZY_NORM entries: the lazy path
+
+
+def reference(A, x, b, tol, transpose=False):
+  """The backward-error check, written out: (converged, error)."""
+  ax = x @ A if transpose else A @ x
+  r = jnp.max(jnp.abs(b - ax))
+  norm = jnp.max(jnp.sum(jnp.abs(A), axis=0 if transpose else 1))
+  scale = norm * jnp.max(jnp.abs(x)) + jnp.max(jnp.abs(b))
+  ok = jnp.isfinite(r) & jnp.all(jnp.isfinite(x)) & (r <= tol * scale)
+  return ok, r / scale
+
+
+def system(seed, log_cond, n=N):
+  """A matrix with singular values from 1 to 10**-log_cond, a solution and
+  its right-hand side, in float32."""
+  rng = np.random.default_rng(seed)
+  U, _ = np.linalg.qr(rng.standard_normal((n, n)))
+  V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+  A = (U * np.logspace(0, -log_cond, n)) @ V.T
+  x = rng.standard_normal(n)
+  return (jnp.asarray(A, jnp.float32), jnp.asarray(x, jnp.float32),
+          jnp.asarray(A @ x, jnp.float32))
+
+
+def test_the_size_takes_the_lazy_path():
+  assert N * N >= _LAZY_NORM
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2 ** 16), st.floats(0., 7.), st.floats(-8., 0.),
+       st.booleans())
+def test_the_verdict_and_error_are_the_full_checks(seed, log_cond, log_err,
+                                                   transpose):
+  A, x, b = system(seed, log_cond)
+  if transpose:
+    b = x @ A
+  # a solution off by a relative 10**log_err: passes or fails by the bound
+  x_off = x * (1 + 10. ** log_err * jnp.cos(jnp.arange(N, dtype=jnp.float32)))
+  tol = float(jnp.finfo(jnp.float32).eps) ** 0.5
+  st_ = jax.jit(lambda A, x, b: Dense()._check(A, x, b, transpose))(
+      A, x_off, b)
+  ok, err = reference(A, x_off, b, tol, transpose)
+  assume(abs(float(err) / tol - 1) > 1e-3)  # not at the bound, to rounding
+  assert bool(st_.converged) == bool(ok)
+  np.testing.assert_allclose(st_.error, err, rtol=1e-4, atol=1e-7)
+
+
+def test_under_vmap_easy_hard_and_failing_instances_get_their_verdicts():
+  """Instance 0 passes on |A x| + |b| alone, instance 1 needs |A| (a large x
+  for a small b, as for an ill-conditioned matrix) and passes, instance 2
+  fails: each verdict is the full check's."""
+  A, x, b = system(0, 1.)
+  big = 1e4 * jnp.cos(jnp.arange(N, dtype=jnp.float32))
+  # A @ big is far smaller than |A| |big|: pick b so that x is big, and put
+  # the residual between the cheap bound and the full one
+  A = A.at[:, 0].set(1e-3 * A[:, 0])
+  xs = jnp.stack([x, big, x])
+  bs = jnp.stack([A @ x, A @ big, A @ x])
+  tol = float(jnp.finfo(jnp.float32).eps) ** 0.5
+  norm = jnp.max(jnp.sum(jnp.abs(A), axis=1))
+  r1 = 0.5 * tol * norm * jnp.max(jnp.abs(big))  # within the full bound only
+  bs = bs.at[1, 0].add(r1).at[2, 0].add(1.)
+  sts = jax.jit(jax.vmap(lambda x, b: Dense()._check(A, x, b)))(xs, bs)
+  refs = [reference(A, xs[i], bs[i], tol) for i in range(3)]
+  assert [bool(c) for c in sts.converged] == [bool(r[0]) for r in refs]
+  assert [bool(r[0]) for r in refs] == [True, True, False]
+  # and instance 1 did need |A|: the cheap bound alone would fail it
+  cheap = tol * (jnp.max(jnp.abs(A @ big)) + jnp.max(jnp.abs(bs[1])))
+  assert float(jnp.max(jnp.abs(bs[1] - A @ big))) > float(cheap)
+  np.testing.assert_allclose(sts.error, [r[1] for r in refs], rtol=1e-4,
+                             atol=1e-7)
+
+
+def test_a_singular_system_still_fails_and_a_good_one_solves():
+  A, x, b = system(1, 2.)
+  singular = A.at[:, 1].set(A[:, 0])
+  _, st_ = linear_solve(MatMul(), b, singular, throw=False)
+  ok, _ = reference(singular, linear_solve(MatMul(), b, singular,
+                                           throw=False)[0], b, 3.4526698e-4)
+  assert bool(st_.converged) == bool(ok)
+  x_got, st_ = linear_solve(MatMul(), b, A, throw=False)
+  assert bool(st_.converged)
+  np.testing.assert_allclose(x_got, x, rtol=1e-3, atol=1e-3)
