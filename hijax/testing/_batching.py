@@ -23,7 +23,7 @@ def _batch_variants(ctx: CheckContext, arg):
     x = np.asarray(x)
     if not is_float(x):
       return np.stack([x] * size)
-    noise = lambda: ctx.rng.standard_normal(x.shape).astype(x.dtype)
+    noise = lambda: np.asarray(ctx.random_like(x))
     vs = [x] + [x * (1 + 0.2 * noise()) + 0.1 * noise()
                 for _ in range(size - 1)]
     return np.stack(vs)
@@ -69,6 +69,8 @@ def check_batch(ctx: CheckContext):
   for in_axes in _batch_combinations(ctx):
     batched = tuple(i for i, ax in enumerate(in_axes) if ax is not None)
     desc = f"vmap with in_axes={in_axes}, batch size {ctx.settings.batch_size}"
+    if ctx.out_of_time("batch", desc):
+      continue
     inputs = ctx.describe_inputs(extra=desc)
     if batched not in refs:
       try:
@@ -88,7 +90,9 @@ def check_batch(ctx: CheckContext):
             lambda x, d: jnp.asarray(np.moveaxis(x, 0, d)), stacked[i], axes))
     check = "vmap vs a loop over the batch"
     try:
-      got = jax.tree.leaves(jax.vmap(ctx.prim_fn, in_axes=in_axes)(*args_b))
+      vmapped = ctx.compiled.cached(("vmap", repr(in_axes)), lambda: jax.vmap(
+          ctx.prim_fn, in_axes=in_axes))
+      got = jax.tree.leaves(vmapped(*args_b))
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("batch", check, inputs, e)
       continue
@@ -118,22 +122,28 @@ def _check_batched_derivatives(ctx: CheckContext, stacked):
   vjp = lambda f: lambda x, c: jax.vjp(f, *x)[1](tuple(c))
   vmap = lambda g: jax.vmap(lambda a, b: g(tuple(a), tuple(b)))
   f_b = jax.vmap(f)
-  # (check, g, batched g, arguments): vmap of a derivative traces the
+  # one example's derivative: the programs the jvp and vjp checks compiled
+  one = {"jvp": lambda x, t: ctx.jvp_at(direction, t, xs=x)[1],
+         "vjp": lambda x, c: ctx.vjp_at(direction, c, xs=x)[1]}
+  # (check, rule, batched g, arguments): vmap of a derivative traces the
   # unbatched instance's rules; a derivative of vmap runs the rules of the
   # instance that the batch rule binds, on batched types.
   cases = []
   if ctx.has("jvp"):
-    cases += [("vmap of jvp vs a loop", jvp(f), vmap(jvp(f)), (xs, ts)),
-              ("jvp of vmap vs a loop", jvp(f), jvp(f_b), (xs, ts))]
+    cases += [("vmap of jvp vs a loop", "jvp", vmap(jvp(f)), (xs, ts)),
+              ("jvp of vmap vs a loop", "jvp", jvp(f_b), (xs, ts))]
   if ctx.has("vjp"):
-    cases += [("vmap of vjp vs a loop", vjp(f), vmap(vjp(f)), (xs, cts)),
-              ("vjp of vmap vs a loop", vjp(f), vjp(f_b), (xs, cts))]
-  for check, g, g_b, (a, b) in cases:
+    cases += [("vmap of vjp vs a loop", "vjp", vmap(vjp(f)), (xs, cts)),
+              ("vjp of vmap vs a loop", "vjp", vjp(f_b), (xs, cts))]
+  for check, kind, g_b, (a, b) in cases:
+    if ctx.out_of_time("batch", check):
+      continue
+    g_b = ctx.compiled.cached(check, lambda g_b=g_b: g_b)
     try:
       got = jax.tree.leaves(g_b(tuple(a), tuple(b)))
       a_np, b_np = to_numpy(a), to_numpy(b)
-      want = [jax.tree.leaves(g(tuple(jnp.asarray(x[k]) for x in a_np),
-                                tuple(jnp.asarray(y[k]) for y in b_np)))
+      want = [jax.tree.leaves(one[kind]([jnp.asarray(x[k]) for x in a_np],
+                                        [jnp.asarray(y[k]) for y in b_np]))
               for k in range(size)]
       want = [np.stack(ys) for ys in zip(*want)]
     except Exception as e:  # pylint: disable=broad-except
