@@ -60,7 +60,7 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                    reference: Callable, transpose: Callable,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
-                   "<vjp(ȳ), ṫ> = {rhs:.8g}") -> bool:
+                   "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = "") -> bool:
   """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``; records a failure or an
   inconclusive entry. Returns whether it passed.
 
@@ -69,7 +69,8 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
   differences choose themselves); ``transpose(ȳ)`` gives the cotangents of
   the inputs, ``like`` the outputs (for the cotangents' types).
   ``floors(tangents)``, for a reference that is a rule, gives the absolute
-  error allowed per output element on either side. ``tangents`` may be None
+  error allowed per output element on either side. ``hint`` ends the
+  message of a failure where both sides are finite. ``tangents`` may be None
   where the reference chooses its own.
   """
   ref, label, bounds, judged, tangents = reference(tangents)
@@ -101,6 +102,6 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
     return True
   ctx.fail(mode, check, inputs,
            what.format(lhs=lhs, rhs=rhs, ref=label)
-           + f": error {abs(lhs - rhs):.3g} (tolerance {bound:.3g})",
-           abs(lhs - rhs), rule=rule)
+           + f": error {abs(lhs - rhs):.3g} (tolerance {bound:.3g})"
+           + (hint if np.isfinite(rhs) else ""), abs(lhs - rhs), rule=rule)
   return False

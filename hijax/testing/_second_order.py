@@ -157,6 +157,6 @@ def _reverse_over_reverse(ctx, sub, check, inputs, rule):
       ctx, "second_order", check, inputs, None, sub.ref_out(),
       lambda t: reference(t), transpose, rule=rule,
       what="<w, H ṫ> = {lhs:.8g} with H ṫ from {ref}, but <vjp of the "
-      "backward pass (w), ṫ> = {rhs:.8g}; the backward rule is not "
-      "differentiable as it stands (a stop_gradient, a residual computed "
-      "outside JAX, ...)")
+      "backward pass (w), ṫ> = {rhs:.8g}",
+      hint="; the backward rule is not differentiable as it stands (a "
+      "stop_gradient, a residual computed outside JAX, ...)")
