@@ -59,11 +59,25 @@ def test_kinks_are_inconclusive_not_failures(fn, x, kinks):
   assert kinked and all(k in kinked[0] for k in kinks), report
 
 
-def test_hypot_at_the_origin_and_rel_entr_at_zero():
+def _has_custom_rule(fn, *args) -> bool:
+  text = str(jax.make_jaxpr(fn)(*args))
+  return "custom_jvp_call" in text or "custom_vjp_call" in text
+
+
+def test_hypot_at_the_origin():
+  if not _has_custom_rule(jnp.hypot, 0., 0.):  # JAX 0.11
+    pytest.skip("jnp.hypot has no custom rule in this JAX")
   report = _report(jnp.hypot, 0., 0.)
   assert report.passed and _inconclusive(report, "not smooth"), report
+
+
+def test_rel_entr_at_zero():
+  """(JAX 0.11 builds rel_entr from two custom rules, xlogx and xlogy, each
+  then checked alone at the inputs rel_entr gives it.)"""
   report = _report(sp.rel_entr, jnp.array([0., 1.]), jnp.array([1., 2.]))
-  assert report.passed and _inconclusive(report, "not finite"), report
+  assert report.passed and report.inconclusive, report
+  if report.primitives == ["_rel_entr (custom_jvp)"]:
+    assert _inconclusive(report, "not finite"), report
 
 
 @pytest.mark.parametrize("fn, x", [
@@ -141,7 +155,17 @@ def test_log1mexp_second_derivative_is_nan_at_1000():
 
 
 def test_erfcx_hessian_raises():
-  report = _report(sp.erfcx, jnp.array([-2., .5, 3.]))
+  """On JAX 0.12 (not 0.11) the Hessian of erfcx of an array raises."""
+  x = jnp.array([-2., .5, 3.])
+  try:
+    jax.hessian(lambda x: sp.erfcx(x).sum())(x)
+    broken = False
+  except TypeError as e:
+    broken = "select" in str(e)
+  report = _report(sp.erfcx, x)
+  if not broken:
+    assert report.passed, report
+    return
   fails = _second_order_failures(report)
   assert fails and fails == report.failures, report
   assert all("raised TypeError" in f.detail for f in fails)

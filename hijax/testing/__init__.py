@@ -83,11 +83,12 @@ from __future__ import annotations
 #   _report      RuleFailure, RuleReport, RuleCheckError, the list of modes
 #   _numerics    default tolerances, comparing arrays, inner products
 #   _steps       where finite differences evaluate: tangents, exact steps,
-#                the wider dtype, points an ulp apart
+#                the wider dtype
 #   _finite_diff finite differences with error bounds and a verdict per
 #                element
 #   _discovery   which primitives a function binds and which rules they define
 #   _compiled    compiled evaluations shared by the checks
+#   _budget      the time a run may take, and its progress
 #   _context     CheckContext (the point, settings, shared helpers of checks)
 #   _identity    the inner-product identity that checks backward rules
 #   _nzs_out     the check of the nzs_out that vjp_fwd and lin return

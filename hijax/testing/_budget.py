@@ -42,7 +42,9 @@ class Budget:
   _last: float = -float("inf")
 
   @classmethod
-  def of(cls, time_budget, progress, n_rules: int) -> Budget:
+  def of(cls, time_budget: float | str | None,
+         progress: bool | Callable[[str], None] | None,
+         n_rules: int) -> Budget:
     """The budget of `check_rules`'s ``time_budget`` and ``progress``."""
     if time_budget == "default":
       seconds = SECONDS_PER_RULE * max(1, n_rules)

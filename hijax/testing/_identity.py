@@ -56,7 +56,7 @@ def _finite(xs):
 
 
 def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
-                   tangents: list, like: list,
+                   tangents: list | None, like: list,
                    reference: Callable, transpose: Callable,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
@@ -73,7 +73,7 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
   message of a failure where both sides are finite. ``tangents`` may be None
   where the reference chooses its own.
   """
-  ref, label, bounds, judged, tangents = reference(tangents)
+  ref, label, bounds, judged, used = reference(tangents)
   if not any(np.any(ok) for ok in judged):
     ctx.inconclusive(check, "no output element can be judged along this "
                      "direction (see the finite differences above)")
@@ -87,17 +87,17 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                      "element(s), and the function is not smooth or not "
                      "finite at some output element (see above): those "
                      "input elements are left out")
-    tangents = [jnp.where(b, 0, t) for t, b in zip(tangents, left_out)]
-    ref, label, bounds, judged, tangents = reference(tangents)
+    ref, label, bounds, judged, used = reference(
+        [jnp.where(b, 0, t) for t, b in zip(used, left_out)])
     ybar = aligned_cotangents(ctx, like, ref, judged)
     cts_in = [jnp.where(b, 0, c) for c, b in zip(transpose(ybar), left_out)]
   ref = [np.where(ok, r, 0) for r, ok in zip(ref, judged)]
-  lhs, rhs, bound = inner_identity(ybar, ref, cts_in, tangents,
+  lhs, rhs, bound = inner_identity(ybar, ref, cts_in, used,
                                    ctx.settings.tol, bounds)
   if floors is not None and bounds is None:
     top = max([float(np.max(np.abs(np.asarray(y)))) for y in ybar
                if np.size(y)] or [0.0])
-    bound += 2 * top * sum(float(np.sum(f)) for f in floors(tangents))
+    bound += 2 * top * sum(float(np.sum(f)) for f in floors(used))
   if abs(lhs - rhs) <= bound:
     return True
   ctx.fail(mode, check, inputs,

@@ -1,7 +1,6 @@
 """Where finite differences evaluate a function: tangents of signed powers
-of two scaled with the inputs, steps that keep ``x ± h t`` exact, the wider
-dtype a narrow one is differenced in, and points a unit or two in the last
-place apart (at which a rule's own rounding noise is measured)."""
+of two scaled with the inputs, steps that keep ``x ± h t`` exact, and the
+wider dtype a narrow one is differenced in."""
 from __future__ import annotations
 
 import jax.numpy as jnp
