@@ -129,10 +129,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       (or is one) has their rules checked the same way: the jvp rule against
       finite differences, reverse mode against forward mode (or finite
       differences for a custom_vjp), ``vmap`` against a loop, and the second
-      order. With several of them, each is first checked alone, at the
-      inputs the program gives it (so that a failure names the one at
-      fault), and the program as a whole only where one sits in a loop or a
-      branch.
+      order. With several of them, where the program fails, each is then
+      checked alone, at the inputs the program gives it, so that a failure
+      names the one at fault.
     *args: the point to check at: pytrees of arrays (or Python scalars) of
       floating, complex, integer or boolean dtypes (hi types are not
       supported as arguments or outputs of ``prim_fn``; the primitives
@@ -248,20 +247,14 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                         require_second_order=require_second_order,
                         budget=Budget.of(time_budget, progress, len(prims)))
     rng = np.random.default_rng(seed)
-    whole, alone = _check_each_alone(prim_fn, args, prims, settings, rng,
-                                     report, tuple(modes))
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
     ctx = CheckContext(prim_fn, args, names, settings, rng, report, prims,
                        requested=tuple(modes))
-    if whole is None:
-      run(ctx, _plan(ctx, modes, explicit))
-    else:
-      if explicit:  # a mode no rule defines is an error, as for one rule
-        _plan(ctx, [m for m in modes if not any(c.has(m) for c in alone)],
-              explicit)
-      report.skipped.append(("all modes", whole))
+    run(ctx, _plan(ctx, modes, explicit))
+    if report.failures:
+      _blame_alone(prim_fn, args, prims, settings, rng, report, tuple(modes))
     report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:
@@ -276,37 +269,48 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   return report
 
 
-def _check_each_alone(prim_fn, args, prims, settings, rng, report, modes):
-  """With several ``jax.custom_jvp`` / ``custom_vjp`` functions in
-  ``prim_fn``, checks each alone, at the inputs the program gives it, so
-  that a failure names the one at fault (and a mode one of them lacks still
-  runs for the others). Returns why the program as a whole needs no check
-  of its own (None if it does: some function could not be taken out of a
-  loop or a branch), and the contexts of the functions checked alone."""
+def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
+  """Where the program as a whole failed and calls several
+  ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
+  them all), checks each alone, at the inputs the program gives it, and
+  reports those failures instead, each naming the one at fault (the modes
+  one of them lacks run for the others). Where none fails alone, the
+  program's failures stand: the fault is in the rules together.
+
+  Not done first: a library's rule can rely on a relation the program
+  keeps between its inputs (equinox's loop wrapper takes the loop's result
+  and recomputes its derivative from the loop's input), which perturbing
+  its inputs independently breaks."""
   if len(prims) < 2 or not all(isinstance(p, CustomRules) for p in prims):
-    return None, []
+    return
   try:
     calls = custom_calls(prim_fn, args)
-  except Exception:  # pylint: disable=broad-except  (the whole program is checked)
-    return None, []
-  failed, alone = [], []
+  except Exception:  # pylint: disable=broad-except  (the program's failures stand)
+    return
+  alone = RuleReport(report.primitives, report.dtype)
   for rules, fn, inputs in calls:
-    before = len(report.failures)
     ctx = CheckContext(fn, tuple(inputs), [f"args[{i}]" for i in range(
-        len(inputs))], settings, rng, report, [rules],
+        len(inputs))], settings, rng, alone, [rules],
                        label=f"{rules!r} alone: ", requested=modes)
-    alone.append(ctx)
     run(ctx, _plan(ctx, modes, explicit=False))
-    if len(report.failures) > before:
-      failed.append(repr(rules))
-  if failed:
-    return (f"the program as a whole was not checked: {', '.join(failed)} "
-            "failed alone"), alone
-  if len(calls) == len(prims):
-    return ("the program as a whole needs no check of its own: each "
-            "function was checked alone, at the inputs the program gives "
-            "it"), alone
-  return None, alone
+  report.ran += alone.ran
+  report.skipped += alone.skipped
+  report.inconclusive += alone.inconclusive
+  report.first_order_only += alone.first_order_only
+  report.skipped_for_time += alone.skipped_for_time
+  if alone.failures:
+    named = sorted({f.rule for f in report.failures})
+    report.failures[:] = alone.failures
+    report.skipped.append((
+        "all modes", "the failures of the program as a whole (of "
+        f"{'; '.join(named)}) are replaced by those of each function "
+        "alone, at the inputs the program gives it"))
+  else:
+    report.skipped.append((
+        "all modes", "the functions checked alone passed, at the inputs the "
+        "program gives them (one called only inside a loop or a branch is "
+        "not taken out): the failures are those of the program as a "
+        "whole"))
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

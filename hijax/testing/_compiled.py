@@ -15,6 +15,8 @@ check that needs it:
 * `Compiled.cached`: a transformation of ``prim_fn`` (``jax.jvp`` along one
   set of inputs, its backward pass, ``vmap`` with some ``in_axes``), jitted
   once and called with each new tangent or cotangent.
+* `Compiled.together`: several transformations in one program (the ``vmap``
+  of every ``in_axes``), where that traces; each alone otherwise.
 
 With ``jit=False`` nothing is compiled: every evaluation runs eagerly (for
 an `expand` that branches in Python on values).
@@ -64,6 +66,21 @@ class Compiled:
       fn = build()
       self._cache[key] = jitted(fn) if self.jit else fn
     return self._cache[key]
+
+  def together(self, key: Any, fns: Sequence[Callable],
+               args: Sequence[Sequence[Any]]) -> list | None:
+    """``[fn(*a) for fn, a in zip(fns, args)]`` as one compiled program
+    (one compile instead of one per function: the checks' per-program cost
+    is mostly fixed); None if that program cannot be traced or run, so that
+    the caller runs each alone and learns which one fails."""
+    if not self.jit or len(fns) < 2:
+      return None
+    def together(*all_args):
+      return [fn(*a) for fn, a in zip(fns, all_args)]
+    try:
+      return self.cached(key, lambda: together)(*[tuple(a) for a in args])
+    except Exception:  # pylint: disable=broad-except  (each alone says why)
+      return None
 
   def call(self, full: Sequence[Any], fn: Callable | None = None) -> list:
     """The output leaves of ``fn`` (default: ``prim_fn``, compiled) at the

@@ -99,6 +99,7 @@ class FDEstimate:
       plus what rounding its inputs to their dtype changes (times `FLOOR`).
       An output that is zero to rounding (the determinant of a singular
       matrix) is compared with this absolute floor.
+    center: the outputs at the point, as the function returned them.
   """
   tangents: list
   values: list
@@ -107,6 +108,7 @@ class FDEstimate:
   resolution: float
   evaluations: int
   floors: list = dataclasses.field(default_factory=list)
+  center: list = dataclasses.field(default_factory=list)
 
   def count(self, verdict: int) -> int:
     """The number of output elements with ``verdict``."""
@@ -235,7 +237,7 @@ def _finite_max(a) -> float:
   return float(np.max(a)) if a.size else 0.0
 
 
-def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x, eps=None,
+def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
              cast_to: Sequence | None = None,
              tangent_dtypes: Sequence | None = None,
              combines: float | None = None) -> FDEstimate:
@@ -245,7 +247,9 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x, eps=None,
   ``evaluate`` takes a list of points (each a list of arrays like ``xs``) and
   returns, for each point, the tuple of the function's floating-point
   outputs; every point is passed in one call (so that they can be evaluated
-  in one compiled program). ``f_x`` are the outputs at ``xs``. The values are
+  in one compiled program). ``f_x`` are the outputs at ``xs`` (None: they
+  are evaluated with the other points, and returned as ``center``). The
+  values are
   returned in ``cast_to`` (default ``out_dtypes``), along the tangents ``ts``
   divided by a power of two (see `hijax.testing._steps.normalizer`) and returned in
   ``tangent_dtypes`` (default: the dtypes of ``ts``), where they are exact.
@@ -268,7 +272,12 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x, eps=None,
   with_noise = p2 is not None and m2 is not None and eps is None
   if with_noise:
     points += [p2, m2]
-  outs = [to64(o) for o in evaluate(points)]
+  if f_x is None:
+    points.append([np.asarray(x) for x in xs])
+  raw = evaluate(points)
+  if f_x is None:
+    f_x = raw.pop()
+  outs = [to64(o) for o in raw]
   n = len(steps)
   scale = normalizer(ts, tangent_dtypes)
   f0s = to64(f_x)
@@ -357,4 +366,4 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x, eps=None,
       np.asarray(t).dtype if tangent_dtypes is None else tangent_dtypes[i]))
               for i, t in enumerate(ts)]
   return FDEstimate(tangents, values, bounds, status, resolution, len(points),
-                    floors)
+                    floors, list(f_x))
