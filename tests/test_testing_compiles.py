@@ -49,3 +49,20 @@ def test_each_program_is_compiled_once_and_shared_by_the_checks():
   assert names.count("jit(_points)") == 1, names  # every direction's points
   for transformation in ("jvp", "vjp", "lin"):
     assert names.count(f"jit({transformation})") == 3, names
+
+
+def test_checking_the_same_function_twice():
+  """The second check of the same function at the same input types does not
+  compile the function again, and compiles each of its own programs once.
+  (The transformations under test are traced and compiled again by each
+  check: they are closures each check builds, over the inputs it holds
+  fixed, not shared between checks.)"""
+  scaled_sin = _scaled_sin()
+  args = jnp.array([0.3, 1.2]), jnp.array([2., -1.])
+  kwargs = dict(modes=("jvp", "vjp", "lin"), order=1)
+  first = _lowered(scaled_sin, *args, **kwargs)
+  second = _lowered(scaled_sin, *args, **kwargs)
+  assert first.count("jit(scaled_sin)") == 1, first
+  assert "jit(scaled_sin)" not in second, second
+  for name in ("jit(_points)", "jit(jvp)", "jit(vjp)", "jit(lin)"):
+    assert second.count(name) == first.count(name), (first, second)

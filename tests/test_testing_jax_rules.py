@@ -346,3 +346,33 @@ def test_a_spent_time_budget_skips_the_rest_and_says_so():
   assert report.skipped_for_time == [] and report.seconds > 0
   assert any(line.startswith("check_rules: ") and "jvp" in line
              for line in lines)
+
+
+def test_no_check_starts_once_the_budget_is_spent(monkeypatch):
+  """A fake clock on which each check takes one second spends a budget of
+  3.5 s part way: every check started within the budget, the rest are
+  listed as skipped for time, and the report says it is incomplete."""
+  from hijax.testing import _budget
+  starting = _budget.Budget.starting
+
+  def one_second_each(budget, what):
+    starting(budget, what)
+    budget.clock = getattr(budget, "clock", 0.) + 1.
+  monkeypatch.setattr(_budget.Budget, "starting", one_second_each)
+  monkeypatch.setattr(_budget.Budget, "elapsed",
+                      property(lambda budget: getattr(budget, "clock", 0.)))
+  lines = []
+  full = check_rules(csin, Z, order=1, time_budget=None, progress=lines.append)
+  lines.clear()
+  with pytest.warns(UserWarning, match=r"time budget \(3.5 s\)"):
+    report = check_rules(csin, Z, order=1, time_budget=3.5,
+                         progress=lines.append)
+  assert report.ran and report.skipped_for_time and not report.complete
+  assert len(report.ran) < len(full.ran)
+  mode = lambda line: line.split(":")[0]
+  # nothing dropped silently: each mode of the full run ran or is listed
+  assert {mode(r) for r in full.ran} == {
+      mode(r) for r in report.ran + report.skipped_for_time}, report
+  started = [float(line.split()[1]) for line in lines]
+  assert started == [0., 1., 2., 3.], lines
+  assert report.seconds == 4.
