@@ -20,7 +20,7 @@ differences), element by element where it matters:
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +56,7 @@ def _finite(xs):
 
 
 def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
-                   tangents: list | None, like: list,
+                   tangents: list | None, like: Sequence,
                    reference: Callable, transpose: Callable,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
