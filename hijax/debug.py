@@ -23,6 +23,13 @@ as dead code. A probe is the identity in every mode (``jvp``, ``vmap``,
 ``jit``, ``scan``), so a watched function computes what the unwatched one
 does.
 
+Reverse mode reaches a probe two ways. ``jax.vjp`` runs its backward rule.
+Under ``jax.checkpoint`` (without ``jax_remat3``, with any policy), JAX
+differentiates the checkpointed code in forward mode and transposes the
+tangent computation: there the probe's ``jvp`` passes the tangent through a
+`TangentProbe`, a linear identity whose transpose logs the same summary.
+Either way each probe logs once per backward pass.
+
 Imports: primitive, autodiff (for `Zero`); nothing imports this module but
 the package's ``__init__``.
 """
@@ -68,21 +75,62 @@ class CotangentProbe(HiPrim):
 
   def vjp_bwd(self, res: Any, g: Any, x_acc: Any) -> Any:
     del res
-    if isinstance(g, Zero):
-      zero = jnp.zeros((), jnp.int32)
-      summary = dict(nans=zero, infs=zero,
-                     max_abs=jnp.zeros((), self.out_aval.dtype))
-    else:
+    if not isinstance(g, Zero):
       x_acc.accum(g)
-      finite = jnp.isfinite(g)
-      summary = dict(
-          nans=jnp.sum(jnp.isnan(g), dtype=jnp.int32),
-          infs=jnp.sum(jnp.isinf(g), dtype=jnp.int32),
-          max_abs=jnp.max(jnp.where(finite, jnp.abs(g), 0.), initial=0.))
-    return {self.site: summary}
+    return {self.site: _summary(g, self.out_aval.dtype)}
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
-    return self(primals[0]), tangents[0]
+    (t,) = tangents
+    if isinstance(t, Zero):
+      return self(primals[0]), t
+    return self(primals[0]), TangentProbe(jax.typeof(t), self.site)(t)
+
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
+    return in_dims[0]
+
+
+def _summary(g: Any, dtype: Any) -> dict[str, Any]:
+  """What a probe logs of the cotangent ``g`` (all zeros for a `Zero`)."""
+  if isinstance(g, Zero):
+    zero = jnp.zeros((), jnp.int32)
+    return dict(nans=zero, infs=zero, max_abs=jnp.zeros((), dtype))
+  finite = jnp.isfinite(g)
+  return dict(
+      nans=jnp.sum(jnp.isnan(g), dtype=jnp.int32),
+      infs=jnp.sum(jnp.isinf(g), dtype=jnp.int32),
+      max_abs=jnp.max(jnp.where(finite, jnp.abs(g), 0.), initial=0.))
+
+
+class TangentProbe(HiPrim):
+  """The identity on a probe's tangent: a linear primitive whose transpose
+  logs the cotangent as `CotangentProbe`'s backward rule does.
+
+  `CotangentProbe.jvp` applies it, so that a backward pass that JAX builds by
+  transposing forward mode (``jax.checkpoint`` without ``jax_remat3``,
+  ``jax.linear_transpose`` of a linearized function) logs the probe too.
+  """
+
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+
+  def __init__(self, t_aval: Any, site: str) -> None:
+    self.in_avals = (t_aval,)
+    self.out_aval = t_aval
+    self.params = dict(site=site)
+    super().__init__()
+
+  def expand(self, t: Any) -> Any:
+    return t
+
+  def transpose(self, ct: Any, t_acc: Any) -> Any:
+    if not isinstance(ct, Zero):
+      t_acc.accum(ct)
+    return {self.site: _summary(ct, self.out_aval.dtype)}
+
+  def jvp(self, primals: Any, tangents: Any) -> Any:
+    (t,) = tangents
+    return self(primals[0]), t if isinstance(t, Zero) else self(t)
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return in_dims[0]
@@ -222,8 +270,21 @@ class CotangentWatch:
     return NonFiniteReport(tuple(out))
 
   def check(self, logs: Any) -> NonFiniteReport:
-    """`report`, raising FloatingPointError if any probe saw a nan or an inf."""
+    """`report`, raising FloatingPointError if any probe saw a nan or an inf.
+
+    Raises ValueError if the watch has probes but none of them logged
+    anything: then nothing was checked, and passing would be a false
+    all-clear.
+    """
     report = self.report(logs)
+    if report.sites and not any(s.reached for s in report.sites):
+      raise ValueError(
+          f"CotangentWatch.check: none of the {len(report.sites)} probes "
+          f"({', '.join(repr(s.site) for s in report.sites)}) logged a "
+          "cotangent, so nothing was checked. Pass the logs that "
+          "`f_vjp.with_logs(ct)` returns for a function that applies the "
+          "probes; probes whose outputs do not affect the result, or that sit "
+          "inside a jax.custom_vjp function or a while_loop, are not reached")
     first = report.first
     if first is not None:
       raise FloatingPointError(

@@ -172,12 +172,28 @@ def residual_report(f: Callable, *args: Any,
   """What ``jax.grad(f)`` (``jax.vjp(f, *args)``) saves, as a `ResidualReport`.
 
   With ``policy``, the function is ``jax.checkpoint(f, policy=policy)``: the
-  report shows what that checkpoint policy keeps. Only ``f`` is traced;
+  report shows what that checkpoint policy keeps (a primitive with
+  reverse-mode rules only needs ``jax_remat3`` then: the classic
+  ``jax.checkpoint`` differentiates in forward mode, and the error says
+  so). Only ``f`` is traced;
   nothing is computed. An argument that is itself saved is listed, but left
   out of `ResidualReport.saved_bytes` (it is in memory anyway).
   """
   fn = f if policy is None else jax.checkpoint(f, policy=policy)
-  rows = [_residual(aval, desc) for aval, desc in saved_residuals(fn, *args)]
+  try:
+    found = saved_residuals(fn, *args)
+  except NotImplementedError as e:
+    if policy is None or getattr(jax.config, "jax_remat3", True):
+      raise
+    raise NotImplementedError(
+        f"residual_report(..., policy=...) traces jax.checkpoint(f, "
+        f"policy=...), and with jax_remat3 off jax.checkpoint differentiates "
+        f"its body in forward mode, which a primitive with reverse-mode rules "
+        f"only cannot do ({e}). Enable the new remat implementation, under "
+        "which the primitive's reverse-mode rules (and its `remat` method) "
+        "apply: jax.config.update('jax_remat3', True); or give the primitive "
+        "a forward-mode rule, e.g. `jvp = jvp_from_vjp`") from e
+  rows = [_residual(aval, desc) for aval, desc in found]
   name = getattr(f, "__qualname__", repr(f))
   # A policy object's repr, or a policy function's qualified name (a
   # function's repr would show its address).

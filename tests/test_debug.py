@@ -130,3 +130,82 @@ def test_misuse_messages():
   watch(jnp.ones(2), "a")
   with pytest.raises(TypeError, match="log entry 'a' is list"):
     watch.report({"a": [1]})
+
+
+# --- under jax.checkpoint: every remat mode and policy -----------------------------------
+
+def _policies():
+  cp = jax.checkpoint_policies
+  return [("default", None), ("nothing_saveable", cp.nothing_saveable),
+          ("everything_saveable", cp.everything_saveable),
+          ("dots_saveable", cp.dots_saveable),
+          ("save_only_these_names", cp.save_only_these_names("a"))]
+
+
+@pytest.fixture(params=[False, True], ids=["classic", "remat3"])
+def remat_mode(request):
+  if request.param and not hasattr(jax.config, "jax_remat3"):
+    pytest.skip("this JAX has no jax_remat3 flag")
+  old = getattr(jax.config, "jax_remat3", False)
+  jax.config.update("jax_remat3", request.param)
+  yield request.param
+  jax.config.update("jax_remat3", old)
+
+
+@pytest.mark.parametrize("policy_name, policy", _policies(),
+                         ids=[p[0] for p in _policies()])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_checkpoint_reports_what_the_plain_backward_pass_does(
+    remat_mode, policy_name, policy, jit):
+  """Under classic jax.checkpoint, JAX transposes forward mode: the probes
+  used to log nothing, so check() passed while the gradient held an inf."""
+  del remat_mode, policy_name
+  from jax.ad_checkpoint import checkpoint_name
+  watch = CotangentWatch()
+
+  def f(x):
+    a = checkpoint_name(watch(jnp.sin(x), "sin"), "a")
+    b = watch(jnp.sqrt(a), "sqrt")
+    return watch(jnp.sum(b), "sum")
+  g = jax.checkpoint(f, policy=policy)
+  with_logs = lambda x: jax.vjp(g, x)[1].with_logs(1.)
+  (grad,), logs = (jax.jit(with_logs) if jit else with_logs)(
+      jnp.array([0., 1.]))
+  assert np.isinf(grad[0])
+  report = watch.report(logs)
+  assert all(s.reached for s in report.sites), report
+  assert report.first == "sin"
+  with pytest.raises(FloatingPointError, match="first at probe 'sin'"):
+    watch.check(logs)
+  # the same summaries as without the checkpoint
+  _, plain = jax.vjp(f, jnp.array([0., 1.]))[1].with_logs(1.)
+  for site in ("sin", "sqrt", "sum"):
+    for key in ("nans", "infs", "max_abs"):
+      np.testing.assert_allclose(logs[site][key], plain[site][key], rtol=1e-6)
+
+
+def test_checkpointed_scan_body_reports_iterations(remat_mode):
+  del remat_mode
+  watch = CotangentWatch()
+
+  def h(xs):
+    @jax.checkpoint
+    def body(c, x):
+      return c + jnp.sqrt(watch(x, "x")), None
+    return jax.lax.scan(body, 0., xs)[0]
+  _, logs = jax.vjp(h, jnp.array([1., 0., 2., 0.]))[1].with_logs(1.)
+  (site,) = watch.report(logs).sites
+  assert site.infs == 2 and site.iterations == ((3,), (1,))
+
+
+def test_check_refuses_logs_in_which_no_probe_was_reached():
+  watch = CotangentWatch()
+
+  @jax.custom_vjp
+  def opaque(x):  # its backward rule is the user's: the probe is not run
+    return jnp.sum(watch(jnp.sqrt(x), "sqrt"))
+  opaque.defvjp(lambda x: (opaque(x), x), lambda x, g: (g / x,))
+  (grad,), logs = jax.vjp(opaque, jnp.array([0., 1.]))[1].with_logs(1.)
+  assert np.isinf(grad[0])
+  with pytest.raises(ValueError, match="none of the 1 probes"):
+    watch.check(logs)

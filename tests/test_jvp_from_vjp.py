@@ -285,3 +285,35 @@ def test_assigned_to_the_wrong_name_or_without_a_reverse_rule():
   with pytest.raises(NotImplementedError, match=r"NoReverse sets `jvp = "
                      r"jvp_from_vjp`, .* but has no `vjp_fwd`"):
     jax.jvp(lambda x: NoReverse(jax.typeof(x))(x), (X,), (V,))
+
+
+def _carry_chain(g, first):
+  """A scan whose carries settle one per pass: ``first`` enters carry a on
+  the first pass, reaches b on the second, c on the third, and only on the
+  fourth d, which holds the cotangent."""
+  def body(carry, _):
+    a, b, c, d = carry
+    return (first(a), a, b, d + g + c), None
+  z = jnp.zeros_like(g)
+  (_, _, _, d), _ = jax.lax.scan(body, (z, z, z, z), None, length=5)
+  return d
+
+
+def test_scan_carries_that_settle_over_several_passes():
+  """The walk must repeat the body until no carry changes: stopping after
+  one pass (or two) passed an affine rule, whose transpose drops the
+  constant, so that jvp_from_vjp gave a wrong tangent silently."""
+  traced = lambda f: jax.make_jaxpr(f)(X)
+  affine = lambda g: _carry_chain(g, jnp.ones_like)
+  assert "affine in g" in _linearity.nonlinear_reason(traced(affine), [True])
+  linear = lambda g: _carry_chain(g, lambda a: 2 * a)  # zeros stay zeros
+  assert _linearity.nonlinear_reason(traced(linear), [True]) is None
+
+  def bwd(first):
+    return lambda self, s, g: (_carry_chain(g, first) * s,)
+  bad = _variant(bwd(jnp.ones_like))
+  with pytest.raises(TypeError, match=r"not linear in g: `add` .* affine"):
+    jax.jvp(lambda x: bad(jax.typeof(x))(x), (X,), (V,))
+  good = _variant(bwd(lambda a: 2 * a))  # the backward rule is 5 g s
+  close(jax.jvp(lambda x: good(jax.typeof(x))(x), (X,), (V,))[1],
+        5 * jax.nn.sigmoid(X) * V)

@@ -75,3 +75,30 @@ def test_assert_residual_bytes():
   with pytest.raises(AssertionError, match="over the budget"):
     assert_residual_bytes(layer, X, W, max_bytes=100, count_arguments=True,
                           policy=SaveOnlyTheseNames("h"))
+
+
+class ReverseOnlySoftplus(Softplus):
+  jvp = HiPrim.jvp  # reverse-mode rules only
+
+
+def test_a_policy_on_a_reverse_only_primitive_names_jax_remat3():
+  """Classic jax.checkpoint differentiates in forward mode: the error used to
+  say only that the class has no forward-mode rule."""
+  if not hasattr(jax.config, "jax_remat3"):
+    pytest.skip("this JAX has no jax_remat3 flag")
+  f = lambda x: jnp.sum(ReverseOnlySoftplus(jax.typeof(x))(x))
+  x = jnp.ones(3, jnp.float32)
+  old = jax.config.jax_remat3
+  try:
+    jax.config.update("jax_remat3", False)
+    with pytest.raises(NotImplementedError) as info:
+      residual_report(f, x, policy=SaveOnlyTheseNames("h"))
+    msg = str(info.value)
+    assert "jax.config.update('jax_remat3', True)" in msg
+    assert "forward mode" in msg and "ReverseOnlySoftplus" in msg
+    assert residual_report(f, x).saved_bytes == 12  # no policy: reverse mode
+    jax.config.update("jax_remat3", True)  # the fix it names works
+    report = residual_report(f, x, policy=SaveOnlyTheseNames("h"))
+    assert report.saved_bytes == 0
+  finally:
+    jax.config.update("jax_remat3", old)

@@ -13,10 +13,12 @@ mode                what is compared
 ==================  =========================================================
 ``"expand"``        the eager call and the ``jit``-compiled call with `expand`
                     evaluated directly; `expand`'s output types with
-                    ``out_aval``
+                    ``out_aval`` (for a ``jax.custom_jvp``/``custom_vjp``
+                    function, the compiled call's types with its trace)
 ``"jvp"``           ``jax.jvp`` (the `jvp` rule) with central finite
                     differences of `expand`, differentiating all inputs and
-                    each input alone (the others then get symbolic zeros)
+                    each input alone (the others then get symbolic zeros),
+                    element by element (see below)
 ``"vjp"``           ``jax.vjp`` (`vjp_fwd` with `vjp_bwd_retval` or `vjp_bwd`)
                     with the `jvp` rule through the inner-product identity
                     ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` on random vectors (finite
@@ -32,17 +34,32 @@ mode                what is compared
                     ``vmap`` of ``jvp`` and of ``vjp``, and ``jvp`` and
                     ``vjp`` of ``vmap`` (the batched instance's rules), with
                     loops
-``"second_order"``  the checks above, applied to the tangent map, the
-                    backward pass and the linearized map of the function,
-                    where those bind hijax primitives again (a `jvp` rule that
-                    calls another primitive, a backward rule that calls the
-                    primitive itself, ...)
+``"second_order"``  the backward pass and the tangent map, differentiated
+                    again, with their finite differences; and the checks
+                    above, applied to the tangent map, the backward pass and
+                    the linearized map of the function, where those bind
+                    hijax primitives again (a `jvp` rule that calls another
+                    primitive, a backward rule that calls the primitive
+                    itself, ...). A rule that declares it cannot be
+                    differentiated again is reported first-order only
 ==================  =========================================================
 
 Types are compared as well as values: a tangent must have the dtype of its
 output and a cotangent that of its input, so a backward rule that returns
 float32 cotangents fails the check in float64 even where its values are
 close enough.
+
+Finite differences judge each output element on its own: where the
+function has a kink or a domain boundary within the step, or where they
+cannot resolve the derivative in the dtype, the element is left out and the
+report lists it under ``inconclusive``, with the reason; the others are
+compared as usual. Complex inputs and outputs are checked with JAX's
+convention (a complex number is the pair of its parts; a cotangent ``w``
+pairs with a tangent ``t`` as ``Re(w t)``). Several ``jax.custom_jvp`` /
+``custom_vjp`` functions in one program are each checked alone. Each
+function and each transformation is compiled once and reused by every check
+that needs it, and a run stops starting checks once its time budget is
+spent (the report lists what it skipped).
 
 A rule counts as defined when the primitive's class overrides the `HiPrim`
 method (derived rules such as ``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``
@@ -65,9 +82,16 @@ from __future__ import annotations
 # The modules of this package, each importing only those listed before it:
 #   _report      RuleFailure, RuleReport, RuleCheckError, the list of modes
 #   _numerics    default tolerances, comparing arrays, inner products
-#   _finite_diff finite differences with steps and error bounds by scale
+#   _steps       where finite differences evaluate: tangents, exact steps,
+#                the wider dtype
+#   _finite_diff finite differences with error bounds and a verdict per
+#                element
 #   _discovery   which primitives a function binds and which rules they define
+#   _compiled    compiled evaluations shared by the checks
+#   _budget      the time a run may take, and its progress
 #   _context     CheckContext (the point, settings, shared helpers of checks)
+#   _identity    the inner-product identity that checks backward rules
+#   _nzs_out     the check of the nzs_out that vjp_fwd and lin return
 #   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
 #   _batching    check_batch
 #   _second_order  second derivatives of the rules vs finite differences

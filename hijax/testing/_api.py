@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -9,8 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hijax.testing._budget import Budget
+from hijax.testing._compiled import jitted
 from hijax.testing._context import CheckContext, Settings
-from hijax.testing._discovery import find_custom_rules, find_hiprims
+from hijax.testing._discovery import (CustomRules, custom_calls,
+                                      find_custom_rules, find_hiprims)
 from hijax.testing._numerics import check_arrays, defaults, is_float, real_or_int
 from hijax.testing._report import (DERIVATIVE_MODES, MODES, RuleCheckError,
                                    RuleReport)
@@ -18,17 +22,20 @@ from hijax.testing._run import run
 
 
 def _to_dtype(x, dtype):
+  """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
+  precision if complex), else in its own dtype without a weak type."""
   x = jnp.asarray(x)
   if is_float(x):
+    if jnp.iscomplexobj(x):
+      dtype = jnp.result_type(dtype, jnp.complex64)
     return jnp.array(x, dtype=dtype)
   return jnp.array(x, dtype=x.dtype)  # drops weak types
 
 
 def _runs(prim_fn, args) -> bool:
-  """Whether ``prim_fn`` can be traced and called on ``args``."""
+  """Whether ``prim_fn`` can be traced and run (compiled) on ``args``."""
   try:
-    jax.make_jaxpr(prim_fn)(*args)
-    jax.block_until_ready(prim_fn(*args))
+    jax.block_until_ready(jitted(prim_fn)(*args))
     return True
   except Exception:  # pylint: disable=broad-except
     return False
@@ -38,10 +45,11 @@ def _choose_dtype(prim_fn, args, x64, stack: contextlib.ExitStack):
   """The arguments to check at and the name of their floating-point dtype:
   float64 (entering ``jax.enable_x64`` on ``stack``) unless ``x64`` is False
   or, with ``x64=None``, ``prim_fn`` cannot be run in float64 but can in the
-  given dtypes. It is traced and then called, so that an `expand` whose
-  output contradicts a declared type (a primitive that hard-codes float32)
-  is found before the checks; a function that fails in both is checked in
-  float64 (and the checks report why it fails)."""
+  given dtypes. It is compiled and run, so that an `expand` whose output
+  contradicts a declared type (a primitive that hard-codes float32) is found
+  before the checks (the checks reuse the compiled program); a function that
+  fails in both is checked in float64 (and the checks report why it
+  fails)."""
   own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   own_dtype = str(floats[0]) if floats else "no floating-point inputs"
@@ -102,7 +110,10 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                 batch_in_axes: Sequence[Any] | None = None,
                 linear_argnums: Sequence[int | Sequence[int]] | None = None,
                 order: int = 2, jit: bool = True,
-                raise_on_failure: bool = True) -> RuleReport:
+                raise_on_failure: bool = True,
+                time_budget: float | str | None = "default",
+                progress: bool | Callable[[str], None] | None = None,
+                require_second_order: bool = False) -> RuleReport:
   """Checks the rules of the hijax primitives that ``prim_fn`` binds.
 
   Args:
@@ -118,15 +129,24 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       (or is one) has their rules checked the same way: the jvp rule against
       finite differences, reverse mode against forward mode (or finite
       differences for a custom_vjp), ``vmap`` against a loop, and the second
-      order.
+      order. With several of them, where the program fails, each is then
+      checked alone, at the inputs the program gives it, so that a failure
+      names the one at fault.
     *args: the point to check at: pytrees of arrays (or Python scalars) of
-      real or integer dtypes (hi types and complex numbers are not supported
-      as arguments or outputs of ``prim_fn``; the primitives inside may take
-      and return hi values). Floating-point leaves are differentiated;
-      integer and boolean leaves are not (they are held fixed, and kept equal
-      across the batch in the batching check, since they may be indices).
-      Choose a point where the function is smooth: finite differences step
-      to either side.
+      floating, complex, integer or boolean dtypes (hi types are not
+      supported as arguments or outputs of ``prim_fn``; the primitives
+      inside may take and return hi values). Floating-point and complex
+      leaves are differentiated, a complex number as the pair of its real
+      and imaginary parts, with JAX's convention (a cotangent ``w`` pairs
+      with a tangent ``t`` as ``Re(w t)``, without a conjugate: see the
+      cookbook's complex numbers); integer and boolean leaves are not
+      (they are held fixed, and kept equal across the batch in the
+      batching check, since they may be indices).
+      Finite differences step to either side of the point: an output
+      element with a kink or a domain boundary within the step (relu at
+      0, entr at 0), or that finite differences cannot resolve in the
+      dtype, is reported under the report's ``inconclusive`` and not
+      compared, and the other elements are judged as usual.
     modes: the checks to run, a subset of `MODES`. By default, every mode whose
       rules the primitives define. Naming a mode whose rule is not defined is a
       ``ValueError``.
@@ -134,7 +154,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       atol + rtol |want|``. By default it follows the dtype: 256 units in the
       last place of the compared values (at most 1/16), relative to each
       element and to the largest element of its leaf. Comparisons with finite
-      differences also allow the error bound estimated for them.
+      differences also allow the error bound estimated for them; where a
+      value is zero to rounding (the determinant of a singular matrix), an
+      absolute floor measured from the function's own rounding applies.
     eps: a fixed relative finite-difference step (rounded to a power of two).
       By default steps from about ``eps^(1/3)`` of the dtype down to a few
       units in the last place are tried, and for each output element the one
@@ -161,18 +183,34 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       report's ``cost`` gives the evaluations it took), and the rules of the
       primitives that the first-order rules bind (see the ``"second_order"``
       mode). 1 checks first order only. Higher values recurse further.
-    jit: compute the references (finite differences, loops over a batch,
-      plain evaluations) with ``jax.jit(prim_fn)``, which compiles once for
-      all of them. The transformations under test (``jax.jvp``, ``jax.vjp``,
-      ``jax.vmap``, ...) are applied to ``prim_fn`` itself either way. With
-      False, the references run eagerly too: slower, but an `expand` that
-      branches in Python on values works (leave out the ``"expand"`` mode,
-      whose check includes a jitted call).
+    jit: compile every evaluation: ``prim_fn`` once per input types (all
+      the points of the finite differences in one call, a ``lax.map``),
+      and each transformation under test (``jax.jvp``, ``jax.vjp``,
+      ``jax.linearize``, ``jax.vmap`` of ``prim_fn`` itself) once, reused
+      by every check that needs it. With False, everything runs eagerly:
+      slower, but an `expand` that branches in Python on values works
+      (leave out the ``"expand"`` mode, whose check includes a jitted
+      call).
     raise_on_failure: when False, return the report with its ``failures``
       instead of raising.
+    time_budget: seconds the run may take; ``"default"`` allows
+      30 seconds per rule checked, None no limit. Once it is
+      spent, no further check starts: those are listed in the report's
+      ``skipped_for_time`` and a warning says so (a check that has started
+      runs to its end).
+    progress: where the run says what it is doing: None prints a line to
+      ``stderr`` now and then once a run has taken 10 seconds, True from
+      the start, False never; a function receives each line instead.
+    require_second_order: a rule that declares that it cannot be
+      differentiated again (JAX's forward mode of a ``jax.custom_vjp``
+      function, reverse mode of a ``while_loop``, a
+      ``NotImplementedError``) fails the second-order check instead of
+      being listed in the report's ``first_order_only``.
 
   Returns:
-    A `RuleReport` listing the checks that ran and the modes skipped.
+    A `RuleReport` listing the checks that ran, the modes skipped, what was
+    inconclusive (and why), the rules found first-order only and the checks
+    skipped for time.
 
   Raises:
     RuleCheckError: (an ``AssertionError``) if a check fails. Its message has
@@ -203,20 +241,76 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
           "jax.custom_vjp function: pass a function that applies one, "
           "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
     report = RuleReport([repr(p) for p in prims], dtype)
+    settings = Settings(tol, eps, batch_size=batch_size,
+                        batch_in_axes=batch_in_axes,
+                        linear_argnums=linear_argnums, order=order, jit=jit,
+                        require_second_order=require_second_order,
+                        budget=Budget.of(time_budget, progress, len(prims)))
+    rng = np.random.default_rng(seed)
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
-    settings = Settings(tol, eps, batch_size=batch_size,
-                        batch_in_axes=batch_in_axes,
-                        linear_argnums=linear_argnums, order=order, jit=jit)
-    ctx = CheckContext(prim_fn, args, names, settings,
-                       np.random.default_rng(seed), report, prims,
+    ctx = CheckContext(prim_fn, args, names, settings, rng, report, prims,
                        requested=tuple(modes))
     run(ctx, _plan(ctx, modes, explicit))
+    if report.failures:
+      _blame_alone(prim_fn, args, prims, settings, rng, report, tuple(modes))
+    report.seconds = settings.budget.elapsed
 
+  if report.skipped_for_time:
+    warnings.warn(
+        f"check_rules on {', '.join(report.primitives)}: the time budget "
+        f"({settings.budget.seconds:g} s) was spent after "
+        f"{report.seconds:.1f} s; {len(report.skipped_for_time)} check(s) "
+        "did not run (the report's skipped_for_time lists them; pass "
+        "time_budget=None for no limit)", stacklevel=2)
   if report.failures and raise_on_failure:
     raise RuleCheckError(report)
   return report
+
+
+def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
+  """Where the program as a whole failed and calls several
+  ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
+  them all), checks each alone, at the inputs the program gives it, and
+  reports those failures instead, each naming the one at fault (the modes
+  one of them lacks run for the others). Where none fails alone, the
+  program's failures stand: the fault is in the rules together.
+
+  Not done first: a library's rule can rely on a relation the program
+  keeps between its inputs (equinox's loop wrapper takes the loop's result
+  and recomputes its derivative from the loop's input), which perturbing
+  its inputs independently breaks."""
+  if len(prims) < 2 or not all(isinstance(p, CustomRules) for p in prims):
+    return
+  try:
+    calls = custom_calls(prim_fn, args)
+  except Exception:  # pylint: disable=broad-except  (the program's failures stand)
+    return
+  alone = RuleReport(report.primitives, report.dtype)
+  for rules, fn, inputs in calls:
+    ctx = CheckContext(fn, tuple(inputs), [f"args[{i}]" for i in range(
+        len(inputs))], settings, rng, alone, [rules],
+                       label=f"{rules!r} alone: ", requested=modes)
+    run(ctx, _plan(ctx, modes, explicit=False))
+  report.ran += alone.ran
+  report.skipped += alone.skipped
+  report.inconclusive += alone.inconclusive
+  report.first_order_only += alone.first_order_only
+  report.skipped_for_time += alone.skipped_for_time
+  if alone.failures:
+    named = sorted({f.rule for f in report.failures})
+    report.failures[:] = alone.failures
+    report.skipped.append((
+        "all modes", "the failures of the program as a whole (of "
+        f"{'; '.join(named)}) are replaced by those of each function "
+        "alone, at the inputs the program gives it"))
+  else:
+    report.skipped.append((
+        "all modes", "the functions checked alone passed, at the inputs the "
+        "program gives them (one called only inside a loop or a branch is "
+        "not taken out): the failures are those of the program as a "
+        "whole"))
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

@@ -23,7 +23,7 @@ def _batch_variants(ctx: CheckContext, arg):
     x = np.asarray(x)
     if not is_float(x):
       return np.stack([x] * size)
-    noise = lambda: ctx.rng.standard_normal(x.shape).astype(x.dtype)
+    noise = lambda: np.asarray(ctx.random_like(x))
     vs = [x] + [x * (1 + 0.2 * noise()) + 0.1 * noise()
                 for _ in range(size - 1)]
     return np.stack(vs)
@@ -65,10 +65,17 @@ def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
   ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given)."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
-  refs = {}
+  combos = []
   for in_axes in _batch_combinations(ctx):
-    batched = tuple(i for i, ax in enumerate(in_axes) if ax is not None)
     desc = f"vmap with in_axes={in_axes}, batch size {ctx.settings.batch_size}"
+    if not ctx.out_of_time("batch", desc):
+      combos.append((in_axes, desc, _batched_args(ctx, stacked, in_axes)))
+  vmapped = [jax.vmap(ctx.prim_fn, in_axes=in_axes) for in_axes, _, _ in combos]
+  all_got = ctx.compiled.together(("vmaps", tuple(repr(c[0]) for c in combos)),
+                                  vmapped, [c[2] for c in combos])
+  refs = {}
+  for k, (in_axes, desc, args_b) in enumerate(combos):
+    batched = tuple(i for i, ax in enumerate(in_axes) if ax is not None)
     inputs = ctx.describe_inputs(extra=desc)
     if batched not in refs:
       try:
@@ -77,18 +84,13 @@ def check_batch(ctx: CheckContext):
         ctx.fail_raised("batch", "loop over the batch", inputs, e,
                         rule="prim_fn")
         continue
-    args_b = []
-    for i, ax in enumerate(in_axes):
-      if ax is None:
-        args_b.append(ctx.args[i])
-      else:
-        axes = (jax.tree.map(lambda _: ax, ctx.args[i])
-                if isinstance(ax, int) else ax)
-        args_b.append(jax.tree.map(
-            lambda x, d: jnp.asarray(np.moveaxis(x, 0, d)), stacked[i], axes))
     check = "vmap vs a loop over the batch"
     try:
-      got = jax.tree.leaves(jax.vmap(ctx.prim_fn, in_axes=in_axes)(*args_b))
+      if all_got is not None:
+        got = jax.tree.leaves(all_got[k])
+      else:
+        got = jax.tree.leaves(ctx.compiled.cached(
+            ("vmap", repr(in_axes)), lambda k=k: vmapped[k])(*args_b))
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("batch", check, inputs, e)
       continue
@@ -97,6 +99,21 @@ def check_batch(ctx: CheckContext):
                 names=ctx.out_names, got_label="vmap", want_label="the loop")
   if ctx.settings.batch_in_axes is None:
     _check_batched_derivatives(ctx, stacked)
+
+
+def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
+  """The arguments of ``vmap`` with ``in_axes``: the stacked variants with
+  the batch axis moved where ``in_axes`` says, the point where None."""
+  args_b = []
+  for i, ax in enumerate(in_axes):
+    if ax is None:
+      args_b.append(ctx.args[i])
+    else:
+      axes = (jax.tree.map(lambda _: ax, ctx.args[i])
+              if isinstance(ax, int) else ax)
+      args_b.append(jax.tree.map(
+          lambda x, d: jnp.asarray(np.moveaxis(x, 0, d)), stacked[i], axes))
+  return args_b
 
 
 def _check_batched_derivatives(ctx: CheckContext, stacked):
@@ -118,22 +135,31 @@ def _check_batched_derivatives(ctx: CheckContext, stacked):
   vjp = lambda f: lambda x, c: jax.vjp(f, *x)[1](tuple(c))
   vmap = lambda g: jax.vmap(lambda a, b: g(tuple(a), tuple(b)))
   f_b = jax.vmap(f)
-  # (check, g, batched g, arguments): vmap of a derivative traces the
+  # one example's derivative: the programs the jvp and vjp checks compiled
+  one = {"jvp": lambda x, t: ctx.jvp_at(direction, t, xs=x)[1],
+         "vjp": lambda x, c: ctx.vjp_at(direction, c, xs=x)[1]}
+  # (check, rule, batched g, arguments): vmap of a derivative traces the
   # unbatched instance's rules; a derivative of vmap runs the rules of the
   # instance that the batch rule binds, on batched types.
   cases = []
   if ctx.has("jvp"):
-    cases += [("vmap of jvp vs a loop", jvp(f), vmap(jvp(f)), (xs, ts)),
-              ("jvp of vmap vs a loop", jvp(f), jvp(f_b), (xs, ts))]
+    cases += [("vmap of jvp vs a loop", "jvp", vmap(jvp(f)), (xs, ts)),
+              ("jvp of vmap vs a loop", "jvp", jvp(f_b), (xs, ts))]
   if ctx.has("vjp"):
-    cases += [("vmap of vjp vs a loop", vjp(f), vmap(vjp(f)), (xs, cts)),
-              ("vjp of vmap vs a loop", vjp(f), vjp(f_b), (xs, cts))]
-  for check, g, g_b, (a, b) in cases:
+    cases += [("vmap of vjp vs a loop", "vjp", vmap(vjp(f)), (xs, cts)),
+              ("vjp of vmap vs a loop", "vjp", vjp(f_b), (xs, cts))]
+  cases = [c for c in cases if not ctx.out_of_time("batch", c[0])]
+  all_got = ctx.compiled.together(
+      ("batched derivatives", tuple(c[0] for c in cases)),
+      [c[2] for c in cases], [(tuple(a), tuple(b)) for *_, (a, b) in cases])
+  for k, (check, kind, g_b, (a, b)) in enumerate(cases):
+    g_b = ctx.compiled.cached(check, lambda g_b=g_b: g_b)
     try:
-      got = jax.tree.leaves(g_b(tuple(a), tuple(b)))
+      got = jax.tree.leaves(all_got[k] if all_got is not None
+                            else g_b(tuple(a), tuple(b)))
       a_np, b_np = to_numpy(a), to_numpy(b)
-      want = [jax.tree.leaves(g(tuple(jnp.asarray(x[k]) for x in a_np),
-                                tuple(jnp.asarray(y[k]) for y in b_np)))
+      want = [jax.tree.leaves(one[kind]([jnp.asarray(x[k]) for x in a_np],
+                                        [jnp.asarray(y[k]) for y in b_np]))
               for k in range(size)]
       want = [np.stack(ys) for ys in zip(*want)]
     except Exception as e:  # pylint: disable=broad-except

@@ -3,6 +3,7 @@ shares: functions of a subset of the inputs, random directions, finite
 differences, comparisons that write failures into the report."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,35 +12,53 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hijax.testing._budget import Budget
+from hijax.testing._compiled import Compiled
 from hijax.testing._discovery import defined_rules
-from hijax.testing._finite_diff import (FDEstimate, estimate, low_precision,
-                                        scaled_tangents)
-from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
+from hijax.testing._finite_diff import FLOOR, REASONS, FDEstimate, estimate
+from hijax.testing._steps import scaled_tangents, wider
+from hijax.testing._numerics import (Tol, check_arrays, compare_leaf, eps_of,
                                      describe_tol, fmt_array, is_float,
                                      real_or_int, type_str)
 from hijax.testing._report import RuleFailure, RuleReport, first_lines
 
 
-def _widened(f, xs, ts, out_dtypes, eps):
-  """Finite differences of ``f`` on ``xs`` converted to float32 (exact),
-  if ``f`` accepts them and returns float32 where it returned a low
-  precision; else None."""
-  wide = [np.asarray(x).astype(np.float32) if low_precision(np.asarray(
-      x).dtype) else np.asarray(x) for x in xs]
-  try:
-    f_wide = f(*[jnp.asarray(x) for x in wide])
-  except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
+def _widened(compiled, direction, xs, ts, out_float_idx, out_dtypes, eps,
+             scale=None):
+  """Finite differences of ``prim_fn`` on ``xs`` (the leaves ``direction``)
+  converted to the next wider dtype (exactly: bfloat16 and float16 to
+  float32, float32 to float64 under ``jax.enable_x64``), if ``prim_fn``
+  accepts them and returns the wider dtype where it returned a narrower
+  one; else None."""
+  wide = [np.asarray(x).astype(wider(np.asarray(x).dtype) or np.asarray(
+      x).dtype) for x in xs]
+  want = [np.dtype(wider(d) or d) for d in out_dtypes]
+  x64 = any(w.dtype.itemsize > np.asarray(x).dtype.itemsize
+            and np.dtype(w.dtype) in (np.dtype(np.float64),
+                                      np.dtype(np.complex128))
+            for w, x in zip(wide, xs))
+  with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+    try:
+      est = estimate(_point_evaluator(compiled, direction, out_float_idx),
+                     wide, [np.asarray(t).astype(w.dtype)
+                            for t, w in zip(ts, wide)],
+                     want, None, eps, cast_to=out_dtypes,
+                     tangent_dtypes=[np.asarray(t).dtype for t in ts],
+                     combines=scale)
+    except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
+      return None
+  if [np.asarray(y).dtype for y in est.center] != want:
     return None
-  got = [np.asarray(y).dtype for y in f_wide]
-  want = [np.dtype(np.float32) if low_precision(d) else np.dtype(d)
-          for d in out_dtypes]
-  if got != want:
-    return None
-  est = estimate(f, wide, [np.asarray(t).astype(w.dtype)
-                           for t, w in zip(ts, wide)],
-                 want, f_wide, eps, cast_to=out_dtypes)
-  est.tangents = [jnp.asarray(t) for t in ts]  # exact in the inputs' dtypes
   return est
+
+
+def _point_evaluator(compiled, direction, out_float_idx):
+  """The floating-point outputs of ``prim_fn`` at many points (one compiled
+  call), for `estimate`."""
+  def evaluate(points):
+    return [[outs[i] for i in out_float_idx]
+            for outs in compiled.at_points(direction, points)]
+  return evaluate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +72,19 @@ class Settings:
   order: int = 2
   jit: bool = True
   per_leaf: bool = True  # also differentiate each input alone
+  require_second_order: bool = False  # a declared limit fails too
+  fd_scale: float | None = None  # the size of the values f combines
+  budget: Budget = dataclasses.field(default_factory=lambda: Budget(None))
 
 
 @dataclasses.dataclass
 class CheckContext:
   """One function of a flat list of leaves, checked at one point.
 
-  ``label`` prefixes the checks of a sub-function (the second-order checks);
-  ``requested`` are the modes the user asked for, which the second-order
-  checks follow.
+  ``label`` prefixes the checks of a sub-function (a second-order check, a
+  function checked alone); ``within`` is the mode its checks are reported
+  under (None: their own); ``requested`` are the modes the user asked
+  for, which the second-order checks follow.
   """
   prim_fn: Callable
   args: tuple
@@ -72,9 +95,11 @@ class CheckContext:
   prims: list
   label: str = ""
   requested: tuple[str, ...] = ()
+  within: str | None = None
 
   def __post_init__(self):
-    self.fn = jax.jit(self.prim_fn) if self.settings.jit else self.prim_fn
+    self.compiled = Compiled(self.prim_fn, self.args, self.settings.jit)
+    self.fn = self.compiled.fn
     self.leaves, self.in_tree = jax.tree.flatten(self.args)
     self.rules = [defined_rules(p) for p in self.prims]
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
@@ -86,20 +111,21 @@ class CheckContext:
     self.out_names = ["out" + jax.tree_util.keystr(p) for p, _ in out_paths]
     self.out_avals = [a for _, a in out_paths]
     self.out_float_idx = [i for i, a in enumerate(self.out_avals)
-                          if jnp.issubdtype(a.dtype, jnp.floating)]
+                          if jnp.issubdtype(a.dtype, jnp.inexact)]
     self._ref_out = None
     self.jvp_ok = {}  # direction -> whether the jvp check passed there
     self._fd = {}  # direction -> FDEstimate
 
   def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
     """A context for another function, with the same settings except
-    ``changes`` (settings fields, or ``report`` / ``label``)."""
-    own = {k: changes.pop(k) for k in ("report", "label") if k in changes}
+    ``changes`` (settings fields, or ``report`` / ``label`` / ``within``)."""
+    own = {k: changes.pop(k) for k in ("report", "label", "within")
+           if k in changes}
     return CheckContext(
         prim_fn, tuple(args), leaf_names,
         dataclasses.replace(self.settings, **changes), self.rng,
         own.get("report", self.report), prims, own.get("label", self.label),
-        self.requested)
+        self.requested, own.get("within", self.within))
 
   # -- bookkeeping --
 
@@ -121,12 +147,28 @@ class CheckContext:
     return ", ".join(names)
 
   def ran(self, mode, what):
-    if self.label:  # a sub-check of the second-order mode
-      what, mode = f"{self.label}{mode}: {what}", "second_order"
+    if self.within:  # e.g. a sub-check of the second-order mode
+      what, mode = f"{self.label}{mode}: {what}", self.within
+    else:
+      what = self.label + what
     self.report.ran.append(f"{mode}: {what}")
 
   def skip(self, mode, why):
     self.report.skipped.append((mode, self.label + why))
+
+  def out_of_time(self, mode, what) -> bool:
+    """Whether the time budget is spent, in which case the check ``what`` of
+    ``mode`` is recorded as skipped for time; else it starts (and progress
+    may say so)."""
+    label = f"{self.label}{mode}: {what}"
+    if self.settings.budget.spent:
+      self.report.skipped_for_time.append(label)
+      return True
+    self.settings.budget.starting(label)
+    return False
+
+  def inconclusive(self, check, why):
+    self.report.inconclusive.append(f"{self.label}{check}: {why}")
 
   def fail(self, mode, check, inputs, detail, max_error=None, rule=None):
     self.report.failures.append(RuleFailure(
@@ -155,15 +197,21 @@ class CheckContext:
 
   def compare(self, mode, check, inputs, got, want, tol, names=None,
               got_label="rule", want_label="reference", rule=None,
-              bounds=None) -> bool:
+              bounds=None, skip=None, floors=None) -> bool:
     """Compares lists of arrays leaf by leaf; records the worst difference as
     a failure. ``names`` default to the floating-point outputs'; ``bounds``
-    are the reference's error bounds (finite differences)."""
+    are the reference's error bounds (finite differences), ``skip`` the
+    elements it cannot judge (compared with nothing), ``floors`` absolute
+    errors allowed (rounding, where the value is zero to rounding)."""
     names = names or [self.out_names[i] for i in self.out_float_idx]
     bounds = bounds or [None] * len(want)
+    skip = skip or [None] * len(want)
+    floors = floors or [None] * len(want)
     worst = None
-    for name, g, w, b in zip(names, got, want, bounds):
-      res = compare_leaf(g, w, tol, b)
+    for name, g, w, b, k, fl in zip(names, got, want, bounds, skip, floors):
+      if fl is not None:
+        b = fl if b is None else b + fl
+      res = compare_leaf(g, w, tol, b, k)
       if res is not None and (worst is None or res[0] > worst[1][0]):
         worst = (name, res)
     if worst is None:
@@ -221,8 +269,12 @@ class CheckContext:
     return self._ref_out
 
   def random_like(self, x):
+    """Standard normal values like ``x`` (complex: in both parts)."""
     x = np.asarray(x)
-    return jnp.asarray(self.rng.standard_normal(x.shape).astype(x.dtype))
+    v = self.rng.standard_normal(x.shape)
+    if np.iscomplexobj(x):
+      v = v + 1j * self.rng.standard_normal(x.shape)
+    return jnp.asarray(v.astype(x.dtype))
 
   def directions(self) -> list[tuple[int, ...]]:
     """All floating-point leaves together, then (if ``per_leaf``) each alone."""
@@ -234,27 +286,146 @@ class CheckContext:
   def fd(self, direction) -> FDEstimate:
     """Central differences of the floating-point outputs along random
     tangents scaled with the inputs (computed once per direction); see
-    `hijax.testing._finite_diff` for the step and the error bound."""
+    `hijax.testing._finite_diff` for the step, the error bound and the
+    verdict per element. The elements it cannot judge are reported."""
     if direction not in self._fd:
       xs = [self.leaves[i] for i in direction]
-      ts = scaled_tangents(self.rng, xs)
-      out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
-      f = self.restrict(direction, evaluate=True)
-      est = None
-      if any(low_precision(np.asarray(x).dtype) for x in xs):
-        est = _widened(f, xs, ts, out_dtypes, self.settings.eps)
-      if est is None:
-        est = estimate(f, xs, ts, out_dtypes, self.ref_out(),
-                       self.settings.eps)
+      est = self.fd_along(direction, scaled_tangents(self.rng, xs))
       self._fd[direction] = est
-      if est.unresolved:
-        where = self.describe_direction(direction)
-        self.report.inconclusive.append(
-            f"{self.label}finite differences ({where}): "
-            f"{est.unresolved} output element(s) not resolved "
-            "in this dtype at this point (not compared with finite "
-            "differences)")
+      where = self.describe_direction(direction)
+      for verdict, reason in REASONS.items():
+        n = est.count(verdict)
+        if n:
+          self.report.inconclusive.append(
+              f"{self.label}finite differences ({where}): {n} output "
+              f"element(s) {reason}" + self._which(est, verdict)
+              + ": not compared with finite differences")
     return self._fd[direction]
+
+  def fd_along(self, direction, tangents) -> FDEstimate:
+    """Central differences along ``tangents`` (signed powers of two, or
+    zeros), not cached and not reported."""
+    xs = [self.leaves[i] for i in direction]
+    ts = [np.asarray(t) for t in tangents]
+    out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
+    est = None
+    if any(wider(np.asarray(x).dtype) for x in xs):
+      est = _widened(self.compiled, direction, xs, ts, self.out_float_idx,
+                     out_dtypes, self.settings.eps, self.settings.fd_scale)
+    if est is None:
+      est = estimate(_point_evaluator(self.compiled, direction,
+                                      self.out_float_idx),
+                     xs, ts, out_dtypes, self._ref_out, self.settings.eps,
+                     combines=self.settings.fd_scale)
+      if self._ref_out is None:  # the point was evaluated with the others
+        self._ref_out = tuple(jnp.asarray(y) for y in est.center)
+    return est
+
+  def _which(self, est, verdict) -> str:
+    """`` at out[1] (0,)``: where the first few elements with ``verdict``
+    are."""
+    names = [self.out_names[i] for i in self.out_float_idx]
+    where = []
+    for name, status in zip(names, est.status):
+      for idx in np.argwhere(status == verdict)[:3]:
+        where.append(name + (str(tuple(int(i) for i in idx))
+                             if status.ndim else ""))
+    return f" (at {', '.join(where[:3])}{', ...' if len(where) > 3 else ''})"
+
+  # -- the transformations under test, compiled once per direction --
+
+  def xs_of(self, direction) -> list:
+    return [self.leaves[i] for i in direction]
+
+  def jvp_at(self, direction, tangents, xs=None):
+    """``(out, J ṫ)`` from ``jax.jvp`` of ``prim_fn`` in the leaves of
+    ``direction`` (the others held fixed: their tangents are symbolic
+    zeros), at their values ``xs`` (default: the point)."""
+    f = self.restrict(direction)
+
+    def build():
+      def jvp(xs, ts):
+        return jax.jvp(f, tuple(xs), tuple(ts))
+      return jvp
+    g = self.compiled.cached(("jvp", direction), build)
+    return g(self.xs_of(direction) if xs is None else list(xs),
+             list(tangents))
+
+  def vjp_at(self, direction, cts_out, xs=None):
+    """``(out, Jᵀ ȳ)`` from ``jax.vjp`` of ``prim_fn`` in the leaves of
+    ``direction``, at their values ``xs`` (default: the point)."""
+    f = self.restrict(direction)
+
+    def build():
+      def vjp(xs, cts):
+        out, f_vjp = jax.vjp(f, *xs)
+        return out, f_vjp(tuple(cts))
+      return vjp
+    return self.compiled.cached(("vjp", direction), build)(
+        self.xs_of(direction) if xs is None else list(xs), list(cts_out))
+
+  def lin_at(self, direction, tangents, xs=None):
+    """``(out, J ṫ)`` from ``jax.linearize`` of ``prim_fn`` in the leaves of
+    ``direction``, at their values ``xs`` (default: the point)."""
+    f = self.restrict(direction)
+
+    def build():
+      def lin(xs, ts):
+        out, f_lin = jax.linearize(f, *xs)
+        return out, f_lin(*ts)
+      return lin
+    return self.compiled.cached(("lin", direction), build)(
+        self.xs_of(direction) if xs is None else list(xs), list(tangents))
+
+  def primal_floors(self, all_outputs=False) -> list:
+    """Per floating-point output (per output, with ``all_outputs``), the
+    absolute error allowed between two evaluations of the function at the
+    point: its rounding noise and what rounding the inputs changes, from
+    the finite differences in all inputs (see `FDEstimate.floors`)."""
+    floors = [None] * len(self.out_float_idx)
+    if self.float_idx and self.out_float_idx:
+      try:
+        floors = list(self.fd(tuple(self.float_idx)).floors)
+      except Exception:  # pylint: disable=broad-except  (the checks report it)
+        pass
+    if not all_outputs:
+      return floors
+    by_out = dict(zip(self.out_float_idx, floors))
+    return [by_out.get(i) for i in range(len(self.out_avals))]
+
+  def flat_floors(self, direction, tangents) -> list:
+    """Per floating-point output, the absolute error allowed between two
+    rules' ``J ṫ`` where the finite differences in ``direction`` find the
+    function flat (its derivative zero to their resolution): ``FLOOR eps |y|
+    max |ṫ|``, the rounding of values of the output's size times the
+    tangent's. There two right rules may lose different parts of a result
+    that cancels (softmax's dominant output: 1 - exp(-40)); elsewhere 0."""
+    est = self.fd(direction)
+    top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
+                 if np.size(t)] or [0.0])
+    out = []
+    for y, flat in zip(self.ref_out(), est.flat()):
+      y = np.asarray(y)
+      scale = FLOOR * eps_of(y.dtype) * np.abs(y) * top_t
+      out.append(np.where(flat, scale, 0.0))
+    return out
+
+  def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
+    """Per floating-point output, the elements a reference along
+    ``direction`` can judge: all but those the finite differences (``est``,
+    default: those of the direction, where computed) found not smooth or not
+    finite, and, for finite differences themselves (``bounds`` given), all
+    but the unresolved ones."""
+    est = self._fd.get(direction) if est is None else est
+    out = []
+    for k, y in enumerate(self.ref_out()):
+      ok = np.ones(np.shape(y), bool)
+      if est is not None:
+        ok &= ~est.skipped()[k]
+      if bounds is not None:
+        ok &= np.isfinite(bounds[k])
+      out.append(ok)
+    return out
 
   def tangents_for(self, direction):
     """The tangents of ``direction``'s finite differences (so that the jvp
@@ -268,9 +439,7 @@ class CheckContext:
     bounds are the error bounds of the values (None for the jvp rule)."""
     if self.has("jvp") and self.jvp_ok.get(direction, True):
       try:
-        _, t_out = jax.jvp(self.restrict(direction),
-                           tuple(self.leaves[i] for i in direction),
-                           tuple(tangents))
+        _, t_out = self.jvp_at(direction, tangents)
         return list(t_out), "the jvp rule", None, tangents
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         pass

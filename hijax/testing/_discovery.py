@@ -238,3 +238,67 @@ def applications(prim_fn, args) -> list[tuple]:
   except Exception:  # pylint: disable=broad-except  (the expand check says why)
     pass
   return [(prim, p_args) for prim, p_args, _, _ in found]
+
+
+def _interpret(jaxpr, consts, args, targets, found):
+  """Evaluates ``jaxpr`` (inside ``jit`` calls too), recording the inputs of
+  each equation in ``targets`` (by identity) in ``found``."""
+  env = {}
+
+  def read(v):
+    return v.val if isinstance(v, _core.Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    if any(eqn is t for t in targets) and id(eqn) not in found:
+      found[id(eqn)] = list(invals)
+    sub = eqn.params.get("jaxpr")
+    if (eqn.primitive.name in _INLINED_CALLS
+        and isinstance(sub, _JAXPR_TYPES)):
+      outs = _interpret(*_open_jaxpr(sub), invals, targets, found)
+    else:
+      outs = _rebind(eqn, invals)
+    for v, x in zip(eqn.outvars, outs):
+      env[v] = x
+  return [read(v) for v in jaxpr.outvars]
+
+
+def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
+  """``(rules, fn, inputs)`` for each distinct ``jax.custom_jvp`` /
+  ``jax.custom_vjp`` function that ``prim_fn`` calls outside loops and
+  conditionals (at its top level or inside ``jit``): the function alone
+  (its call, bound again) and the values of its inputs at its first call,
+  which one compiled evaluation of the program computes. Functions called
+  only inside a loop or a branch are not listed."""
+  closed = jax.make_jaxpr(prim_fn)(*args)
+  targets: dict[CustomRules, Any] = {}
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      kind = _CUSTOM_CALLS.get(eqn.primitive.name)
+      sub = eqn.params.get("jaxpr")
+      if kind is not None:
+        targets.setdefault(CustomRules(_custom_name(eqn), kind), eqn)
+      elif (eqn.primitive.name in _INLINED_CALLS
+            and isinstance(sub, _JAXPR_TYPES)):
+        walk(_open_jaxpr(sub)[0])
+  walk(closed.jaxpr)
+  eqns = list(targets.values())
+
+  def inputs(*leaves):
+    found = {}
+    _interpret(closed.jaxpr, closed.consts, leaves, eqns, found)
+    return [found[id(e)] for e in eqns]
+  values = jax.jit(inputs)(*jax.tree.leaves(args)) if eqns else []
+
+  def alone(eqn):
+    def fn(*a):
+      outs = _rebind(eqn, a)
+      return outs[0] if len(outs) == 1 else tuple(outs)
+    return fn
+  return [(rules, alone(eqn), list(vals))
+          for (rules, eqn), vals in zip(targets.items(), values)]

@@ -1,38 +1,82 @@
 """Central finite differences with a step and an error bound that follow the
-input's magnitude and dtype.
+input's magnitude and dtype, and a verdict for each output element.
 
 The tolerance model (documented on the checking-rules page):
 
-* **Tangents scale with the input.** Each element of a random tangent has the
-  magnitude of its input element (a power of two times 1, 1.25, 1.5 or 1.75,
-  with a random sign), so a step ``h`` is relative: ``x ± h t`` moves each
-  element by about ``h |x|``.
-* **No rounding of x ± h t.** ``h`` is a power of two and ``t`` has at most
-  three significant bits, so ``x ± h t`` is exactly representable in the
-  input's dtype for every step used (each step is verified; one that would
-  round is dropped). The difference quotient is then a difference quotient
-  along exactly ``t``.
-* **Low precision is differenced in float32.** For bfloat16 and float16
-  inputs, the function is evaluated on the same points in float32 where it
-  accepts them (a primitive whose types follow its inputs'): the points and
-  tangents are exact in both, and a 8-bit significand leaves no step that
-  is both small and above rounding.
+* **Tangents scale with the input.** Each element of a random tangent is a
+  signed power of two of the magnitude of its input element, so a step ``h``
+  is relative: ``x ± h t`` moves each element by about ``h |x|``. The
+  tangents are then divided by one power of two, common to all elements, so
+  that the largest is 1: ``J t`` keeps the size of the derivative itself and
+  cannot overflow where ``J`` does not (i0 in float32 near 88, whose
+  derivative times a tangent of 64 would).
+* **No rounding of x ± h t.** ``h`` and the elements of ``t`` are powers of
+  two, so ``x ± h t`` is exactly representable in the input's dtype for every
+  step used (each step is verified; one that would round is dropped). The
+  difference quotient is then a difference quotient along exactly ``t``.
+* **Narrow dtypes are differenced in a wider one.** For bfloat16 and
+  float16 inputs, the function is evaluated on the same points in float32,
+  and for float32 inputs in float64, where it accepts them (a primitive
+  whose types follow its inputs'): the points and tangents are exact in
+  both. An 8-bit significand leaves no step that is both small and above
+  rounding, and float32's own steps cannot resolve a function that varies
+  within a few of its ulps (sici at 1e6, whose period is 25 float32 ulps
+  there), nor one whose float32 values are not smooth at that scale (the
+  derivative of sici's backward pass at 2900, off by 2% between steps of
+  16 and 4 ulps). The rule under test still runs in the narrow dtype.
 * **Many steps, the best one per element.** The quotient ``D(h)`` is computed
   for ``h`` from about ``eps^(1/3)`` (the best step for a function whose
   scale is its argument's) down to a few units in the last place of ``x``.
   For each output element, the error of ``D(h)`` is estimated as its
   truncation error (``|D(h) - D(h/4)|``: central differences converge as
   ``h²``) plus its rounding error (``σ / h``, where ``σ`` is the rounding
-  noise of the function, measured from the fourth difference of ``f`` at the
-  smallest step and at least ``eps |f|``), and the step with the smallest
-  estimate is used. The comparison allows twice that estimate.
+  noise of the function, measured from its fourth differences at the two
+  smallest steps, with the curvature they share removed, and at least
+  ``eps |f|``), and the step with the smallest estimate is used. A step
+  counts only where every finer quotient agrees with it up to twice that
+  quotient's rounding. The comparison allows twice the estimate.
+* **A verdict per element.** An element is *resolved* (compared within its
+  bound), *unresolved* (its error estimate is of the order of its value: it
+  is compared only for NaN), *not smooth* (the second differences
+  ``f(x + h t) - 2 f(x) + f(x - h t)`` do not shrink as ``h²``: a kink or a
+  jump within the step, where one-sided derivatives disagree) or *not
+  finite* (``f`` is not finite at ``x`` or on one side of it: a domain
+  boundary or a pole; or infinite at ``x``). Elements of the last two kinds
+  are not compared at all: a rule may return anything there, NaN included.
+  Where ``f(x)`` itself is NaN, the quotient is NaN and a rule must give NaN
+  too. Each element is judged on its own values, so a NaN at one element
+  changes no other element's verdict.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
+
+from hijax.testing._steps import (candidate_steps, normalizer, shifted,
+                                  to64)
+
+RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE = 0, 1, 2, 3
+
+# What an element's verdict means, as the report says it.
+REASONS = {
+    UNRESOLVED: "not resolved in this dtype at this point (the error "
+                "estimate is of the order of the value)",
+    NOT_SMOOTH: "not smooth at the scale of the steps (a kink, a jump, or "
+                "a variation faster than the smallest step: one-sided "
+                "differences disagree)",
+    NOT_FINITE: "not finite on one side of the point (a domain boundary or "
+                "a pole), or infinite at it",
+}
+
+# Elements with these verdicts are not compared with anything.
+SKIPPED = (NOT_SMOOTH, NOT_FINITE)
+
+# Absolute floors (of rounding measured or implied by the inputs' dtype) are
+# allowed this many times over.
+FLOOR = 4.0
 
 
 @dataclasses.dataclass
@@ -41,198 +85,285 @@ class FDEstimate:
 
   Attributes:
     tangents: the tangents, arrays of the inputs' dtypes.
-    values: ``J t`` per floating-point output leaf (float64).
-    bounds: the estimated error of each element of ``values`` (float64).
+    values: ``J t`` per floating-point output leaf (in the output's dtype).
+    bounds: the estimated error of each element of ``values`` (float64);
+      ``inf`` where the element is not resolved.
+    status: the verdict of each element, per output leaf (`RESOLVED`,
+      `UNRESOLVED`, `NOT_SMOOTH` or `NOT_FINITE`).
     resolution: the largest ``bound / max |value|`` over the output leaves
       (elements not resolved left out): how large a relative error in a rule
       the estimate can still see.
     evaluations: the number of evaluations of the function it took.
-    unresolved: the number of output elements whose error estimate is of
-      the order of their value; their bound is ``inf`` (not compared).
+    floors: per output leaf, how much two correct evaluations of the
+      function itself at the point may differ: its measured rounding noise,
+      plus what rounding its inputs to their dtype changes (times `FLOOR`).
+      An output that is zero to rounding (the determinant of a singular
+      matrix) is compared with this absolute floor.
+    center: the outputs at the point, as the function returned them.
   """
   tangents: list
   values: list
   bounds: list
+  status: list
   resolution: float
   evaluations: int
-  unresolved: int = 0
+  floors: list = dataclasses.field(default_factory=list)
+  center: list = dataclasses.field(default_factory=list)
+
+  def count(self, verdict: int) -> int:
+    """The number of output elements with ``verdict``."""
+    return int(sum(np.sum(s == verdict) for s in self.status))
+
+  @property
+  def unresolved(self) -> int:
+    """The number of output elements not resolved (their bound is ``inf``)."""
+    return self.count(UNRESOLVED)
+
+  def flat(self) -> list[np.ndarray]:
+    """Per output leaf, the elements whose derivative is zero to the
+    estimate's resolution (judged, and no larger than their bound)."""
+    out = []
+    for v, b, s in zip(self.values, self.bounds, self.status):
+      with np.errstate(invalid="ignore"):
+        out.append(~np.isin(s, SKIPPED) & ~(np.abs(np.asarray(v)) > b))
+    return out
+
+  def skipped(self) -> list[np.ndarray]:
+    """Per output leaf, the elements compared with nothing (not smooth or
+    not finite)."""
+    return [np.isin(s, SKIPPED) for s in self.status]
 
 
-def _bits(dtype) -> int:
-  """Significand bits (with the implicit one): 53 for float64."""
-  return int(jnp.finfo(dtype).nmant) + 1
-
-
-def tangent_mantissa_bits(dtype) -> int:
-  """Fraction bits of a tangent's significand: 2 where the dtype has room,
-  none in 8- to 11-bit formats, whose steps would otherwise be too coarse."""
-  return 0
-
-
-def scaled_tangents(rng: np.random.Generator, xs) -> list[np.ndarray]:
-  """Random tangents, each element of the magnitude of its input element.
-
-  An element of ``t`` is ``± m 2^e`` with ``2^e <= |x| < 2^(e+1)`` and ``m``
-  one of 1, 1.25, 1.5, 1.75 (only 1 in low-precision dtypes). A zero element
-  takes the root mean square of its leaf's nonzero elements (1 if none).
-  """
-  out = []
-  for x in xs:
-    x = np.asarray(x)
-    a = np.abs(x.astype(np.float64))
-    ok = np.isfinite(a) & (a >= float(jnp.finfo(x.dtype).tiny))
-    fill = float(np.sqrt(np.mean(a[ok] ** 2))) if np.any(ok) else 1.0
-    s = np.where(ok, a, fill)
-    e = np.floor(np.log2(s))
-    bits = tangent_mantissa_bits(x.dtype)
-    m = 1 + rng.integers(0, 2 ** bits, size=x.shape) / 2 ** bits
-    sign = rng.choice(np.array([-1.0, 1.0]), size=x.shape)
-    out.append((sign * m * np.exp2(e)).astype(x.dtype))
-  return out
-
-
-def candidate_steps(dtypes, eps=None) -> list[float]:
-  """Powers of two from about ``eps^(1/3)`` of the least precise dtype down to
-  the smallest step that keeps ``x ± h t`` exact in the most precise one, by
-  factors of 4. A given ``eps`` gives ``[eps, eps / 4]`` (rounded to a power
-  of two), the second only to estimate the first's error."""
-  if eps is not None:
-    k = int(round(-np.log2(eps)))
-    return [2.0 ** -k, 2.0 ** -(k + 2)]
-  k0 = max(2, min(_bits(d) - 1 for d in dtypes) // 3)
-  k1 = max(_bits(d) - 2 - tangent_mantissa_bits(d) for d in dtypes)
-  return [2.0 ** -k for k in range(k0, max(k0, k1) + 1, 2)]
-
-
-def _shifted(xs, ts, h):
-  """``x + h t`` for each leaf, or None if one would round."""
-  out = []
-  for x, t in zip(xs, ts):
-    x64, d = np.asarray(x, np.float64), h * np.asarray(t, np.float64)
-    y = (x64 + d).astype(np.asarray(x).dtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-      if not np.array_equal(y.astype(np.float64) - x64, d):
-        return None
-    out.append(y)
-  return out
-
-
-def _to64(values):
-  return [np.asarray(v, np.float64) for v in values]
-
-
-def _truncation(D, diff, noise):
+def _truncation(D, diff, noise, agree=None):
   """The truncation error of each quotient, ``inf`` where the quotients are
-  not seen to converge.
+  not seen to converge (or are NaN: a step where the function is not finite).
 
   The estimate at step ``k`` is the largest of ``|D_k - D_k+1|``, of the
   next difference, of ``|D_k-1 - D_k| / 16`` (the previous difference,
   scaled as an ``h²`` error) and of the disagreement with every finer
-  quotient beyond that quotient's rounding (so that coarse quotients agreeing
-  by chance do not pass for converged ones). A step counts only where the differences are
-  seen to shrink into it (by at least 4 where 16 is expected) or are already
-  explained by rounding (``noise``, per step): a sequence that has not yet
-  converged can have small differences by chance.
+  quotient beyond ``agree`` (that quotient's rounding; default ``noise``), so
+  that coarse quotients agreeing by chance do not pass for converged ones. A
+  step counts only where the differences are seen to shrink into it (by at
+  least 4 where 16 is expected) or are already explained by rounding
+  (``noise``, per step): a sequence that has not yet converged can have small
+  differences by chance.
   """
+  agree = noise if agree is None else agree
   n = len(D)
   if n == 1:
-    return np.full_like(D, np.inf)
+    return np.full(D.shape, np.inf)
+  diff = np.where(np.isnan(diff), np.inf, diff)
   pad = np.zeros((1,) + D.shape[1:])
   nxt = np.concatenate([diff, diff[-1:]])
   after = np.concatenate([diff[1:], diff[-1:], diff[-1:]])[:n]
   before = np.concatenate([pad, diff])
   trunc = np.maximum(np.maximum(nxt, after), before / 16)
   # converged at k, every finer quotient agrees with D_k up to its rounding
-  for k in range(n - 2):
-    dev = np.max(np.maximum(np.abs(D[k + 1:] - D[k]) - noise[k + 1:], 0), 0)
-    trunc[k] = np.maximum(trunc[k], dev)
+  with np.errstate(invalid="ignore"):
+    for k in range(n - 2):
+      gap = np.abs(D[k + 1:] - D[k]) - agree[k + 1:]
+      dev = np.max(np.where(np.isnan(gap), 0.0, np.maximum(gap, 0)), 0)
+      trunc[k] = np.maximum(trunc[k], dev)
   # into step k the differences shrink: |D_k-2 - D_k-1| >= 4 |D_k-1 - D_k|
   shrinking = np.zeros(D.shape, bool)
   for k in range(2, n):
     shrinking[k] = diff[k - 2] >= 4 * diff[k - 1]
   shrinking[1:n - 1] |= shrinking[2:]  # or out of it, into the next step
-  return np.where(shrinking | (nxt <= noise), trunc, np.inf)
+  trunc = np.where(shrinking | (nxt <= noise), trunc, np.inf)
+  return np.where(np.isnan(D), np.inf, trunc)
 
 
-def low_precision(dtype) -> bool:
-  """bfloat16 and float16 (and narrower): too few bits for finite
-  differences of their own."""
-  return jnp.issubdtype(dtype, jnp.floating) and _bits(dtype) < 16
+def _noise(fm2, fm1, f0, fp1, fp2, fm4=None, fp4=None):
+  """Per element, the rounding noise of ``f`` from its fourth difference at
+  the smallest step ``q1`` and (where the points ``± 4 h`` exist) at twice
+  that step ``q2``: ``|q2 - 16 q1| / 64`` removes the curvature both share
+  (a fourth difference of a smooth function grows as ``h^4``), and is about
+  ``|q1| / 4`` where rounding dominates."""
+  q1 = fm2 - 4 * fm1 + 6 * f0 - 4 * fp1 + fp2
+  if fm4 is None:
+    return np.abs(q1) / 4
+  q2 = fm4 - 4 * fm2 + 6 * f0 - 4 * fp2 + fp4
+  return np.abs(q2 - 16 * q1) / 64
 
 
-def estimate(f, xs, ts, out_dtypes, f_x, eps=None,
-             cast_to=None) -> FDEstimate:
-  """``J t`` of ``f`` (a function of the arrays ``xs`` returning a tuple of
-  arrays, ``f_x`` at ``xs``) by central differences along ``ts``, with an
-  error bound per element (see the module docstring). The values are
-  returned in ``cast_to`` (default ``out_dtypes``)."""
-  steps, quotients, evals = [], [], 0
-  pairs = {}
-  with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-    for h in candidate_steps([np.asarray(x).dtype for x in xs], eps):
-      plus, minus = _shifted(xs, ts, h), _shifted(xs, ts, -h)
-      if plus is None or minus is None:
-        continue
-      fp = _to64(f(*[jnp.asarray(v) for v in plus]))
-      fm = _to64(f(*[jnp.asarray(v) for v in minus]))
-      evals += 2
-      pairs[h] = (fp, fm)
+def _not_smooth(S, valid, sigma):
+  """Elements whose second differences ``S_k`` (at steps shrinking by 4) do
+  not shrink by about 16 between the two finest steps where both are well
+  above rounding (``16 σ``): a kink (they shrink by 4) or a jump (they do
+  not shrink)."""
+  n = len(S)
+  found = np.zeros(S.shape[1:], bool)
+  decided = np.zeros(S.shape[1:], bool)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    big = valid & (np.abs(S) > 16 * sigma)
+    for k in range(n - 2, -1, -1):  # the finest pair first
+      pair = big[k] & big[k + 1] & ~decided
+      ratio = np.abs(S[k + 1]) / np.abs(S[k])
+      found |= pair & (ratio > 1 / 8)
+      decided |= pair
+  return found
+
+
+def _rough(S, valid, sigma):
+  """Elements whose second differences, where two at successive steps are
+  both above rounding (``4 σ``), do not shrink by at least 4 between them
+  (16 is expected where ``f`` is smooth at that scale): ``f`` varies faster
+  than the steps resolve (float32 at a large argument)."""
+  found = np.zeros(S.shape[1:], bool)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    big = valid & (np.abs(S) > 4 * sigma)
+    for k in range(len(S) - 1):
+      pair = big[k] & big[k + 1]
+      found |= pair & (np.abs(S[k + 1]) > np.abs(S[k]) / 4)
+  return found
+
+
+def _curvature(S, valid, sigma, h):
+  """Per element, ``|t'H t|`` from the finest second difference well above
+  rounding (``4 σ``), or, where none is, the largest the rounding allows at
+  the coarsest step."""
+  with np.errstate(invalid="ignore", divide="ignore"):
+    big = valid & (np.abs(S) > 4 * sigma)
+    curv = np.where(big, np.abs(S) / h ** 2, np.nan)
+    finest = np.full(S.shape[1:], np.nan)
+    for k in range(len(S)):
+      finest = np.where(big[k], curv[k], finest)
+    return np.where(np.isnan(finest), 4 * sigma / h[0] ** 2, finest)
+
+
+def _finite_max(a) -> float:
+  a = np.abs(a)
+  a = a[np.isfinite(a)]
+  return float(np.max(a)) if a.size else 0.0
+
+
+def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
+             cast_to: Sequence | None = None,
+             tangent_dtypes: Sequence | None = None,
+             combines: float | None = None) -> FDEstimate:
+  """``J t`` of a function by central differences along ``ts``, with an
+  error bound and a verdict per element (see the module docstring).
+
+  ``evaluate`` takes a list of points (each a list of arrays like ``xs``) and
+  returns, for each point, the tuple of the function's floating-point
+  outputs; every point is passed in one call (so that they can be evaluated
+  in one compiled program). ``f_x`` are the outputs at ``xs`` (None: they
+  are evaluated with the other points, and returned as ``center``). The
+  values are
+  returned in ``cast_to`` (default ``out_dtypes``), along the tangents ``ts``
+  divided by a power of two (see `hijax.testing._steps.normalizer`) and returned in
+  ``tangent_dtypes`` (default: the dtypes of ``ts``), where they are exact.
+  ``combines`` is the size of the values the function combines, where
+  known (a backward pass combines the output and its cotangent): an element
+  far smaller is the remainder of a cancellation, whose rounding noise is at
+  least ``eps combines`` even where it happens to be exactly zero everywhere
+  (the backward pass of softmax's dominant output).
+  """
+  steps, points = [], []
+  for h in candidate_steps([np.asarray(x).dtype for x in xs], eps):
+    plus, minus = shifted(xs, ts, h), shifted(xs, ts, -h)
+    if plus is not None and minus is not None:
       steps.append(h)
-      quotients.append([(p - m) / (2 * h) for p, m in zip(fp, fm)])
-    if not steps:
-      raise ValueError("no finite-difference step keeps x ± h t exact")
-    f0 = _to64(f_x)
-    # the rounding noise of f: its fourth difference at the smallest step
-    hs = steps[-1]
-    noise = [np.zeros_like(y) for y in f0]
-    p2, m2 = _shifted(xs, ts, 2 * hs), _shifted(xs, ts, -2 * hs)
-    if p2 is not None and m2 is not None and eps is None:
-      fp2 = _to64(f(*[jnp.asarray(v) for v in p2]))
-      fm2 = _to64(f(*[jnp.asarray(v) for v in m2]))
-      evals += 2
-      fp1, fm1 = pairs[hs]
-      noise = [np.abs(a - 4 * b + 6 * c - 4 * d + e) / 4
-               for a, b, c, d, e in zip(fm2, fm1, f0, fp1, fp2)]
-    values, bounds, resolution, lost_n = [], [], 0.0, 0
+      points += [plus, minus]
+  if not steps:
+    raise ValueError("no finite-difference step keeps x ± h t exact")
+  hs = steps[-1]
+  p2, m2 = shifted(xs, ts, 2 * hs), shifted(xs, ts, -2 * hs)
+  with_noise = p2 is not None and m2 is not None and eps is None
+  if with_noise:
+    points += [p2, m2]
+  if f_x is None:
+    points.append([np.asarray(x) for x in xs])
+  raw = evaluate(points)
+  if f_x is None:
+    f_x = raw.pop()
+  outs = [to64(o) for o in raw]
+  n = len(steps)
+  scale = normalizer(ts, tangent_dtypes)
+  f0s = to64(f_x)
+  values, bounds, status, floors, resolution = [], [], [], [], 0.0
+  eps_in = max(float(jnp.finfo(d).eps) for d in (
+      tangent_dtypes or [np.asarray(t).dtype for t in ts]))
+  with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
     for j, dtype in enumerate(out_dtypes):
       ulp = float(jnp.finfo(dtype).eps)
-      D = np.stack([q[j] for q in quotients])
-      n = len(steps)
-      diff = np.abs(np.diff(D, axis=0))                 # |D_k - D_k+1|
-      # one noise level per leaf (an element's own fourth difference can be
-      # zero by chance, and rounding inside f follows the scale of its
-      # intermediates, not of the element); beyond sqrt(eps) max |f| the
-      # fourth difference is curvature, not rounding
-      top_f = float(np.max(np.abs(f0[j]))) if f0[j].size else 0.0
-      measured = float(np.max(noise[j])) if noise[j].size else 0.0
-      sigma = max(min(measured, np.sqrt(ulp) * top_f), ulp * top_f)
-      h = np.asarray(steps).reshape((n,) + (1,) * f0[j].ndim)
+      f0 = f0s[j]
+      FP = np.stack([outs[2 * k][j] for k in range(n)])
+      FM = np.stack([outs[2 * k + 1][j] for k in range(n)])
+      finite0 = np.isfinite(f0)
+      valid = np.isfinite(FP) & np.isfinite(FM) & finite0
+      h = np.asarray(steps).reshape((n,) + (1,) * f0.ndim)
+      D = np.where(valid, (FP - FM) / (2 * h), np.nan)
+      S = np.where(valid, FP - 2 * f0 + FM, np.nan)
+      # the rounding noise of each element: its own, but at least the
+      # median of its leaf's (an element's own fourth difference can be zero
+      # by chance) and eps |f|; a kink is judged against the leaf's level
+      # alone (at a kink the element's own fourth difference is the kink)
+      top_f = _finite_max(f0)
+      own = np.zeros(f0.shape)
+      if with_noise:
+        fp2, fm2 = outs[-2][j], outs[-1][j]
+        extra = ((FM[-2], FP[-2]) if n > 1 and steps[-2] == 4 * hs
+                 else ())
+        own = _noise(fm2, FM[-1], f0, FP[-1], fp2, *extra)
+        own = np.where(np.isfinite(own), own, 0.0)
+      level = max(float(np.median(own)) if own.size else 0.0, ulp * top_f)
+      sigma = np.maximum(own, level)
+      if combines:
+        small = ~(np.abs(f0) >= np.sqrt(ulp) * combines)
+        sigma = np.where(small, np.maximum(sigma, ulp * combines), sigma)
       rounding = sigma / h + 4 * ulp * np.abs(D)
-      trunc = _truncation(D, diff, 4 * rounding)
+      diff = np.abs(np.diff(D, axis=0))                 # |D_k - D_k+1|
+      trunc = _truncation(D, diff, 4 * rounding, agree=2 * rounding)
       est = np.where(np.isfinite(trunc + rounding), trunc + rounding, np.inf)
       best = np.argmin(est, axis=0)
       value = np.take_along_axis(D, best[None], 0)[0]
       bound = 2 * np.take_along_axis(est, best[None], 0)[0]
-      # nowhere converged: the finest quotient, with an error of the order
-      # of the spread of the quotients
+      # nowhere converged: the finest valid quotient, with an error of the
+      # order of the spread of the quotients
       lost = ~np.isfinite(bound)
       if np.any(lost):
-        spread = np.max(D, 0) - np.min(D, 0)
-        value = np.where(lost, D[-1], value)
-        bound = np.where(lost, 2 * (spread + np.abs(D[-1])) + rounding[-1],
+        last = np.argmax(np.cumsum(valid, 0) == np.sum(valid, 0)[None], 0)
+        finest = np.take_along_axis(D, last[None], 0)[0]
+        gaps = np.abs(D - finest)
+        spread = np.max(np.where(np.isnan(gaps), 0.0, gaps), 0)
+        value = np.where(lost, finest, value)
+        bound = np.where(lost, 2 * (spread + np.abs(finest))
+                         + np.take_along_axis(rounding, last[None], 0)[0],
                          bound)
+      verdict = np.full(f0.shape, RESOLVED, np.int8)
+      verdict[_not_smooth(S, valid, level)] = NOT_SMOOTH
+      verdict[(finite0 & ~np.any(valid, 0)) | np.isinf(f0)] = NOT_FINITE
       # where the error is of the order of the values, the quotient says
-      # nothing: such elements are not compared (the report says so)
-      top = float(np.max(np.abs(value))) if value.size else 0.0
+      # nothing: such elements are compared for NaN only. Where f itself is
+      # NaN, so is the quotient, and a rule must give NaN too.
+      ok = (verdict == RESOLVED) & ~np.isnan(f0)
+      top = _finite_max(np.where(ok, value, 0))
+      unresolved = ok & ~(bound <= 0.5 * np.maximum(np.abs(value), top))
+      # an element resolved only on its leaf's scale claims a derivative of
+      # about zero, which holds only where f is seen to be smooth
+      small = ok & ~unresolved & ~(bound <= np.abs(value))
+      unresolved |= small & _rough(S, valid, sigma)
+      verdict[unresolved] = UNRESOLVED
+      bound = np.where(verdict == RESOLVED, bound, np.inf)
+      # what rounding the inputs to their own dtype changes: in f, eps |J t|
+      # (t of the size of x); in J t, eps t'H t (from the finest second
+      # difference above rounding, or the rounding itself)
+      curvature = _curvature(S, valid, sigma, h)
       with np.errstate(invalid="ignore"):
-        lost = bound > 0.5 * np.maximum(np.abs(value), top)
-      lost_n += int(np.sum(lost & ~np.isnan(value)))
-      bound = np.where(lost & ~np.isnan(value), np.inf, bound)
+        slope = np.where(np.isfinite(value), np.abs(value), 0.0)
+      floors.append(FLOOR * (sigma + eps_in * slope))
+      value = np.where(np.isin(verdict, SKIPPED), np.nan, value) / scale
+      bound = (bound + FLOOR * eps_in * curvature) / scale
       # a tangent has its output's dtype
       values.append(value.astype((cast_to or out_dtypes)[j]))
       bounds.append(bound)
+      status.append(verdict)
       finite = bound[np.isfinite(bound)]
       if finite.size and top > 0:
-        resolution = max(resolution, float(np.max(finite)) / top)
-  return FDEstimate([jnp.asarray(t) for t in ts], values, bounds, resolution,
-                    evals, lost_n)
+        resolution = max(resolution, float(np.max(finite)) / (top / scale))
+  tangents = [jnp.asarray((np.asarray(t) / scale).astype(
+      np.asarray(t).dtype if tangent_dtypes is None else tangent_dtypes[i]))
+              for i, t in enumerate(ts)]
+  return FDEstimate(tangents, values, bounds, status, resolution, len(points),
+                    floors, list(f_x))

@@ -32,10 +32,11 @@ MAX_RULE_RTOL = 1 / 16
 
 
 def eps_of(dtype) -> float:
-  """The machine epsilon of a floating dtype (of float64 for other dtypes)."""
+  """The machine epsilon of a floating or complex dtype (of its parts; of
+  float64 for other dtypes)."""
   dtype = np.dtype(dtype)
   return float(jnp.finfo(dtype).eps) if jnp.issubdtype(
-      dtype, jnp.floating) else float(np.finfo(np.float64).eps)
+      dtype, jnp.inexact) else float(np.finfo(np.float64).eps)
 
 
 def ulp_factor(tol: Tol, dtype) -> float:
@@ -61,8 +62,9 @@ def describe_tol(tol: Tol) -> str:
 
 
 def is_float(x) -> bool:
-  """Whether ``x`` is an array (or scalar) of a floating dtype; False for a
-  value of a hi type, which has no dtype."""
+  """Whether ``x`` is an array (or scalar) of a floating or complex dtype
+  (one that is differentiated); False for a value of a hi type, which has
+  no dtype."""
   try:
     aval = _core.typeof(x) if not isinstance(x, _core.AbstractValue) else x
   except Exception:  # pylint: disable=broad-except
@@ -74,11 +76,19 @@ def is_float(x) -> bool:
       dtype = np.result_type(x)  # pyright: ignore[reportArgumentType]
     except Exception:  # pylint: disable=broad-except
       return False
-  return bool(jnp.issubdtype(dtype, jnp.floating))
+  return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def wide(x) -> np.ndarray:
+  """``x`` as float64, or complex128 if it is complex."""
+  x = np.asarray(x)
+  return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def real_or_int(dtype) -> bool:
-  return any(jnp.issubdtype(dtype, t) for t in (jnp.floating, jnp.integer,
+  """Whether the checks support ``dtype``: floating, complex, integer or
+  boolean."""
+  return any(jnp.issubdtype(dtype, t) for t in (jnp.inexact, jnp.integer,
                                                 jnp.bool_))
 
 
@@ -98,9 +108,10 @@ def check_arrays(what, root, paths_and_leaves, ok) -> None:
         desc = f"a {type(x).__name__}"
       raise TypeError(
           f"check_rules checks functions of arrays (and pytrees of arrays) "
-          f"with real or integer dtypes, but {what} {root}"
-          f"{jax.tree_util.keystr(path)} is {desc}; hi types and complex "
-          "numbers are not supported")
+          f"with floating, complex, integer or boolean dtypes, but {what} "
+          f"{root}"
+          f"{jax.tree_util.keystr(path)} is {desc}; hi types are not "
+          "supported")
 
 
 def type_str(x) -> str:
@@ -136,11 +147,13 @@ def describe_leaf(x) -> str:
 
 
 def inner(xs, ys) -> tuple[float, float]:
-  """Sum of elementwise products of two lists of arrays, and of their |.|."""
+  """``Re sum(x y)`` over two lists of arrays (the pairing of a cotangent
+  with a tangent: for complex numbers JAX's, with no conjugate), and the sum
+  of ``|x y|``."""
   total, scale = 0.0, 0.0
   for x, y in zip(xs, ys):
-    p = np.asarray(x, np.float64) * np.asarray(y, np.float64)
-    total += float(np.sum(p))
+    p = wide(x) * wide(y)
+    total += float(np.sum(np.real(p)))
     scale += float(np.sum(np.abs(p)))
   return total, scale
 
@@ -152,21 +165,21 @@ def inner_identity(cts_out, j_t, cts_in, tangents, tol: Tol, bounds=None):
   sum of the products' magnitudes, in the least precise dtype involved."""
   lhs, lscale = inner(cts_out, j_t)
   rhs, rscale = inner(cts_in, tangents)
-  ybar = sum(float(np.sum(np.abs(np.asarray(c, np.float64)))) for c in cts_out)
+  ybar = sum(float(np.sum(np.abs(wide(c)))) for c in cts_out)
   ulp = max([ulp_factor(tol, np.asarray(x).dtype)
              for x in list(cts_out) + list(cts_in) if is_float(x)] or [0.0])
   bound = (tol.atol * ybar + (tol.rtol + ulp) * max(lscale, rscale))
   if bounds is not None:
     with np.errstate(invalid="ignore"):
       for c, b in zip(cts_out, bounds):
-        c = np.abs(np.asarray(c, np.float64))
+        c = np.abs(wide(c))
         bound += float(np.sum(np.where(c > 0, c * np.asarray(b), 0.0)))
   return lhs, rhs, bound
 
 
 def allowed_error(want, tol: Tol, bound=None) -> np.ndarray:
   """``atol + rtol |want| + ulps eps (|want| + max |want|) + bound``."""
-  w = np.abs(np.asarray(want, np.float64))
+  w = np.abs(wide(want))
   with np.errstate(invalid="ignore"):
     w = np.where(np.isfinite(w), w, 0.0)
     top = float(np.max(w)) if w.size else 0.0
@@ -177,9 +190,10 @@ def allowed_error(want, tol: Tol, bound=None) -> np.ndarray:
   return allowed
 
 
-def compare_leaf(got, want, tol: Tol, bound=None):
+def compare_leaf(got, want, tol: Tol, bound=None, skip=None):
   """Returns (max_abs_error, index, got_value, want_value) of the worst
   violation of ``|got - want| <= allowed_error(want, tol, bound)``, or None.
+  Elements where ``skip`` is True are not compared.
 
   Where exactly one side is NaN the error is ``inf`` whatever the bound:
   NaN agrees only with NaN (a bound of ``inf`` marks an element the
@@ -203,8 +217,8 @@ def compare_leaf(got, want, tol: Tol, bound=None):
     idx = np.unravel_index(np.argmax(bad), bad.shape) if bad.ndim else ()
     return float(np.max(np.abs(got.astype(np.int64) - want.astype(np.int64)))
                  ), idx, got[idx], want[idx]
-  g = got.astype(np.float64)
-  w = want.astype(np.float64)
+  g = wide(got)
+  w = wide(want)
   with np.errstate(invalid="ignore"):
     err = np.abs(g - w)
     both_nan = np.isnan(g) & np.isnan(w)
@@ -213,6 +227,9 @@ def compare_leaf(got, want, tol: Tol, bound=None):
     excess = err - allowed_error(want, tol, bound)
     excess = np.where(np.isnan(g) != np.isnan(w), np.inf, excess)
     excess = np.where(np.isnan(excess), np.inf, excess)
+    excess = np.where(both_nan, -np.inf, excess)
+    if skip is not None:
+      excess = np.where(skip, -np.inf, excess)
   if not np.any(excess > 0):
     return None
   idx = (np.unravel_index(np.argmax(np.where(excess > 0, err, -1)), err.shape)

@@ -51,6 +51,14 @@ class RuleReport:
       dtype at this point (those elements were not compared with them).
     cost: what the checks cost, e.g. the number of evaluations of the
       function for finite differences and for the second-order checks.
+    first_order_only: one line per rule that declares that it cannot be
+      differentiated again (JAX's error for forward mode of a
+      ``jax.custom_vjp`` function, for reverse mode of a ``while_loop``, a
+      ``NotImplementedError``): its second order was not checked, and it did
+      not fail for it (unless ``require_second_order=True``).
+    skipped_for_time: one line per check not started because the time
+      budget was spent (``time_budget``).
+    seconds: how long the run took.
   """
   primitives: list[str]
   dtype: str
@@ -59,6 +67,15 @@ class RuleReport:
   failures: list[RuleFailure] = dataclasses.field(default_factory=list)
   inconclusive: list[str] = dataclasses.field(default_factory=list)
   cost: dict[str, int] = dataclasses.field(default_factory=dict)
+  first_order_only: list[str] = dataclasses.field(default_factory=list)
+  skipped_for_time: list[str] = dataclasses.field(default_factory=list)
+  seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)
+
+  @property
+  def complete(self) -> bool:
+    """Whether every check planned ran (none was skipped for time) and every
+    comparison was conclusive."""
+    return not self.skipped_for_time and not self.inconclusive
 
   @property
   def passed(self) -> bool:
@@ -75,6 +92,8 @@ class RuleReport:
     lines += [f"  ran      {r}" for r in self.ran]
     lines += [f"  skipped  {m}: {why}" for m, why in self.skipped]
     lines += [f"  inconclusive  {why}" for why in self.inconclusive]
+    lines += [f"  first-order only  {why}" for why in self.first_order_only]
+    lines += [f"  skipped for time  {what}" for what in self.skipped_for_time]
     if self.cost:
       lines.append("  cost     " + ", ".join(
           f"{k}: {v}" for k, v in self.cost.items()))

@@ -55,6 +55,8 @@ def check_second_order(ctx: CheckContext):
   modes = ctx.requested
   check_differentiated_rules(ctx)
   for kind, what, g, g_args, names in _derived_functions(ctx, modes):
+    if ctx.out_of_time("second_order", f"the rules bound by {what}"):
+      continue
     try:
       closed = jax.make_jaxpr(g)(*g_args)
       live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
@@ -66,7 +68,7 @@ def check_second_order(ctx: CheckContext):
     if not prims:
       ctx.skip("second_order", f"{what} binds no hijax primitive")
       continue
-    sub = ctx.sub(g, g_args, names, prims,
+    sub = ctx.sub(g, g_args, names, prims, within="second_order",
                   label=f"{ctx.label}second order, on {what}: ",
                   order=ctx.settings.order - 1, per_leaf=False)
     sub_modes = [m for m in DERIVATIVE_MODES if m in modes and sub.has(m)]
@@ -93,6 +95,8 @@ def run(ctx: CheckContext, modes):
   """Runs the checks of ``modes`` in ``ctx``; a mode that cannot apply (no
   floating-point inputs or outputs) is reported as skipped."""
   for mode in modes:
+    if ctx.out_of_time(mode, "all its checks"):
+      continue
     if mode in DERIVATIVE_MODES and not ctx.float_idx:
       ctx.skip(mode, "no floating-point inputs to differentiate")
     elif mode in DERIVATIVE_MODES + ("transpose",) and not ctx.out_float_idx:

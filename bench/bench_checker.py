@@ -1,0 +1,160 @@
+"""How long `hijax.testing.check_rules` takes on real rules, old against new.
+
+Run: python bench/bench_checker.py [--before DIR] [--repeat 2] [--timeout 300]
+                                   [--cases i0,sici,...]
+
+Each case is one ``check_rules`` call with the default options (every mode,
+second order included), in a fresh Python process with JAX's persistent
+compilation cache off, so that every run compiles what it needs, as a first
+call in a test does. ``--before DIR`` also runs each case on the hijax found
+in ``DIR`` (e.g. ``git archive main | tar -x -C DIR``), interleaved with the
+current one, and prints the ratio before / after. A case that runs past
+``--timeout`` seconds is killed and shown as ``>timeout``.
+
+The cases: JAX's own special functions (``jax.custom_jvp`` rules in float64,
+``expi`` in float32), a hijax primitive, and, where it is installed (the
+``bench`` extra), optimistix's ``root_find`` (two custom rules, one of them
+an implicit solve).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CASES = {
+    "i0": "lambda: (jax.scipy.special.i0, jnp.array([-2., .5, 3.]), {})",
+    "sici": "lambda: (jax.scipy.special.sici, jnp.array([.5, 2., 7.]), {})",
+    "hyp1f1": "lambda: (lambda x: jax.scipy.special.hyp1f1(1.5, 2.5, x), "
+              "jnp.array([.5, 2.]), {})",
+    "hyp2f1": "lambda: (lambda x: jax.scipy.special.hyp2f1(1.5, .5, 2.5, x), "
+              "jnp.array([.1, .4]), {})",
+    "expi_f32": "lambda: (jax.scipy.special.expi, "
+                "jnp.array([-64., 30., 64.], jnp.float32), {'x64': False})",
+    "hiprim": "lambda: (softplus, jnp.array([-2., .5, 3.]), {})",
+    "root_find": "lambda: (root_find, jnp.array([2., 3.]), {})",
+}
+
+# Run in the child process: defines the functions the cases name.
+PRELUDE = """
+import jax, jax.numpy as jnp, jax.scipy.special
+from hijax import HiPrim
+
+class Softplus(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+  def expand(self, x):
+    return jnp.logaddexp(x, 0.)
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jax.nn.sigmoid(x) * t
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), jax.nn.sigmoid(x)
+  def vjp_bwd_retval(self, s, g):
+    return (g * s,)
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]
+
+def softplus(x):
+  return Softplus(jax.typeof(x))(x)
+
+def root_find(a):
+  import optimistix as optx
+  solver = optx.Newton(rtol=1e-10, atol=1e-10)
+  return optx.root_find(lambda y, a: y ** 3 + y - a, solver, jnp.ones_like(a),
+                        args=a).value
+"""
+
+CHILD = """
+import importlib.util, inspect, json, os, sys, time
+source = os.environ.get("BENCH_CHECKER_HIJAX")
+if source:  # import hijax from there, ahead of the installed (editable) one
+  init = os.path.join(source, "hijax", "__init__.py")
+  spec = importlib.util.spec_from_file_location(
+      "hijax", init, submodule_search_locations=[os.path.dirname(init)])
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["hijax"] = module
+  spec.loader.exec_module(module)
+{prelude}
+from hijax.testing import check_rules
+import hijax
+fn, x, kw = ({case})()
+if "time_budget" in inspect.signature(check_rules).parameters:
+  kw["time_budget"] = None
+start = time.perf_counter()
+report = check_rules(fn, x, raise_on_failure=False, **kw)
+print(json.dumps(dict(seconds=time.perf_counter() - start,
+                      failures=len(report.failures),
+                      hijax=hijax.__file__)))
+"""
+
+
+def run(case: str, source: str | None, timeout: float) -> dict:
+  """Runs one case in a fresh process, on the hijax in ``source`` (None:
+  the installed one)."""
+  env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false")
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  if source:
+    env["BENCH_CHECKER_HIJAX"] = source
+  code = CHILD.format(prelude=PRELUDE, case=CASES[case])
+  start = time.perf_counter()
+  try:
+    out = subprocess.run([sys.executable, "-c", code], env=env, timeout=timeout,
+                         capture_output=True, text=True, check=False)
+  except subprocess.TimeoutExpired:
+    return dict(seconds=float("inf"), failures=None, wall=timeout)
+  lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+  if out.returncode or not lines:
+    tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
+    return dict(seconds=float("nan"), failures=None, error=" ".join(tail))
+  result = json.loads(lines[-1])
+  result["wall"] = time.perf_counter() - start
+  return result
+
+
+def _fmt(r: dict, timeout: float) -> str:
+  if r["seconds"] == float("inf"):
+    return f">{timeout:.0f} s"
+  if r.get("error"):
+    return "error"
+  return f"{r['seconds']:.1f} s ({r['failures']} failed)"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--before", help="a directory holding the old hijax")
+  parser.add_argument("--repeat", type=int, default=2)
+  parser.add_argument("--timeout", type=float, default=300.0)
+  parser.add_argument("--cases", default=",".join(CASES))
+  args = parser.parse_args()
+  print(f"check_rules, one call per case, fresh process, no compilation "
+        f"cache; best of {args.repeat}")
+  header = f"{'case':<10} {'now':>22}"
+  if args.before:
+    header += f" {'before':>22} {'before/now':>11}"
+  print(header)
+  for case in args.cases.split(","):
+    now, before = [], []
+    for _ in range(args.repeat):  # interleaved
+      if args.before:
+        before.append(run(case, args.before, args.timeout))
+      now.append(run(case, None, args.timeout))
+    best = lambda rs: min(rs, key=lambda r: (r["seconds"] != r["seconds"],
+                                             r["seconds"]))
+    line = f"{case:<10} {_fmt(best(now), args.timeout):>22}"
+    if args.before:
+      b, n = best(before), best(now)
+      ratio = b["seconds"] / n["seconds"] if n["seconds"] > 0 else float("nan")
+      shown = (f">{args.timeout / n['seconds']:.1f}" if ratio == float("inf")
+               else f"{ratio:.1f}")
+      line += f" {_fmt(b, args.timeout):>22} {shown:>11}"
+    errors = [r["error"] for r in now + before if r.get("error")]
+    print(line + (f"  ({errors[0]})" if errors else ""), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,155 @@
+"""The check of the ``nzs_out`` that `vjp_fwd` and `lin` return: an output
+declared to have a symbolically zero tangent must have a zero derivative."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hijax._internals import api as _api
+from hijax._internals import core as _core
+from hijax.testing._context import CheckContext
+from hijax.testing._discovery import applications, defined_rules
+from hijax.testing._numerics import describe_leaf, is_float, ulp_factor
+from hijax.testing._report import RuleReport
+
+
+def _nz_in(x) -> bool:
+  """The nzs_in flag of an argument leaf: whether its tangent type is a
+  floating-point array (for a hi value, its type's tangent type)."""
+  aval = _core.typeof(x)
+  if isinstance(aval, _core.ShapedArray):
+    return is_float(aval)
+  try:
+    return is_float(aval.to_tangent_aval())
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def _tangent_like(ctx, x):
+  """A random tangent for an argument leaf (of a hi value: of its tangent
+  type)."""
+  aval = _core.typeof(x)
+  if not isinstance(aval, _core.ShapedArray):
+    aval = aval.to_tangent_aval()
+  return jnp.asarray(ctx.rng.standard_normal(aval.shape).astype(aval.dtype))
+
+
+def _zero_derivatives(ctx, prim, p_args, zero_outs):
+  """``{k: (max |J ṫ| of output leaf k, allowed, label)}`` for the outputs in
+  ``zero_outs``, from the jvp rule or finite differences; None if neither
+  applies (an argument of a hi type without a jvp rule)."""
+  p_leaves = jax.tree.leaves(p_args)
+  direction = tuple(i for i, x in enumerate(p_leaves) if _nz_in(x))
+  hi = any(not isinstance(_core.typeof(x), _core.ShapedArray)
+           for x in p_leaves) or any(
+               not isinstance(a, _core.ShapedArray) for a in prim.out_avals_flat)
+  if not direction:
+    return {}
+  if "jvp" in defined_rules(prim):
+    tangents = [_tangent_like(ctx, p_leaves[i]) for i in direction]
+
+    def f(*xs):
+      leaves = list(p_leaves)
+      for i, x in zip(direction, xs):
+        leaves[i] = x
+      return prim(*jax.tree.unflatten(prim.in_tree, leaves))
+    try:
+      out, t_out = jax.jvp(f, tuple(p_leaves[i] for i in direction),
+                           tuple(tangents))
+    except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
+      out = None
+    if out is not None:
+      result = {}
+      outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)  # pyright: ignore[reportPossiblyUnboundVariable]
+      for k in zero_outs:
+        t = np.asarray(t_outs[k], np.float64) if k < len(t_outs) else None
+        if t is None or t.size == 0:
+          continue
+        y = np.asarray(outs[k], np.float64) if isinstance(
+            _core.typeof(outs[k]), _core.ShapedArray) else np.zeros(())
+        scale = max([float(np.max(np.abs(y)))] + [
+            float(np.max(np.abs(np.asarray(u, np.float64)))) for u in tangents
+            if np.size(u)])
+        allowed = ulp_factor(ctx.settings.tol,
+                             np.asarray(t_outs[k]).dtype) * scale
+        result[k] = (float(np.max(np.abs(t))), allowed, "the jvp rule")
+      return result
+  if hi:
+    return None
+  sub = ctx.sub(lambda *a: prim(*a), p_args,
+                [f"leaf {i}" for i in range(len(p_leaves))], [prim],
+                report=RuleReport([], ""), label="")
+  est = sub.fd(tuple(sub.float_idx))
+  out_pos = {k: j for j, k in enumerate(sub.out_float_idx)}
+  result = {}
+  for k in zero_outs:
+    v, b = est.values[out_pos[k]], est.bounds[out_pos[k]]
+    if v.size:
+      excess = np.abs(v) - b
+      j = int(np.argmax(excess))
+      result[k] = (float(np.abs(v).ravel()[j]), float(b.ravel()[j]),
+                   f"finite differences of {ctx.fd_of}")
+  return result
+
+
+def check_nzs_out(ctx: CheckContext, mode):
+  """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
+  declared symbolically zero must have a zero derivative. Arguments and
+  outputs of hi types are supported (their derivative is taken with the
+  jvp rule)."""
+  method = "vjp_fwd" if mode == "vjp" else "lin"
+  if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
+    return
+  for prim, p_args in applications(ctx.prim_fn, ctx.args):
+    name = f"{type(prim).__name__}.{method}"
+    p_leaves = jax.tree.leaves(p_args)
+    nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(x) for x in p_leaves])
+    inputs = "\n".join(f"{type(prim).__name__} argument leaf {i} = "
+                       f"{describe_leaf(x)}" for i, x in enumerate(p_leaves))
+    check = f"{method}'s nzs_out vs the output's derivative"
+    try:
+      result = getattr(prim, method)(nzs_in, *p_args)
+    except Exception as e:  # pylint: disable=broad-except
+      ctx.fail_raised(mode, f"calling {method}", inputs, e, rule=name)
+      continue
+    if not isinstance(result, tuple) or len(result) < 3 or result[2] is None:
+      continue
+    try:
+      nzs_out = _api.tuptree_flags(result[2], prim.out_tree, "nzs_out",
+                                   f"the nzs_out returned by {name}")
+    except Exception as e:  # pylint: disable=broad-except
+      ctx.fail_raised(mode, check, inputs, e, rule=name)
+      continue
+    zero_outs = [k for k, nz in enumerate(nzs_out)
+                 if not nz and _nz_in_aval(prim.out_avals_flat[k])]
+    if not zero_outs:
+      continue
+    found = _zero_derivatives(ctx, prim, p_args, zero_outs)
+    if found is None:
+      ctx.skip(mode, f"{check} ({name}): an argument or output of a hi type "
+               "and no jvp rule to differentiate it with")
+      continue
+    if not found:
+      continue
+    ctx.ran(mode, f"{check} ({name})")
+    out_names = ["out" + jax.tree_util.keystr(p) for p, _ in
+                 jax.tree_util.tree_flatten_with_path(
+                     jax.tree.unflatten(prim.out_tree,
+                                        list(range(len(nzs_out)))))[0]]
+    for k, (err, allowed, label) in found.items():
+      if not err <= allowed:
+        ctx.fail(mode, check, inputs,
+                 f"{method} returned nzs_out False for {out_names[k]} "
+                 f"(a symbolically zero tangent), but its derivative is "
+                 f"nonzero: max |J ṫ| = {err:.3g} from {label}", err,
+                 rule=name)
+
+
+def _nz_in_aval(aval) -> bool:
+  if isinstance(aval, _core.ShapedArray):
+    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
+  try:
+    return is_float(aval.to_tangent_aval())
+  except Exception:  # pylint: disable=broad-except
+    return False

@@ -1,0 +1,68 @@
+"""check_rules compiles each program once (issue 39): the function once per
+input types, the finite differences of every direction in one program, and
+each transformation under test once per set of differentiated inputs, reused
+by every check that needs it. Counted from JAX's lowering events, one per
+program lowered (a persistent-cache hit is lowered too)."""
+import jax
+import jax.monitoring
+import jax.numpy as jnp
+
+from hijax.testing import check_rules
+
+LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+
+def _lowered(fn, *args, **kwargs) -> list[str]:
+  names = []
+
+  def listener(event, duration, **kw):
+    del duration
+    if event == LOWERED:
+      names.append(kw.get("fun_name"))
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    report = check_rules(fn, *args, **kwargs)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert report.passed, report
+  return names
+
+
+def _scaled_sin():
+  @jax.custom_jvp
+  def scaled_sin(x, a):
+    return jnp.sin(x) * a
+
+  @scaled_sin.defjvp
+  def _jvp(primals, tangents):
+    (x, a), (tx, ta) = primals, tangents
+    return scaled_sin(x, a), jnp.cos(x) * a * tx + jnp.sin(x) * ta
+  return scaled_sin
+
+
+def test_each_program_is_compiled_once_and_shared_by_the_checks():
+  """Three directions (both inputs, each alone); the jvp program of each is
+  used by the jvp check and as the reference of the vjp and lin checks."""
+  names = _lowered(_scaled_sin(), jnp.array([0.3, 1.2]), jnp.array([2., -1.]),
+                   modes=("jvp", "vjp", "lin"), order=1)
+  assert names.count("jit(scaled_sin)") == 1, names
+  assert names.count("jit(_points)") == 1, names  # every direction's points
+  for transformation in ("jvp", "vjp", "lin"):
+    assert names.count(f"jit({transformation})") == 3, names
+
+
+def test_checking_the_same_function_twice():
+  """The second check of the same function at the same input types does not
+  compile the function again, and compiles each of its own programs once.
+  (The transformations under test are traced and compiled again by each
+  check: they are closures each check builds, over the inputs it holds
+  fixed, not shared between checks.)"""
+  scaled_sin = _scaled_sin()
+  args = jnp.array([0.3, 1.2]), jnp.array([2., -1.])
+  kwargs = dict(modes=("jvp", "vjp", "lin"), order=1)
+  first = _lowered(scaled_sin, *args, **kwargs)
+  second = _lowered(scaled_sin, *args, **kwargs)
+  assert first.count("jit(scaled_sin)") == 1, first
+  assert "jit(scaled_sin)" not in second, second
+  for name in ("jit(_points)", "jit(jvp)", "jit(vjp)", "jit(lin)"):
+    assert second.count(name) == first.count(name), (first, second)
