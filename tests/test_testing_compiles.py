@@ -66,3 +66,30 @@ def test_checking_the_same_function_twice():
   assert "jit(scaled_sin)" not in second, second
   for name in ("jit(_points)", "jit(jvp)", "jit(vjp)", "jit(lin)"):
     assert second.count(name) == first.count(name), (first, second)
+
+
+def test_the_checks_compile_the_program_as_the_user_does():
+  """The checker judges the program a user's ``jax.jit`` compiles: with XLA's
+  default optimization. Compiled at ``xla_backend_optimization_level=0`` (a
+  shortcut the checker once took to compile faster), hijax.implicit's
+  Newton solve of Kepler's equation reports a failed linear solve at
+  ``(1 - 2**-17, 0.3 - 2**-19)``, a finite-difference point the checker
+  evaluates, where a default ``jit`` converges: check_rules then failed a
+  right rule."""
+  from hijax.implicit import root
+
+  def kepler_residual(E, p):
+    return E - p[..., 1] * jnp.sin(E) - p[..., 0]
+
+  def eccentric_anomaly(p):
+    return root(kepler_residual, p[..., 0], p)
+
+  with jax.enable_x64(True):
+    p = jnp.array([1., 0.3])
+    point = p - 2.0 ** -17 * jnp.array([1., .25])
+    assert bool(jax.jit(lambda q: root(kepler_residual, q[..., 0], q,
+                                       throw=False)[1].converged)(point))
+    report = check_rules(eccentric_anomaly, p, eps=1e-5, order=1,
+                         batch_in_axes=[(0,)])
+    assert not report.failures
+    assert {"jvp", "vjp", "lin", "batch"} <= set(report.modes_run)
