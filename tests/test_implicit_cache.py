@@ -12,26 +12,11 @@ import pytest
 
 from hijax.implicit import Newton, fixed_point, linear_solve, root
 
+from compile_count import Compiles
+
 A3 = jnp.array([[3., 1., 0.5], [-1., 2., 0.3], [0.2, -0.7, 1.5]])
 B3 = jnp.array([1., -2., 0.5])
 SCALE = 1.0  # a global read by a residual below; the tests rebind it
-
-
-class Compiles:
-  """Counts XLA compilations and jaxpr traces while active."""
-  EVENTS = ("/jax/core/compile/backend_compile_duration",
-            "/jax/core/compile/jaxpr_trace_duration")
-
-  def __enter__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._listen)
-    return self
-
-  def _listen(self, event, duration, **kwargs):
-    self.count += event in self.EVENTS
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
 def close(a, b, rtol=1e-5, atol=1e-6):

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from hijax.implicit import (CG, GMRES, Dense, MatMul, fixed_point,
                             linear_solve, root)
 
+from compile_count import BackendCompiles, Compiles
+
 NONSYM = jnp.array([[3., 1., 0.5], [-1., 2., 0.3], [0.2, -0.7, 1.5]])
 B = jnp.array([1., -2., 0.5])
 
@@ -332,23 +334,6 @@ def test_dense_solves_one_unknown_by_division():
         jnp.array([.5, .25]))
 
 
-class _Compiles:
-  """Counts XLA compilations and jaxpr traces while active."""
-  EVENTS = ("/jax/core/compile/backend_compile_duration",
-            "/jax/core/compile/jaxpr_trace_duration")
-
-  def __enter__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._listen)
-    return self
-
-  def _listen(self, event, duration, **kwargs):
-    self.count += event in self.EVENTS
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listen)
-
-
 def _newton_step(x, a):
   return 0.5 * (x + a / x)
 
@@ -365,17 +350,13 @@ def test_a_second_eager_call_compiles_nothing():
            lambda a: fixed_point(_newton_step, a, a, throw=False)]
   for call in calls:
     call(jnp.float32(2.))
-    with _Compiles() as c:
+    with Compiles() as c:
       jax.block_until_ready(call(jnp.float32(3.)))
     assert c.count == 0, call
   # new argument types compile again
-  with _Compiles() as c:
+  with Compiles() as c:
     fixed_point(_newton_step, jnp.ones(2), jnp.ones(2))
   assert c.count > 0
-
-
-class _BackendCompiles(_Compiles):
-  EVENTS = ("/jax/core/compile/backend_compile_duration",)
 
 
 @pytest.mark.parametrize("transform", ["grad", "jacfwd", "vmap", "hessian"])
@@ -389,7 +370,7 @@ def test_eager_transformations_compile_a_few_programs_not_each_op(transform):
   a = jnp.linspace(1., 2., 11 * 13).reshape(11, 13)  # shapes no test uses
   if transform == "vmap":
     a = a[:, :7]
-  with _BackendCompiles() as c:
+  with BackendCompiles() as c:
     got = t(f)(a)
   # op by op: 73 (grad), 46 (jacfwd), 71 (vmap), 132 (hessian) on jax 0.12
   assert c.count <= (40 if transform == "hessian" else 20), c.count
@@ -398,7 +379,7 @@ def test_eager_transformations_compile_a_few_programs_not_each_op(transform):
     close(got.reshape(n, n), jnp.diag(-0.25 * a.ravel() ** -1.5))
   else:
     close(got, 0.5 / jnp.sqrt(a))
-  with _Compiles() as c:
+  with Compiles() as c:
     jax.block_until_ready(t(f)(a))
   assert c.count == 0
 

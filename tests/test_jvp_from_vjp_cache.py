@@ -9,22 +9,7 @@ import pytest
 
 from hijax import HiPrim, jvp_from_vjp
 
-
-class Compiles:
-  """Counts XLA compilations and jaxpr traces while active."""
-  EVENTS = ("/jax/core/compile/backend_compile_duration",
-            "/jax/core/compile/jaxpr_trace_duration")
-
-  def __enter__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._listen)
-    return self
-
-  def _listen(self, event, duration, **kwargs):
-    self.count += event in self.EVENTS
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listen)
+from compile_count import Compiles
 
 
 class SinTimesY(HiPrim):
