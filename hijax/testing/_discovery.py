@@ -192,25 +192,36 @@ def _rebind(eqn, invals):
   return outs if eqn.primitive.multiple_results else [outs]
 
 
+def _evaluate(jaxpr, consts, args, apply):
+  """Evaluates ``jaxpr`` on ``consts`` and ``args``; ``apply(eqn, invals)``
+  gives the output values (a list) of each equation."""
+  env = dict(zip(jaxpr.constvars, consts))
+  env.update(zip(jaxpr.invars, args))
+
+  def read(v):
+    return v.val if isinstance(v, _core.Literal) else env[v]
+
+  for eqn in jaxpr.eqns:
+    env.update(zip(eqn.outvars, apply(eqn, [read(v) for v in eqn.invars])))
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _inlined_body(eqn):
+  """The jaxpr of ``eqn`` if it is a call evaluated in place, else None."""
+  sub = eqn.params.get("jaxpr")
+  if eqn.primitive.name in _INLINED_CALLS and isinstance(sub, _JAXPR_TYPES):
+    return sub
+  return None
+
+
 def eval_expanded(jaxpr, consts, args, applications):
   """Evaluates ``jaxpr`` with each hijax primitive replaced by its `expand`.
 
   Records ``(prim, args, out, out_tree)`` for each top-level application in
   ``applications``.
   """
-  env = {}
-
-  def read(v):
-    return v.val if isinstance(v, _core.Literal) else env[v]
-
-  for v, x in zip(jaxpr.constvars, consts):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args):
-    env[v] = x
-  for eqn in jaxpr.eqns:
-    invals = [read(v) for v in eqn.invars]
+  def apply(eqn, invals):
     prim = prim_of(eqn)
-    sub = eqn.params.get("jaxpr")
     if prim is not None:
       p_args = jax.tree.unflatten(prim.in_tree, invals)
       out = prim.expand(*p_args)
@@ -218,14 +229,12 @@ def eval_expanded(jaxpr, consts, args, applications):
       applications.append((prim, p_args, out, tree))
       if tree != prim.out_tree:
         raise ExpandStructureError(prim, tree)
-    elif (eqn.primitive.name in _INLINED_CALLS
-          and isinstance(sub, _JAXPR_TYPES)):
-      outs = eval_expanded(*_open_jaxpr(sub), invals, [])
-    else:
-      outs = _rebind(eqn, invals)
-    for v, x in zip(eqn.outvars, outs):
-      env[v] = x
-  return [read(v) for v in jaxpr.outvars]
+      return outs
+    sub = _inlined_body(eqn)
+    if sub is not None:
+      return eval_expanded(*_open_jaxpr(sub), invals, [])
+    return _rebind(eqn, invals)
+  return _evaluate(jaxpr, consts, args, apply)
 
 
 def applications(prim_fn, args) -> list[tuple]:
@@ -243,28 +252,14 @@ def applications(prim_fn, args) -> list[tuple]:
 def _interpret(jaxpr, consts, args, targets, found):
   """Evaluates ``jaxpr`` (inside ``jit`` calls too), recording the inputs of
   each equation in ``targets`` (by identity) in ``found``."""
-  env = {}
-
-  def read(v):
-    return v.val if isinstance(v, _core.Literal) else env[v]
-
-  for v, x in zip(jaxpr.constvars, consts):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args):
-    env[v] = x
-  for eqn in jaxpr.eqns:
-    invals = [read(v) for v in eqn.invars]
+  def apply(eqn, invals):
     if any(eqn is t for t in targets) and id(eqn) not in found:
       found[id(eqn)] = list(invals)
-    sub = eqn.params.get("jaxpr")
-    if (eqn.primitive.name in _INLINED_CALLS
-        and isinstance(sub, _JAXPR_TYPES)):
-      outs = _interpret(*_open_jaxpr(sub), invals, targets, found)
-    else:
-      outs = _rebind(eqn, invals)
-    for v, x in zip(eqn.outvars, outs):
-      env[v] = x
-  return [read(v) for v in jaxpr.outvars]
+    sub = _inlined_body(eqn)
+    if sub is not None:
+      return _interpret(*_open_jaxpr(sub), invals, targets, found)
+    return _rebind(eqn, invals)
+  return _evaluate(jaxpr, consts, args, apply)
 
 
 def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
@@ -280,11 +275,10 @@ def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
   def walk(jaxpr):
     for eqn in jaxpr.eqns:
       kind = _CUSTOM_CALLS.get(eqn.primitive.name)
-      sub = eqn.params.get("jaxpr")
+      sub = _inlined_body(eqn)
       if kind is not None:
         targets.setdefault(CustomRules(_custom_name(eqn), kind), eqn)
-      elif (eqn.primitive.name in _INLINED_CALLS
-            and isinstance(sub, _JAXPR_TYPES)):
+      elif sub is not None:
         walk(_open_jaxpr(sub)[0])
   walk(closed.jaxpr)
   eqns = list(targets.values())
