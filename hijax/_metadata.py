@@ -16,6 +16,10 @@ import warnings
 
 DISTRIBUTION = "jax-hijax"
 UNRELATED_DISTRIBUTION = "hijax"
+# Whether DISTRIBUTION can be installed from PyPI: the release checklist
+# (CONTRIBUTING.md) sets it with the project's real URLs, and
+# tests/test_packaging.py fails while the two disagree.
+ON_PYPI = False
 # What `installed_version` returns for a checkout used without installing it
 # (e.g. on PYTHONPATH): a valid version that says it is not known.
 UNKNOWN_VERSION = "0+unknown"
@@ -45,5 +49,13 @@ def warn_on_clash() -> None:
       f"{other.version} (an experiment framework for Haiku) is installed in "
       f"this environment; it also installs the import name 'hijax', so the "
       f"files of one overwrote the other's. Fix: pip uninstall "
-      f"{UNRELATED_DISTRIBUTION} {DISTRIBUTION} && pip install {DISTRIBUTION}",
+      f"{UNRELATED_DISTRIBUTION} {DISTRIBUTION}, then {_reinstall()}",
       RuntimeWarning, stacklevel=3)
+
+
+def _reinstall() -> str:
+  """How to install this project again, in its release state."""
+  if ON_PYPI:
+    return f"pip install {DISTRIBUTION}"
+  return (f"install {DISTRIBUTION} again from a checkout of it, with "
+          f"`pip install -e .` in its root ({DISTRIBUTION} is not on PyPI yet)")

@@ -78,8 +78,12 @@ def test_install_instructions_match_the_release_state():
       assert NOT_YET in install, f"{doc}: unreleased, but does not say {NOT_YET!r}"
       assert not from_index, f"{doc}: `pip install {PROJECT['name']}` cannot work yet"
       assert "python -m pip install -e ." in commands, doc
+  # the import-name clash warning gives the reinstall of this release state
+  assert _metadata.ON_PYPI is released, (
+      f"hijax/_metadata.py ON_PYPI = {_metadata.ON_PYPI}, but the URLs say "
+      f"released = {released}")
   checklist = (ROOT / "CONTRIBUTING.md").read_text().split("\n## Releasing", 1)[1]
-  assert "tests/test_packaging.py" in checklist
+  assert "tests/test_packaging.py" in checklist and "ON_PYPI" in checklist
 
 
 def test_the_readme_wheel_is_the_version_built():
@@ -134,7 +138,13 @@ def test_the_unrelated_hijax_distribution_is_named_with_the_fix(monkeypatch):
     _metadata.warn_on_clash()
   message = str(caught[0].message)
   assert "'hijax' 0.1.0" in message and "Haiku" in message
-  assert "pip uninstall hijax jax-hijax && pip install jax-hijax" in message
+  assert "pip uninstall hijax jax-hijax" in message
+  # the reinstall the message gives works in the project's release state
+  if _metadata.ON_PYPI:
+    assert "&& pip install jax-hijax" in message, message
+  else:
+    assert "pip install jax-hijax" not in message, message
+    assert NOT_YET in message and "pip install -e ." in message, message
 
 
 def test_no_warning_for_this_projects_metadata_from_before_the_rename(monkeypatch):
