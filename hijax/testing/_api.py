@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._budget import Budget
-from hijax.testing._compiled import jitted
 from hijax.testing._context import CheckContext, Settings
 from hijax.testing._discovery import (CustomRules, custom_calls,
                                       find_custom_rules, find_hiprims)
@@ -35,7 +34,7 @@ def _to_dtype(x, dtype):
 def _runs(prim_fn, args) -> bool:
   """Whether ``prim_fn`` can be traced and run (compiled) on ``args``."""
   try:
-    jax.block_until_ready(jitted(prim_fn)(*args))
+    jax.block_until_ready(jax.jit(prim_fn)(*args))
     return True
   except Exception:  # pylint: disable=broad-except
     return False

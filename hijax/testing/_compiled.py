@@ -34,29 +34,23 @@ from hijax.testing._numerics import is_float
 # Batches of points are padded to a power of two, at least this many.
 MIN_BATCH = 8
 
-# The options the checks compile with: XLA's defaults, as a user's jax.jit
-# compiles the program. Compiling without the backend's optimization passes
-# (xla_backend_optimization_level=0) was faster, but is not the program under
-# test: it changed hijax.implicit's Newton status at one point and failed a
-# right rule (tests/test_testing_compiles.py).
-COMPILER_OPTIONS: dict[str, Any] = {}
-
-
-def jitted(fn: Callable) -> Callable:
-  """``jax.jit(fn)`` with the checks' `COMPILER_OPTIONS`."""
-  return jax.jit(fn, compiler_options=COMPILER_OPTIONS)
-
 
 class Compiled:
   """``prim_fn`` of a flat list of leaves (its arguments ``args``), and its
-  compiled evaluations."""
+  compiled evaluations.
+
+  Each is compiled as a user's ``jax.jit`` compiles it, with XLA's default
+  options: the checks judge the program the user runs. (Compiling without
+  the backend's optimization passes, xla_backend_optimization_level=0, was
+  faster, but changed hijax.implicit's Newton status at one point and failed
+  a right rule: tests/test_testing_compiles.py.)"""
 
   def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool):
     self.prim_fn = prim_fn
     self.jit = jit
     self.leaves, self.in_tree = jax.tree.flatten(tuple(args))
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
-    self.fn = jitted(prim_fn) if jit else prim_fn
+    self.fn = jax.jit(prim_fn) if jit else prim_fn
     self._cache: dict[Any, Callable] = {}
     self._mapped_failed = False
 
@@ -65,7 +59,7 @@ class Compiled:
     once per ``key``."""
     if key not in self._cache:
       fn = build()
-      self._cache[key] = jitted(fn) if self.jit else fn
+      self._cache[key] = jax.jit(fn) if self.jit else fn
     return self._cache[key]
 
   def together(self, key: Any, fns: Sequence[Callable],
