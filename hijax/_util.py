@@ -10,6 +10,17 @@ from jax.dtypes import float0
 from jax.interpreters.ad import Zero
 
 
+def store_bounded(cache: dict, key, value, limit: int):
+  """``cache[key] = value``, first emptying ``cache`` if it already holds
+  ``limit`` entries; returns ``value``. For the memos keyed on what callers
+  pass (functions, types, options), which must not grow without bound over a
+  long session: an emptied memo is only recomputed."""
+  if len(cache) >= limit:
+    cache.clear()
+  cache[key] = value
+  return value
+
+
 def is_none(x) -> bool:
   return x is None
 

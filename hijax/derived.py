@@ -32,7 +32,7 @@ from jax.extend import linear_util as lu
 from hijax import _linearity
 from hijax._internals import ad, core
 from hijax._core_rules import flatten_output
-from hijax._util import Static, is_float0, is_zero
+from hijax._util import Static, is_float0, is_zero, store_bounded
 from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
                             _unpack_forward, checked_backward,
                             instantiate_zeros)
@@ -252,10 +252,8 @@ def _transposed_backward(self: HiPrim, nzs_flat, live, g_avals, res, sres,
              for t in types]
     closed = jax.make_jaxpr(lambda *xs: transposed(
         xs[:len(arrays)], list(xs[len(arrays):])))(*specs)
-    entry = closed, jax.jit(jax.extend.core.jaxpr_as_fun(closed))
-    if len(_TRANSPOSED) >= _TRANSPOSED_MAX:
-      _TRANSPOSED.clear()
-    _TRANSPOSED[key] = entry
+    entry = store_bounded(_TRANSPOSED, key, (
+        closed, jax.jit(jax.extend.core.jaxpr_as_fun(closed))), _TRANSPOSED_MAX)
   closed, compiled = entry
   if any(isinstance(x, core.Tracer) for x in (*arrays, *tangents_live)):
     return lambda tangents: jax.extend.core.jaxpr_as_fun(closed)(

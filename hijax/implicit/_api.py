@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from hijax._internals import ad, batching, core
+from hijax._util import store_bounded
 from hijax.closure import closure_convert_params
 from hijax.implicit._function_key import Uncacheable, by_identity, split
 from hijax.implicit._linear import Dense, MatMul
@@ -239,17 +240,11 @@ def _eager_cached(impl: Any) -> Any:
     try:
       out = attempt(constant_spec, [], x, params, eager, option_specs)
     except SolveError:  # it compiled: the solve itself failed
-      _remember(needs_constants, spec)
+      store_bounded(needs_constants, spec, None, 1024)
       raise
-    _remember(needs_constants, spec)
+    store_bounded(needs_constants, spec, None, 1024)
     return out
   return call
-
-
-def _remember(memo: dict[Any, None], key: Any) -> None:
-  if len(memo) > 1024:
-    memo.clear()
-  memo[key] = None
 
 
 def _raising_solve_errors(run: Any) -> Any:

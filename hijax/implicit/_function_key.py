@@ -50,6 +50,7 @@ import jax
 import numpy as np
 
 from hijax._internals import core
+from hijax._util import store_bounded
 
 __all__ = ["FunctionSpec", "Uncacheable", "split", "by_identity"]
 
@@ -152,10 +153,8 @@ def _value_spec(v: Any) -> FunctionSpec | None:
     if spec is None:
       if type(v) not in _SCALARS and (v == v) is not True:
         return None
-      if len(_VALUE_SPECS) > 1024:
-        _VALUE_SPECS.clear()
-      spec = _VALUE_SPECS[memo] = FunctionSpec(("value", *memo),
-                                               lambda it: v, _name(v))
+      spec = store_bounded(_VALUE_SPECS, memo, FunctionSpec(
+          ("value", *memo), lambda it: v, _name(v)), 1024)
     return spec
   except Exception:  # an unhashable field, an __eq__ returning arrays
     return None
@@ -207,10 +206,8 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     names.update(i.argval for i in dis.get_instructions(c)
                  if i.opname in _GLOBAL_OPS)
     stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-  if len(_GLOBAL_NAMES) > 4096:
-    _GLOBAL_NAMES.clear()
-  _GLOBAL_NAMES[id(code)] = (code, tuple(sorted(names)))
-  return _GLOBAL_NAMES[id(code)][1]
+  return store_bounded(_GLOBAL_NAMES, id(code), (code, tuple(sorted(names))),
+                       4096)[1]
 
 
 _PLAIN: dict[type, bool] = {}
