@@ -14,21 +14,22 @@ from hijax.testing._budget import Budget
 from hijax.testing._context import CheckContext, Settings
 from hijax.testing._discovery import (CustomRules, custom_calls,
                                       find_custom_rules, find_hiprims)
-from hijax.testing._numerics import check_arrays, defaults, is_float, real_or_int
+from hijax.testing._numerics import (check_arrays, defaults, is_float,
+                                     on_device, real_or_int)
 from hijax.testing._report import (DERIVATIVE_MODES, MODES, RuleCheckError,
                                    RuleReport)
-from hijax.testing._run import run
+from hijax.testing._run import add_parts, run
 
 
 def _to_dtype(x, dtype):
   """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
-  precision if complex), else in its own dtype without a weak type."""
-  x = jnp.asarray(x)
-  if is_float(x):
-    if jnp.iscomplexobj(x):
+  precision if complex), else in its own dtype, without a weak type."""
+  own = jnp.result_type(x)
+  if jnp.issubdtype(own, jnp.inexact):
+    if jnp.issubdtype(own, jnp.complexfloating):
       dtype = jnp.result_type(dtype, jnp.complex64)
-    return jnp.array(x, dtype=dtype)
-  return jnp.array(x, dtype=x.dtype)  # drops weak types
+    return on_device(np.asarray(x), dtype)
+  return on_device(np.asarray(x), own)
 
 
 def _runs(prim_fn, args) -> bool:
@@ -40,34 +41,58 @@ def _runs(prim_fn, args) -> bool:
     return False
 
 
-def _choose_dtype(prim_fn, args, x64, stack: contextlib.ExitStack):
-  """The arguments to check at and the name of their floating-point dtype:
-  float64 (entering ``jax.enable_x64`` on ``stack``) unless ``x64`` is False
-  or, with ``x64=None``, ``prim_fn`` cannot be run in float64 but can in the
-  given dtypes. It is compiled and run, so that an `expand` whose output
-  contradicts a declared type (a primitive that hard-codes float32) is found
-  before the checks (the checks reuse the compiled program); a function that
-  fails in both is checked in float64 (and the checks report why it
-  fails)."""
+def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
+  """``context_at(args, dtype)`` (a context and the modes to run) if
+  ``prim_fn`` runs compiled at ``args``, else None. With ``jit``, the
+  program the checks will run (``prim_fn`` and every transformation they
+  evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
+  is evaluated by it at the point."""
+  try:
+    ctx, plan = context_at(args, dtype)
+    if not jit:
+      return (ctx, plan) if _runs(prim_fn, args) else None
+    add_parts(ctx, plan)
+    jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
+    return ctx, plan
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
+             jit):
+  """The context of the checks and the modes to run, at ``args`` in the
+  dtype chosen: float64 (entering ``jax.enable_x64`` on ``stack``) unless
+  ``x64`` is False or, with ``x64=None``, ``prim_fn`` cannot be run in
+  float64 but can in the given dtypes. It is compiled and run, so that an
+  `expand` whose output contradicts a declared type (a primitive that
+  hard-codes float32) is found before the checks (which then reuse the
+  compiled program); a function that fails in both is checked in float64
+  (and the checks report why it fails). ``context_at(args, dtype)`` makes
+  a context."""
   own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   own_dtype = str(floats[0]) if floats else "no floating-point inputs"
   if x64 is False:
-    return own, own_dtype
+    return context_at(own, own_dtype)
+  prepared = None
   with jax.enable_x64(True):
     args64 = jax.tree.map(lambda x: _to_dtype(x, jnp.float64), args)
     if x64:
       jax.make_jaxpr(prim_fn)(*args64)  # raises if it cannot be traced
       use64 = True
     else:
-      use64 = _runs(prim_fn, args64)
-  if not use64 and not _runs(prim_fn, own):
-    with jax.enable_x64(True):  # fails either way: report it in float64
-      use64 = _traces(prim_fn, args64)
+      prepared = _prepared_if_runs(prim_fn, args64, "float64", context_at,
+                                   jit)
+      use64 = prepared is not None
+  if not use64:
+    prepared = _prepared_if_runs(prim_fn, own, own_dtype, context_at, jit)
+    if prepared is None:
+      with jax.enable_x64(True):  # fails either way: report it in float64
+        use64 = _traces(prim_fn, args64)
   if use64:
     stack.enter_context(jax.enable_x64(True))
-    return args64, "float64"
-  return own, own_dtype
+    return prepared or context_at(args64, "float64")
+  return prepared or context_at(own, own_dtype)
 
 
 def _traces(prim_fn, args) -> bool:
@@ -182,11 +207,14 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       report's ``cost`` gives the evaluations it took), and the rules of the
       primitives that the first-order rules bind (see the ``"second_order"``
       mode). 1 checks first order only. Higher values recurse further.
-    jit: compile every evaluation: ``prim_fn`` once per input types (all
-      the points of the finite differences in one call, a ``lax.map``),
-      and each transformation under test (``jax.jvp``, ``jax.vjp``,
-      ``jax.linearize``, ``jax.vmap`` of ``prim_fn`` itself) once, reused
-      by every check that needs it. With False, everything runs eagerly:
+    jit: compile every evaluation, together, as one program: ``prim_fn``
+      at any number of points (a loop: all the points of a finite
+      difference in one call) and each transformation under test
+      (``jax.jvp``, ``jax.vjp``, ``jax.linearize``, ``jax.vmap``, second
+      derivatives), each a branch that a call runs alone. A transformation
+      that cannot be traced, or a program that fails to compile or run, is
+      compiled alone instead, so the check that needs it reports why. With
+      False, everything runs eagerly:
       slower, but an `expand` that branches in Python on values works
       (leave out the ``"expand"`` mode, whose check includes a jitted
       call).
@@ -228,9 +256,8 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   check_arrays("argument", "args",
                jax.tree_util.tree_flatten_with_path(args)[0],
                lambda x: real_or_int(jnp.result_type(x)))
-  with contextlib.ExitStack() as stack:
-    args, dtype = _choose_dtype(prim_fn, args, x64, stack)
-    tol = defaults(atol, rtol)
+  def context_at(args, dtype):
+    """The context of the checks at ``args``, and the modes to run."""
     closed = jax.make_jaxpr(prim_fn)(*args)
     prims = (find_hiprims(closed.jaxpr, [])
              or find_custom_rules(closed.jaxpr, []))
@@ -239,21 +266,27 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
           "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
           "jax.custom_vjp function: pass a function that applies one, "
           "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
-    report = RuleReport([repr(p) for p in prims], dtype)
-    settings = Settings(tol, eps, batch_size=batch_size,
+    settings = Settings(defaults(atol, rtol), eps, batch_size=batch_size,
                         batch_in_axes=batch_in_axes,
                         linear_argnums=linear_argnums, order=order, jit=jit,
                         require_second_order=require_second_order,
                         budget=Budget.of(time_budget, progress, len(prims)))
-    rng = np.random.default_rng(seed)
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
-    ctx = CheckContext(prim_fn, args, names, settings, rng, report, prims,
+    ctx = CheckContext(prim_fn, args, names, settings,
+                       np.random.default_rng(seed),
+                       RuleReport([repr(p) for p in prims], dtype), prims,
                        requested=tuple(modes))
-    run(ctx, _plan(ctx, modes, explicit))
+    return ctx, _plan(ctx, modes, explicit)
+
+  with contextlib.ExitStack() as stack:
+    ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
+    report, settings = ctx.report, ctx.settings
+    run(ctx, plan)
     if report.failures:
-      _blame_alone(prim_fn, args, prims, settings, rng, report, tuple(modes))
+      _blame_alone(prim_fn, ctx.args, ctx.prims, settings, ctx.rng, report,
+                   tuple(modes))
     report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._context import CheckContext
-from hijax.testing._numerics import is_float, to_numpy
+from hijax.testing._numerics import dtype_of, is_float, on_device, to_numpy
 
 
 def _batch_variants(ctx: CheckContext, arg):
@@ -52,29 +52,82 @@ def _batch_combinations(ctx: CheckContext) -> list[tuple]:
 
 
 def _loop(ctx: CheckContext, stacked, batched) -> list:
-  """The outputs of ``prim_fn`` on each batch element, stacked."""
-  outs = []
+  """The outputs of ``prim_fn`` on each batch element, stacked (evaluated
+  one element at a time, in one compiled call)."""
+  fulls = []
   for k in range(ctx.settings.batch_size):
-    args_k = [jax.tree.map(lambda x: jnp.asarray(x[k]), stacked[i])
+    args_k = [jax.tree.map(lambda x: np.asarray(x[k]), stacked[i])
               if i in batched else a for i, a in enumerate(ctx.args)]
-    outs.append(jax.tree.leaves(ctx.fn(*args_k)))
+    fulls.append(jax.tree.leaves(args_k))
+  outs = ctx.compiled.evaluate(fulls)
   return [np.stack(ys) for ys in zip(*outs)]
+
+
+def _broadcast(ctx: CheckContext) -> list:
+  """Each argument repeated ``batch_size`` times on a new leading axis."""
+  size = ctx.settings.batch_size
+  return [jax.tree.map(lambda x: np.broadcast_to(
+      np.asarray(x), (size,) + np.shape(x)), a) for a in ctx.args]
+
+
+def _derivative_cases(ctx: CheckContext) -> list:
+  """``(check, rule, batched function of (a, b), b's template)`` of the
+  batched derivatives: ``vmap`` of ``jvp`` / ``vjp`` and ``jvp`` / ``vjp``
+  of ``vmap``, where the rules exist, with every argument batched along
+  axis 0 (``a`` the batched floating-point leaves, ``b`` the tangents or
+  cotangents)."""
+  direction = tuple(ctx.float_idx)
+  size = ctx.settings.batch_size
+  f = ctx.restrict(direction)
+  jvp = lambda f: lambda x, t: jax.jvp(f, x, t)[1]
+  vjp = lambda f: lambda x, c: jax.vjp(f, *x)[1](tuple(c))
+  vmap = lambda g: jax.vmap(lambda a, b: g(tuple(a), tuple(b)))
+  f_b = jax.vmap(f)
+  ts = lambda: [np.zeros((size,) + np.shape(ctx.leaves[i]),
+                         dtype_of(ctx.leaves[i])) for i in direction]
+  cts = lambda: [np.zeros((size,) + ctx.out_avals[i].shape,
+                          ctx.out_avals[i].dtype) for i in ctx.out_float_idx]
+  # vmap of a derivative traces the unbatched instance's rules; a derivative
+  # of vmap runs the rules of the instance that the batch rule binds, on
+  # batched types.
+  cases = []
+  if ctx.has("jvp"):
+    cases += [("vmap of jvp vs a loop", "jvp", vmap(jvp(f)), ts),
+              ("jvp of vmap vs a loop", "jvp", jvp(f_b), ts)]
+  if ctx.has("vjp"):
+    cases += [("vmap of vjp vs a loop", "vjp", vmap(vjp(f)), cts),
+              ("vjp of vmap vs a loop", "vjp", vjp(f_b), cts)]
+  return cases
+
+
+def add_batch_parts(ctx: CheckContext):
+  """Adds the programs `check_batch` runs to ``ctx``'s compiled program:
+  ``vmap`` for each ``in_axes`` and the batched derivatives."""
+  for in_axes in _batch_combinations(ctx):
+    ctx.compiled.add(
+        ("vmap", repr(in_axes)), jax.vmap(ctx.prim_fn, in_axes=in_axes),
+        lambda in_axes=in_axes: tuple(_batched_args(ctx, _broadcast(ctx),
+                                                    in_axes)))
+  if ctx.settings.batch_in_axes is not None or not ctx.float_idx or (
+      not ctx.out_float_idx):
+    return
+  leaves_b = lambda: jax.tree.leaves(_broadcast(ctx))
+  for check, _, g_b, b in _derivative_cases(ctx):
+    ctx.compiled.add(("batched", check), g_b, lambda b=b: (
+        tuple(leaves_b()[i] for i in ctx.float_idx), tuple(b())))
 
 
 def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
   ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given)."""
+  add_batch_parts(ctx)
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
-  combos = []
+  refs = {}
   for in_axes in _batch_combinations(ctx):
     desc = f"vmap with in_axes={in_axes}, batch size {ctx.settings.batch_size}"
-    if not ctx.out_of_time("batch", desc):
-      combos.append((in_axes, desc, _batched_args(ctx, stacked, in_axes)))
-  vmapped = [jax.vmap(ctx.prim_fn, in_axes=in_axes) for in_axes, _, _ in combos]
-  all_got = ctx.compiled.together(("vmaps", tuple(repr(c[0]) for c in combos)),
-                                  vmapped, [c[2] for c in combos])
-  refs = {}
-  for k, (in_axes, desc, args_b) in enumerate(combos):
+    if ctx.out_of_time("batch", desc):
+      continue
+    args_b = _batched_args(ctx, stacked, in_axes)
     batched = tuple(i for i, ax in enumerate(in_axes) if ax is not None)
     inputs = ctx.describe_inputs(extra=desc)
     if batched not in refs:
@@ -86,11 +139,7 @@ def check_batch(ctx: CheckContext):
         continue
     check = "vmap vs a loop over the batch"
     try:
-      if all_got is not None:
-        got = jax.tree.leaves(all_got[k])
-      else:
-        got = jax.tree.leaves(ctx.compiled.cached(
-            ("vmap", repr(in_axes)), lambda k=k: vmapped[k])(*args_b))
+      got = jax.tree.leaves(ctx.compiled.run(("vmap", repr(in_axes)), args_b))
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("batch", check, inputs, e)
       continue
@@ -112,7 +161,8 @@ def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
       axes = (jax.tree.map(lambda _: ax, ctx.args[i])
               if isinstance(ax, int) else ax)
       args_b.append(jax.tree.map(
-          lambda x, d: jnp.asarray(np.moveaxis(x, 0, d)), stacked[i], axes))
+          lambda x, d: on_device(np.array(np.moveaxis(x, 0, d))),  # contiguous
+          stacked[i], axes))
   return args_b
 
 
@@ -125,41 +175,24 @@ def _check_batched_derivatives(ctx: CheckContext, stacked):
     return
   size = ctx.settings.batch_size
   leaves_b = jax.tree.leaves(stacked)
-  xs = [jnp.asarray(leaves_b[i]) for i in direction]
-  f = ctx.restrict(direction)
+  xs = [on_device(leaves_b[i]) for i in direction]
   inputs = ctx.describe_inputs(
       extra=f"all arguments batched along axis 0, batch size {size}")
   ts = [ctx.random_like(x) for x in xs]
   cts = [ctx.random_like(np.stack([y] * size)) for y in ctx.ref_out()]
-  jvp = lambda f: lambda x, t: jax.jvp(f, x, t)[1]
-  vjp = lambda f: lambda x, c: jax.vjp(f, *x)[1](tuple(c))
-  vmap = lambda g: jax.vmap(lambda a, b: g(tuple(a), tuple(b)))
-  f_b = jax.vmap(f)
   # one example's derivative: the programs the jvp and vjp checks compiled
   one = {"jvp": lambda x, t: ctx.jvp_at(direction, t, xs=x)[1],
          "vjp": lambda x, c: ctx.vjp_at(direction, c, xs=x)[1]}
-  # (check, rule, batched g, arguments): vmap of a derivative traces the
-  # unbatched instance's rules; a derivative of vmap runs the rules of the
-  # instance that the batch rule binds, on batched types.
-  cases = []
-  if ctx.has("jvp"):
-    cases += [("vmap of jvp vs a loop", "jvp", vmap(jvp(f)), (xs, ts)),
-              ("jvp of vmap vs a loop", "jvp", jvp(f_b), (xs, ts))]
-  if ctx.has("vjp"):
-    cases += [("vmap of vjp vs a loop", "vjp", vmap(vjp(f)), (xs, cts)),
-              ("vjp of vmap vs a loop", "vjp", vjp(f_b), (xs, cts))]
-  cases = [c for c in cases if not ctx.out_of_time("batch", c[0])]
-  all_got = ctx.compiled.together(
-      ("batched derivatives", tuple(c[0] for c in cases)),
-      [c[2] for c in cases], [(tuple(a), tuple(b)) for *_, (a, b) in cases])
-  for k, (check, kind, g_b, (a, b)) in enumerate(cases):
-    g_b = ctx.compiled.cached(check, lambda g_b=g_b: g_b)
+  for check, kind, _, _ in _derivative_cases(ctx):
+    if ctx.out_of_time("batch", check):
+      continue
+    a, b = (xs, ts) if kind == "jvp" else (xs, cts)
     try:
-      got = jax.tree.leaves(all_got[k] if all_got is not None
-                            else g_b(tuple(a), tuple(b)))
+      got = jax.tree.leaves(ctx.compiled.run(("batched", check),
+                                             (tuple(a), tuple(b))))
       a_np, b_np = to_numpy(a), to_numpy(b)
-      want = [jax.tree.leaves(one[kind]([jnp.asarray(x[k]) for x in a_np],
-                                        [jnp.asarray(y[k]) for y in b_np]))
+      want = [jax.tree.leaves(one[kind]([on_device(x[k]) for x in a_np],
+                                        [on_device(y[k]) for y in b_np]))
               for k in range(size)]
       want = [np.stack(ys) for ys in zip(*want)]
     except Exception as e:  # pylint: disable=broad-except

@@ -10,8 +10,8 @@ from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import ExpandStructureError, eval_expanded
 from hijax.testing._identity import check_identity
-from hijax.testing._numerics import (compare_leaf, inner_identity, type_str,
-                                     ulp_factor)
+from hijax.testing._numerics import (compare_leaf, inner_identity, on_device,
+                                     type_str, ulp_factor)
 from hijax.testing._nzs_out import check_nzs_out
 
 
@@ -50,10 +50,10 @@ def check_expand(ctx: CheckContext):
                  f"output leaf {i}: expand returned {got.str_short()}, but "
                  f"out_aval declares {aval.str_short()}", float("inf"),
                  rule=f"{type(prim).__name__}.expand")
-  expanded = [jnp.asarray(x) for x in expanded]
+  expanded = [on_device(x) for x in expanded]
   for how, fn in [("eager call", ctx.prim_fn),
                   ("jitted call", jax.jit(ctx.prim_fn) if not ctx.settings.jit
-                   else ctx.fn)]:
+                   else lambda *_: ctx.compiled.evaluate([ctx.leaves])[0])]:
     try:
       got = jax.tree.leaves(fn(*ctx.args))
     except Exception as e:  # pylint: disable=broad-except
@@ -73,8 +73,8 @@ def _check_eager_and_jit(ctx: CheckContext, inputs):
   checks JAX rather than the rules.)"""
   check = "jitted call's output types vs its trace"
   try:
-    got = jax.tree.leaves((ctx.fn if ctx.settings.jit
-                           else jax.jit(ctx.prim_fn))(*ctx.args))
+    got = (ctx.compiled.evaluate([ctx.leaves])[0] if ctx.settings.jit
+           else jax.tree.leaves(jax.jit(ctx.prim_fn)(*ctx.args)))
   except Exception as e:  # pylint: disable=broad-except
     ctx.fail_raised("expand", "jitted call", inputs, e)
     return
@@ -93,7 +93,7 @@ def _check_eager_and_jit(ctx: CheckContext, inputs):
     ctx.fail_raised("expand", "eager call", inputs, e)
     return
   ctx.ran("expand", check)
-  ctx.compare("expand", check, inputs, got, [jnp.asarray(y) for y in eager],
+  ctx.compare("expand", check, inputs, got, [on_device(y) for y in eager],
               ctx.settings.tol, names=ctx.out_names, got_label="jitted call",
               want_label="eager call", floors=ctx.primal_floors(True))
 
@@ -160,7 +160,7 @@ def check_vjp(ctx: CheckContext):
     xs = tuple(ctx.xs_of(direction))
     tangents = [ctx.random_like(ctx.leaves[i]) for i in direction]
     try:
-      out, _ = ctx.vjp_at(direction, [jnp.zeros_like(y)
+      out, _ = ctx.vjp_at(direction, [np.zeros_like(y)
                                       for y in ctx.ref_out()])
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("vjp", "vjp", inputs, e)
@@ -245,11 +245,11 @@ def _is_linear(ctx: CheckContext, direction) -> bool:
   u, v, up to rounding on the scale of f(u) and f(v)."""
   f = ctx.restrict(direction, evaluate=True)
   try:
-    zero = f(*[jnp.asarray(np.zeros_like(ctx.leaves[i])) for i in direction])
+    zero = f(*[on_device(np.zeros_like(ctx.leaves[i])) for i in direction])
     u = [ctx.random_like(ctx.leaves[i]) for i in direction]
     v = [ctx.random_like(ctx.leaves[i]) for i in direction]
     fu, fv = f(*u), f(*v)
-    fuv = f(*[jnp.asarray(0.75 * np.asarray(a) - 1.5 * np.asarray(b))
+    fuv = f(*[on_device(0.75 * np.asarray(a) - 1.5 * np.asarray(b))
               for a, b in zip(u, v)])
   except Exception:  # pylint: disable=broad-except
     return False
@@ -301,7 +301,7 @@ def check_transpose(ctx: CheckContext):
                     "linear_transpose")
     for k in range(len(direction)) if len(direction) > 1 else [None]:
       tangents = [ctx.random_like(x) if k in (None, j)
-                  else jnp.asarray(np.zeros_like(x)) for j, x in enumerate(xs)]
+                  else on_device(np.zeros_like(x)) for j, x in enumerate(xs)]
       lhs, rhs, bound = inner_identity(cts_out, f_eval(*tangents), cts_in,
                                        tangents, ctx.settings.tol)
       if not abs(lhs - rhs) <= bound:

@@ -2,86 +2,242 @@
 
 The checks evaluate ``prim_fn`` and its transformations many times: at the
 points of finite differences, on each element of a batch, along several
-tangents and cotangents. Each is compiled once here and reused by every
-check that needs it:
+tangents and cotangents. Compiling is what a check mostly costs (a special
+function's ``jvp`` takes 0.1-0.2 s to compile and microseconds to run),
+and most of a compile's cost is per program rather than per operation. So
+every evaluation a check will need is a *part* of one program:
 
-* `Compiled.fn`: ``jax.jit(prim_fn)``, compiled once per input types.
-* `Compiled.at_points`: ``prim_fn`` at many points in one compiled call, a
-  ``lax.map`` over the stacked floating-point inputs, padded to a power of
-  two so that the finite differences of every direction share one program.
-  It evaluates the function once per point, as a Python loop would: the
-  batching rule under test is never involved, and a loop inside the
-  function runs as many iterations for each point as it would alone.
-* `Compiled.cached`: a transformation of ``prim_fn`` (``jax.jvp`` along one
-  set of inputs, its backward pass, ``vmap`` with some ``in_axes``), jitted
-  once and called with each new tangent or cotangent.
-* `Compiled.together`: several transformations in one program (the ``vmap``
-  of every ``in_axes``), where that traces; each alone otherwise.
+* `Bundle`: the parts, each traced once, compiled together as one program.
+  A call runs one part: each part is a branch of a ``lax.cond`` on which
+  part was asked for, so a call costs what that part costs alone and runs
+  only its side effects (a ``jax.debug.print`` in a rule prints for the
+  checks of that rule). A part that cannot be traced is left out of the
+  program and compiled alone, so that the check that needs it reports why
+  it fails; if the program cannot be compiled or a call raises, every part
+  is compiled alone from then on. A part added after the program was
+  compiled, or called with other types than it was traced with, is
+  compiled alone too.
+* `Compiled`: ``prim_fn`` of a flat list of leaves and its parts. The
+  function itself is evaluated at any number of points by one part (a loop
+  over up to `POINTS` points, as many iterations as there are points): a
+  Python loop's values, since the batching rule under test is never
+  involved and a loop inside the function runs as many iterations for
+  each point as it would alone. The jvp, vjp and linearization under test
+  are parts added by `hijax.testing._context.CheckContext`, the vmaps by
+  `hijax.testing._batching`, the second derivatives by
+  `hijax.testing._second_order`; `hijax.testing._run.add_parts` adds all
+  that a run's checks will evaluate before the first evaluation, so that
+  they are compiled as one.
+
+Everything is compiled as a user's ``jax.jit`` compiles it, with XLA's
+default options: the checks judge the program the user runs. (Compiling
+without the backend's optimization passes, xla_backend_optimization_level=0,
+was faster, but changed hijax.implicit's Newton status at one point and
+failed a right rule: tests/test_testing_compiles.py.)
 
 With ``jit=False`` nothing is compiled: every evaluation runs eagerly (for
 an `expand` that branches in Python on values).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+import dataclasses
 from typing import Any
 
 import jax
+import jax.extend.core
+import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._numerics import is_float
+from hijax.testing._numerics import dtype_of, is_float, on_device
 
-# Batches of points are padded to a power of two, at least this many.
-MIN_BATCH = 8
+# The points one call of the points part evaluates at most (finite
+# differences take 20 to 40 at a time).
+POINTS = 64
+
+
+def _signature(flat) -> list:
+  return [(np.shape(x), dtype_of(x), bool(getattr(x, "weak_type", False)))
+          for x in flat]
+
+
+@dataclasses.dataclass
+class _Part:
+  fn: Callable  # of the arguments' tuple
+  template: Callable[[], tuple]  # the arguments of a call at the point
+
+
+@dataclasses.dataclass
+class _Program:
+  index: dict  # key -> branch number
+  templates: list  # per branch, the flat arguments of a call at the point
+  signatures: list  # per branch, _signature of its flat arguments
+  out_trees: list
+  jitted: Callable
+  broken: bool = False
+
+
+class Bundle:
+  """Parts, each a function of a tuple of arguments, compiled as one program
+  on the first call of one of them (see the module docstring). Parts added
+  after that are compiled together on the first call of one of them."""
+
+  def __init__(self, jit: bool = True):
+    self.jit = jit
+    self.parts: dict[Hashable, _Part] = {}
+    self._where: dict[Hashable, _Program] = {}
+    self._alone: dict[Hashable, Callable] = {}
+
+  def add(self, key: Hashable, fn: Callable, template: Callable[[], tuple]):
+    """Adds a part (a later ``add`` of the same key is ignored)."""
+    self.parts.setdefault(key, _Part(fn, template))
+
+  def run(self, key: Hashable, args: tuple):
+    """``fn(*args)`` of the part ``key``."""
+    part = self.parts[key]
+    if not self.jit:
+      return part.fn(*args)
+    if key not in self._where and key not in self._alone:
+      self._build([k for k in self.parts
+                   if k not in self._where and k not in self._alone])
+    program = self._where.get(key)
+    if program is not None and not program.broken:
+      k = program.index[key]
+      flat, _ = jax.tree.flatten(args)
+      if _signature(flat) == program.signatures[k]:
+        all_flat = list(program.templates)
+        all_flat[k] = flat
+        try:
+          outs = program.jitted(np.int32(k), all_flat)
+        except Exception:  # pylint: disable=broad-except  (alone, each says why)
+          program.broken = True
+        else:
+          return jax.tree.unflatten(program.out_trees[k], outs[k])
+    if key not in self._alone:
+      self._alone[key] = jax.jit(part.fn)
+    return self._alone[key](*args)
+
+  def _build(self, keys):
+    """Compiles the parts ``keys`` as one program (those that cannot be
+    traced, or a single one, alone)."""
+    traced, closed, templates, trees = [], [], [], []
+    for key in keys:
+      part = self.parts[key]
+      try:
+        flat, in_tree = jax.tree.flatten(part.template())
+        flat = [on_device(np.array(x)) for x in flat]  # contiguous
+        tree = []
+
+        def fn(*f, part=part, in_tree=in_tree, tree=tree):
+          out = part.fn(*jax.tree.unflatten(in_tree, f))
+          leaves, out_tree = jax.tree.flatten(out)
+          tree.append(out_tree)
+          return leaves
+        jaxpr = jax.make_jaxpr(fn)(*flat)
+      except Exception:  # pylint: disable=broad-except  (compiled alone, it raises where its check reports it)
+        self._alone[key] = jax.jit(part.fn)
+        continue
+      traced.append(key)
+      closed.append(jaxpr)
+      templates.append(flat)
+      trees.append(tree[0])
+    if len(traced) < 2:
+      for key in traced:
+        self._alone[key] = jax.jit(self.parts[key].fn)
+      return
+
+    def program(which, all_flat):
+      outs = []
+      for k, (jaxpr, flat) in enumerate(zip(closed, all_flat)):
+        run = lambda jaxpr=jaxpr, flat=flat: jax.extend.core.jaxpr_as_fun(
+            jaxpr)(*flat)
+        zeros = lambda jaxpr=jaxpr: [jnp.zeros(a.shape, a.dtype)
+                                     for a in jaxpr.out_avals]
+        outs.append(jax.lax.cond(which == k, run, zeros))
+      return outs
+    built = _Program({key: k for k, key in enumerate(traced)}, templates,
+                     [_signature(t) for t in templates], trees,
+                     jax.jit(program))
+    for key in traced:
+      self._where[key] = built
 
 
 class Compiled:
-  """``prim_fn`` of a flat list of leaves (its arguments ``args``), and its
-  compiled evaluations.
+  """``prim_fn`` of a flat list of leaves (its arguments ``args``), and the
+  compiled evaluations of it and its transformations (`Bundle` parts).
 
-  Each is compiled as a user's ``jax.jit`` compiles it, with XLA's default
-  options: the checks judge the program the user runs. (Compiling without
-  the backend's optimization passes, xla_backend_optimization_level=0, was
-  faster, but changed hijax.implicit's Newton status at one point and failed
-  a right rule: tests/test_testing_compiles.py.)"""
+  ``evaluate_one``, where given, evaluates ``prim_fn`` at one point (its
+  floating-point leaves, in their dtypes) with a program compiled elsewhere
+  (a backward pass is the vjp its context already compiled): points are
+  then evaluated with it, one call each, and nothing is compiled for them.
+  ``bound`` maps a part's key to a part of another `Compiled` that computes
+  the same thing given more arguments: ``{key: (other, other_key,
+  extra)}`` runs ``key`` at ``(xs, *rest)`` as ``other_key`` at ``(xs,
+  *extra, *rest)`` (the second derivatives of a backward pass are parts
+  of its context's program, with the cotangent as an argument)."""
 
-  def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool):
+  def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool,
+               evaluate_one: Callable | None = None,
+               bound: dict[Hashable, tuple] | None = None):
     self.prim_fn = prim_fn
     self.jit = jit
     self.leaves, self.in_tree = jax.tree.flatten(tuple(args))
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
-    self.fn = jax.jit(prim_fn) if jit else prim_fn
-    self._cache: dict[Any, Callable] = {}
+    self.bundle = Bundle(jit)
+    self._evaluate_one = evaluate_one
+    self._bound = dict(bound or {})
+    self._jitted: Callable | None = None
     self._mapped_failed = False
+    if jit and evaluate_one is None:
+      self.add("points", self._points, self._points_template)
 
-  def cached(self, key: Any, build: Callable[[], Callable]) -> Callable:
-    """The function ``build()`` returns, jitted (unless ``jit=False``), built
-    once per ``key``."""
-    if key not in self._cache:
-      fn = build()
-      self._cache[key] = jax.jit(fn) if self.jit else fn
-    return self._cache[key]
+  # -- parts --
 
-  def together(self, key: Any, fns: Sequence[Callable],
-               args: Sequence[Sequence[Any]]) -> list | None:
-    """``[fn(*a) for fn, a in zip(fns, args)]`` as one compiled program
-    (one compile instead of one per function: the checks' per-program cost
-    is mostly fixed); None if that program cannot be traced or run, so that
-    the caller runs each alone and learns which one fails."""
-    if not self.jit or len(fns) < 2:
-      return None
-    def together(*all_args):
-      return [fn(*a) for fn, a in zip(fns, all_args)]
-    try:
-      return self.cached(key, lambda: together)(*[tuple(a) for a in args])
-    except Exception:  # pylint: disable=broad-except  (each alone says why)
-      return None
+  def add(self, key: Hashable, fn: Callable, template: Callable[[], tuple]):
+    """Adds the part ``key`` (see `Bundle.add`)."""
+    self.bundle.add(key, fn, template)
+
+  def run(self, key: Hashable, args: Sequence[Any]):
+    """The part ``key`` (added or bound before) at ``args``."""
+    if key in self._bound:
+      other, other_key, extra = self._bound[key]
+      return other.run(other_key, (args[0], *extra, *args[1:]))
+    return self.bundle.run(key, tuple(args))
+
+  def has(self, key: Hashable) -> bool:
+    """Whether the part ``key`` was added (or bound)."""
+    return key in self._bound or key in self.bundle.parts
+
+  # -- prim_fn itself --
+
+  @property
+  def fn(self) -> Callable:
+    """``jax.jit(prim_fn)`` (``prim_fn`` with ``jit=False``), for calls at
+    leaves other than the point's non-floating-point ones."""
+    if not self.jit:
+      return self.prim_fn
+    if self._jitted is None:
+      self._jitted = jax.jit(self.prim_fn)
+    return self._jitted
 
   def call(self, full: Sequence[Any], fn: Callable | None = None) -> list:
-    """The output leaves of ``fn`` (default: ``prim_fn``, compiled) at the
+    """The output leaves of ``fn`` (default: the jitted ``prim_fn``) at the
     flat leaves ``full``."""
     fn = self.fn if fn is None else fn
     return jax.tree.leaves(fn(*jax.tree.unflatten(self.in_tree, list(full))))
+
+  def evaluate(self, fulls: Sequence[Sequence[Any]]) -> list[list]:
+    """``prim_fn``'s output leaves at each of ``fulls`` (flat leaves), in one
+    call of the points part where their non-floating-point leaves are the
+    point's (an integer index, a flag), else one jitted call each."""
+    same = lambda x, y: x is y or np.array_equal(np.asarray(x),
+                                                 np.asarray(y))
+    if all(same(full[i], self.leaves[i]) for full in fulls
+           for i in range(len(self.leaves)) if i not in self.float_idx):
+      return self.at_points(self.float_idx,
+                            [[full[i] for i in self.float_idx]
+                             for full in fulls])
+    return [[np.asarray(y) for y in self.call(full)] for full in fulls]
 
   def _full(self, idx, values) -> list:
     full = list(self.leaves)
@@ -95,40 +251,60 @@ class Compiled:
     values of the leaves ``idx`` (the others keep their values)."""
     if not points:
       return []
-    if not self.jit or self._mapped_failed:
+    if self._evaluate_one is not None and self._same_types(idx, points[0]):
+      return [[np.asarray(y) for y in self._evaluate_one(
+          [self._full(idx, p)[i] for i in self.float_idx])] for p in points]
+    if not self.jit or self._mapped_failed or self._evaluate_one is not None:
       return [[np.asarray(y) for y in self.call(self._full(idx, p))]
               for p in points]
     try:
-      return self._mapped(idx, points)
+      out = []
+      for start in range(0, len(points), POINTS):
+        out += self._mapped(idx, points[start:start + POINTS])
+      return out
     except Exception:  # pylint: disable=broad-except  (e.g. not traceable in a loop body)
       self._mapped_failed = True
       return self.at_points(idx, points)
 
+  def _same_types(self, idx, point) -> bool:
+    return all(np.shape(v) == np.shape(self.leaves[i])
+               and dtype_of(v) == dtype_of(self.leaves[i])
+               for i, v in zip(idx, point))
+
   def _mapped(self, idx, points):
-    floats = self.float_idx
     n = len(points)
-    size = max(MIN_BATCH, 1 << (n - 1).bit_length())
-    padded = list(points) + [points[0]] * (size - n)
+    padded = list(points) + [points[0]] * (POINTS - n)
     stacked = []
-    for i in floats:  # every floating-point leaf, so directions share a program
+    for i in self.float_idx:  # every floating-point leaf: one program
       if i in idx:
         k = list(idx).index(i)
         stacked.append(np.stack([np.asarray(p[k]) for p in padded]))
       else:
         x = np.asarray(self.leaves[i])
-        stacked.append(np.broadcast_to(x, (size,) + x.shape))
-    others = [x for i, x in enumerate(self.leaves) if i not in floats]
-    mapped = self.cached("points", lambda: self._points)
-    outs = mapped(tuple(stacked), tuple(others))
+        stacked.append(np.broadcast_to(x, (POINTS,) + x.shape))
+    outs = self.run("points", (tuple(stacked), np.int32(n)))
     outs = [np.asarray(y) for y in outs]
     return [[y[k] for y in outs] for k in range(n)]
 
-  def _points(self, stacked, others):
-    floats = self.float_idx
+  def _points_template(self) -> tuple:
+    stacked = tuple(np.broadcast_to(np.asarray(self.leaves[i]), (POINTS,)
+                                    + np.shape(self.leaves[i]))
+                    for i in self.float_idx)
+    return stacked, np.int32(1)
+
+  def _points(self, stacked, n):
+    """``prim_fn`` at the first ``n`` of the stacked points, in a loop."""
+    others = [x for i, x in enumerate(self.leaves) if i not in self.float_idx]
 
     def one(float_values):
       full, it_f, it_o = [], iter(float_values), iter(others)
       for i in range(len(self.leaves)):
-        full.append(next(it_f) if i in floats else next(it_o))
+        full.append(next(it_f) if i in self.float_idx else next(it_o))
       return tuple(self.call(full, self.prim_fn))
-    return jax.lax.map(one, stacked)
+    shapes = jax.eval_shape(one, tuple(s[0] for s in stacked))
+    init = tuple(jnp.zeros((POINTS,) + a.shape, a.dtype) for a in shapes)
+
+    def body(k, outs):
+      ys = one(tuple(s[k] for s in stacked))
+      return tuple(o.at[k].set(y) for o, y in zip(outs, ys))
+    return jax.lax.fori_loop(0, n, body, init)

@@ -17,8 +17,9 @@ from hijax.testing._compiled import Compiled
 from hijax.testing._discovery import defined_rules
 from hijax.testing._finite_diff import FLOOR, REASONS, FDEstimate, estimate
 from hijax.testing._steps import scaled_tangents, wider
-from hijax.testing._numerics import (Tol, check_arrays, compare_leaf, eps_of,
-                                     describe_tol, fmt_array, is_float,
+from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
+                                     describe_tol, dtype_of, eps_of,
+                                     fmt_array, is_float, on_device,
                                      real_or_int, type_str)
 from hijax.testing._report import RuleFailure, RuleReport, first_lines
 
@@ -84,7 +85,9 @@ class CheckContext:
   ``label`` prefixes the checks of a sub-function (a second-order check, a
   function checked alone); ``within`` is the mode its checks are reported
   under (None: their own); ``requested`` are the modes the user asked
-  for, which the second-order checks follow.
+  for, which the second-order checks follow. ``compiled`` holds the
+  compiled evaluations (`hijax.testing._compiled.Compiled`): ``prepared``
+  where given (sharing another context's programs), else its own.
   """
   prim_fn: Callable
   args: tuple
@@ -96,10 +99,13 @@ class CheckContext:
   label: str = ""
   requested: tuple[str, ...] = ()
   within: str | None = None
+  # where the evaluations are compiled (None: a `Compiled` of its own)
+  prepared: dataclasses.InitVar[Compiled | None] = None
+  compiled: Compiled = dataclasses.field(init=False)
 
-  def __post_init__(self):
-    self.compiled = Compiled(self.prim_fn, self.args, self.settings.jit)
-    self.fn = self.compiled.fn
+  def __post_init__(self, prepared):
+    self.compiled = prepared or Compiled(self.prim_fn, self.args,
+                                         self.settings.jit)
     self.leaves, self.in_tree = jax.tree.flatten(self.args)
     self.rules = [defined_rules(p) for p in self.prims]
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
@@ -118,14 +124,16 @@ class CheckContext:
 
   def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
     """A context for another function, with the same settings except
-    ``changes`` (settings fields, or ``report`` / ``label`` / ``within``)."""
-    own = {k: changes.pop(k) for k in ("report", "label", "within")
-           if k in changes}
+    ``changes`` (settings fields, or ``report`` / ``label`` / ``within`` /
+    ``prepared``)."""
+    own = {k: changes.pop(k) for k in ("report", "label", "within",
+                                       "prepared") if k in changes}
     return CheckContext(
         prim_fn, tuple(args), leaf_names,
         dataclasses.replace(self.settings, **changes), self.rng,
         own.get("report", self.report), prims, own.get("label", self.label),
-        self.requested, own.get("within", self.within))
+        self.requested, own.get("within", self.within),
+        own.get("prepared"))
 
   # -- bookkeeping --
 
@@ -248,17 +256,22 @@ class CheckContext:
     """``prim_fn`` as a function of the leaves in ``direction`` (others fixed),
     returning the tuple of its floating-point output leaves.
 
-    With ``evaluate``, it calls the jitted ``prim_fn`` (for plain evaluations,
-    which then compile once); otherwise ``prim_fn`` itself (to be transformed).
+    With ``evaluate``, it evaluates the compiled ``prim_fn`` (see
+    `Compiled.evaluate`; for plain evaluations, which then compile
+    nothing more); otherwise it calls ``prim_fn`` itself (to be
+    transformed).
     """
     base = list(self.leaves)
-    fn = self.fn if evaluate else self.prim_fn
 
     def f(*xs):
       full = list(base)
       for i, x in zip(direction, xs):
         full[i] = x
-      out = jax.tree.leaves(fn(*jax.tree.unflatten(self.in_tree, full)))
+      if evaluate:
+        out = [on_device(y) for y in self.compiled.evaluate([full])[0]]
+      else:
+        out = jax.tree.leaves(self.prim_fn(*jax.tree.unflatten(self.in_tree,
+                                                               full)))
       return tuple(out[i] for i in self.out_float_idx)
     return f
 
@@ -274,7 +287,7 @@ class CheckContext:
     v = self.rng.standard_normal(x.shape)
     if np.iscomplexobj(x):
       v = v + 1j * self.rng.standard_normal(x.shape)
-    return jnp.asarray(v.astype(x.dtype))
+    return on_device(v.astype(x.dtype))
 
   def directions(self) -> list[tuple[int, ...]]:
     """All floating-point leaves together, then (if ``per_leaf``) each alone."""
@@ -318,7 +331,7 @@ class CheckContext:
                      xs, ts, out_dtypes, self._ref_out, self.settings.eps,
                      combines=self.settings.fd_scale)
       if self._ref_out is None:  # the point was evaluated with the others
-        self._ref_out = tuple(jnp.asarray(y) for y in est.center)
+        self._ref_out = tuple(on_device(y) for y in est.center)
     return est
 
   def _which(self, est, verdict) -> str:
@@ -337,45 +350,59 @@ class CheckContext:
   def xs_of(self, direction) -> list:
     return [self.leaves[i] for i in direction]
 
+  def _zeros_like_xs(self, direction) -> list:
+    return [np.zeros(np.shape(self.leaves[i]), dtype_of(self.leaves[i]))
+            for i in direction]
+
+  def _zeros_like_outs(self) -> list:
+    return [np.zeros(self.out_avals[i].shape, self.out_avals[i].dtype)
+            for i in self.out_float_idx]
+
+  def add_derivative(self, kind, direction):
+    """Adds the part ``(kind, direction)`` (``kind`` is ``jvp``, ``vjp`` or
+    ``lin``) to the compiled program: ``(xs, ṫ) -> (out, J ṫ)`` or
+    ``(xs, ȳ) -> (out, Jᵀ ȳ)`` of ``prim_fn`` in the leaves of
+    ``direction`` (the others held fixed: their tangents are symbolic
+    zeros)."""
+    f = self.restrict(direction)
+
+    def jvp_part(xs, ts):
+      return jax.jvp(f, tuple(xs), tuple(ts))
+
+    def vjp_part(xs, cts):
+      out, f_vjp = jax.vjp(f, *xs)
+      return out, f_vjp(tuple(cts))
+
+    def lin_part(xs, ts):
+      out, f_lin = jax.linearize(f, *xs)
+      return out, f_lin(*ts)
+    part = {"jvp": jvp_part, "vjp": vjp_part, "lin": lin_part}[kind]
+    extra = (self._zeros_like_outs if kind == "vjp"
+             else lambda: self._zeros_like_xs(direction))
+    self.compiled.add((kind, direction), part,
+                      lambda: (self.xs_of(direction), extra()))
+
+  def _derivative_at(self, kind, direction, extra, xs):
+    if not self.compiled.has((kind, direction)):
+      self.add_derivative(kind, direction)
+    return self.compiled.run((kind, direction), (
+        self.xs_of(direction) if xs is None else list(xs), list(extra)))
+
   def jvp_at(self, direction, tangents, xs=None):
     """``(out, J ṫ)`` from ``jax.jvp`` of ``prim_fn`` in the leaves of
     ``direction`` (the others held fixed: their tangents are symbolic
     zeros), at their values ``xs`` (default: the point)."""
-    f = self.restrict(direction)
-
-    def build():
-      def jvp(xs, ts):
-        return jax.jvp(f, tuple(xs), tuple(ts))
-      return jvp
-    g = self.compiled.cached(("jvp", direction), build)
-    return g(self.xs_of(direction) if xs is None else list(xs),
-             list(tangents))
+    return self._derivative_at("jvp", direction, tangents, xs)
 
   def vjp_at(self, direction, cts_out, xs=None):
     """``(out, Jᵀ ȳ)`` from ``jax.vjp`` of ``prim_fn`` in the leaves of
     ``direction``, at their values ``xs`` (default: the point)."""
-    f = self.restrict(direction)
-
-    def build():
-      def vjp(xs, cts):
-        out, f_vjp = jax.vjp(f, *xs)
-        return out, f_vjp(tuple(cts))
-      return vjp
-    return self.compiled.cached(("vjp", direction), build)(
-        self.xs_of(direction) if xs is None else list(xs), list(cts_out))
+    return self._derivative_at("vjp", direction, cts_out, xs)
 
   def lin_at(self, direction, tangents, xs=None):
     """``(out, J ṫ)`` from ``jax.linearize`` of ``prim_fn`` in the leaves of
     ``direction``, at their values ``xs`` (default: the point)."""
-    f = self.restrict(direction)
-
-    def build():
-      def lin(xs, ts):
-        out, f_lin = jax.linearize(f, *xs)
-        return out, f_lin(*ts)
-      return lin
-    return self.compiled.cached(("lin", direction), build)(
-        self.xs_of(direction) if xs is None else list(xs), list(tangents))
+    return self._derivative_at("lin", direction, tangents, xs)
 
   def primal_floors(self, all_outputs=False) -> list:
     """Per floating-point output (per output, with ``all_outputs``), the

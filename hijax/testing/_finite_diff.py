@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from hijax.testing._numerics import on_device
 from hijax.testing._steps import (candidate_steps, normalizer, shifted,
                                   to64)
 
@@ -362,7 +363,7 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       finite = bound[np.isfinite(bound)]
       if finite.size and top > 0:
         resolution = max(resolution, float(np.max(finite)) / (top / scale))
-  tangents = [jnp.asarray((np.asarray(t) / scale).astype(
+  tangents = [on_device((np.asarray(t) / scale).astype(
       np.asarray(t).dtype if tangent_dtypes is None else tangent_dtypes[i]))
               for i, t in enumerate(ts)]
   return FDEstimate(tangents, values, bounds, status, resolution, len(points),

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._context import CheckContext
-from hijax.testing._numerics import inner_identity
+from hijax.testing._numerics import inner_identity, on_device
 
 
 def aligned_cotangents(ctx: CheckContext, like, j_t, judged):
@@ -47,7 +47,7 @@ def aligned_cotangents(ctx: CheckContext, like, j_t, judged):
       else:
         sign = np.where(np.isfinite(t) & (t != 0), np.sign(t), random_sign)
     ybar = np.where(ok, c * sign, 0)
-    out.append(jnp.asarray(ybar.astype(np.asarray(y).dtype)))
+    out.append(on_device(ybar.astype(np.asarray(y).dtype)))
   return out
 
 
@@ -88,9 +88,10 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                      "finite at some output element (see above): those "
                      "input elements are left out")
     ref, label, bounds, judged, used = reference(
-        [jnp.where(b, 0, t) for t, b in zip(used, left_out)])
+        [on_device(np.where(b, 0, t)) for t, b in zip(used, left_out)])
     ybar = aligned_cotangents(ctx, like, ref, judged)
-    cts_in = [jnp.where(b, 0, c) for c, b in zip(transpose(ybar), left_out)]
+    cts_in = [on_device(np.where(b, 0, c))
+              for c, b in zip(transpose(ybar), left_out)]
   ref = [np.where(ok, r, 0) for r, ok in zip(ref, judged)]
   lhs, rhs, bound = inner_identity(ybar, ref, cts_in, used,
                                    ctx.settings.tol, bounds)

@@ -61,6 +61,23 @@ def describe_tol(tol: Tol) -> str:
   return "tolerance " + (", ".join(parts) or "0")
 
 
+def on_device(x, dtype=None) -> jax.Array:
+  """``x`` (a NumPy array or a JAX one) as a JAX array, in ``dtype`` where
+  given, without compiling anything: ``jnp.asarray`` of a NumPy array
+  compiles a small program per shape and dtype on some JAX versions, which
+  the checks would pay for at every new shape."""
+  if isinstance(x, jax.Array) and (dtype is None or x.dtype == dtype):
+    return x
+  x = np.asarray(x)
+  return jax.device_put(x if dtype is None else x.astype(dtype))
+
+
+def dtype_of(x) -> np.dtype:
+  """The dtype of an array (JAX or NumPy) or of a Python scalar."""
+  dtype = getattr(x, "dtype", None)
+  return np.dtype(dtype) if dtype is not None else np.result_type(x)
+
+
 def is_float(x) -> bool:
   """Whether ``x`` is an array (or scalar) of a floating or complex dtype
   (one that is differentiated); False for a value of a hi type, which has

@@ -10,7 +10,8 @@ from hijax._internals import api as _api
 from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import applications, defined_rules
-from hijax.testing._numerics import describe_leaf, is_float, ulp_factor
+from hijax.testing._numerics import (describe_leaf, is_float, on_device,
+                                     ulp_factor)
 from hijax.testing._report import RuleReport
 
 
@@ -32,7 +33,7 @@ def _tangent_like(ctx, x):
   aval = _core.typeof(x)
   if not isinstance(aval, _core.ShapedArray):
     aval = aval.to_tangent_aval()
-  return jnp.asarray(ctx.rng.standard_normal(aval.shape).astype(aval.dtype))
+  return on_device(ctx.rng.standard_normal(aval.shape).astype(aval.dtype))
 
 
 def _zero_derivatives(ctx, prim, p_args, zero_outs):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import jax
 
 from hijax._internals import partial_eval as _pe
-from hijax.testing._batching import check_batch
+from hijax.testing._batching import add_batch_parts, check_batch
 from hijax.testing._checks import (check_expand, check_jvp, check_lin,
                                    check_transpose, check_vjp)
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
-from hijax.testing._second_order import check_differentiated_rules
+from hijax.testing._second_order import (add_second_order_parts,
+                                         check_differentiated_rules)
 
 
 def _derived_functions(ctx: CheckContext, modes):
@@ -91,9 +92,36 @@ CHECKS = {
 }
 
 
+# The modes whose checks evaluate each derivative, in every direction (the
+# first set) or in all floating-point inputs together (the second).
+_USED_BY = {"jvp": ({"jvp", "vjp", "lin"}, {"batch", "second_order"}),
+            "vjp": ({"vjp"}, {"batch", "second_order"}),
+            "lin": ({"lin"}, set())}
+
+
+def add_parts(ctx: CheckContext, modes):
+  """Adds every program the checks of ``modes`` will run to ``ctx``'s
+  compiled program (`hijax.testing._compiled.Bundle`), so that they are
+  compiled together, once, on the first evaluation."""
+  if ctx.float_idx and ctx.out_float_idx:
+    for kind, (each, together) in _USED_BY.items():
+      if not ctx.has(kind):
+        continue
+      if each & set(modes):
+        for direction in ctx.directions():
+          ctx.add_derivative(kind, direction)
+      elif together & set(modes):
+        ctx.add_derivative(kind, tuple(ctx.float_idx))
+  if "batch" in modes:
+    add_batch_parts(ctx)
+  if "second_order" in modes and ctx.float_idx and ctx.out_float_idx:
+    add_second_order_parts(ctx)
+
+
 def run(ctx: CheckContext, modes):
   """Runs the checks of ``modes`` in ``ctx``; a mode that cannot apply (no
   floating-point inputs or outputs) is reported as skipped."""
+  add_parts(ctx, modes)  # nothing is traced yet (a second call adds nothing)
   for mode in modes:
     if ctx.out_of_time(mode, "all its checks"):
       continue

@@ -21,8 +21,10 @@ import numpy as np
 
 import re
 
+from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext
 from hijax.testing._identity import check_identity
+from hijax.testing._numerics import on_device
 from hijax.testing._report import first_lines
 
 # What JAX and JAX libraries raise where a function declares that it cannot
@@ -46,10 +48,12 @@ def declared_limit(e: BaseException) -> str | None:
 
 
 def _first_derivatives(ctx: CheckContext):
-  """``(mode, description, g, xs, names, scale)``: the backward pass
-  ``x -> vjp(f, x)[1](ȳ)`` and the tangent map ``x -> jvp(f, x, ṫ)[1]``, for
-  fixed random ``ȳ`` and ``ṫ``, as functions of the floating-point inputs,
-  and the size of the values each combines (for `estimate`'s ``scale``)."""
+  """``(mode, description, g, xs, names, scale, evaluate_one, vector)``: the
+  backward pass ``x -> vjp(f, x)[1](ȳ)`` and the tangent map ``x -> jvp(f,
+  x, ṫ)[1]``, for fixed random ``ȳ`` and ``ṫ`` (``vector``), as functions
+  of the floating-point inputs, the size of the values each combines (for
+  `estimate`'s ``scale``), and ``g`` at one point of its own dtypes by the
+  vjp or jvp that the first-order checks compiled."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
   xs = [ctx.leaves[i] for i in direction]
@@ -57,7 +61,7 @@ def _first_derivatives(ctx: CheckContext):
   found = []
   # ȳ and ṫ take the dtypes of what they pair with, so that the finite
   # differences can evaluate these functions in a wider dtype
-  like = lambda vs, xs: tuple(jnp.asarray(v, jnp.result_type(x))
+  like = lambda vs, xs: tuple(on_device(v, jnp.result_type(x))
                               for v, x in zip(vs, xs))
   # the size of the values a backward pass (a tangent map) combines: the
   # output's times the cotangent's (the tangent's)
@@ -71,28 +75,90 @@ def _first_derivatives(ctx: CheckContext):
       out, f_vjp = jax.vjp(f, *a)
       return f_vjp(like(ybar, out))
     found.append(("vjp", "the backward pass x -> vjp(f, x)[1](ȳ)",
-                  backward, xs, names, y_top * top(ybar)))
+                  backward, xs, names, y_top * top(ybar),
+                  lambda a: ctx.vjp_at(direction, ybar, xs=a)[1], ybar))
   if ctx.has("jvp") and "jvp" in ctx.requested:
     tdot = tuple(ctx.random_like(x) for x in xs)
     found.append(("jvp", "the tangent map x -> jvp(f, x, ṫ)[1]",
                   lambda *a: jax.jvp(f, a, like(tdot, a))[1], xs, names,
-                  y_top * top(tdot)))
+                  y_top * top(tdot),
+                  lambda a: ctx.jvp_at(direction, tdot, xs=a)[1], tdot))
   return found
+
+
+def _again(ctx: CheckContext, mode):
+  """The second derivative of ``mode`` as a function of the first's fixed
+  vector: ``(xs, ȳ, w) -> vjp of x -> vjp(f, x)[1](ȳ), at w`` for ``vjp``,
+  ``(xs, ṫ, u) -> jvp of x -> jvp(f, x, ṫ)[1], along u`` for ``jvp``;
+  each returns ``(first derivative, second)`` as the checks of a context
+  of the first derivative do (`CheckContext.vjp_at`, ``jvp_at``)."""
+  f = ctx.restrict(tuple(ctx.float_idx))
+
+  def backward(ybar):
+    return lambda *a: tuple(jax.vjp(f, *a)[1](tuple(ybar)))
+
+  def vjp_again(xs, ybar, w):
+    out, g_vjp = jax.vjp(backward(ybar), *xs)
+    return out, g_vjp(tuple(w))
+
+  def tangent_map(tdot):
+    return lambda *a: tuple(jax.jvp(f, a, tuple(tdot))[1])
+
+  def jvp_again(xs, tdot, u):
+    return jax.jvp(tangent_map(tdot), tuple(xs), tuple(u))
+  return vjp_again if mode == "vjp" else jvp_again
+
+
+def add_second_order_parts(ctx: CheckContext):
+  """Adds the vjp of the backward pass and the jvp of the tangent map (the
+  checks of `check_differentiated_rules`) to ``ctx``'s compiled program."""
+  xs = lambda: [np.asarray(ctx.leaves[i]) for i in ctx.float_idx]
+  zeros = lambda vs: [np.zeros_like(v) for v in vs]
+  outs = lambda: [np.zeros(ctx.out_avals[i].shape, ctx.out_avals[i].dtype)
+                  for i in ctx.out_float_idx]
+  if ctx.has("vjp") and "vjp" in ctx.requested:
+    ctx.compiled.add(("again", "vjp"), _again(ctx, "vjp"),
+                     lambda: (xs(), outs(), zeros(xs())))
+  if ctx.has("jvp") and "jvp" in ctx.requested:
+    ctx.compiled.add(("again", "jvp"), _again(ctx, "jvp"),
+                     lambda: (xs(), zeros(xs()), zeros(xs())))
+
+
+def _contexts(ctx: CheckContext, found) -> list:
+  """A context per first derivative (or the exception that creating it
+  raised). Their points are evaluated by the first-order programs, and
+  their own checks (the vjp of the backward pass, the jvp of the tangent
+  map) by parts of ``ctx``'s program (`add_second_order_parts`)."""
+  subs = []
+  for mode, _, g, xs, names, scale, evaluate_one, vector in found:
+    try:
+      bound = {}
+      if ctx.compiled.has(("again", mode)):
+        bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
+                                                (vector,))
+      compiled = Compiled(g, xs, ctx.settings.jit, evaluate_one=evaluate_one,
+                          bound=bound)
+      subs.append(ctx.sub(g, xs, names, ctx.prims, label=ctx.label,
+                          per_leaf=False, fd_scale=scale, prepared=compiled))
+    except Exception as e:  # pylint: disable=broad-except
+      subs.append(e)
+  return subs
 
 
 def check_differentiated_rules(ctx: CheckContext):
   """The vjp of the backward pass and the jvp of the tangent map (second
   derivatives as JAX computes them from the rules) against central finite
   differences of the backward pass and of the tangent map."""
-  for mode, what, g, xs, names, scale in _first_derivatives(ctx):
+  found = _first_derivatives(ctx)
+  for (mode, what, *_), sub in zip(found, _contexts(ctx, found)):
     inputs = ctx.describe_inputs(extra=f"differentiating {what}")
     check = f"{what}, differentiated again, vs its finite differences"
     rule = ctx.rule_name(mode)
     if ctx.out_of_time("second_order", check):
       continue
     try:
-      sub = ctx.sub(g, xs, names, ctx.prims, label=ctx.label,
-                    per_leaf=False, fd_scale=scale)
+      if isinstance(sub, Exception):
+        raise sub
       est = sub.fd(tuple(sub.float_idx))
     except Exception as e:  # pylint: disable=broad-except
       _raised(ctx, check, inputs, e, rule, what)
@@ -144,7 +210,7 @@ def _reverse_over_reverse(ctx, sub, check, inputs, rule):
   backward pass raises."""
   direction = tuple(sub.float_idx)
   transpose = lambda w: list(sub.vjp_at(direction, w)[1])
-  transpose([jax.numpy.zeros_like(y) for y in sub.ref_out()])  # may raise
+  transpose([np.zeros_like(y) for y in sub.ref_out()])  # may raise
 
   def reference(tangents):
     est = (sub.fd(direction) if tangents is None

@@ -1,0 +1,170 @@
+"""The compiled program of the checks (hijax/testing/_compiled.py): parts
+compiled together as one, each call running its own part only, and each
+part falling back to a program of its own where the whole cannot serve it,
+so that the check that needs it reports why it fails."""
+import jax
+import jax.monitoring
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hijax.testing import check_rules
+from hijax.testing._compiled import Bundle, Compiled
+
+LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+
+class _Lowered:
+  """The names of the programs lowered while in the ``with`` block."""
+
+  def __enter__(self):
+    self.names = []
+
+    def listener(event, duration, **kw):
+      del duration
+      if event == LOWERED:
+        self.names.append(kw.get("fun_name"))
+    self._listener = listener
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    return self.names
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+def _counting(name, counts):
+  """x -> 2 x (or 3 x for "triple"), counting its runs in ``counts``."""
+  def fn(x):
+    jax.debug.callback(lambda: counts.__setitem__(name, counts[name] + 1))
+    return x * (3.0 if name == "triple" else 2.0)
+  return fn
+
+
+def test_parts_compile_as_one_program_and_a_call_runs_only_its_part():
+  counts = {"double": 0, "triple": 0}
+  bundle = Bundle()
+  x = np.arange(3.0, dtype=np.float32)
+  for name in counts:
+    bundle.add(name, _counting(name, counts), lambda: (x,))
+  with _Lowered() as names:
+    for _ in range(3):
+      np.testing.assert_array_equal(bundle.run("double", (x + 1,)),
+                                    2 * (x + 1))
+    np.testing.assert_array_equal(bundle.run("triple", (x,)), 3 * x)
+  assert names == ["jit(program)"], names
+  assert counts == {"double": 3, "triple": 1}
+
+
+def test_a_part_that_cannot_be_traced_is_compiled_alone_and_raises():
+  bundle = Bundle()
+  x = np.ones(2, np.float32)
+
+  def broken(v):
+    raise ValueError("this rule is broken")
+  bundle.add("good", lambda v: v + 1, lambda: (x,))
+  bundle.add("other", lambda v: v * 2, lambda: (x,))
+  bundle.add("broken", broken, lambda: (x,))
+  np.testing.assert_array_equal(bundle.run("good", (x,)), x + 1)
+  with pytest.raises(ValueError, match="this rule is broken"):
+    bundle.run("broken", (x,))
+  np.testing.assert_array_equal(bundle.run("other", (x,)), 2 * x)
+
+
+def test_a_call_that_raises_at_run_time_leaves_each_part_alone():
+  """A part whose run raises (a callback, a failed check at run time) makes
+  the program unusable; from then on each part runs alone: the failing
+  one raises again, the others give their values."""
+  state = {"fail": False}
+
+  def maybe_raise():
+    if state["fail"]:
+      raise RuntimeError("fails at run time")
+
+  def flaky(v):
+    jax.debug.callback(maybe_raise)
+    return v - 1
+  bundle = Bundle()
+  x = np.ones(2, np.float32)
+  bundle.add("flaky", flaky, lambda: (x,))
+  bundle.add("good", lambda v: v + 1, lambda: (x,))
+  np.testing.assert_array_equal(bundle.run("flaky", (x,)), x - 1)
+  state["fail"] = True
+  with pytest.raises(Exception, match="fails at run time"):
+    bundle.run("flaky", (x,))
+  with _Lowered() as names:
+    np.testing.assert_array_equal(bundle.run("good", (x,)), x + 1)
+  assert names == ["jit(<lambda>)"], names  # alone now
+  with pytest.raises(Exception, match="fails at run time"):
+    bundle.run("flaky", (x,))
+
+
+def _scalings(*factors):
+  """A bundle of ``v -> k v`` for each factor ``k`` (keyed by ``k``), run
+  once (so compiled), and the point it was traced at."""
+  bundle = Bundle()
+  x = np.ones(2, np.float32)
+  for k in factors:
+    bundle.add(k, lambda v, k=k: v * k, lambda: (x,))
+  bundle.run(factors[0], (x,))
+  return bundle, x
+
+
+def test_other_types_than_the_parts_were_traced_with_compile_alone():
+  bundle, _ = _scalings(2, 3)
+  with _Lowered() as names:
+    out = bundle.run(2, (np.ones(5, np.float32),))
+  assert out.shape == (5,) and names == ["jit(<lambda>)"], names
+
+
+def test_parts_added_later_form_a_program_of_their_own():
+  bundle, x = _scalings(2, 3)
+  bundle.add(4, lambda v: v * 4, lambda: (x,))
+  bundle.add(5, lambda v: v * 5, lambda: (x,))
+  with _Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(5, (x,)), 5 * x)
+    np.testing.assert_array_equal(bundle.run(4, (x,)), 4 * x)
+    np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)
+  assert names == ["jit(program)"], names
+
+
+def test_points_evaluate_the_function_once_each():
+  """The points part is a loop of as many iterations as points asked for
+  (not the 64 it is compiled for)."""
+  calls = []
+
+  def fn(x, k):
+    jax.debug.callback(lambda: calls.append(None))
+    return jnp.sin(x) * k
+  x, k = jnp.array([0.5, 1.5]), jnp.array(3)
+  compiled = Compiled(fn, (x, k), jit=True)
+  got = compiled.evaluate([[x, k], [x + 1, k], [x + 2, k]])
+  assert len(calls) == 3
+  for (y,), shift in zip(got, range(3)):
+    np.testing.assert_allclose(y, 3 * np.sin(np.asarray(x) + shift),
+                               rtol=1e-6)
+  # another integer leaf than the point's: a jitted call of its own
+  (y,), = compiled.evaluate([[x, jnp.array(2)]])
+  np.testing.assert_allclose(y, 2 * np.sin(np.asarray(x)), rtol=1e-6)
+
+
+def test_a_backward_rule_failing_at_run_time_fails_its_checks_only():
+  """Through the one program, a failure is still reported against the rule
+  and the checks that ran it: the checks of the function alone pass."""
+  def broken(*_):
+    raise RuntimeError("bwd broke at run time")
+
+  @jax.custom_vjp
+  def f(x):
+    return jnp.sin(x)
+
+  def bwd(c, g):
+    jax.debug.callback(broken)
+    return (g * c,)
+  f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+  report = check_rules(f, jnp.array([0.3, 1.2]), raise_on_failure=False,
+                       order=1)
+  assert sorted(f.check for f in report.failures) == [
+      "vjp", "vjp of vmap vs a loop", "vmap of vjp vs a loop"], report
+  assert all("CpuCallback error" in f.detail for f in report.failures)
+  assert "expand: jitted call's output types vs its trace" in report.ran
+  assert "batch: vmap vs a loop over the batch (in_axes=(0,))" in report.ran
