@@ -56,10 +56,11 @@ report lists it under ``inconclusive``, with the reason; the others are
 compared as usual. Complex inputs and outputs are checked with JAX's
 convention (a complex number is the pair of its parts; a cotangent ``w``
 pairs with a tangent ``t`` as ``Re(w t)``). Several ``jax.custom_jvp`` /
-``custom_vjp`` functions in one program are each checked alone. Each
-function and each transformation is compiled once and reused by every check
-that needs it, and a run stops starting checks once its time budget is
-spent (the report lists what it skipped).
+``custom_vjp`` functions in one program are each checked alone. What a run
+evaluates under ``jit`` (the function at the finite differences' points and
+every transformation under test) is compiled together, as one program, each
+call running only the part a check asks for; and a run stops starting
+checks once its time budget is spent (the report lists what it skipped).
 
 A rule counts as defined when the primitive's class overrides the `HiPrim`
 method (derived rules such as ``vjp_fwd, vjp_bwd_retval = vjp_from_jvp``

@@ -45,7 +45,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -120,46 +119,62 @@ class Bundle:
   def _build(self, keys):
     """Compiles the parts ``keys`` as one program (those that cannot be
     traced, or a single one, alone)."""
-    traced, closed, templates, trees = [], [], [], []
+    templates, trees = {}, {}
     for key in keys:
-      part = self.parts[key]
       try:
-        flat, in_tree = jax.tree.flatten(part.template())
-        flat = [on_device(np.array(x)) for x in flat]  # contiguous
-        tree = []
-
-        def fn(*f, part=part, in_tree=in_tree, tree=tree):
-          out = part.fn(*jax.tree.unflatten(in_tree, f))
-          leaves, out_tree = jax.tree.flatten(out)
-          tree.append(out_tree)
-          return leaves
-        jaxpr = jax.make_jaxpr(fn)(*flat)
-      except Exception:  # pylint: disable=broad-except  (compiled alone, it raises where its check reports it)
-        self._alone[key] = jax.jit(part.fn)
-        continue
-      traced.append(key)
-      closed.append(jaxpr)
-      templates.append(flat)
-      trees.append(tree[0])
-    if len(traced) < 2:
-      for key in traced:
+        flat, trees[key] = jax.tree.flatten(self.parts[key].template())
+        templates[key] = [on_device(np.array(x)) for x in flat]  # contiguous
+      except Exception:  # pylint: disable=broad-except  (alone, it raises where its check reports it)
         self._alone[key] = jax.jit(self.parts[key].fn)
-      return
+    keys = list(templates)
+    built = self._program(keys, templates, trees) if len(keys) > 1 else None
+    if built is None and len(keys) > 1:  # leave out what cannot be traced
+      keys = [k for k in keys if self._traces(k, templates[k], trees[k])]
+      built = self._program(keys, templates, trees) if len(keys) > 1 else None
+    for key in keys:
+      if built is None:
+        self._alone[key] = jax.jit(self.parts[key].fn)
+      else:
+        self._where[key] = built
+
+  def _traces(self, key, flat, in_tree) -> bool:
+    try:
+      jax.eval_shape(lambda *f: self.parts[key].fn(*jax.tree.unflatten(
+          in_tree, f)), *flat)
+      return True
+    except Exception:  # pylint: disable=broad-except  (alone, it raises where its check reports it)
+      self._alone[key] = jax.jit(self.parts[key].fn)
+      return False
+
+  def _program(self, keys, templates, trees) -> _Program | None:
+    """The parts ``keys`` compiled as one program, each traced once (in its
+    branch); None if one of them cannot be traced or the program cannot be
+    compiled."""
+    out_trees: list = [None] * len(keys)
 
     def program(which, all_flat):
       outs = []
-      for k, (jaxpr, flat) in enumerate(zip(closed, all_flat)):
-        run = lambda jaxpr=jaxpr, flat=flat: jax.extend.core.jaxpr_as_fun(
-            jaxpr)(*flat)
-        zeros = lambda jaxpr=jaxpr: [jnp.zeros(a.shape, a.dtype)
-                                     for a in jaxpr.out_avals]
+      for k, (key, flat) in enumerate(zip(keys, all_flat)):
+        avals = []
+
+        def run(k=k, key=key, flat=flat, avals=avals):
+          out = self.parts[key].fn(*jax.tree.unflatten(trees[key], flat))
+          leaves, out_trees[k] = jax.tree.flatten(out)
+          avals.extend(jax.typeof(x) for x in leaves)
+          return leaves
+        # cond traces run first, so avals are known here (else this
+        # raises, and the parts are traced alone first)
+        zeros = lambda avals=avals: [jnp.zeros(a.shape, a.dtype)
+                                     for a in avals]
         outs.append(jax.lax.cond(which == k, run, zeros))
       return outs
-    built = _Program({key: k for k, key in enumerate(traced)}, templates,
-                     [_signature(t) for t in templates], trees,
-                     jax.jit(program))
-    for key in traced:
-      self._where[key] = built
+    flats = [templates[k] for k in keys]
+    try:
+      executable = jax.jit(program).lower(np.int32(0), flats).compile()
+    except Exception:  # pylint: disable=broad-except
+      return None
+    return _Program({key: k for k, key in enumerate(keys)}, flats,
+                    [_signature(t) for t in flats], out_trees, executable)
 
 
 class Compiled:

@@ -345,7 +345,7 @@ class CheckContext:
                              if status.ndim else ""))
     return f" (at {', '.join(where[:3])}{', ...' if len(where) > 3 else ''})"
 
-  # -- the transformations under test, compiled once per direction --
+  # -- the transformations under test: parts of the compiled program --
 
   def xs_of(self, direction) -> list:
     return [self.leaves[i] for i in direction]
