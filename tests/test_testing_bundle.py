@@ -3,34 +3,13 @@ compiled together as one, each call running its own part only, and each
 part falling back to a program of its own where the whole cannot serve it,
 so that the check that needs it reports why it fails."""
 import jax
-import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from compile_count import Lowered
 from hijax.testing import check_rules
 from hijax.testing._compiled import Bundle, Compiled
-
-LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
-
-
-class _Lowered:
-  """The names of the programs lowered while in the ``with`` block."""
-
-  def __enter__(self):
-    self.names = []
-
-    def listener(event, duration, **kw):
-      del duration
-      if event == LOWERED:
-        self.names.append(kw.get("fun_name"))
-    self._listener = listener
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    return self.names
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listener)
-
 
 def _counting(name, counts):
   """x -> 2 x (or 3 x for "triple"), counting its runs in ``counts``."""
@@ -46,7 +25,7 @@ def test_parts_compile_as_one_program_and_a_call_runs_only_its_part():
   x = np.arange(3.0, dtype=np.float32)
   for name in counts:
     bundle.add(name, _counting(name, counts), lambda: (x,))
-  with _Lowered() as names:
+  with Lowered() as names:
     for _ in range(3):
       np.testing.assert_array_equal(bundle.run("double", (x + 1,)),
                                     2 * (x + 1))
@@ -64,7 +43,7 @@ def test_a_part_that_cannot_be_traced_is_compiled_alone_and_raises():
   bundle.add("good", lambda v: v + 1, lambda: (x,))
   bundle.add("other", lambda v: v * 2, lambda: (x,))
   bundle.add("broken", broken, lambda: (x,))
-  with _Lowered() as names:
+  with Lowered() as names:
     np.testing.assert_array_equal(bundle.run("good", (x,)), x + 1)
     with pytest.raises(ValueError, match="this rule is broken"):
       bundle.run("broken", (x,))
@@ -93,7 +72,7 @@ def test_a_call_that_raises_at_run_time_leaves_each_part_alone():
   state["fail"] = True
   with pytest.raises(Exception, match="fails at run time"):
     bundle.run("flaky", (x,))
-  with _Lowered() as names:
+  with Lowered() as names:
     np.testing.assert_array_equal(bundle.run("good", (x,)), x + 1)
   assert names == ["jit(<lambda>)"], names  # alone now
   with pytest.raises(Exception, match="fails at run time"):
@@ -113,7 +92,7 @@ def _scalings(*factors):
 
 def test_other_types_than_the_parts_were_traced_with_compile_alone():
   bundle, _ = _scalings(2, 3)
-  with _Lowered() as names:
+  with Lowered() as names:
     out = bundle.run(2, (np.ones(5, np.float32),))
   assert out.shape == (5,) and names == ["jit(<lambda>)"], names
 
@@ -122,7 +101,7 @@ def test_parts_added_later_form_a_program_of_their_own():
   bundle, x = _scalings(2, 3)
   bundle.add(4, lambda v: v * 4, lambda: (x,))
   bundle.add(5, lambda v: v * 5, lambda: (x,))
-  with _Lowered() as names:
+  with Lowered() as names:
     np.testing.assert_array_equal(bundle.run(5, (x,)), 5 * x)
     np.testing.assert_array_equal(bundle.run(4, (x,)), 4 * x)
     np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)

@@ -4,26 +4,15 @@ compiled together once and each run alone (hijax/testing/_compiled.py;
 tests/test_testing_bundle.py tests the parts). Counted from JAX's lowering
 events, one per program lowered (a persistent-cache hit is lowered too)."""
 import jax
-import jax.monitoring
 import jax.numpy as jnp
 
+from compile_count import Lowered
 from hijax.testing import check_rules
-
-LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 
 
 def _lowered(fn, *args, **kwargs) -> list[str]:
-  names = []
-
-  def listener(event, duration, **kw):
-    del duration
-    if event == LOWERED:
-      names.append(kw.get("fun_name"))
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with Lowered() as names:
     report = check_rules(fn, *args, **kwargs)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert report.passed, report
   return names
 

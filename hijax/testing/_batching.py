@@ -119,8 +119,8 @@ def add_batch_parts(ctx: CheckContext):
 
 def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
-  ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given)."""
-  add_batch_parts(ctx)
+  ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given).
+  Their programs are parts that `add_batch_parts` added."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
   refs = {}
   for in_axes in _batch_combinations(ctx):

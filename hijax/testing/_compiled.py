@@ -72,7 +72,7 @@ class _Program:
   templates: list  # per branch, the flat arguments of a call at the point
   signatures: list  # per branch, _signature of its flat arguments
   out_trees: list
-  jitted: Callable
+  executable: Callable  # compiled ahead of time
   broken: bool = False
 
 
@@ -107,14 +107,18 @@ class Bundle:
         all_flat = list(program.templates)
         all_flat[k] = flat
         try:
-          outs = program.jitted(np.int32(k), all_flat)
+          outs = program.executable(np.int32(k), all_flat)
         except Exception:  # pylint: disable=broad-except  (alone, each says why)
           program.broken = True
         else:
           return jax.tree.unflatten(program.out_trees[k], outs[k])
     if key not in self._alone:
-      self._alone[key] = jax.jit(part.fn)
+      self._compile_alone(key)
     return self._alone[key](*args)
+
+  def _compile_alone(self, key):
+    """Runs the part ``key`` in a program of its own from now on."""
+    self._alone[key] = jax.jit(self.parts[key].fn)
 
   def _build(self, keys):
     """Compiles the parts ``keys`` as one program (those that cannot be
@@ -125,7 +129,7 @@ class Bundle:
         flat, trees[key] = jax.tree.flatten(self.parts[key].template())
         templates[key] = [on_device(np.array(x)) for x in flat]  # contiguous
       except Exception:  # pylint: disable=broad-except  (alone, it raises where its check reports it)
-        self._alone[key] = jax.jit(self.parts[key].fn)
+        self._compile_alone(key)
     keys = list(templates)
     built = self._program(keys, templates, trees) if len(keys) > 1 else None
     if built is None and len(keys) > 1:  # leave out what cannot be traced
@@ -133,7 +137,7 @@ class Bundle:
       built = self._program(keys, templates, trees) if len(keys) > 1 else None
     for key in keys:
       if built is None:
-        self._alone[key] = jax.jit(self.parts[key].fn)
+        self._compile_alone(key)
       else:
         self._where[key] = built
 
@@ -143,7 +147,7 @@ class Bundle:
           in_tree, f)), *flat)
       return True
     except Exception:  # pylint: disable=broad-except  (alone, it raises where its check reports it)
-      self._alone[key] = jax.jit(self.parts[key].fn)
+      self._compile_alone(key)
       return False
 
   def _program(self, keys, templates, trees) -> _Program | None:

@@ -350,11 +350,13 @@ class CheckContext:
   def xs_of(self, direction) -> list:
     return [self.leaves[i] for i in direction]
 
-  def _zeros_like_xs(self, direction) -> list:
+  def zeros_like_inputs(self, direction) -> list:
+    """Zeros like the leaves of ``direction`` (a tangent's template)."""
     return [np.zeros(np.shape(self.leaves[i]), dtype_of(self.leaves[i]))
             for i in direction]
 
-  def _zeros_like_outs(self) -> list:
+  def zeros_like_outputs(self) -> list:
+    """Zeros like the floating-point outputs (a cotangent's template)."""
     return [np.zeros(self.out_avals[i].shape, self.out_avals[i].dtype)
             for i in self.out_float_idx]
 
@@ -377,8 +379,8 @@ class CheckContext:
       out, f_lin = jax.linearize(f, *xs)
       return out, f_lin(*ts)
     part = {"jvp": jvp_part, "vjp": vjp_part, "lin": lin_part}[kind]
-    extra = (self._zeros_like_outs if kind == "vjp"
-             else lambda: self._zeros_like_xs(direction))
+    extra = (self.zeros_like_outputs if kind == "vjp"
+             else lambda: self.zeros_like_inputs(direction))
     self.compiled.add((kind, direction), part,
                       lambda: (self.xs_of(direction), extra()))
 

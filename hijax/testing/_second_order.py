@@ -24,7 +24,6 @@ import re
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext
 from hijax.testing._identity import check_identity
-from hijax.testing._numerics import on_device
 from hijax.testing._report import first_lines
 
 # What JAX and JAX libraries raise where a function declares that it cannot
@@ -47,6 +46,24 @@ def declared_limit(e: BaseException) -> str | None:
   return None
 
 
+def _backward_pass(f, ybar):
+  """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs
+  (so that finite differences can evaluate it in a wider dtype)."""
+  def backward(*xs):
+    out, f_vjp = jax.vjp(f, *xs)
+    return tuple(f_vjp(tuple(jnp.asarray(y, o.dtype)
+                             for y, o in zip(ybar, out))))
+  return backward
+
+
+def _tangent_map(f, tdot):
+  """``x -> jvp(f, x, ṫ)[1]``, with ``ṫ`` in the dtypes of ``x``."""
+  def tangent_map(*xs):
+    return tuple(jax.jvp(f, xs, tuple(jnp.asarray(t, x.dtype)
+                                      for t, x in zip(tdot, xs)))[1])
+  return tangent_map
+
+
 def _first_derivatives(ctx: CheckContext):
   """``(mode, description, g, xs, names, scale, evaluate_one, vector)``: the
   backward pass ``x -> vjp(f, x)[1](ȳ)`` and the tangent map ``x -> jvp(f,
@@ -56,13 +73,9 @@ def _first_derivatives(ctx: CheckContext):
   vjp or jvp that the first-order checks compiled."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
-  xs = [ctx.leaves[i] for i in direction]
+  xs = ctx.xs_of(direction)
   names = [ctx.leaf_names[i] for i in direction]
   found = []
-  # ȳ and ṫ take the dtypes of what they pair with, so that the finite
-  # differences can evaluate these functions in a wider dtype
-  like = lambda vs, xs: tuple(on_device(v, jnp.result_type(x))
-                              for v, x in zip(vs, xs))
   # the size of the values a backward pass (a tangent map) combines: the
   # output's times the cotangent's (the tangent's)
   top = lambda vs: max([float(np.max(np.abs(np.asarray(v)))) for v in vs
@@ -70,95 +83,76 @@ def _first_derivatives(ctx: CheckContext):
   y_top = top(ctx.ref_out())
   if ctx.has("vjp") and "vjp" in ctx.requested:
     ybar = tuple(ctx.random_like(y) for y in ctx.ref_out())
-
-    def backward(*a):
-      out, f_vjp = jax.vjp(f, *a)
-      return f_vjp(like(ybar, out))
     found.append(("vjp", "the backward pass x -> vjp(f, x)[1](ȳ)",
-                  backward, xs, names, y_top * top(ybar),
+                  _backward_pass(f, ybar), xs, names, y_top * top(ybar),
                   lambda a: ctx.vjp_at(direction, ybar, xs=a)[1], ybar))
   if ctx.has("jvp") and "jvp" in ctx.requested:
     tdot = tuple(ctx.random_like(x) for x in xs)
     found.append(("jvp", "the tangent map x -> jvp(f, x, ṫ)[1]",
-                  lambda *a: jax.jvp(f, a, like(tdot, a))[1], xs, names,
-                  y_top * top(tdot),
+                  _tangent_map(f, tdot), xs, names, y_top * top(tdot),
                   lambda a: ctx.jvp_at(direction, tdot, xs=a)[1], tdot))
   return found
 
 
 def _again(ctx: CheckContext, mode):
   """The second derivative of ``mode`` as a function of the first's fixed
-  vector: ``(xs, ȳ, w) -> vjp of x -> vjp(f, x)[1](ȳ), at w`` for ``vjp``,
-  ``(xs, ṫ, u) -> jvp of x -> jvp(f, x, ṫ)[1], along u`` for ``jvp``;
-  each returns ``(first derivative, second)`` as the checks of a context
-  of the first derivative do (`CheckContext.vjp_at`, ``jvp_at``)."""
+  vector: ``(xs, ȳ, w) -> vjp of the backward pass at w`` for ``vjp``,
+  ``(xs, ṫ, u) -> jvp of the tangent map along u`` for ``jvp``; each
+  returns ``(first derivative, second)`` as the checks of a context of the
+  first derivative do (`CheckContext.vjp_at`, ``jvp_at``)."""
   f = ctx.restrict(tuple(ctx.float_idx))
 
-  def backward(ybar):
-    return lambda *a: tuple(jax.vjp(f, *a)[1](tuple(ybar)))
-
   def vjp_again(xs, ybar, w):
-    out, g_vjp = jax.vjp(backward(ybar), *xs)
+    out, g_vjp = jax.vjp(_backward_pass(f, ybar), *xs)
     return out, g_vjp(tuple(w))
 
-  def tangent_map(tdot):
-    return lambda *a: tuple(jax.jvp(f, a, tuple(tdot))[1])
-
   def jvp_again(xs, tdot, u):
-    return jax.jvp(tangent_map(tdot), tuple(xs), tuple(u))
+    return jax.jvp(_tangent_map(f, tdot), tuple(xs), tuple(u))
   return vjp_again if mode == "vjp" else jvp_again
 
 
 def add_second_order_parts(ctx: CheckContext):
   """Adds the vjp of the backward pass and the jvp of the tangent map (the
   checks of `check_differentiated_rules`) to ``ctx``'s compiled program."""
-  xs = lambda: [np.asarray(ctx.leaves[i]) for i in ctx.float_idx]
-  zeros = lambda vs: [np.zeros_like(v) for v in vs]
-  outs = lambda: [np.zeros(ctx.out_avals[i].shape, ctx.out_avals[i].dtype)
-                  for i in ctx.out_float_idx]
+  direction = tuple(ctx.float_idx)
+  xs = lambda: ctx.xs_of(direction)
   if ctx.has("vjp") and "vjp" in ctx.requested:
-    ctx.compiled.add(("again", "vjp"), _again(ctx, "vjp"),
-                     lambda: (xs(), outs(), zeros(xs())))
+    ctx.compiled.add(("again", "vjp"), _again(ctx, "vjp"), lambda: (
+        xs(), ctx.zeros_like_outputs(), ctx.zeros_like_inputs(direction)))
   if ctx.has("jvp") and "jvp" in ctx.requested:
-    ctx.compiled.add(("again", "jvp"), _again(ctx, "jvp"),
-                     lambda: (xs(), zeros(xs()), zeros(xs())))
+    ctx.compiled.add(("again", "jvp"), _again(ctx, "jvp"), lambda: (
+        xs(), ctx.zeros_like_inputs(direction),
+        ctx.zeros_like_inputs(direction)))
 
 
-def _contexts(ctx: CheckContext, found) -> list:
-  """A context per first derivative (or the exception that creating it
-  raised). Their points are evaluated by the first-order programs, and
-  their own checks (the vjp of the backward pass, the jvp of the tangent
-  map) by parts of ``ctx``'s program (`add_second_order_parts`)."""
-  subs = []
-  for mode, _, g, xs, names, scale, evaluate_one, vector in found:
-    try:
-      bound = {}
-      if ctx.compiled.has(("again", mode)):
-        bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
-                                                (vector,))
-      compiled = Compiled(g, xs, ctx.settings.jit, evaluate_one=evaluate_one,
-                          bound=bound)
-      subs.append(ctx.sub(g, xs, names, ctx.prims, label=ctx.label,
-                          per_leaf=False, fd_scale=scale, prepared=compiled))
-    except Exception as e:  # pylint: disable=broad-except
-      subs.append(e)
-  return subs
+def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
+                vector) -> CheckContext:
+  """The context of a first derivative ``g``: its points are evaluated by
+  the first-order programs, and its own check (the vjp of the backward
+  pass, the jvp of the tangent map) by a part of ``ctx``'s program
+  (`add_second_order_parts`)."""
+  bound = {}
+  if ctx.compiled.has(("again", mode)):
+    bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
+                                            (vector,))
+  compiled = Compiled(g, xs, ctx.settings.jit, evaluate_one=evaluate_one,
+                      bound=bound)
+  return ctx.sub(g, xs, names, ctx.prims, label=ctx.label, per_leaf=False,
+                 fd_scale=scale, prepared=compiled)
 
 
 def check_differentiated_rules(ctx: CheckContext):
   """The vjp of the backward pass and the jvp of the tangent map (second
   derivatives as JAX computes them from the rules) against central finite
   differences of the backward pass and of the tangent map."""
-  found = _first_derivatives(ctx)
-  for (mode, what, *_), sub in zip(found, _contexts(ctx, found)):
+  for mode, what, *derivative in _first_derivatives(ctx):
     inputs = ctx.describe_inputs(extra=f"differentiating {what}")
     check = f"{what}, differentiated again, vs its finite differences"
     rule = ctx.rule_name(mode)
     if ctx.out_of_time("second_order", check):
       continue
     try:
-      if isinstance(sub, Exception):
-        raise sub
+      sub = _context_of(ctx, mode, *derivative)
       est = sub.fd(tuple(sub.float_idx))
     except Exception as e:  # pylint: disable=broad-except
       _raised(ctx, check, inputs, e, rule, what)
