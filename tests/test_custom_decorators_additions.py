@@ -113,7 +113,9 @@ def test_forward_mode_of_pytrees_and_several_arguments():
   close(jax.jacfwd(f, (0, 1))(*args), jax.jacrev(ref, (0, 1))(*args))
 
 
-def test_forward_mode_of_a_rule_that_is_not_linear_in_g_is_refused():
+def _clip_gradient():
+  """The identity, whose backward rule clips the cotangent to [-1, 1]: not
+  linear in g."""
   @custom_vjp
   def clip_gradient(x):
     return x
@@ -121,6 +123,11 @@ def test_forward_mode_of_a_rule_that_is_not_linear_in_g_is_refused():
   def clip_bwd(_, g):
     return (jnp.clip(g, -1., 1.),)
   clip_gradient.defvjp(lambda x: (x, None), clip_bwd)
+  return clip_gradient
+
+
+def test_forward_mode_of_a_rule_that_is_not_linear_in_g_is_refused():
+  clip_gradient = _clip_gradient()
   close(jax.grad(lambda x: 3. * clip_gradient(x))(2.), 1.)
   with pytest.raises(TypeError) as e:
     jax.jvp(clip_gradient, (2.,), (1.,))
@@ -134,13 +141,7 @@ def test_forward_mode_of_a_rule_not_linear_in_g_is_refused_when_evaluated():
   """Reverse mode through a forward-mode pass (JAX's default checkpoint, a
   linearize later transposed) works; a forward-mode value raises, as JAX's
   decorator raises for any custom_vjp function."""
-  @custom_vjp
-  def clip_gradient(x):
-    return x
-
-  def clip_bwd(_, g):
-    return (jnp.clip(g, -1., 1.),)
-  clip_gradient.defvjp(lambda x: (x, None), clip_bwd)
+  clip_gradient = _clip_gradient()
   for fwd_mode in (lambda: jax.jvp(clip_gradient, (2.,), (1.,)),
                    lambda: jax.jit(lambda t: jax.jvp(clip_gradient, (2.,),
                                                      (t,))[1])(1.),
