@@ -121,7 +121,7 @@ def _fmt(r: dict, timeout: float) -> str:
     return f">{timeout:.0f} s"
   if r.get("error"):
     return "error"
-  return f"{r['seconds']:.1f} s ({r['failures']} failed)"
+  return f"{r['seconds']:.2f} s ({r['failures']} failed)"
 
 
 def main():

@@ -256,6 +256,25 @@ def test_catches_lying_nzs_out():
   assert "LyingNzsOut.vjp_fwd/vjp_bwd_retval" in _rules(err)
 
 
+
+class ValuedNzsOut(zoo.FPt):
+  def vjp_fwd(self, nzs_in, pt):
+    # a flag computed from the values: nzs_out must be static bools
+    return self(pt), pt, {"a": True, "b": (True, jnp.all(pt.y > 100.))}
+
+
+def test_an_nzs_out_flag_computed_from_values_is_reported_as_called():
+  """The nzs_out check reads the flags from a trace of vjp_fwd; a flag that
+  is a value of that trace is reported as the rule returns it when called
+  (an array), not as a tracer of the checker's."""
+  pt = zoo.Point(zoo._vec(0.5, 1.5), zoo._vec(-1., 2.))
+  err = _fails(lambda pt: ValuedNzsOut(jax.tree.map(jax.typeof, pt))(pt), pt,
+               modes=("vjp",))
+  nzs = [f for f in err.failures if "nzs_out" in f.check]
+  assert [f.rule for f in nzs] == ["ValuedNzsOut.vjp_fwd"], err
+  assert "must be a tree of bools" in nzs[0].detail
+  assert "is Array(False" in nzs[0].detail and "Tracer" not in nzs[0].detail
+
 class BadSech2(zoo.Sech2):
   def jvp(self, primals, tangents):
     (x,), (t,) = primals, tangents

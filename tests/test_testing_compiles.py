@@ -76,3 +76,45 @@ def test_the_checks_compile_the_program_as_the_user_does():
                          batch_in_axes=[(0,)])
     assert not report.failures
     assert {"jvp", "vjp", "lin", "batch"} <= set(report.modes_run)
+
+
+def test_a_hiprim_compiles_its_program_and_its_eager_reference_only():
+  """A primitive's checks compile the one program and what `expand`
+  evaluated eagerly (the reference of the expand check) compiles. The
+  ``nzs_out`` check reads the flags `vjp_fwd` returns from a trace of it:
+  it once called `vjp_fwd` eagerly, which compiled its jitted pieces
+  (here ``sigmoid_slope``) for nothing but a static flag."""
+  from hijax import HiPrim
+
+  @jax.jit
+  def softplus_reference(x):
+    return jnp.logaddexp(x, 0.)
+
+  @jax.jit
+  def sigmoid_slope(x):
+    return 1 / (1 + jnp.exp(-x))
+
+  class Softplus(HiPrim):
+    def __init__(self, x_aval):
+      self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return softplus_reference(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), sigmoid_slope(x) * t
+
+    def vjp_fwd(self, nzs_in, x):
+      return self(x), sigmoid_slope(x)
+
+    def vjp_bwd_retval(self, s, g):
+      return (g * s,)
+
+    def batch_dim_rule(self, axis_data, in_dims):
+      return in_dims[0]
+
+  names = _lowered(lambda x: Softplus(jax.typeof(x))(x),
+                   jnp.array([-2., .5, 3.]))
+  assert names == ["jit(program)", "jit(softplus_reference)"], names

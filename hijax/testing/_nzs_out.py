@@ -94,6 +94,33 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   return result
 
 
+def _declared_nzs_out(ctx, rule, nzs_in, p_args):
+  """The ``nzs_out`` that ``rule`` (`vjp_fwd` or `lin`) returns at
+  ``p_args``, or None if it returns none. The flags are static, so the rule
+  is only traced (abstractly: nothing is compiled for it). It is called
+  eagerly instead with ``jit=False``, where the trace raises and where the
+  flags it returns are values of the trace (a misuse), so that the error
+  reported is what the rule does when called."""
+  def nzs_of(result):
+    if not isinstance(result, tuple) or len(result) < 3:
+      return None
+    return result[2]
+  if ctx.settings.jit:
+    found = []
+
+    def traced(*args):
+      found.append(nzs_of(rule(nzs_in, *args)))
+      return ()
+    try:
+      jax.eval_shape(traced, *p_args)
+    except Exception:  # pylint: disable=broad-except  (eagerly, it says why)
+      found = []
+    if found and not any(isinstance(x, _core.Tracer)
+                         for x in jax.tree.leaves(found[0])):
+      return found[0]
+  return nzs_of(rule(nzs_in, *p_args))
+
+
 def check_nzs_out(ctx: CheckContext, mode):
   """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
   declared symbolically zero must have a zero derivative. Arguments and
@@ -110,14 +137,14 @@ def check_nzs_out(ctx: CheckContext, mode):
                        f"{describe_leaf(x)}" for i, x in enumerate(p_leaves))
     check = f"{method}'s nzs_out vs the output's derivative"
     try:
-      result = getattr(prim, method)(nzs_in, *p_args)
+      declared = _declared_nzs_out(ctx, getattr(prim, method), nzs_in, p_args)
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised(mode, f"calling {method}", inputs, e, rule=name)
       continue
-    if not isinstance(result, tuple) or len(result) < 3 or result[2] is None:
+    if declared is None:
       continue
     try:
-      nzs_out = _api.tuptree_flags(result[2], prim.out_tree, "nzs_out",
+      nzs_out = _api.tuptree_flags(declared, prim.out_tree, "nzs_out",
                                    f"the nzs_out returned by {name}")
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised(mode, check, inputs, e, rule=name)
