@@ -27,6 +27,8 @@ import time
 
 CASES = {
     "i0": "lambda: (jax.scipy.special.i0, jnp.array([-2., .5, 3.]), {})",
+    "xlogy": "lambda: (jax.scipy.special.xlogy, (jnp.array([.5, 2., 3.]), "
+             "jnp.array([.3, 1.5, 4.])), {})",
     "sici": "lambda: (jax.scipy.special.sici, jnp.array([.5, 2., 7.]), {})",
     "hyp1f1": "lambda: (lambda x: jax.scipy.special.hyp1f1(1.5, 2.5, x), "
               "jnp.array([.5, 2.]), {})",
@@ -86,7 +88,8 @@ fn, x, kw = ({case})()
 if "time_budget" in inspect.signature(check_rules).parameters:
   kw["time_budget"] = None
 start = time.perf_counter()
-report = check_rules(fn, x, raise_on_failure=False, **kw)
+args = x if isinstance(x, tuple) else (x,)
+report = check_rules(fn, *args, raise_on_failure=False, **kw)
 print(json.dumps(dict(seconds=time.perf_counter() - start,
                       failures=len(report.failures),
                       hijax=hijax.__file__)))
