@@ -118,3 +118,71 @@ def test_a_hiprim_compiles_its_program_and_its_eager_reference_only():
   names = _lowered(lambda x: Softplus(jax.typeof(x))(x),
                    jnp.array([-2., .5, 3.]))
   assert names == ["jit(program)", "jit(softplus_reference)"], names
+
+
+_CACHED_CHILD = """
+import json
+import jax, jax.numpy as jnp, jax.monitoring
+from hijax import HiPrim
+from hijax.testing import check_rules
+
+events = []
+jax.monitoring.register_event_listener(lambda e, **kw: events.append(e))
+jax.monitoring.register_event_duration_secs_listener(
+    lambda e, d, **kw: events.append(e))
+
+@jax.custom_jvp
+def scaled_sin(x, a):
+  return jnp.sin(x) * a
+
+@scaled_sin.defjvp
+def _jvp(primals, tangents):
+  (x, a), (tx, ta) = primals, tangents
+  return scaled_sin(x, a), jnp.cos(x) * a * tx + jnp.sin(x) * ta
+
+class Cube(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+  def expand(self, x):
+    return x * x * x
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), 3 * x * x * t
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]
+
+assert check_rules(scaled_sin, jnp.array([0.3, 1.2]), jnp.array([2., -1.])).passed
+assert check_rules(lambda x: Cube(jax.typeof(x))(x), jnp.array([0.5, -2.])).passed
+print(json.dumps(dict(
+    asked=events.count("/jax/compilation_cache/compile_requests_use_cache"),
+    loaded=events.count("/jax/compilation_cache/cache_hits"))))
+"""
+
+
+def test_a_later_run_loads_every_program_from_jax_s_persistent_cache(tmp_path):
+  """With JAX's persistent compilation cache (and its minimum compile time
+  at 0, since a program that compiles in under a second is not kept by
+  default), a later run of the same checks compiles nothing: what the
+  checker compiles depends only on the function and the types, not on the
+  run (its random tangents and points are arguments, not constants), so
+  JAX finds every program in the cache."""
+  import json
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+             JAX_ENABLE_COMPILATION_CACHE="true")
+
+  def run() -> dict:
+    out = subprocess.run([sys.executable, "-c", _CACHED_CHILD], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+  first, later = run(), run()
+  # the checks of the two functions: at least a program each, all compiled
+  assert first["asked"] >= 2 and first["loaded"] == 0, first
+  # the same programs again, each one loaded (none compiled)
+  assert later == {"asked": first["asked"], "loaded": first["asked"]}, (
+      first, later)

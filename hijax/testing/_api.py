@@ -213,11 +213,15 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       (``jax.jvp``, ``jax.vjp``, ``jax.linearize``, ``jax.vmap``, second
       derivatives), each a branch that a call runs alone. A transformation
       that cannot be traced, or a program that fails to compile or run, is
-      compiled alone instead, so the check that needs it reports why. With
-      False, everything runs eagerly:
-      slower, but an `expand` that branches in Python on values works
-      (leave out the ``"expand"`` mode, whose check includes a jitted
-      call).
+      compiled alone instead, so the check that needs it reports why.
+      Compiling is most of what a check costs; the program depends only on
+      ``prim_fn`` and the types, so JAX's persistent compilation cache
+      (``jax_compilation_cache_dir``, with
+      ``jax_persistent_cache_min_compile_time_secs`` at 0) keeps it for a
+      later run of a test suite, which then compiles nothing. With False,
+      everything runs eagerly: slower, but an `expand` that branches in
+      Python on values works (leave out the ``"expand"`` mode, whose check
+      includes a jitted call).
     raise_on_failure: when False, return the report with its ``failures``
       instead of raising.
     time_budget: seconds the run may take; ``"default"`` allows
