@@ -120,6 +120,63 @@ def test_a_hiprim_compiles_its_program_and_its_eager_reference_only():
   assert names == ["jit(program)", "jit(softplus_reference)"], names
 
 
+
+def test_the_second_order_checks_of_every_derived_function_share_a_program():
+  """Tanh's jvp rule binds Sech2, so the second-order mode runs the
+  first-order checks again on the tangent map, the backward pass and the
+  linearized map, each binding Sech2: their parts are compiled together,
+  as one more program (before: one program each). Nothing else is
+  compiled but `expand`'s eager reference: the nzs_out check of Sech2
+  inside them traces the rules and evaluates nothing (it once evaluated
+  each derived function eagerly, compiling ``sech2_reference``)."""
+  from hijax import HiPrim, linearize_from_jvp, vjp_from_jvp, vjp_from_lin
+
+  @jax.jit
+  def tanh_reference(x):
+    return jnp.tanh(x)
+
+  @jax.jit
+  def sech2_reference(x):
+    return 1 / jnp.cosh(x) ** 2
+
+  class Unary(HiPrim):
+    def __init__(self, x_aval):
+      self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+      super().__init__()
+
+    def batch_dim_rule(self, axis_data, in_dims):
+      return in_dims[0]
+
+  class Sech2(Unary):
+    def expand(self, x):
+      return sech2_reference(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      s = self(x)
+      return s, -2 * s * jnp.tanh(x) * t
+
+    lin, linearized = linearize_from_jvp
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  class Tanh(Unary):
+    def expand(self, x):
+      return tanh_reference(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), Sech2(jax.typeof(x))(x) * t
+
+    lin, linearized = linearize_from_jvp
+    vjp_fwd, vjp_bwd_retval = vjp_from_lin
+
+  with jax.enable_x64(True):
+    names = _lowered(lambda x: Tanh(jax.typeof(x))(x),
+                     jnp.array([0.3, -1.2, 2.]))
+  assert names == ["jit(program)", "jit(tanh_reference)", "jit(program)"], (
+      names)
+
+
 _CACHED_CHILD = """
 import json
 import jax, jax.numpy as jnp, jax.monitoring

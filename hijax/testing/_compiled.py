@@ -27,7 +27,10 @@ every evaluation a check will need is a *part* of one program:
   `hijax.testing._batching`, the second derivatives by
   `hijax.testing._second_order`; `hijax.testing._run.add_parts` adds all
   that a run's checks will evaluate before the first evaluation, so that
-  they are compiled as one.
+  they are compiled as one. The first-order checks that the second-order
+  mode runs again on each derived function (the tangent map, the backward
+  pass, the linearized map) put their parts in one more `Bundle`, shared
+  (``Compiled(..., shared=...)``), so they add one program, not one each.
 
 Everything is compiled as a user's ``jax.jit`` compiles it, with XLA's
 default options: the checks judge the program the user runs. (Compiling
@@ -193,16 +196,25 @@ class Compiled:
   the same thing given more arguments: ``{key: (other, other_key,
   extra)}`` runs ``key`` at ``(xs, *rest)`` as ``other_key`` at ``(xs,
   *extra, *rest)`` (the second derivatives of a backward pass are parts
-  of its context's program, with the cotangent as an argument)."""
+  of its context's program, with the cotangent as an argument).
+
+  ``shared``, where given, is ``(bundle, name)``: the parts go into that
+  `Bundle`, under keys ``(name, key)``, so that the evaluations of several
+  functions (the second-order checks of each derived function) are
+  compiled as one program."""
 
   def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool,
                evaluate_one: Callable | None = None,
-               bound: dict[Hashable, tuple] | None = None):
+               bound: dict[Hashable, tuple] | None = None,
+               shared: tuple[Bundle, Hashable] | None = None):
     self.prim_fn = prim_fn
     self.jit = jit
     self.leaves, self.in_tree = jax.tree.flatten(tuple(args))
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
-    self.bundle = Bundle(jit)
+    if shared is None:
+      self.bundle, self._name = Bundle(jit), None
+    else:
+      self.bundle, self._name = shared
     self._evaluate_one = evaluate_one
     self._bound = dict(bound or {})
     self._jitted: Callable | None = None
@@ -212,20 +224,23 @@ class Compiled:
 
   # -- parts --
 
+  def _in_bundle(self, key: Hashable) -> Hashable:
+    return key if self._name is None else (self._name, key)
+
   def add(self, key: Hashable, fn: Callable, template: Callable[[], tuple]):
     """Adds the part ``key`` (see `Bundle.add`)."""
-    self.bundle.add(key, fn, template)
+    self.bundle.add(self._in_bundle(key), fn, template)
 
   def run(self, key: Hashable, args: Sequence[Any]):
     """The part ``key`` (added or bound before) at ``args``."""
     if key in self._bound:
       other, other_key, extra = self._bound[key]
       return other.run(other_key, (args[0], *extra, *args[1:]))
-    return self.bundle.run(key, tuple(args))
+    return self.bundle.run(self._in_bundle(key), tuple(args))
 
   def has(self, key: Hashable) -> bool:
     """Whether the part ``key`` was added (or bound)."""
-    return key in self._bound or key in self.bundle.parts
+    return key in self._bound or self._in_bundle(key) in self.bundle.parts
 
   # -- prim_fn itself --
 

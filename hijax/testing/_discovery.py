@@ -237,6 +237,20 @@ def eval_expanded(jaxpr, consts, args, applications):
   return _evaluate(jaxpr, consts, args, apply)
 
 
+def application_types(prim_fn, args) -> list[tuple]:
+  """``(prim, types)`` for each hijax primitive ``prim_fn(*args)`` binds at
+  its top level, in the order of `applications`: the types of its
+  arguments (a pytree of avals in ``prim.in_tree``), from a trace alone."""
+  closed = jax.make_jaxpr(prim_fn)(*args)
+  found = []
+  for eqn in closed.jaxpr.eqns:
+    prim = prim_of(eqn)
+    if prim is not None:
+      found.append((prim, jax.tree.unflatten(
+          prim.in_tree, [v.aval for v in eqn.invars])))
+  return found
+
+
 def applications(prim_fn, args) -> list[tuple]:
   """``(prim, prim_args)`` for each hijax primitive ``prim_fn(*args)`` binds at
   its top level (evaluated through `expand`); empty if `expand` fails."""

@@ -9,16 +9,18 @@ import numpy as np
 from hijax._internals import api as _api
 from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
-from hijax.testing._discovery import applications, defined_rules
+from hijax.testing._discovery import (application_types, applications,
+                                      defined_rules)
 from hijax.testing._numerics import (describe_leaf, is_float, on_device,
                                      ulp_factor)
 from hijax.testing._report import RuleReport
 
 
 def _nz_in(x) -> bool:
-  """The nzs_in flag of an argument leaf: whether its tangent type is a
-  floating-point array (for a hi value, its type's tangent type)."""
-  aval = _core.typeof(x)
+  """The nzs_in flag of an argument leaf (a value or its type): whether its
+  tangent type is a floating-point array (for a hi value, its type's
+  tangent type)."""
+  aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   if isinstance(aval, _core.ShapedArray):
     return is_float(aval)
   try:
@@ -94,31 +96,39 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   return result
 
 
-def _declared_nzs_out(ctx, rule, nzs_in, p_args):
-  """The ``nzs_out`` that ``rule`` (`vjp_fwd` or `lin`) returns at
-  ``p_args``, or None if it returns none. The flags are static, so the rule
-  is only traced (abstractly: nothing is compiled for it). It is called
-  eagerly instead with ``jit=False``, where the trace raises and where the
-  flags it returns are values of the trace (a misuse), so that the error
-  reported is what the rule does when called."""
+def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
+  """The ``nzs_out`` that ``rule`` (`vjp_fwd` or `lin`) returns for
+  arguments of the types ``p_types``, or None if it returns none (or
+  ``values()``, the arguments' values, cannot be found where they are
+  needed). The flags are static, so the rule is only traced (abstractly:
+  nothing is compiled or evaluated for it). It is called eagerly instead
+  with ``jit=False``, for arguments of hi types, where the trace raises and
+  where the flags it returns are values of the trace (a misuse), so that
+  the error reported is what the rule does when called."""
   def nzs_of(result):
     if not isinstance(result, tuple) or len(result) < 3:
       return None
     return result[2]
-  if ctx.settings.jit:
+  leaves = jax.tree.leaves(p_types)
+  if ctx.settings.jit and all(isinstance(a, _core.ShapedArray)
+                              for a in leaves):
     found = []
 
     def traced(*args):
       found.append(nzs_of(rule(nzs_in, *args)))
       return ()
+    structs = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                       weak_type=a.weak_type), p_types)
     try:
-      jax.eval_shape(traced, *p_args)
+      jax.eval_shape(traced, *structs)
     except Exception:  # pylint: disable=broad-except  (eagerly, it says why)
       found = []
     if found and not any(isinstance(x, _core.Tracer)
                          for x in jax.tree.leaves(found[0])):
       return found[0]
-  return nzs_of(rule(nzs_in, *p_args))
+  p_args = values()
+  return None if p_args is None else nzs_of(rule(nzs_in, *p_args))
 
 
 def check_nzs_out(ctx: CheckContext, mode):
@@ -129,17 +139,26 @@ def check_nzs_out(ctx: CheckContext, mode):
   method = "vjp_fwd" if mode == "vjp" else "lin"
   if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
     return
-  for prim, p_args in applications(ctx.prim_fn, ctx.args):
+  evaluated = []  # the arguments' values, found when first needed
+
+  def values(j):
+    if not evaluated:
+      evaluated.append([a for _, a in applications(ctx.prim_fn, ctx.args)])
+    return evaluated[0][j] if j < len(evaluated[0]) else None
+
+  for j, (prim, p_types) in enumerate(application_types(ctx.prim_fn,
+                                                        ctx.args)):
     name = f"{type(prim).__name__}.{method}"
-    p_leaves = jax.tree.leaves(p_args)
-    nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(x) for x in p_leaves])
-    inputs = "\n".join(f"{type(prim).__name__} argument leaf {i} = "
-                       f"{describe_leaf(x)}" for i, x in enumerate(p_leaves))
+    p_leaves = jax.tree.leaves(p_types)
+    nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(a) for a in p_leaves])
+    inputs = lambda j=j, prim=prim, p_leaves=p_leaves: _describe(
+        prim, values(j), p_leaves)
     check = f"{method}'s nzs_out vs the output's derivative"
     try:
-      declared = _declared_nzs_out(ctx, getattr(prim, method), nzs_in, p_args)
+      declared = _declared_nzs_out(ctx, getattr(prim, method), nzs_in,
+                                   p_types, lambda j=j: values(j))
     except Exception as e:  # pylint: disable=broad-except
-      ctx.fail_raised(mode, f"calling {method}", inputs, e, rule=name)
+      ctx.fail_raised(mode, f"calling {method}", inputs(), e, rule=name)
       continue
     if declared is None:
       continue
@@ -147,13 +166,13 @@ def check_nzs_out(ctx: CheckContext, mode):
       nzs_out = _api.tuptree_flags(declared, prim.out_tree, "nzs_out",
                                    f"the nzs_out returned by {name}")
     except Exception as e:  # pylint: disable=broad-except
-      ctx.fail_raised(mode, check, inputs, e, rule=name)
+      ctx.fail_raised(mode, check, inputs(), e, rule=name)
       continue
     zero_outs = [k for k, nz in enumerate(nzs_out)
                  if not nz and _nz_in_aval(prim.out_avals_flat[k])]
-    if not zero_outs:
+    if not zero_outs or values(j) is None:
       continue
-    found = _zero_derivatives(ctx, prim, p_args, zero_outs)
+    found = _zero_derivatives(ctx, prim, values(j), zero_outs)
     if found is None:
       ctx.skip(mode, f"{check} ({name}): an argument or output of a hi type "
                "and no jvp rule to differentiate it with")
@@ -167,11 +186,20 @@ def check_nzs_out(ctx: CheckContext, mode):
                                         list(range(len(nzs_out)))))[0]]
     for k, (err, allowed, label) in found.items():
       if not err <= allowed:
-        ctx.fail(mode, check, inputs,
+        ctx.fail(mode, check, inputs(),
                  f"{method} returned nzs_out False for {out_names[k]} "
                  f"(a symbolically zero tangent), but its derivative is "
                  f"nonzero: max |J ṫ| = {err:.3g} from {label}", err,
                  rule=name)
+
+
+def _describe(prim, p_args, types) -> str:
+  """The arguments of ``prim`` for a report: their values where they were
+  found, else their types."""
+  leaves = types if p_args is None else jax.tree.leaves(p_args)
+  return "\n".join(f"{type(prim).__name__} argument leaf {i} = "
+                   f"{describe_leaf(x) if p_args is not None else x.str_short()}"
+                   for i, x in enumerate(leaves))
 
 
 def _nz_in_aval(aval) -> bool:

@@ -8,6 +8,7 @@ from hijax._internals import partial_eval as _pe
 from hijax.testing._batching import add_batch_parts, check_batch
 from hijax.testing._checks import (check_expand, check_jvp, check_lin,
                                    check_transpose, check_vjp)
+from hijax.testing._compiled import Bundle, Compiled
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
@@ -49,12 +50,15 @@ def _derived_functions(ctx: CheckContext, modes):
 
 def check_second_order(ctx: CheckContext):
   """The first-order checks, on each derived function that binds hijax
-  primitives again (recursing while ``order`` allows)."""
+  primitives again (recursing while ``order`` allows). What they evaluate
+  for all the derived functions is compiled as one program."""
   if not ctx.float_idx or not ctx.out_float_idx:
     ctx.skip("second_order", "no floating-point inputs or outputs")
     return
   modes = ctx.requested
   check_differentiated_rules(ctx)
+  shared = Bundle(ctx.settings.jit)
+  subs = []
   for kind, what, g, g_args, names in _derived_functions(ctx, modes):
     if ctx.out_of_time("second_order", f"the rules bound by {what}"):
       continue
@@ -71,13 +75,19 @@ def check_second_order(ctx: CheckContext):
       continue
     sub = ctx.sub(g, g_args, names, prims, within="second_order",
                   label=f"{ctx.label}second order, on {what}: ",
-                  order=ctx.settings.order - 1, per_leaf=False)
+                  order=ctx.settings.order - 1, per_leaf=False,
+                  prepared=Compiled(g, g_args, ctx.settings.jit,
+                                    shared=(shared, kind)))
     sub_modes = [m for m in DERIVATIVE_MODES if m in modes and sub.has(m)]
     if not sub_modes:
       ctx.skip("second_order", f"{what}: its primitives "
                f"({', '.join(type(p).__name__ for p in prims)}) define no "
                "derivative rule")
-    run(sub, sub_modes + (["second_order"] if sub.settings.order > 1 else []))
+    sub_modes += ["second_order"] if sub.settings.order > 1 else []
+    add_parts(sub, sub_modes)  # all compiled on the first evaluation
+    subs.append((sub, sub_modes))
+  for sub, sub_modes in subs:
+    run(sub, sub_modes)
 
 
 # The check of each mode, in the order of `MODES`.
