@@ -12,7 +12,9 @@ current one, and prints the ratio before / after. A case that runs past
 ``--timeout`` seconds is killed and shown as ``>timeout``.
 
 The cases: JAX's own special functions (``jax.custom_jvp`` rules in float64,
-``expi`` in float32), a hijax primitive, and, where it is installed (the
+``expi`` in float32), a hijax primitive (``hiprim``), one whose jvp rule
+binds another (``hiprims``: its rules are checked at second order again),
+and, where it is installed (the
 ``bench`` extra), optimistix's ``root_find`` (two custom rules, one of them
 an implicit solve).
 """
@@ -37,13 +39,14 @@ CASES = {
     "expi_f32": "lambda: (jax.scipy.special.expi, "
                 "jnp.array([-64., 30., 64.], jnp.float32), {'x64': False})",
     "hiprim": "lambda: (softplus, jnp.array([-2., .5, 3.]), {})",
+    "hiprims": "lambda: (tanh, jnp.array([-2., .5, 3.]), {})",
     "root_find": "lambda: (root_find, jnp.array([2., 3.]), {})",
 }
 
 # Run in the child process: defines the functions the cases name.
 PRELUDE = """
 import jax, jax.numpy as jnp, jax.scipy.special
-from hijax import HiPrim
+from hijax import HiPrim, linearize_from_jvp, vjp_from_jvp, vjp_from_lin
 
 class Softplus(HiPrim):
   def __init__(self, x_aval):
@@ -63,6 +66,32 @@ class Softplus(HiPrim):
 
 def softplus(x):
   return Softplus(jax.typeof(x))(x)
+
+class Sech2(HiPrim):  # the derivative of tanh
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+  def expand(self, x):
+    return 1 / jnp.cosh(x) ** 2
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    s = self(x)
+    return s, -2 * s * jnp.tanh(x) * t
+  lin, linearized = linearize_from_jvp
+  vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]
+
+class Tanh(Sech2):  # its rules bind Sech2: checked at second order too
+  def expand(self, x):
+    return jnp.tanh(x)
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), Sech2(jax.typeof(x))(x) * t
+  vjp_fwd, vjp_bwd_retval = vjp_from_lin
+
+def tanh(x):
+  return Tanh(jax.typeof(x))(x)
 
 def root_find(a):
   import optimistix as optx
