@@ -120,7 +120,6 @@ def test_a_hiprim_compiles_its_program_and_its_eager_reference_only():
   assert names == ["jit(program)", "jit(softplus_reference)"], names
 
 
-
 def test_the_second_order_checks_of_every_derived_function_share_a_program():
   """Tanh's jvp rule binds Sech2, so the second-order mode runs the
   first-order checks again on the tangent map, the backward pass and the
@@ -129,7 +128,7 @@ def test_the_second_order_checks_of_every_derived_function_share_a_program():
   compiled but `expand`'s eager reference: the nzs_out check of Sech2
   inside them traces the rules and evaluates nothing (it once evaluated
   each derived function eagerly, compiling ``sech2_reference``)."""
-  from hijax import HiPrim, linearize_from_jvp, vjp_from_jvp, vjp_from_lin
+  import zoo
 
   @jax.jit
   def tanh_reference(x):
@@ -139,36 +138,17 @@ def test_the_second_order_checks_of_every_derived_function_share_a_program():
   def sech2_reference(x):
     return 1 / jnp.cosh(x) ** 2
 
-  class Unary(HiPrim):
-    def __init__(self, x_aval):
-      self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-      super().__init__()
-
-    def batch_dim_rule(self, axis_data, in_dims):
-      return in_dims[0]
-
-  class Sech2(Unary):
+  class Sech2(zoo.Sech2):  # expand by functions no other test compiles
     def expand(self, x):
       return sech2_reference(x)
 
-    def jvp(self, primals, tangents):
-      (x,), (t,) = primals, tangents
-      s = self(x)
-      return s, -2 * s * jnp.tanh(x) * t
-
-    lin, linearized = linearize_from_jvp
-    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
-
-  class Tanh(Unary):
+  class Tanh(zoo.Tanh):
     def expand(self, x):
       return tanh_reference(x)
 
     def jvp(self, primals, tangents):
       (x,), (t,) = primals, tangents
       return self(x), Sech2(jax.typeof(x))(x) * t
-
-    lin, linearized = linearize_from_jvp
-    vjp_fwd, vjp_bwd_retval = vjp_from_lin
 
   with jax.enable_x64(True):
     names = _lowered(lambda x: Tanh(jax.typeof(x))(x),
@@ -178,39 +158,19 @@ def test_the_second_order_checks_of_every_derived_function_share_a_program():
 
 
 _CACHED_CHILD = """
-import json
-import jax, jax.numpy as jnp, jax.monitoring
-from hijax import HiPrim
+import json, sys
+sys.path.insert(0, sys.argv[1])  # tests/, for zoo
+import jax, jax.numpy as jnp, jax.monitoring, jax.scipy.special
 from hijax.testing import check_rules
+import zoo
 
 events = []
 jax.monitoring.register_event_listener(lambda e, **kw: events.append(e))
 jax.monitoring.register_event_duration_secs_listener(
     lambda e, d, **kw: events.append(e))
-
-@jax.custom_jvp
-def scaled_sin(x, a):
-  return jnp.sin(x) * a
-
-@scaled_sin.defjvp
-def _jvp(primals, tangents):
-  (x, a), (tx, ta) = primals, tangents
-  return scaled_sin(x, a), jnp.cos(x) * a * tx + jnp.sin(x) * ta
-
-class Cube(HiPrim):
-  def __init__(self, x_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
-    super().__init__()
-  def expand(self, x):
-    return x * x * x
-  def jvp(self, primals, tangents):
-    (x,), (t,) = primals, tangents
-    return self(x), 3 * x * x * t
-  def batch_dim_rule(self, axis_data, in_dims):
-    return in_dims[0]
-
-assert check_rules(scaled_sin, jnp.array([0.3, 1.2]), jnp.array([2., -1.])).passed
-assert check_rules(lambda x: Cube(jax.typeof(x))(x), jnp.array([0.5, -2.])).passed
+assert check_rules(jax.scipy.special.xlogy, jnp.array([0.5, 2.]),
+                   jnp.array([0.3, 1.5])).passed
+assert check_rules(zoo.tanh, jnp.array([0.3, -1.2])).passed
 print(json.dumps(dict(
     asked=events.count("/jax/compilation_cache/compile_requests_use_cache"),
     loaded=events.count("/jax/compilation_cache/cache_hits"))))
@@ -234,8 +194,9 @@ def test_a_later_run_loads_every_program_from_jax_s_persistent_cache(tmp_path):
              JAX_ENABLE_COMPILATION_CACHE="true")
 
   def run() -> dict:
-    out = subprocess.run([sys.executable, "-c", _CACHED_CHILD], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CACHED_CHILD, os.path.dirname(__file__)],
+        env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.splitlines()[-1])
   first, later = run(), run()
   # the checks of the two functions: at least a program each, all compiled
