@@ -52,6 +52,31 @@ def test_second_order_runs_where_rules_bind_primitives(name, second_order):
   assert any("differentiated again" in r for r in report.ran), report
 
 
+
+class Sech2Bare(zoo.Unary):  # no derivative rule
+  def expand(self, x):
+    return 1 / jnp.cosh(x) ** 2
+
+
+class TanhBindsBare(zoo.Tanh):
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), Sech2Bare(jax.typeof(x))(x) * t
+
+
+def test_a_derived_function_whose_primitives_define_no_derivative_rule():
+  """The tangent map binds Sech2Bare, which has no derivative rule: the
+  second-order mode says so, and lists the jvp rule as first order only
+  (its second derivative needs Sech2Bare's)."""
+  x = zoo._vec(0.3, -1.2)
+  report = check_rules(lambda x: TanhBindsBare(jax.typeof(x))(x), x,
+                       modes=("jvp", "second_order"))
+  assert report.passed, report
+  assert ("second_order", "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]: its "
+          "primitives (Sech2Bare) define no derivative rule") in report.skipped
+  assert [r.split(":")[0] for r in report.first_order_only] == [
+      "TanhBindsBare.jvp"], report
+
 def test_zoo_covers_every_kind_of_rule():
   kinds = {}
   for e in zoo.ENTRIES:

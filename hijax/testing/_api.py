@@ -211,10 +211,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       at any number of points (a loop: all the points of a finite
       difference in one call) and each transformation under test
       (``jax.jvp``, ``jax.vjp``, ``jax.linearize``, ``jax.vmap``, second
-      derivatives), each a branch that a call runs alone; where the rules
-      bind hijax primitives again, the first-order checks that the
-      second-order mode runs on the derived functions share one more
-      program. A transformation
+      derivatives, and the first-order checks that the second-order mode
+      runs again on derived functions whose rules bind hijax primitives),
+      each a branch that a call runs alone. A transformation
       that cannot be traced, or a program that fails to compile or run, is
       compiled alone instead, so the check that needs it reports why.
       Compiling is most of what a check costs; the program depends only on

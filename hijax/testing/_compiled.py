@@ -29,8 +29,9 @@ every evaluation a check will need is a *part* of one program:
   that a run's checks will evaluate before the first evaluation, so that
   they are compiled as one. The first-order checks that the second-order
   mode runs again on each derived function (the tangent map, the backward
-  pass, the linearized map) put their parts in one more `Bundle`, shared
-  (``Compiled(..., shared=...)``), so they add one program, not one each.
+  pass, the linearized map) have a `Compiled` of their own whose parts go
+  into that same `Bundle` (``shared=``, `Compiled.nested`): one program
+  for the whole run.
 
 Everything is compiled as a user's ``jax.jit`` compiles it, with XLA's
 default options: the checks judge the program the user runs. (Compiling
@@ -198,10 +199,10 @@ class Compiled:
   *extra, *rest)`` (the second derivatives of a backward pass are parts
   of its context's program, with the cotangent as an argument).
 
-  ``shared``, where given, is ``(bundle, name)``: the parts go into that
-  `Bundle`, under keys ``(name, key)``, so that the evaluations of several
-  functions (the second-order checks of each derived function) are
-  compiled as one program."""
+  ``shared``, where given, is ``(bundle, name)`` (see `nested`): the parts
+  go into that `Bundle`, under keys ``(name, key)``, so that the
+  evaluations of several functions (a function and those the second-order
+  checks derive from it) are compiled as one program."""
 
   def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool,
                evaluate_one: Callable | None = None,
@@ -223,6 +224,11 @@ class Compiled:
       self.add("points", self._points, self._points_template)
 
   # -- parts --
+
+  def nested(self, name: Hashable) -> tuple[Bundle, Hashable]:
+    """The ``shared`` of a `Compiled` whose parts go into this one's
+    program, under ``name`` (unique among this one's nested ones)."""
+    return self.bundle, (self._name, name)
 
   def _in_bundle(self, key: Hashable) -> Hashable:
     return key if self._name is None else (self._name, key)

@@ -102,6 +102,9 @@ class CheckContext:
   # where the evaluations are compiled (None: a `Compiled` of its own)
   prepared: dataclasses.InitVar[Compiled | None] = None
   compiled: Compiled = dataclasses.field(init=False)
+  # the second-order mode's derived functions, with their contexts (made by
+  # hijax.testing._run.add_parts; None until then)
+  derived: list | None = dataclasses.field(init=False, default=None)
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,
@@ -281,12 +284,14 @@ class CheckContext:
       self._ref_out = self.restrict([], evaluate=True)()
     return self._ref_out
 
-  def random_like(self, x):
-    """Standard normal values like ``x`` (complex: in both parts)."""
+  def random_like(self, x, rng: np.random.Generator | None = None):
+    """Standard normal values like ``x`` (complex: in both parts), drawn
+    from ``rng`` (default: the context's)."""
+    rng = self.rng if rng is None else rng
     x = np.asarray(x)
-    v = self.rng.standard_normal(x.shape)
+    v = rng.standard_normal(x.shape)
     if np.iscomplexobj(x):
-      v = v + 1j * self.rng.standard_normal(x.shape)
+      v = v + 1j * rng.standard_normal(x.shape)
     return on_device(v.astype(x.dtype))
 
   def directions(self) -> list[tuple[int, ...]]:
