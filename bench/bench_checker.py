@@ -14,9 +14,9 @@ current one, and prints the ratio before / after. A case that runs past
 The cases: JAX's own special functions (``jax.custom_jvp`` rules in float64,
 ``expi`` in float32), a hijax primitive (``hiprim``), one whose jvp rule
 binds another (``hiprims``: its rules are checked at second order again),
-and, where it is installed (the
-``bench`` extra), optimistix's ``root_find`` (two custom rules, one of them
-an implicit solve).
+hijax.implicit's ``root`` (``implicit_root``, Kepler's equation), and,
+where it is installed (the ``bench`` extra), optimistix's ``root_find``
+(two custom rules, one of them an implicit solve).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ CASES = {
     "hiprim": "lambda: (softplus, jnp.array([-2., .5, 3.]), {})",
     "hiprims": "lambda: (tanh, jnp.array([-2., .5, 3.]), {})",
     "root_find": "lambda: (root_find, jnp.array([2., 3.]), {})",
+    "implicit_root": "lambda: (eccentric_anomaly, jnp.array([1., .3]), {})",
 }
 
 # Run in the child process: defines the functions the cases name.
@@ -92,6 +93,10 @@ class Tanh(Sech2):  # its rules bind Sech2: checked at second order too
 
 def tanh(x):
   return Tanh(jax.typeof(x))(x)
+
+def eccentric_anomaly(p):  # hijax.implicit's root: Kepler's equation
+  from hijax.implicit import root
+  return root(lambda E, p: E - p[..., 1] * jnp.sin(E) - p[..., 0], p[..., 0], p)
 
 def root_find(a):
   import optimistix as optx

@@ -156,6 +156,49 @@ def test_the_second_order_checks_of_derived_functions_are_in_the_program():
   assert names == ["jit(program)", "jit(tanh_reference)"], names
 
 
+
+def test_a_declared_zero_tangent_is_checked_with_one_compiled_jvp():
+  """vjp_fwd declares the second output's tangent zero, so the nzs_out
+  check differentiates the primitive at its arguments: one compiled jvp
+  for the vjp and lin modes together, and one compiled evaluation of the
+  arguments (both were evaluated op by op, a solver's loop compiling each
+  of its operations)."""
+  from hijax import HiPrim
+
+  @jax.jit
+  def sin_and_step_reference(x):
+    return jnp.sin(x), jnp.floor(x)
+
+  class SinAndStep(HiPrim):
+    def __init__(self, x_aval):
+      self.in_avals, self.out_aval, self.params = (x_aval,), (x_aval,) * 2, {}
+      super().__init__()
+
+    def expand(self, x):
+      return sin_and_step_reference(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), (jnp.cos(x) * t, jnp.zeros_like(t))
+
+    def vjp_fwd(self, nzs_in, x):
+      return self(x), jnp.cos(x), (True, False)
+
+    def vjp_bwd_retval(self, cos_x, g):
+      return (g[0] * cos_x,)
+
+    def lin(self, nzs_in, x):
+      return self(x), jnp.cos(x), (True, False)
+
+    def linearized(self, cos_x, t):
+      return cos_x * t, None
+
+  names = _lowered(lambda x: SinAndStep(jax.typeof(x))(x),
+                   jnp.array([0.3, 1.7]), modes=("expand", "vjp", "lin"),
+                   order=1)
+  assert names == ["jit(program)", "jit(sin_and_step_reference)",
+                   "jit(application_inputs)", "jit(_prim_jvp)"], names
+
 _CACHED_CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])  # tests/, for zoo

@@ -105,6 +105,8 @@ class CheckContext:
   # the second-order mode's derived functions, with their contexts (made by
   # hijax.testing._run.add_parts; None until then)
   derived: list | None = dataclasses.field(init=False, default=None)
+  # what the checks of several modes compute once (by name)
+  memo: dict = dataclasses.field(init=False, default_factory=dict)
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,

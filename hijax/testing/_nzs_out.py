@@ -38,6 +38,23 @@ def _tangent_like(ctx, x):
   return on_device(ctx.rng.standard_normal(aval.shape).astype(aval.dtype))
 
 
+def _prim_jvp(prim, direction, p_leaves, tangents):
+  """``jax.jvp`` of ``prim`` at its argument leaves ``p_leaves``, along
+  ``tangents`` for the leaves in ``direction``."""
+  def f(*xs):
+    leaves = list(p_leaves)
+    for i, x in zip(direction, xs):
+      leaves[i] = x
+    return prim(*jax.tree.unflatten(prim.in_tree, leaves))
+  return jax.jvp(f, tuple(p_leaves[i] for i in direction), tuple(tangents))
+
+
+# One program per primitive (equal instances are one) and types, whichever
+# context or mode asks (vjp and lin, the second-order mode's derived
+# functions, which bind the same primitive).
+_prim_jvp_compiled = jax.jit(_prim_jvp, static_argnums=(0, 1))
+
+
 def _zero_derivatives(ctx, prim, p_args, zero_outs):
   """``{k: (max |J ṫ| of output leaf k, allowed, label)}`` for the outputs in
   ``zero_outs``, from the jvp rule or finite differences; None if neither
@@ -52,16 +69,14 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   if "jvp" in defined_rules(prim):
     tangents = [_tangent_like(ctx, p_leaves[i]) for i in direction]
 
-    def f(*xs):
-      leaves = list(p_leaves)
-      for i, x in zip(direction, xs):
-        leaves[i] = x
-      return prim(*jax.tree.unflatten(prim.in_tree, leaves))
-    try:
-      out, t_out = jax.jvp(f, tuple(p_leaves[i] for i in direction),
-                           tuple(tangents))
-    except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
-      out = None
+    out = None
+    # compiled (one program, not one per operation), else eagerly
+    for how in ([_prim_jvp_compiled] if ctx.settings.jit else []) + [_prim_jvp]:
+      try:
+        out, t_out = how(prim, direction, list(p_leaves), list(tangents))
+        break
+      except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
+        continue
     if out is not None:
       result = {}
       outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)  # pyright: ignore[reportPossiblyUnboundVariable]
@@ -131,6 +146,21 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
   return None if p_args is None else nzs_of(rule(nzs_in, *p_args))
 
 
+def _application_values(ctx) -> list:
+  """The arguments of each primitive ``prim_fn`` applies at its top level
+  (`applications`), found in one compiled evaluation of its expansion
+  (evaluated op by op, a loop or a solver compiles each of its operations),
+  else eagerly."""
+  def application_inputs(*args):
+    return [a for _, a in applications(ctx.prim_fn, args)]
+  if ctx.settings.jit:
+    try:
+      return jax.jit(application_inputs)(*ctx.args)
+    except Exception:  # pylint: disable=broad-except  (eagerly: same values)
+      pass
+  return application_inputs(*ctx.args)
+
+
 def check_nzs_out(ctx: CheckContext, mode):
   """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
   declared symbolically zero must have a zero derivative. Arguments and
@@ -139,12 +169,11 @@ def check_nzs_out(ctx: CheckContext, mode):
   method = "vjp_fwd" if mode == "vjp" else "lin"
   if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
     return
-  evaluated = []  # the arguments' values, found when first needed
-
-  def values(j):
-    if not evaluated:
-      evaluated.append([a for _, a in applications(ctx.prim_fn, ctx.args)])
-    return evaluated[0][j] if j < len(evaluated[0]) else None
+  def values(j):  # found when first needed, once per context
+    if "application values" not in ctx.memo:
+      ctx.memo["application values"] = _application_values(ctx)
+    found = ctx.memo["application values"]
+    return found[j] if j < len(found) else None
 
   for j, (prim, p_types) in enumerate(application_types(ctx.prim_fn,
                                                         ctx.args)):
