@@ -175,8 +175,9 @@ def check_nzs_out(ctx: CheckContext, mode):
     found = ctx.memo["application values"]
     return found[j] if j < len(found) else None
 
-  for j, (prim, p_types) in enumerate(application_types(ctx.prim_fn,
-                                                        ctx.args)):
+  if "application types" not in ctx.memo:  # for the vjp and lin modes
+    ctx.memo["application types"] = application_types(ctx.prim_fn, ctx.args)
+  for j, (prim, p_types) in enumerate(ctx.memo["application types"]):
     name = f"{type(prim).__name__}.{method}"
     p_leaves = jax.tree.leaves(p_types)
     nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(a) for a in p_leaves])

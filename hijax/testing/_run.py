@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import numpy as np
 
 from hijax._internals import partial_eval as _pe
 from hijax.testing._batching import add_batch_parts, check_batch
@@ -31,8 +30,6 @@ def _derived_functions(ctx: CheckContext, modes):
   xs = [ctx.leaves[i] for i in direction]
   x_names = [ctx.leaf_names[i] for i in direction]
   out_names = [ctx.out_names[i] for i in ctx.out_float_idx]
-  outs = [np.zeros(ctx.out_avals[i].shape, ctx.out_avals[i].dtype)
-          for i in ctx.out_float_idx]
   rng = ctx.rng.spawn(1)[0]
   n = len(xs)
   derived = []
@@ -46,7 +43,7 @@ def _derived_functions(ctx: CheckContext, modes):
     derived.append((
         "vjp", "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
         lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
-        xs + [ctx.random_like(y, rng) for y in outs],
+        xs + [ctx.random_like(y, rng) for y in ctx.zeros_like_outputs()],
         x_names + [f"ȳ for {m}" for m in out_names]))
   if ctx.has("lin") and "lin" in modes:
     derived.append((
@@ -71,14 +68,14 @@ class _Derived:
   prims: list = dataclasses.field(default_factory=list)
 
 
-def _add_derived(ctx: CheckContext, modes) -> list[_Derived]:
+def _add_derived(ctx: CheckContext, modes):
   """Makes the contexts of the derived functions that bind hijax primitives
-  again (into ``ctx.derived``, also returned) and adds their parts to
-  ``ctx``'s program, so that they are compiled with it."""
-  ctx.derived = derived = []
+  again (into ``ctx.derived``) and adds their parts to ``ctx``'s program,
+  so that they are compiled with it."""
+  ctx.derived = []
   for kind, what, g, g_args, names in _derived_functions(ctx, modes):
     entry = _Derived(kind, what)
-    derived.append(entry)
+    ctx.derived.append(entry)
     try:
       closed = jax.make_jaxpr(g)(*g_args)
       live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
@@ -98,7 +95,6 @@ def _add_derived(ctx: CheckContext, modes) -> list[_Derived]:
       entry.sub = sub
     except Exception as e:  # pylint: disable=broad-except  (reported by check_second_order)
       entry.error = e
-  return derived
 
 
 def check_second_order(ctx: CheckContext):
@@ -109,10 +105,8 @@ def check_second_order(ctx: CheckContext):
     ctx.skip("second_order", "no floating-point inputs or outputs")
     return
   check_differentiated_rules(ctx)
-  derived = ctx.derived
-  if derived is None:  # its parts were not added before
-    derived = _add_derived(ctx, ctx.requested)
-  for entry in derived:
+  assert ctx.derived is not None, "run() adds the parts (add_parts) first"
+  for entry in ctx.derived:
     what = entry.what
     if ctx.out_of_time("second_order", f"the rules bound by {what}"):
       continue
