@@ -226,3 +226,50 @@ def test_a_passing_report_says_so_first():
   assert str(report).splitlines()[0].startswith(
       "check_rules on sin (custom_jvp) in float64: PASSED: ")
   assert np.all([report.compared.get(r, 0) > 0 for r in report.required])
+
+
+# --- blame the rule that is wrong first ------------------------------------------
+
+def test_a_wrong_rule_of_an_inner_primitive_is_named_first():
+  """SinN's jvp binds CosN, whose jvp has the wrong sign: SinN's second
+  derivatives fail because of it, and the error names CosN first (before:
+  SinN.vjp_fwd/vjp_bwd_retval)."""
+  from hijax import HiPrim
+  from hijax.derived import vjp_from_jvp
+
+  class CosN(HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.cos(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), jnp.sin(x) * t  # the sign is wrong
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  class SinN(HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.sin(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), CosN(jax.typeof(x))(x) * t
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(lambda x: SinN(jax.typeof(x))(x), jnp.array([0.3, 1.2]))
+  assert raised.value.rule == "CosN.jvp"
+  message = str(raised.value)
+  assert message.splitlines()[1].startswith("CosN.jvp")
+  assert "fix them first" in message
+  rules = [f.rule for f in raised.value.failures]
+  assert any(r.startswith("SinN") for r in rules)
+  assert rules.index("CosN.jvp") < min(
+      i for i, r in enumerate(rules) if r.startswith("SinN"))

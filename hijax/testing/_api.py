@@ -342,6 +342,7 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     if report.failures:
       _blame_alone(prim_fn, ctx.args, ctx.prims, settings, ctx.rng, report,
                    tuple(modes))
+      _inner_first(ctx, report)
     report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:
@@ -404,6 +405,21 @@ def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
         "program gives them (one called only inside a loop or a branch is "
         "not taken out): the failures are those of the program as a "
         "whole"))
+
+
+def _inner_first(ctx: CheckContext, report: RuleReport):
+  """Puts first the failures of primitives that the checked rules bind (a
+  jvp rule that calls another primitive, whose own rule is wrong): the
+  outer rules' failures can follow from them, so the error names the rule
+  to fix first."""
+  outer = {name for rules in ctx.rules for name in rules.values()}
+  inner = [f for f in report.failures
+           if f.rule not in outer and f.rule != "prim_fn"]
+  if inner and len(inner) < len(report.failures):
+    rest = [f for f in report.failures if f not in inner]
+    report.failures[:] = inner + rest
+    report.inner_first = sorted({f.rule for f in inner},
+                                key=[f.rule for f in inner].index)
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

@@ -163,7 +163,8 @@ def check_differentiated_rules(ctx: CheckContext):
                 got_label=("jvp of the backward pass" if mode == "vjp"
                            else "jvp of the tangent map"),
                 want_label="finite differences", bounds=est.bounds,
-                rule=rule, skip=est.skipped(), uncounted=est.uncounted())
+                rule=rule, skip=est.skipped(), uncounted=est.uncounted(),
+                own=est.own)
 
 
 def _raised(ctx, check, inputs, e, rule, what):
