@@ -114,7 +114,8 @@ class CheckContext:
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,
-                                         self.settings.jit)
+                                         self.settings.jit,
+                                         budget=self.settings.budget)
     self.leaves, self.in_tree = jax.tree.flatten(self.args)
     self.rules = [defined_rules(p) for p in self.prims]
     # a surrogate's derivative is not the function's: never compared with
