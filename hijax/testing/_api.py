@@ -16,9 +16,11 @@ from hijax.testing._discovery import (CustomRules, custom_calls,
                                       find_custom_rules, find_hiprims)
 from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
-from hijax.testing._report import (DERIVATIVE_MODES, MODES, RuleCheckError,
+from hijax.testing._report import (DERIVATIVE_MODES, INCONCLUSIVE, MODES,
+                                   InconclusiveCheckError, RuleCheckError,
                                    RuleReport)
 from hijax.testing._run import add_parts, run
+from hijax.testing._surrogate import Surrogates
 
 
 def _to_dtype(x, dtype):
@@ -127,6 +129,28 @@ def _plan(ctx: CheckContext, modes, explicit) -> list[str]:
   return to_run
 
 
+def _required(ctx: CheckContext, plan) -> list[str]:
+  """The rules of the modes planned that must be compared conclusively for
+  a report to pass: those of the modes that apply at this point (the
+  derivative modes and transpose need floating-point inputs and outputs);
+  `expand` where it is compared with values (a hijax primitive's, or any
+  with ``jit=False``), not only with types."""
+  rules = []
+  for mode in plan:
+    if mode == "second_order":
+      continue
+    if mode in DERIVATIVE_MODES and not (ctx.float_idx and ctx.out_float_idx):
+      continue
+    if mode == "transpose" and not ctx.out_float_idx:
+      continue
+    if mode == "expand" and ctx.fd_of != "expand" and ctx.settings.jit:
+      continue
+    name = ctx.rule_name(mode)
+    if name not in rules:
+      rules.append(name)
+  return rules
+
+
 def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,
                 atol: float | None = None, rtol: float | None = None,
                 eps: float | None = None, x64: bool | None = None,
@@ -137,7 +161,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                 raise_on_failure: bool = True,
                 time_budget: float | str | None = "default",
                 progress: bool | Callable[[str], None] | None = None,
-                require_second_order: bool = False) -> RuleReport:
+                require_second_order: bool = False,
+                accept_inconclusive: bool = False,
+                surrogates: Iterable[Any] = ()) -> RuleReport:
   """Checks the rules of the hijax primitives that ``prim_fn`` binds.
 
   Args:
@@ -224,8 +250,17 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       everything runs eagerly: slower, but an `expand` that branches in
       Python on values works (leave out the ``"expand"`` mode, whose check
       includes a jitted call).
-    raise_on_failure: when False, return the report with its ``failures``
-      instead of raising.
+    raise_on_failure: when False, return the report whatever its verdict
+      (with its ``failures``) instead of raising.
+    accept_inconclusive: return an inconclusive report instead of raising
+      `InconclusiveCheckError` (see Returns).
+    surrogates: the custom derivative functions (``jax.custom_jvp``,
+      ``jax.custom_vjp``, hijax's decorators) and `HiPrim` classes whose
+      rules are deliberately not the derivative (a straight-through
+      estimator, a gradient clipper): they are never compared with the
+      function's finite differences, only with each other, with loops and
+      for types, and the report lists them (``report.surrogates``). Those
+      marked with `hijax.testing.surrogate` are surrogates too.
     time_budget: seconds the run may take; ``"default"`` allows
       30 seconds per rule checked, None no limit. Once it is
       spent, no further check starts: those are listed in the report's
@@ -243,12 +278,22 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   Returns:
     A `RuleReport` listing the checks that ran, the modes skipped, what was
     inconclusive (and why), the rules found first-order only and the checks
-    skipped for time.
+    skipped for time, with its verdict: ``"passed"`` only where no
+    comparison failed and every rule checked was compared conclusively (at
+    some output element, in some direction); ``"failed"`` where a
+    comparison failed; ``"inconclusive"`` otherwise (nothing could be
+    judged: finite differences that resolve nothing at this point, every
+    check skipped for time, ...). A report that compared nothing never
+    passes.
 
   Raises:
-    RuleCheckError: (an ``AssertionError``) if a check fails. Its message has
-      one paragraph per failure naming the rule, the check, the input and the
-      largest error.
+    RuleCheckError: (an ``AssertionError``) if a comparison fails. Its
+      message has one paragraph per failure naming the rule, the check, the
+      input and the largest error.
+    InconclusiveCheckError: (an ``AssertionError``, not a `RuleCheckError`)
+      if nothing failed but some rule was not compared conclusively, unless
+      ``accept_inconclusive`` (or ``raise_on_failure=False``). Its message
+      says which rules, why, and what would make them judgeable.
   """
   __tracebackhide__ = True  # pylint: disable=unused-variable
   if isinstance(modes, str):
@@ -262,6 +307,7 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   check_arrays("argument", "args",
                jax.tree_util.tree_flatten_with_path(args)[0],
                lambda x: real_or_int(jnp.result_type(x)))
+  declared = Surrogates(surrogates)
   def context_at(args, dtype):
     """The context of the checks at ``args``, and the modes to run."""
     closed = jax.make_jaxpr(prim_fn)(*args)
@@ -276,19 +322,22 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                         batch_in_axes=batch_in_axes,
                         linear_argnums=linear_argnums, order=order, jit=jit,
                         require_second_order=require_second_order,
-                        budget=Budget.of(time_budget, progress, len(prims)))
+                        budget=Budget.of(time_budget, progress, len(prims)),
+                        surrogates=declared)
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
+    report = RuleReport([repr(p) for p in prims], dtype)
+    report.surrogates = [repr(p) for p in prims if p in declared]
     ctx = CheckContext(prim_fn, args, names, settings,
-                       np.random.default_rng(seed),
-                       RuleReport([repr(p) for p in prims], dtype), prims,
+                       np.random.default_rng(seed), report, prims,
                        requested=tuple(modes))
     return ctx, _plan(ctx, modes, explicit)
 
   with contextlib.ExitStack() as stack:
     ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
     report, settings = ctx.report, ctx.settings
+    report.required = _required(ctx, plan)
     run(ctx, plan)
     if report.failures:
       _blame_alone(prim_fn, ctx.args, ctx.prims, settings, ctx.rng, report,
@@ -304,6 +353,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
         "time_budget=None for no limit)", stacklevel=2)
   if report.failures and raise_on_failure:
     raise RuleCheckError(report)
+  if (report.verdict == INCONCLUSIVE and raise_on_failure
+      and not accept_inconclusive):
+    raise InconclusiveCheckError(report)
   return report
 
 
@@ -336,6 +388,9 @@ def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
   report.inconclusive += alone.inconclusive
   report.first_order_only += alone.first_order_only
   report.skipped_for_time += alone.skipped_for_time
+  report.unjudged += alone.unjudged
+  for rule, n in alone.compared.items():
+    report.compared[rule] = report.compared.get(rule, 0) + n
   if alone.failures:
     named = sorted({f.rule for f in report.failures})
     report.failures[:] = alone.failures

@@ -35,6 +35,18 @@ The tolerance model (documented on the checking-rules page):
   ``eps |f|``), and the step with the smallest estimate is used. A step
   counts only where every finer quotient agrees with it up to twice that
   quotient's rounding. The comparison allows twice the estimate.
+* **Exact differences are exact.** Where every quotient is the same to
+  the last bit (a function flat, linear or piecewise constant along the
+  tangent at these steps: ``round``, a gradient clipper's backward pass in
+  ``x``), that is the value, with a bound of what the function's rounding
+  could hide at the largest step (``σ / h``, with ``σ`` as below) and the
+  quotient's rounding: a rule that says otherwise fails. It is *resolved*
+  where that bound is small next to the derivative (its own or its leaf's,
+  as below); elsewhere (a flat function, derivative 0) it is *bounded*: a
+  rule outside the bound fails, and one inside it counts as judged only
+  where it gives exactly that value (a piecewise-constant function's exact
+  zero; a small slope hidden by rounding, sech² near 0 in float32, is not
+  confirmed by a rule's value below the bound).
 * **A verdict per element.** An element is *resolved* (compared within its
   bound), *unresolved* (its error estimate is of the order of its value: it
   is compared only for NaN), *not smooth* (the second differences
@@ -59,7 +71,7 @@ from hijax.testing._numerics import on_device
 from hijax.testing._steps import (candidate_steps, normalizer, shifted,
                                   to64)
 
-RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE = 0, 1, 2, 3
+RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE, BOUNDED = 0, 1, 2, 3, 4
 
 # What an element's verdict means, as the report says it.
 REASONS = {
@@ -70,6 +82,10 @@ REASONS = {
                 "differences disagree)",
     NOT_FINITE: "not finite on one side of the point (a domain boundary or "
                 "a pole), or infinite at it",
+    BOUNDED: "flat at this point in this dtype (the function is constant "
+             "to its last bit at every step), which bounds the derivative "
+             "but does not resolve it: a rule is only checked to stay "
+             "within that bound",
 }
 
 # Elements with these verdicts are not compared with anything.
@@ -128,6 +144,12 @@ class FDEstimate:
       with np.errstate(invalid="ignore"):
         out.append(~np.isin(s, SKIPPED) & ~(np.abs(np.asarray(v)) > b))
     return out
+
+  def uncounted(self) -> list[np.ndarray]:
+    """Per output leaf, the elements compared with a finite bound that do
+    not count as judged unless a rule gives exactly their value
+    (`BOUNDED`: they can refute a rule, not confirm a small one)."""
+    return [s == BOUNDED for s in self.status]
 
   def skipped(self) -> list[np.ndarray]:
     """Per output leaf, the elements compared with nothing (not smooth or
@@ -332,6 +354,17 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
         bound = np.where(lost, 2 * (spread + np.abs(finest))
                          + np.take_along_axis(rounding, last[None], 0)[0],
                          bound)
+      # exact differences: every quotient the same, to the last bit (a
+      # function flat, linear or piecewise constant along t at these
+      # steps). Their value is known: what the function's rounding could
+      # hide at the largest step, and the quotient's own rounding, bound it.
+      exact = (np.all(valid, 0) & np.all(D == D[:1], 0) if n >= 3
+               else np.zeros(f0.shape, bool))
+      if np.any(exact):
+        tiny = float(np.finfo(np.dtype(dtype)).tiny)
+        hidden = np.maximum(sigma, tiny) / steps[0]
+        value = np.where(exact, D[0], value)
+        bound = np.where(exact, 2 * (hidden + 4 * ulp * np.abs(D[0])), bound)
       verdict = np.full(f0.shape, RESOLVED, np.int8)
       verdict[_not_smooth(S, valid, level)] = NOT_SMOOTH
       verdict[(finite0 & ~np.any(valid, 0)) | np.isinf(f0)] = NOT_FINITE
@@ -345,8 +378,15 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       # about zero, which holds only where f is seen to be smooth
       small = ok & ~unresolved & ~(bound <= np.abs(value))
       unresolved |= small & _rough(S, valid, sigma)
+      unresolved &= ~exact
       verdict[unresolved] = UNRESOLVED
-      bound = np.where(verdict == RESOLVED, bound, np.inf)
+      if np.any(exact):
+        # resolved where the bound is small next to the derivative (its
+        # own or its leaf's); else it only bounds it
+        coarse = exact & (verdict == RESOLVED) & ~(
+            bound <= 0.5 * np.maximum(np.abs(value), top))
+        verdict[coarse] = BOUNDED
+      bound = np.where(np.isin(verdict, (RESOLVED, BOUNDED)), bound, np.inf)
       # what rounding the inputs to their own dtype changes: in f, eps |J t|
       # (t of the size of x); in J t, eps t'H t (from the finest second
       # difference above rounding, or the rounding itself)

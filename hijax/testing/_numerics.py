@@ -207,6 +207,22 @@ def allowed_error(want, tol: Tol, bound=None) -> np.ndarray:
   return allowed
 
 
+def judged_elements(want, tol: Tol, bound=None, skip=None) -> int:
+  """How many elements of ``want`` a comparison with it judges: those not
+  skipped, with a finite error allowed, where ``want`` is not NaN (an
+  element allowed any error, as an unresolved finite difference is, is
+  compared only for NaN, which judges nothing of its value)."""
+  want = np.asarray(want)
+  if not is_float(want):
+    return int(want.size)
+  w = wide(want)
+  with np.errstate(invalid="ignore"):
+    ok = ~np.isnan(w) & np.isfinite(allowed_error(want, tol, bound))
+  if skip is not None:
+    ok &= ~np.asarray(skip, bool)
+  return int(np.sum(ok))
+
+
 def compare_leaf(got, want, tol: Tol, bound=None, skip=None):
   """Returns (max_abs_error, index, got_value, want_value) of the worst
   violation of ``|got - want| <= allowed_error(want, tol, bound)``, or None.
