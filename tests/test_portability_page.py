@@ -57,3 +57,15 @@ def test_every_cell_of_the_page_runs_on_the_installed_jax(jax_config):
                     | {"HiPrim.jet_from_expand", "HiPrim.check_args",
                        "HiPrim.batch_dim_rule", "HiPrim.pp_params",
                        "hijax.testing", "hijax.implicit", "hijax.debug"})
+
+
+def test_the_api_page_counts_the_deliberate_differences_the_page_lists():
+  """docs/api.md summarises portability's "Where hijax differs on purpose"
+  table: it gives their number, and names physicalize among them."""
+  section = PAGE.read_text().split("## Where hijax differs on purpose", 1)[1]
+  section = section.split("\n## ", 1)[0]
+  rows = [l for l in section.splitlines() if l.startswith("| ") and "---" not in l][1:]
+  api = (PAGE.parent / "api.md").read_text()
+  words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+  assert f"differs on purpose in {words[len(rows)]} places" in " ".join(api.split())
+  assert any("physicalize" in row for row in rows)
