@@ -21,28 +21,42 @@ import pytest
 pytestmark = pytest.mark.pages
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location(
-    "visible_cells", ROOT / "tools" / "visible_cells.py")
-visible_cells = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(visible_cells)
+TOOL = ROOT / "tools" / "visible_cells.py"  # not in the sdist, nor are the pages
 
-PAGES = visible_cells.pages()
+
+def _pages():
+  """The notebook pages under docs/ (those with a kernelspec)."""
+  return [md.stem for md in sorted((ROOT / "docs").glob("*.md"))
+          if "kernelspec:" in md.read_text(encoding="utf-8").split("\n---", 1)[0]]
 
 
 @pytest.fixture(scope="module")
-def runner():
+def visible_cells():
   pytest.importorskip("jupytext")
+  spec = importlib.util.spec_from_file_location("visible_cells", TOOL)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def runner(visible_cells):
   with visible_cells.Runner() as r:
     yield r
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_visible_cells_run_alone(page, runner):
+@pytest.mark.parametrize("page", _pages())
+def test_visible_cells_run_alone(page, runner, visible_cells):
   failure, _ = runner.run(page)
   assert failure is None, visible_cells.describe(page, failure)
 
 
-def test_a_name_only_a_hidden_cell_defines_fails(runner, tmp_path, monkeypatch):
+def test_the_pages_are_found_as_the_tool_finds_them(visible_cells):
+  assert _pages() == visible_cells.pages() and len(_pages()) >= 15
+
+
+def test_a_name_only_a_hidden_cell_defines_fails(runner, visible_cells, tmp_path,
+                                                 monkeypatch):
   """The runner drops hidden cells (a page that passes nbval fails here) and
   holds a raises-exception cell to raising."""
   page = tmp_path / "made-up.md"

@@ -2,17 +2,23 @@
 """Run what a reader can copy from the site: each page's visible code cells,
 alone, in order, in a fresh Python process.
 
-  python tools/visible_cells.py [PAGE ...] [-j N]
+  python tools/visible_cells.py [PAGE ...]
 
 A page's visible cells are its code cells the site shows: those tagged
 ``remove-cell`` (checks and setup) or ``remove-input`` (only the output is
-shown) are dropped. Each page runs in a process of its own, started in docs/
-as the notebook build runs it, with matplotlib drawing off screen; a cell
-tagged ``raises-exception`` must raise, any other must not. A visible cell
-that reads a name only a hidden cell defines, or needs a setting only a
-hidden cell makes, fails here with the reader's NameError or ValueError.
+shown) are dropped. Each page runs in a process of its own, in docs/ as the
+notebook build runs it, with matplotlib drawing off screen and none of a
+test run's XLA flags; a cell tagged ``raises-exception`` must raise, any
+other must not. A visible cell that reads a name only a hidden cell
+defines, or needs a setting only a hidden cell makes, fails here with the
+reader's NameError or ValueError.
 
-`visible_cells` and `run_page` are used by tests/test_visible_cells.py.
+The process of each page is forked from one that has imported JAX and the
+pages' libraries (`PRELOAD`) and nothing else, so a page's run skips the
+seconds a fresh import takes: the saving that keeps this cheap enough for
+CI, with the compilation cache the `tests` session shares with nbval.
+`pages`, `visible_cells`, `Runner` and `describe` are used by
+tests/test_visible_cells.py.
 """
 from __future__ import annotations
 
