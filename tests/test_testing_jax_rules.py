@@ -350,7 +350,7 @@ def test_a_spent_time_budget_skips_the_rest_and_says_so():
   # nothing was compared: never a pass
   assert report.verdict == "inconclusive" and not report.passed
   assert not report.ran and not report.complete and report.conclusive == 0
-  assert report.skipped_for_time[0].startswith("expand")
+  assert any(s.startswith("expand") for s in report.skipped_for_time)
   assert "skipped for time" in str(report)
   report = check_rules(csin, Z, order=1, progress=lines.append)
   assert report.skipped_for_time == [] and report.seconds > 0

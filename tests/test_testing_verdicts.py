@@ -226,3 +226,83 @@ def test_a_passing_report_says_so_first():
   assert str(report).splitlines()[0].startswith(
       "check_rules on sin (custom_jvp) in float64: PASSED: ")
   assert np.all([report.compared.get(r, 0) > 0 for r in report.required])
+
+
+# --- blame the rule that is wrong first ------------------------------------------
+
+def test_a_wrong_rule_of_an_inner_primitive_is_named_first():
+  """SinN's jvp binds CosN, whose jvp has the wrong sign: SinN's second
+  derivatives fail because of it, and the error names CosN first (before:
+  SinN.vjp_fwd/vjp_bwd_retval)."""
+  from hijax import HiPrim
+  from hijax.derived import vjp_from_jvp
+
+  class CosN(HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.cos(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), jnp.sin(x) * t  # the sign is wrong
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  class SinN(HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.sin(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), CosN(jax.typeof(x))(x) * t
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(lambda x: SinN(jax.typeof(x))(x), jnp.array([0.3, 1.2]))
+  assert raised.value.rule == "CosN.jvp"
+  message = str(raised.value)
+  assert message.splitlines()[1].startswith("CosN.jvp")
+  assert "fix them first" in message
+  rules = [f.rule for f in raised.value.failures]
+  assert any(r.startswith("SinN") for r in rules)
+  assert rules.index("CosN.jvp") < min(
+      i for i, r in enumerate(rules) if r.startswith("SinN"))
+
+
+# --- the time budget is kept ---------------------------------------------------------
+
+def test_a_compile_past_the_budget_is_abandoned(monkeypatch):
+  """A compile runs in one piece (hyp2f1's one program: minutes): past 1.4
+  times the budget it is abandoned and the run ends, inconclusive, within
+  1.5 times its budget (before: it ran to its end, 5 to 8 times over)."""
+  import time
+  stages = pytest.importorskip("jax.stages")
+  compile_ = stages.Lowered.compile
+
+  def slow(self, *args, **kwargs):
+    time.sleep(4.0)
+    return compile_(self, *args, **kwargs)
+  monkeypatch.setattr(stages.Lowered, "compile", slow)
+
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+
+  @sin.defjvp
+  def _(primals, tangents):
+    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  start = time.monotonic()
+  with pytest.warns(UserWarning, match="time budget"):
+    report = check_rules(sin, X, time_budget=1.0, accept_inconclusive=True)
+  took = time.monotonic() - start
+  assert took < 1.5 * 1.0 + 0.5, took
+  assert report.verdict == "inconclusive" and report.conclusive == 0
+  assert report.skipped_for_time[0].startswith("the run stopped: compiling")
+  assert "abandoned" in report.skipped_for_time[0]
+  assert "jvp: the checks not yet run" in report.skipped_for_time

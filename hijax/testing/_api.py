@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._budget import Budget
+from hijax.testing._budget import (HARD_LIMIT, SECONDS_PER_RULE, Budget,
+                                   BudgetSpent)
 from hijax.testing._context import CheckContext, Settings
 from hijax.testing._discovery import (CustomRules, custom_calls,
                                       find_custom_rules, find_hiprims)
@@ -49,6 +50,7 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
   program the checks will run (``prim_fn`` and every transformation they
   evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
   is evaluated by it at the point."""
+  ctx = None
   try:
     ctx, plan = context_at(args, dtype)
     if not jit:
@@ -56,6 +58,9 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
     add_parts(ctx, plan)
     jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
     return ctx, plan
+  except BudgetSpent as e:  # the run ends: its report is this context's
+    e.prepared = None if ctx is None else (ctx, plan)
+    raise
   except Exception:  # pylint: disable=broad-except
     return None
 
@@ -264,8 +269,10 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     time_budget: seconds the run may take; ``"default"`` allows
       30 seconds per rule checked, None no limit. Once it is
       spent, no further check starts: those are listed in the report's
-      ``skipped_for_time`` and a warning says so (a check that has started
-      runs to its end).
+      ``skipped_for_time`` and a warning says so. A check that has started
+      runs to its end, but a compile still running at 1.4 times the budget
+      is abandoned (it runs in a thread of its own) and the run ends there,
+      so a run ends within about 1.5 times its budget.
     progress: where the run says what it is doing: None prints a line to
       ``stderr`` now and then once a run has taken 10 seconds, True from
       the start, False never; a function receives each line instead.
@@ -308,6 +315,7 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                jax.tree_util.tree_flatten_with_path(args)[0],
                lambda x: real_or_int(jnp.result_type(x)))
   declared = Surrogates(surrogates)
+  budget = Budget.of(time_budget, progress, 1)  # one for the whole run
   def context_at(args, dtype):
     """The context of the checks at ``args``, and the modes to run."""
     closed = jax.make_jaxpr(prim_fn)(*args)
@@ -318,12 +326,13 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
           "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
           "jax.custom_vjp function: pass a function that applies one, "
           "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
+    if time_budget == "default":  # per rule checked
+      budget.seconds = SECONDS_PER_RULE * max(1, len(prims))
     settings = Settings(defaults(atol, rtol), eps, batch_size=batch_size,
                         batch_in_axes=batch_in_axes,
                         linear_argnums=linear_argnums, order=order, jit=jit,
                         require_second_order=require_second_order,
-                        budget=Budget.of(time_budget, progress, len(prims)),
-                        surrogates=declared)
+                        budget=budget, surrogates=declared)
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
@@ -335,13 +344,22 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     return ctx, _plan(ctx, modes, explicit)
 
   with contextlib.ExitStack() as stack:
-    ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
+    try:
+      ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
+    except BudgetSpent as e:  # before the first check
+      ctx, plan = getattr(e, "prepared", None) or context_at(args, "float64")
+      _stopped(ctx, plan, e)
+    else:
+      ctx.report.required = _required(ctx, plan)
+      try:
+        run(ctx, plan)
+        if ctx.report.failures:
+          _blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
+                       ctx.report, tuple(modes))
+          _inner_first(ctx, ctx.report)
+      except BudgetSpent as e:
+        _stopped(ctx, plan, e)
     report, settings = ctx.report, ctx.settings
-    report.required = _required(ctx, plan)
-    run(ctx, plan)
-    if report.failures:
-      _blame_alone(prim_fn, ctx.args, ctx.prims, settings, ctx.rng, report,
-                   tuple(modes))
     report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:
@@ -404,6 +422,35 @@ def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
         "program gives them (one called only inside a loop or a branch is "
         "not taken out): the failures are those of the program as a "
         "whole"))
+
+
+def _stopped(ctx: CheckContext, plan, e: BudgetSpent):
+  """Ends a run that a compile past the hard limit stopped: what did not
+  run is skipped for time, and the report says what was abandoned."""
+  report = ctx.report
+  if not report.required:
+    report.required = _required(ctx, plan)
+  done = set(report.modes_run)
+  report.skipped_for_time.append(
+      f"the run stopped: {e.what} was still running after {e.seconds:.1f} s, "
+      f"past {HARD_LIMIT:g} times the time budget, and was abandoned")
+  report.skipped_for_time += [f"{mode}: the checks not yet run" for mode in
+                              plan if mode not in done]
+
+
+def _inner_first(ctx: CheckContext, report: RuleReport):
+  """Puts first the failures of primitives that the checked rules bind (a
+  jvp rule that calls another primitive, whose own rule is wrong): the
+  outer rules' failures can follow from them, so the error names the rule
+  to fix first."""
+  outer = {name for rules in ctx.rules for name in rules.values()}
+  inner = [f for f in report.failures
+           if f.rule not in outer and f.rule != "prim_fn"]
+  if inner and len(inner) < len(report.failures):
+    rest = [f for f in report.failures if f not in inner]
+    report.failures[:] = inner + rest
+    report.inner_first = sorted({f.rule for f in inner},
+                                key=[f.rule for f in inner].index)
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

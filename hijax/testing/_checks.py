@@ -127,7 +127,8 @@ def check_jvp(ctx: CheckContext):
     ok &= ctx.compare("jvp", check, inputs, t_out, fd.values,
                       ctx.settings.tol, got_label="jvp",
                       want_label="finite differences", bounds=fd.bounds,
-                      skip=fd.skipped(), uncounted=fd.uncounted())
+                      skip=fd.skipped(), uncounted=fd.uncounted(),
+                      own=fd.own)
     ctx.jvp_ok[direction] = ok
 
 
@@ -210,7 +211,7 @@ def check_lin(ctx: CheckContext):
     if ctx.out_of_time("lin", ctx.describe_direction(direction)):
       continue
     inputs = ctx.describe_inputs(direction)
-    ref, ref_label, bounds, tangents, uncounted = ctx.tangent_reference(
+    ref, ref_label, bounds, tangents, uncounted, own = ctx.tangent_reference(
         direction, [ctx.random_like(ctx.leaves[i]) for i in direction])
     if ctx.surrogate and bounds is not None:
       ctx.skip_by_intent("lin", f"linearized vs {ref_label}: a surrogate's "
@@ -233,7 +234,7 @@ def check_lin(ctx: CheckContext):
     skip = [~ok for ok in ctx.judged(direction)]
     ctx.compare("lin", check, inputs, t_out, ref, ctx.settings.tol,
                 got_label="linearized", want_label=ref_label, bounds=bounds,
-                skip=skip, floors=floors, uncounted=uncounted)
+                skip=skip, floors=floors, uncounted=uncounted, own=own)
 
 
 def _linear_sets(ctx: CheckContext):

@@ -114,7 +114,8 @@ class CheckContext:
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,
-                                         self.settings.jit)
+                                         self.settings.jit,
+                                         budget=self.settings.budget)
     self.leaves, self.in_tree = jax.tree.flatten(self.args)
     self.rules = [defined_rules(p) for p in self.prims]
     # a surrogate's derivative is not the function's: never compared with
@@ -247,7 +248,7 @@ class CheckContext:
   def compare(self, mode, check, inputs, got, want, tol, names=None,
               got_label="rule", want_label="reference", rule=None,
               bounds=None, skip=None, floors=None, counts=True,
-              uncounted=None) -> bool:
+              uncounted=None, own=None) -> bool:
     """Compares lists of arrays leaf by leaf; records the worst difference as
     a failure. ``names`` default to the floating-point outputs'; ``bounds``
     are the reference's error bounds (finite differences), ``skip`` the
@@ -258,19 +259,21 @@ class CheckContext:
     (False for a rule's primal output, which says nothing of its
     derivative); ``uncounted`` marks elements compared that count only
     where ``got`` equals ``want`` exactly (a reference that only bounds
-    them: see `FDEstimate.uncounted`)."""
+    them: see `FDEstimate.uncounted`); ``own`` the elements judged on their
+    own scale (`FDEstimate.own`)."""
     names = names or [self.out_names[i] for i in self.out_float_idx]
     bounds = bounds or [None] * len(want)
     skip = skip or [None] * len(want)
     floors = floors or [None] * len(want)
     uncounted = uncounted or [None] * len(want)
+    own = own or [None] * len(want)
     worst = None
     judged = 0
-    for name, g, w, b, k, fl, u in zip(names, got, want, bounds, skip, floors,
-                                       uncounted):
+    for name, g, w, b, k, fl, u, o in zip(names, got, want, bounds, skip,
+                                          floors, uncounted, own):
       if fl is not None:
         b = fl if b is None else b + fl
-      res = compare_leaf(g, w, tol, b, k)
+      res = compare_leaf(g, w, tol, b, k, o)
       if u is not None:  # bounded only: counted where the rule is exact
         u = np.asarray(u, bool) & (np.asarray(g) != np.asarray(w))
         k = u if k is None else np.asarray(k, bool) | u
@@ -528,15 +531,15 @@ class CheckContext:
     """J ṫ from the jvp rule when it is defined and passed its own check,
     else from finite differences (along their own tangents, which then
     replace ``tangents``). Returns (values, label, bounds, tangents,
-    uncounted), where bounds are the error bounds of the values and
-    uncounted the elements they only bound (both None for the jvp
-    rule)."""
+    uncounted, own), where bounds are the error bounds of the values,
+    uncounted the elements they only bound and own those judged on their
+    own scale (all None for the jvp rule)."""
     if self.has("jvp") and self.jvp_ok.get(direction, True):
       try:
         _, t_out = self.jvp_at(direction, tangents)
-        return list(t_out), "the jvp rule", None, tangents, None
+        return list(t_out), "the jvp rule", None, tangents, None, None
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         pass
     est = self.fd(direction)
     return (est.values, f"finite differences of {self.fd_of}", est.bounds,
-            list(est.tangents), est.uncounted())
+            list(est.tangents), est.uncounted(), est.own)

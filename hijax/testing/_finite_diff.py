@@ -32,7 +32,8 @@ The tolerance model (documented on the checking-rules page):
   ``h²``) plus its rounding error (``σ / h``, where ``σ`` is the rounding
   noise of the function, measured from its fourth differences at the two
   smallest steps, with the curvature they share removed, and at least
-  ``eps |f|``), and the step with the smallest estimate is used. A step
+  ``eps |f|`` of its leaf's largest value), and the step with the smallest
+  estimate is used. A step
   counts only where every finer quotient agrees with it up to twice that
   quotient's rounding. The comparison allows twice the estimate.
 * **Exact differences are exact.** Where every quotient is the same to
@@ -117,6 +118,9 @@ class FDEstimate:
       An output that is zero to rounding (the determinant of a singular
       matrix) is compared with this absolute floor.
     center: the outputs at the point, as the function returned them.
+    own: per output leaf, the elements resolved on their own scale (their
+      bound at most half their value): a rule is judged there against the
+      element itself, not against its leaf's largest.
   """
   tangents: list
   values: list
@@ -126,6 +130,7 @@ class FDEstimate:
   evaluations: int
   floors: list = dataclasses.field(default_factory=list)
   center: list = dataclasses.field(default_factory=list)
+  own: list = dataclasses.field(default_factory=list)
 
   def count(self, verdict: int) -> int:
     """The number of output elements with ``verdict``."""
@@ -305,6 +310,7 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
   scale = normalizer(ts, tangent_dtypes)
   f0s = to64(f_x)
   values, bounds, status, floors, resolution = [], [], [], [], 0.0
+  owns = []
   eps_in = max(float(jnp.finfo(d).eps) for d in (
       tangent_dtypes or [np.asarray(t).dtype for t in ts]))
   with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -400,6 +406,8 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       values.append(value.astype((cast_to or out_dtypes)[j]))
       bounds.append(bound)
       status.append(verdict)
+      with np.errstate(invalid="ignore"):
+        owns.append((verdict == RESOLVED) & (bound <= 0.5 * np.abs(value)))
       finite = bound[np.isfinite(bound)]
       if finite.size and top > 0:
         resolution = max(resolution, float(np.max(finite)) / (top / scale))
@@ -407,4 +415,4 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       np.asarray(t).dtype if tangent_dtypes is None else tangent_dtypes[i]))
               for i, t in enumerate(ts)]
   return FDEstimate(tangents, values, bounds, status, resolution, len(points),
-                    floors, list(f_x))
+                    floors, list(f_x), owns)

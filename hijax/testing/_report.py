@@ -91,6 +91,9 @@ class RuleReport:
     by_intent: the rules of surrogates left unjudged by intent (only the
       function could judge them, or they refuse a mode by design): they
       are not required to pass.
+    inner_first: where the checked rules bind other hijax primitives whose
+      own rules failed, those rules: their failures are listed first, since
+      the outer rules' failures can follow from them.
     seconds: how long the run took.
   """
   primitives: list[str]
@@ -107,6 +110,7 @@ class RuleReport:
   unjudged: int = 0
   surrogates: list[str] = dataclasses.field(default_factory=list)
   by_intent: list[str] = dataclasses.field(default_factory=list)
+  inner_first: list[str] = dataclasses.field(default_factory=list)
   seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)
 
   @property
@@ -188,6 +192,10 @@ class RuleReport:
 
   def __str__(self) -> str:
     lines = [self.headline()]
+    if self.inner_first:
+      lines.append(f"  (first the rules that the checked rules bind: "
+                   f"{', '.join(self.inner_first)}; the other failures can "
+                   "follow from them)")
     for f in self.failures[:SHOWN_FAILURES]:
       first, *rest = str(f).splitlines()
       lines.append(f"  FAILED   {first}")
@@ -236,6 +244,12 @@ class RuleCheckError(AssertionError):
     n = len(self.failures)
     head = (f"{n} rule check{'s' if n > 1 else ''} failed for "
             f"{', '.join(report.primitives)} (in {report.dtype}):")
+    if report.inner_first:
+      many = len(report.inner_first) > 1
+      head += (f"\n{', '.join(report.inner_first)}, bound by the rules "
+               f"checked, failed too: fix {'them' if many else 'it'} first "
+               "(listed first), since the other failures can follow from "
+               f"{'them' if many else 'it'}.")
     shown = [str(f) for f in self.failures[:SHOWN_FAILURES]]
     if n > SHOWN_FAILURES:
       shown.append(f"... and {n - SHOWN_FAILURES} more (the report's "

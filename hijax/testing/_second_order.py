@@ -113,7 +113,8 @@ def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
   if ctx.compiled.has(("again", mode)):
     bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
                                             (vector,))
-  compiled = Compiled(g, xs, ctx.settings.jit, evaluate_one=evaluate_one,
+  compiled = Compiled(g, xs, ctx.settings.jit, budget=ctx.settings.budget,
+                      evaluate_one=evaluate_one,
                       bound=bound)
   return ctx.sub(g, xs, names, ctx.prims, label=ctx.label, per_leaf=False,
                  fd_scale=scale, prepared=compiled)
@@ -163,7 +164,8 @@ def check_differentiated_rules(ctx: CheckContext):
                 got_label=("jvp of the backward pass" if mode == "vjp"
                            else "jvp of the tangent map"),
                 want_label="finite differences", bounds=est.bounds,
-                rule=rule, skip=est.skipped(), uncounted=est.uncounted())
+                rule=rule, skip=est.skipped(), uncounted=est.uncounted(),
+                own=est.own)
 
 
 def _raised(ctx, check, inputs, e, rule, what):
