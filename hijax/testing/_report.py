@@ -92,6 +92,11 @@ class RuleReport:
       the function could judge, and rules that refuse a mode by design
       (they raise saying they cannot be differentiated so): they are not
       required to pass.
+    devices: which device computed what: ``"checks"`` (the device and
+      dtype the checks ran in: the host CPU where there is an accelerator)
+      and, on an accelerator, ``"device check"`` (the device, the dtype, the
+      parts compared and the tolerance measured there; see `check_rules`'s
+      ``device``).
     inner_first: where the checked rules bind other hijax primitives whose
       own rules failed, those rules: their failures are listed first, since
       the outer rules' failures can follow from them.
@@ -112,6 +117,7 @@ class RuleReport:
   surrogates: list[str] = dataclasses.field(default_factory=list)
   by_intent: list[str] = dataclasses.field(default_factory=list)
   inner_first: list[str] = dataclasses.field(default_factory=list)
+  devices: dict[str, str] = dataclasses.field(default_factory=dict)
   seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)
 
   @property
@@ -209,6 +215,7 @@ class RuleReport:
     lines += [f"  surrogate  {r}: checked against its own rules, loops and "
               "types only (declared not the derivative)"
               for r in self.surrogates]
+    lines += [f"  device   {k}: {v}" for k, v in self.devices.items()]
     lines += [f"  ran      {r}" for r in self.ran]
     lines += [f"  skipped  {m}: {why}" for m, why in self.skipped]
     lines += [f"  inconclusive  {why}" for why in self.inconclusive]
