@@ -296,6 +296,10 @@ def main():
                       help="seconds the measurements may take")
   parser.add_argument("--deadline", type=float, default=540,
                       help="seconds this whole run may take")
+  parser.add_argument("--tests-budget", type=float, default=float("inf"),
+                      help="seconds the tests may take (no new test starts after)")
+  parser.add_argument("--pages-budget", type=float, default=float("inf"),
+                      help="seconds the pages may take (no new cell starts after)")
   parser.add_argument("--merge", help="an earlier results file to add to")
   parser.add_argument("--records", help=argparse.SUPPRESS)
   parser.add_argument("--child", choices=("tests", "pages"), help=argparse.SUPPRESS)
@@ -348,9 +352,10 @@ def main():
   if tests:
     path = out / "tests.jsonl"
     path.unlink(missing_ok=True)
+    until = min(end - 30, time.time() + a.tests_budget)
     status, tail, secs = _run_child(
-        ["--child", "tests", "--tests", *tests, "--until", str(end - 30)],
-        path, max(end - time.time(), 1))
+        ["--child", "tests", "--tests", *tests, "--until", str(until)],
+        path, max(min(end, until + 30) - time.time(), 1))
     records = _read(path)
     envs = [r for r in records if r["kind"] == "environment"]
     if envs:
@@ -363,9 +368,10 @@ def main():
   if pages and time.time() < end - 20:
     path = out / "pages.jsonl"
     path.unlink(missing_ok=True)
+    until = min(end - 15, time.time() + a.pages_budget)
     status, tail, secs = _run_child(
-        ["--child", "pages", "--pages", *pages, "--until", str(end - 15)],
-        path, max(end - time.time(), 1))
+        ["--child", "pages", "--pages", *pages, "--until", str(until)],
+        path, max(min(end, until + 15) - time.time(), 1))
     records = _read(path)
     envs = [r for r in records if r["kind"] == "environment"]
     if envs and "environment" not in results:
