@@ -240,10 +240,15 @@ def main():
   parser.add_argument("--out", required=True)
   parser.add_argument("--only", nargs="*", default=None)
   parser.add_argument("--checker-cases", default="broken,fixed")
+  parser.add_argument("--checker-x64", default="none,false",
+                      help="x64 settings of the checker cases: none, false")
   a = parser.parse_args()
   parts = {"matmul": matmul_errors, "transcendental": transcendental_errors,
            "gradient": gradient_error, "float64": float64_support, "cost": costs,
-           "checker": lambda: checker(a.checker_cases.split(","))}
+           "checker": lambda: checker(
+               a.checker_cases.split(","),
+               tuple({"none": None, "false": False}[v]
+                     for v in a.checker_x64.split(",")))}
   dev = jax.devices()[0]
   facts = {"environment": {"backend": jax.default_backend(), "device_kind": dev.device_kind,
                            "jax": jax.__version__,
