@@ -59,6 +59,11 @@ def f_of(name):
   return lambda x: LogCosh(jax.typeof(x), name)(x)
 
 
+ON_CPU = jax.devices()[0].platform == "cpu"
+
+
+@pytest.mark.skipif(not ON_CPU, reason="on an accelerator the device's half "
+                    "runs by default")
 def test_on_a_cpu_default_only_the_host_checks():
   report = check_rules(f_of("off_in_float32"), X)
   assert report.passed  # in float64 the rule is right
@@ -116,7 +121,8 @@ def test_calibration_measures_a_cpu_as_exact_to_a_few_ulps():
 def test_an_accelerator_is_found_where_the_default_is_not_a_cpu(monkeypatch):
   class FakeTPU:
     platform, device_kind = "tpu", "TPU v5 lite"
-  assert _device.accelerator() is None  # this machine's default: a CPU
+  default = jax.devices()[0]
+  assert _device.accelerator() is (None if ON_CPU else default)
   assert _device.accelerator(False) is None
   assert _device.accelerator(CPU) is CPU
   monkeypatch.setattr(jax, "devices", lambda *a: [FakeTPU()] if not a
@@ -126,8 +132,53 @@ def test_an_accelerator_is_found_where_the_default_is_not_a_cpu(monkeypatch):
   assert _device.host() is CPU
 
 
+def test_the_host_only_still_checks_on_the_host(monkeypatch):
+  """device=False leaves out the device's half; on an accelerator the
+  checks still run on the host CPU (not in float64 on the device)."""
+  monkeypatch.setattr(_device, "on_accelerator", lambda: True)
+  from hijax.testing import _api
+  monkeypatch.setattr(_api, "on_accelerator", lambda: True)
+  report = check_rules(f_of("right"), X, device=False)
+  assert report.passed and list(report.devices) == ["checks"]
+  assert report.devices["checks"] == "cpu (cpu), float64"
+
+
+def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
+  """A dtype the device does not support (float16 on some TPUs): the
+  device's half is skipped, saying why."""
+  from hijax.testing import _compiled
+  run, half = _compiled.Bundle.run, _device.check_on_device
+
+  def marked(ctx, device, device_ctx, host_run):
+    device_ctx.compiled.bundle.on_the_device = True
+    return half(ctx, device, device_ctx, host_run)
+
+  def refuse_on_the_device(bundle, key, args):
+    if key == "points" and getattr(bundle, "on_the_device", False):
+      raise RuntimeError("UNIMPLEMENTED: this dtype on this device")
+    return run(bundle, key, args)
+  monkeypatch.setattr(_device, "check_on_device", marked)
+  monkeypatch.setattr(_compiled.Bundle, "run", refuse_on_the_device)
+  report = check_rules(f_of("right"), X, device=CPU)
+  assert report.passed and not report.failures
+  assert "not checked, the function does not run there" in (
+      report.devices["device check"])
+  assert any("does not run on cpu" in why for _, why in report.skipped)
+
+
 def test_python_floats_are_checked_at_their_rounded_value():
   """The device sees 0.1 rounded to float32; the host reference is taken
   at that value, not at float64's 0.1."""
   report = check_rules(f_of("right"), 0.1, device=CPU)
   assert report.passed, report
+
+
+def test_the_devices_half_does_not_make_an_inconclusive_check_pass():
+  """sin at 1e6 in bfloat16 cannot be judged on the host; the device's half
+  (the rule against itself on the host) must not turn that into a pass
+  (it did on a TPU)."""
+  x = jnp.array([1e6, -2.5e6, 7.25e6], jnp.bfloat16)
+  report = check_rules(lambda x: LogCosh(jax.typeof(x), "right")(x) * 0
+                       + jnp.sin(x), x, x64=False, modes="jvp", device=CPU,
+                       accept_inconclusive=True)
+  assert report.verdict == "inconclusive", report

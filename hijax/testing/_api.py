@@ -12,7 +12,8 @@ import numpy as np
 
 from hijax.testing._budget import SECONDS_PER_RULE, Budget, BudgetSpent
 from hijax.testing._context import CheckContext, Settings
-from hijax.testing._device import accelerator, describe, device_half, host
+from hijax.testing._device import (accelerator, describe, device_half, host,
+                                   on_accelerator)
 from hijax.testing._discovery import find_custom_rules, find_hiprims
 from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
@@ -316,7 +317,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     return ctx, plan_modes(ctx, modes, explicit)
 
   accel = accelerator(device) if jit else None
-  host_device = host() if accel is not None else None
+  # on an accelerator the checks themselves run on the host, in float64
+  # (device=False too: it only leaves out the device's half)
+  host_device = host() if accel is not None or on_accelerator() else None
   with contextlib.ExitStack() as stack:
     if host_device is not None:
       stack.enter_context(jax.default_device(host_device))
