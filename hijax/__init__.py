@@ -23,8 +23,8 @@ from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
                             instantiate_zeros)
 from hijax.batching import (bdims_at_front, unmap_avals,  # (installs the vmap rule)
                             vmap_rule)
-from hijax.derived import (jvp_from_lin, jvp_from_vjp, linearize_from_jvp,
-                           vjp_from_jvp, vjp_from_lin)
+from hijax.derived import (NonlinearBackwardError, jvp_from_lin, jvp_from_vjp,
+                           linearize_from_jvp, vjp_from_jvp, vjp_from_lin)
 from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
 from hijax.remat import (SaveAndOffloadOnlyTheseNames, SaveAnyNamesButThese,
@@ -56,7 +56,7 @@ __all__ = [
     "unshard_aval", "saved_residuals", "closure_convert",
     "closure_convert_params", "ClosureConverted", "residual_report",
     "assert_residual_bytes", "ResidualReport", "Residual",
-    "custom_vjp", "custom_jvp",
+    "custom_vjp", "custom_jvp", "NonlinearBackwardError",
 ]
 __version__: str = _metadata.installed_version()
 _metadata.warn_on_clash()

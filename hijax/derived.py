@@ -39,7 +39,21 @@ from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin",
-           "jvp_from_vjp", "LinearizeFromJvp", "VjpFromJvp", "VjpFromLin"]
+           "jvp_from_vjp", "LinearizeFromJvp", "VjpFromJvp", "VjpFromLin",
+           "NonlinearBackwardError"]
+
+
+class NonlinearBackwardError(TypeError):
+  """`jvp_from_vjp` found that a backward rule is not linear in its cotangent.
+
+  A ``TypeError``. ``prim`` is the primitive whose rule it is, ``method`` the
+  rule (``vjp_bwd_retval`` or ``vjp_bwd``) and ``reason`` the operation that
+  is not linear in ``g``, with its source line.
+  """
+
+  def __init__(self, message: str, prim: Any, method: str, reason: str):
+    super().__init__(message)
+    self.prim, self.method, self.reason = prim, method, reason
 
 
 def _zero_tangents(prim: HiPrim, nzs_flat, nz_tangents):
@@ -128,7 +142,7 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   backward rule is checked to be linear in ``g``: a rule that is not (one
   that clips ``g``, adds a constant to it, multiplies it by itself) raises a
   TypeError naming the rule, the operation and its source line, rather than
-  giving a wrong tangent.
+  giving a wrong tangent (`NonlinearBackwardError`).
   """
   name = type(self).__name__
   if type(self).vjp_fwd is HiPrim.vjp_fwd:
@@ -194,11 +208,12 @@ def _transpose_in_g(self: HiPrim, backward, examples, tangents_live):
     name = type(self).__name__
     method = ("vjp_bwd" if type(self).vjp_bwd is not HiPrim.vjp_bwd
               else "vjp_bwd_retval")
-    raise TypeError(
+    raise NonlinearBackwardError(
         f"{name}.jvp = jvp_from_vjp transposes {name}.{method} in the "
         f"cotangent g, but {name}.{method} is not linear in g: {reason}. A "
         "backward rule must be linear in g (the chain rule multiplies g by "
-        "the Jacobian); fix the rule, or write `jvp` by hand")
+        "the Jacobian); fix the rule, or write `jvp` by hand", self, method,
+        reason)
   return jax.linear_transpose(
       jax.extend.core.jaxpr_as_fun(backward_jaxpr), *examples)(tangents_live)
 

@@ -89,8 +89,10 @@ class Call:
         self.in_avals_flat, self.primal.out_tree, self.primal.out_avals)
     self.rules: dict[str, _tracing.Traced] = {}
     self.effects = self.primal.effects
-    self.trace_rules(diff_args)  # may add hoisted values
+    # (set before the rules are traced: a rule that calls the function
+    # itself binds this call's primitive while it is traced again)
     self._instance: Any = None
+    self.trace_rules(diff_args)  # may add hoisted values
 
   # --- tracing the rules once -------------------------------------------------
 
@@ -109,8 +111,7 @@ class Call:
       with _tracing.running(entry):
         traced, shape = _tracing.trace(name, fn, args, self.hoisted)
     except Exception:  # noqa: BLE001 (reported when the rule is used)
-      del self.hoisted.values[before:]
-      del self.hoisted.differentiable[before:]
+      self.hoisted.truncate(before)
       return None
     return traced, shape, entry.reentered
 
@@ -136,8 +137,7 @@ class Call:
         if again is not None and len(self.hoisted) == n_hoisted:
           traced = again[0]
         else:  # keep the first tracing: its first derivatives are the same
-          del self.hoisted.values[n_hoisted:]
-          del self.hoisted.differentiable[n_hoisted:]
+          self.hoisted.truncate(n_hoisted)
       self.rules[name] = traced
 
   # --- binding --------------------------------------------------------------------

@@ -61,6 +61,14 @@ class Hoisted:
       self.differentiable.append(id(tracer) not in self._nondiff)
     return i
 
+  def truncate(self, n: int) -> None:
+    """Drops the values added after the first ``n`` (a tracing that is not
+    kept); a dropped tracer gets a new slot if it is asked for again."""
+    for x in self.values[n:]:
+      del self._index[id(x)]
+    del self.values[n:]
+    del self.differentiable[n:]
+
   def __len__(self) -> int:
     return len(self.values)
 

@@ -36,7 +36,8 @@ from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import Zero, _bind_linearized, instantiate_zeros
-from hijax.derived import jvp_from_vjp, linearize_from_jvp
+from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
+                            linearize_from_jvp)
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_vjp", "CustomVJPCall"]
@@ -195,11 +196,10 @@ class CustomVJPCall(BatchRules, HiPrim):
     """
     try:
       return jvp_from_vjp(self, primals, tangents)
-    except TypeError as e:
-      error = _nonlinear_bwd_error(self._call, e)
-      if error is e:
-        raise
-      self._call.forward_mode_error = str(error)
+    except NonlinearBackwardError as e:
+      if e.prim is not self:
+        raise  # another primitive's rule, inside bwd
+      self._call.forward_mode_error = str(_nonlinear_bwd_error(self._call, e))
     return self._transpose_only_tangent(primals, tangents)
 
   def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
@@ -238,20 +238,15 @@ batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
     _forward_mode_refused)
 
 
-def _nonlinear_bwd_error(call: VJPCall, e: TypeError) -> Exception:
+def _nonlinear_bwd_error(call: VJPCall, e: NonlinearBackwardError
+                         ) -> Exception:
   """`jvp_from_vjp`'s error for a bwd rule that is not linear in ``g``, in
-  the terms of the decorated function; any other error as it is."""
-  message = str(e)
-  head = f"{CustomVJPCall.__name__}.jvp = jvp_from_vjp"
-  start, end = "is not linear in g: ", ". A backward rule must be linear"
-  if not message.startswith(head) or start not in message or end not in message:
-    return e
-  reason = message[message.index(start) + len(start):message.index(end)]
+  the terms of the decorated function."""
   return call.owner.error(
       f"the bwd rule {call.bwd_name}",
       "is not linear in the cotangent g, so forward mode (jax.jvp, "
       f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
-      f"{reason}. hijax.custom_vjp derives forward mode by transposing bwd "
+      f"{e.reason}. hijax.custom_vjp derives forward mode by transposing bwd "
       "in g, which is right only for a rule linear in g (the chain rule "
       "multiplies g by the Jacobian). If the rule is meant to change g (a "
       "clipped or scaled gradient), give forward mode a rule of its own with "
