@@ -2,6 +2,8 @@
 
 The modules, each importing only those listed before it:
 
+  _jax_words  JAX's own wording of each error its decorators raise, which
+              hijax's messages begin with
   _arguments  keywords resolved to positions, non-differentiable arguments,
               names for messages
   _tracing    tracing a function once per call, hoisting the traced values

@@ -85,7 +85,7 @@ class Call:
     leaves, self.in_tree = jax.tree.flatten(diff_args)
     self.in_avals_flat = [core.typeof(x) for x in leaves]
     self.owner = RuleOwner(
-        decorated.kind, self.name, signature.names, self.in_tree,
+        decorated.kind, fun, self.name, signature.names, self.in_tree,
         self.in_avals_flat, self.primal.out_tree, self.primal.out_avals)
     self.rules: dict[str, _tracing.Traced] = {}
     self.effects = self.primal.effects

@@ -13,6 +13,7 @@ decorators' private modules, jax.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import zero_from_primal
 
 from hijax import _linearity
-from hijax._decorators import _tracing
+from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import BatchRules
 from hijax._decorators._common import (Call, Decorated, example_of,
@@ -73,9 +74,12 @@ class JVPCall(Call):
             xs, to_rule_zeros(tuple(txs), self.decorated.symbolic_zeros))
     rule = f"the jvp rule {self.jvp_name}"
     out, tangent = pair(self.owner, rule, result,
-                        "(primal output, tangent output)")
-    primal_out(self.owner, rule, out)
-    return out, tangent_out(self.owner, rule, tangent)
+                        "(primal output, tangent output)", functools.partial(
+                            _jax_words.jvp_not_pair, self.jvp_name, self.name))
+    primal_out(self.owner, rule, out, lambda shapes, got, expected, _:
+               _jax_words.jvp_primal(self.jvp_name, self.name, shapes, got,
+                                     expected))
+    return out, tangent_out(self.owner, rule, tangent, self.jvp_name)
 
 
 def _add(a, b):

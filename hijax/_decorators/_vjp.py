@@ -21,13 +21,14 @@ decorators' private modules, jax.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from hijax._decorators import _tracing
+from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import BatchRules
 from hijax._decorators._common import (Call, Decorated, example_of,
@@ -97,9 +98,21 @@ class VJPCall(Call):
       with self.running(hvals):
         result = self._fwd_with(nzs)(*xs)
     rule = f"the fwd rule {self.fwd_name}"
-    out, res = pair(self.owner, rule, result, "(primal output, residuals)")
-    primal_out(self.owner, rule, out)
+    out, res = pair(self.owner, rule, result, "(primal output, residuals)",
+                    functools.partial(_jax_words.fwd_not_pair, self.fwd_name,
+                                      self.name))
+    primal_out(self.owner, rule, out, self._fwd_primal_words)
     return out, res
+
+  def _fwd_primal_words(self, shapes: bool, got: str, expected: str,
+                        mismatch: Any) -> str:
+    """JAX's wording for fwd's primal output of another structure or type
+    (in both the words of JAX's custom_vjp and of its newer one)."""
+    words = _jax_words.fwd_primal(self.fwd_name, self.name, shapes, got,
+                                  expected)
+    if mismatch is not None:
+      words += "\n" + _jax_words.fwd_output_type(*mismatch)
+    return words
 
   def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
     traced = self.rules.get("bwd")
@@ -112,12 +125,14 @@ class VJPCall(Call):
     rule = f"the bwd rule {self.bwd_name}"
     logs = None
     if self.decorated.with_logs:
-      result, logs = pair(self.owner, rule, result, "(cotangents, logs)")
+      result, logs = pair(self.owner, rule, result, "(cotangents, logs)",
+                          _jax_words.logs_not_pair)
       if logs is not None and type(logs) is not dict:
         raise self.owner.error(
             rule, "was defined with defvjp_with_logs, so the second entry of "
             "the pair it returns must be None or a dict of backward-pass "
-            f"logs, but it is a {type(logs).__name__}")
+            f"logs, but it is a {type(logs).__name__}", TypeError,
+            _jax_words.logs_not_dict(logs))
     return cotangents(self.owner, rule, result), logs
 
 
@@ -227,7 +242,8 @@ def _forward_mode_refused(*_: Any, prim: CustomVJPCall, **__: Any) -> Any:
   """Evaluating (or batching) the transpose-only tangent of a ``bwd`` that
   is not linear in ``g``: the error `CustomVJPCall.jvp` kept."""
   raise TypeError(prim._call.forward_mode_error or (
-      f"{prim._call.owner} cannot be differentiated in forward mode"))
+      f"{_jax_words.FORWARD_MODE}\n{prim._call.owner} cannot be "
+      "differentiated in forward mode"))
 
 
 # The tangent equation of `_transpose_only_tangent` is this class's linearized
@@ -250,7 +266,8 @@ def _nonlinear_bwd_error(call: VJPCall, e: NonlinearBackwardError
       "in g, which is right only for a rule linear in g (the chain rule "
       "multiplies g by the Jacobian). If the rule is meant to change g (a "
       "clipped or scaled gradient), give forward mode a rule of its own with "
-      "hijax.custom_jvp; otherwise fix the rule")
+      "hijax.custom_jvp; otherwise fix the rule", TypeError,
+      _jax_words.FORWARD_MODE)
 
 
 class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
