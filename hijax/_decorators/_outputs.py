@@ -250,8 +250,10 @@ def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
            jax.tree_util.tree_flatten_with_path(dummy)[0]]
   parts: list[Any] | None = []
   try:
-    jax.tree.map(lambda c, d: parts.extend([c] * len(jax.tree.leaves(d))),  # pyright: ignore[reportOptionalMemberAccess]
-                 ct, dummy, is_leaf=lambda x: x is None)
+    # (returning c rebuilds ct as it was: a pytree node may refuse None)
+    jax.tree.map(lambda c, d: parts.extend(  # pyright: ignore[reportOptionalMemberAccess]
+        [c] * len(jax.tree.leaves(d))) or c, ct, dummy,
+        is_leaf=lambda x: x is None)
   except (ValueError, TypeError):
     parts = None
   if parts is None or len(parts) != len(paths):

@@ -153,7 +153,6 @@ class CustomVJPCall(BatchRules, HiPrim):
     self.in_avals, self.out_aval = in_avals, out_aval
     self.params = dict(fun=call.name, _call=call)
     self.effects = call.effects
-    self.vjp_bwd_retval_logs = call.decorated.with_logs
     super().__init__()
 
   def expand(self, *args: Any) -> Any:
@@ -182,11 +181,13 @@ class CustomVJPCall(BatchRules, HiPrim):
         raise call.closure_error(e) from e
     return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
 
-  def vjp_bwd_retval(self, res: Any, g: Any) -> Any:
+  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
+    """Runs bwd and adds its cotangents, leaf by leaf, into the accumulators
+    (an argument's pytree is never rebuilt with None for a zero, which a
+    pytree node may refuse); returns bwd's logs, if it has them."""
     call = self._call
     user_res, bwd_hvals, closure_vjp, closed = res
     cts_flat, logs = call.run_bwd(user_res, g, bwd_hvals or ())
-    cts = jax.tree.unflatten(call.in_tree, cts_flat)
     ct_h: list[Any] = [None] * len(call.hoisted)
     if closure_vjp is not None:
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
@@ -196,8 +197,11 @@ class CustomVJPCall(BatchRules, HiPrim):
         raise call.closure_error(e) from e
       for i, ct in zip(closed.value, closed_cts):
         ct_h[i] = ct
-    out = (*cts, tuple(ct_h))
-    return (out, logs) if call.decorated.with_logs else out
+    accums = self.in_tree.flatten_up_to(arg_accums)
+    for acc, ct in zip(accums, [*cts_flat, *ct_h]):
+      if ct is not None:
+        acc.accum(ct)
+    return logs if call.decorated.with_logs else None
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`).
