@@ -40,7 +40,7 @@ from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin",
            "jvp_from_vjp", "LinearizeFromJvp", "VjpFromJvp", "VjpFromLin",
-           "NonlinearBackwardError"]
+           "NonlinearBackwardError", "tangent_from_backward"]
 
 
 class NonlinearBackwardError(TypeError):
@@ -160,18 +160,30 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
     live = [True] * len(self.out_avals_flat)
   else:
     live = [bool(nz) for nz in self.out_tree.flatten_up_to(nzs_out)]
+  t_out = tangent_from_backward(self, nzs_flat, live, res, sres,
+                                tangents_flat)
+  if all(t is None for t in t_out):
+    return out, None
+  return out, jax.tree.unflatten(self.out_tree, t_out)
+
+
+def tangent_from_backward(self: HiPrim, nzs_flat: list[bool],
+                          live: list[bool], res: Any, sres: Any,
+                          tangents_flat: list[Any]) -> list[Any]:
+  """The output tangent leaves (None for zero) of `jvp_from_vjp`, given the
+  residuals of `vjp_fwd`: the backward rule, transposed in the cotangents of
+  the ``live`` outputs, applied to the input tangents (those ``nzs_flat``
+  says are nonzero)."""
   g_avals = [a.to_ct_aval() for a in self.out_avals_flat]
   live = [nz and not is_float0(a) for nz, a in zip(live, g_avals)]
   if not any(nzs_flat) or not any(live):
-    return out, None
-
+    return [None] * len(live)
   tangents_live = [instantiate_zeros(t) for t, nz in zip(tangents_flat,
                                                           nzs_flat) if nz]
   transposed = _transposed_backward(self, nzs_flat, live, g_avals, res, sres,
                                     tangents_live)
   t_live = iter(transposed(tangents_live))
-  t_out = [next(t_live) if nz else None for nz in live]
-  return out, jax.tree.unflatten(self.out_tree, t_out)
+  return [next(t_live) if nz else None for nz in live]
 
 
 # Transposed backward rules, as jaxprs of (residual arrays, input tangents),

@@ -83,3 +83,80 @@ def test_a_pytree_node_refusing_none(api, zero):
     assert type(g_b) is Box
     close((list(g_b), g_y), ([0., 0.], 6.) if zero == "box"
           else ([15., 10.], 0.))
+
+
+# --- optimize_remat's primal output -------------------------------------------
+
+def tan_with_sin_fwd(api):
+  """A fwd rule whose primal (sin) is not the function's (tan): with
+  optimize_remat, fwd is only asked for residuals under jax.checkpoint."""
+  f = api.custom_vjp(jnp.tan)
+  f.defvjp(lambda x: (jnp.sin(x), (x,)), lambda r, g: (jnp.cos(r[0]) * g,),
+           optimize_remat=True)
+  return f
+
+
+@pytest.mark.parametrize("where", ["remat", "jit_remat", "plain"])
+def test_optimize_remat_primal_output_is_the_function_s(where):
+  def value_and_grad(api):
+    f = tan_with_sin_fwd(api)
+    g = (lambda x: jax.remat(f)(x) ** 2) if "remat" in where else f
+    vg = jax.value_and_grad(g)
+    return (jax.jit(vg) if "jit" in where else vg)(3.2)
+  ours, theirs = value_and_grad(hijax), value_and_grad(jax)
+  close(ours, theirs)
+  if "remat" in where:
+    close(ours, (np.tan(3.2) ** 2, 2 * np.tan(3.2) * np.cos(3.2)))
+  else:  # the fwd rule's primal, as JAX (no checkpoint to optimize)
+    close(ours[0], np.sin(3.2))
+
+
+# --- logs under jax.checkpoint -------------------------------------------------
+
+def logged(api):
+  @api.custom_vjp
+  def f(x, y):
+    return jnp.sin(x) * y
+
+  def f_bwd(res, g):
+    cos_x, sin_x, y = res
+    return (cos_x * g * y, sin_x * g), {"f": {"ct_out": g, "y": y,
+                                              "half_ct": g / 2}}
+  f.defvjp_with_logs(lambda x, y: (f(x, y), (jnp.cos(x), jnp.sin(x), y)),
+                     f_bwd)
+  return f
+
+
+@pytest.mark.parametrize("policy", [None, "nothing_saveable",
+                                    "everything_saveable"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_logs_under_checkpoint(policy, jit):
+  """Logged values that are the cotangent, linear in it, or a residual all
+  reach with_logs under jax.checkpoint (JAX's default remat); they came back
+  empty, silently, when forward mode derived from bwd was transposed."""
+  kw = {} if policy is None else {
+      "policy": getattr(jax.checkpoint_policies, policy)}
+
+  def logs_of(api):
+    fr = jax.checkpoint(lambda x, y: logged(api)(x, y) * 3., **kw)
+
+    def run(x, y):
+      return jax.vjp(fr, x, y)[1].with_logs(1.0)
+    return (jax.jit(run) if jit else run)(1.0, 2.0)
+  (ct, _), logs = logs_of(hijax)
+  close(ct, 3. * np.cos(1.) * 2.)
+  close(logs, {"f": {"ct_out": 3., "y": 2., "half_ct": 1.5}})
+  close(logs, logs_of(jax)[1])
+
+
+def test_logged_function_in_forward_mode_and_second_order():
+  f = logged(hijax)
+  x, y = 1.0, 2.0
+  close(jax.jvp(f, (x, y), (1., 0.5)),
+        (np.sin(x) * y, np.cos(x) * y + 0.5 * np.sin(x)))
+  close(jax.jit(jax.jacfwd(f))(x, y), np.cos(x) * y)
+  close(jax.hessian(jax.checkpoint(lambda x: f(x, y)))(x), -np.sin(x) * y)
+  close(jax.vmap(lambda t: jax.jvp(lambda x: f(x, y), (x,), (t,))[1])(
+      jnp.arange(3.)), jnp.arange(3.) * np.cos(x) * y)
+  (ct,), logs = jax.vjp(lambda x: f(x, y), x)[1].with_logs(1.0)
+  close((ct, logs["f"]["y"]), (np.cos(x) * y, y))

@@ -34,11 +34,11 @@ from hijax._decorators._batching import BatchRules
 from hijax._decorators._common import (Call, Decorated, example_of,
                                        to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
-from hijax._internals import batching
+from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
-                            linearize_from_jvp)
+                            linearize_from_jvp, tangent_from_backward)
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_vjp", "CustomVJPCall"]
@@ -211,15 +211,26 @@ class CustomVJPCall(BatchRules, HiPrim):
     equation that only transposition evaluates (its transpose is ``bwd``):
     reverse mode through a forward pass (JAX's default ``jax.checkpoint``, a
     ``jax.linearize`` that is transposed) works, and a forward-mode value
-    raises the error that says why.
+    raises the error that says why. A function defined with
+    ``defvjp_with_logs`` gets that equation too (transposing it runs ``bwd``,
+    whose logs then reach ``with_logs`` under ``jax.checkpoint``), and its
+    forward-mode value is ``bwd`` transposed. With ``optimize_remat``, the
+    primal output is the function's own, as in JAX.
     """
-    try:
-      return jvp_from_vjp(self, primals, tangents)
-    except NonlinearBackwardError as e:
-      if e.prim is not self:
-        raise  # another primitive's rule, inside bwd
-      self._call.forward_mode_error = str(_nonlinear_bwd_error(self._call, e))
-    return self._transpose_only_tangent(primals, tangents)
+    call = self._call
+    if call.decorated.with_logs:
+      out, tangent = self._transpose_only_tangent(primals, tangents)
+    else:
+      try:
+        out, tangent = jvp_from_vjp(self, primals, tangents)
+      except NonlinearBackwardError as e:
+        if e.prim is not self:
+          raise  # another primitive's rule, inside bwd
+        call.forward_mode_error = str(_nonlinear_bwd_error(call, e))
+        out, tangent = self._transpose_only_tangent(primals, tangents)
+    if call.decorated.optimize_remat:
+      out = self(*primals)  # fwd is for residuals only, as in JAX
+    return out, tangent
 
   def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
     tangent_avals = [a.to_tangent_aval() for a in self.in_avals_flat]
@@ -242,20 +253,57 @@ class CustomVJPCall(BatchRules, HiPrim):
 VJPCall.primitive_class = CustomVJPCall
 
 
-def _forward_mode_refused(*_: Any, prim: CustomVJPCall, **__: Any) -> Any:
-  """Evaluating (or batching) the transpose-only tangent of a ``bwd`` that
-  is not linear in ``g``: the error `CustomVJPCall.jvp` kept."""
-  raise TypeError(prim._call.forward_mode_error or (
-      f"{_jax_words.FORWARD_MODE}\n{prim._call.owner} cannot be "
-      "differentiated in forward mode"))
+def _linearized_value(*args: Any, prim: CustomVJPCall, res_tree: Any,
+                      nzs_in: tuple[bool, ...], nzs_out: tuple[bool, ...],
+                      has_sres: bool) -> list[Any]:
+  """The value of the tangent equation of `_transpose_only_tangent` (its
+  inputs: the residuals, then the nonzero input tangents): bwd transposed in
+  g (`tangent_from_backward`); for a bwd not linear in g, the error that
+  says why forward mode is refused."""
+  call = prim._call
+  if call.forward_mode_error is not None:
+    raise TypeError(call.forward_mode_error)
+  n_res = res_tree.num_leaves
+  res = jax.tree.unflatten(res_tree, args[:n_res])
+  res, sres = res if has_sres else (res, None)
+  nz_tangents = iter(args[n_res:])
+  tangents_flat = [next(nz_tangents) if nz else Zero(a.to_tangent_aval())
+                   for a, nz in zip(prim.in_avals_flat, nzs_in)]
+  try:
+    t_out = tangent_from_backward(prim, list(nzs_in), list(nzs_out), res, sres,
+                                  tangents_flat)
+  except NonlinearBackwardError as e:
+    if e.prim is not prim:
+      raise
+    call.forward_mode_error = str(_nonlinear_bwd_error(call, e))
+    raise TypeError(call.forward_mode_error) from None
+  return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
+          for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
+
+
+def _linearized_batched(axis_data: Any, args: Any, dims: Any, **params: Any
+                        ) -> Any:
+  """vmap of the tangent equation: its value, vmapped."""
+  out = jax.vmap(lambda *a: _linearized_value(*a, **params),
+                 in_axes=tuple(dims), axis_size=axis_data.size,
+                 axis_name=axis_data.name)(*args)
+  return out, [0] * len(out)
+
+
+def _linearized_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+  """Forward mode of the tangent equation: that of its value."""
+  return jax.jvp(lambda *a: _linearized_value(*a, **params), tuple(primals),
+                 tuple(instantiate_zeros(t) for t in tangents))
 
 
 # The tangent equation of `_transpose_only_tangent` is this class's linearized
-# primitive (hijax.autodiff registers its transpose, which calls bwd); where
-# a value of it is needed, it says why forward mode is refused.
-CustomVJPCall._linearized_primitive.to_lojax = _forward_mode_refused
+# primitive (hijax.autodiff registers its transpose, which calls bwd); its
+# value, where one is needed, is bwd transposed in g, or the error that says
+# why forward mode is refused.
+CustomVJPCall._linearized_primitive.to_lojax = _linearized_value
 batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
-    _forward_mode_refused)
+    _linearized_batched)
+ad.primitive_jvps[CustomVJPCall._linearized_primitive] = _linearized_jvp
 
 
 def _nonlinear_bwd_error(call: VJPCall, e: NonlinearBackwardError
