@@ -6,6 +6,8 @@ refuse None, ``optimize_remat``'s primal output, logs under
 ``jax.checkpoint``, dead-code elimination of unused outputs, collectives
 over a ``vmap`` axis name, and eager results of JAX's Python types.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,3 +162,44 @@ def test_logged_function_in_forward_mode_and_second_order():
       jnp.arange(3.)), jnp.arange(3.) * np.cos(x) * y)
   (ct,), logs = jax.vjp(lambda x: f(x, y), x)[1].with_logs(1.0)
   close((ct, logs["f"]["y"]), (np.cos(x) * y, y))
+
+
+# --- a traced non-differentiable argument, differentiated ----------------------
+
+def scaled(kind):
+  """f(x, s) = x * s ** 2 with s non-differentiable; the rules give the
+  derivative in x only (2 s x for the jvp, via s, to use s in them)."""
+  if kind == "custom_jvp":
+    @functools.partial(hijax.custom_jvp, nondiff_argnums=(1,))
+    def f(x, s):
+      return x * s ** 2
+
+    @f.defjvp
+    def f_jvp(s, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return f(x, s), t * s ** 2
+    return f
+
+  @functools.partial(hijax.custom_vjp, nondiff_argnums=(1,))
+  def g(x, s):
+    return x * s ** 2
+  g.defvjp(lambda x, s: (g(x, s), None), lambda s, _, ct: (ct * s ** 2,))
+  return g
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_derivative_in_a_traced_nondiff_argument_is_not_a_silent_zero(kind):
+  """d/ds of x s^2 is 2 x s (12 at x=2, s=3): the function's own code,
+  differentiated, as for a value it closes over. It was 0.0, silently (JAX's
+  custom_jvp still gives 0.0; its custom_vjp raises)."""
+  f = scaled(kind)
+  x, s = 2., 3.
+  close(jax.grad(lambda s: f(x, s))(s), 12.)
+  close(jax.jit(jax.grad(lambda s: f(x, s)))(s), 12.)
+  close(jax.grad(f, argnums=(0, 1))(x, s), (9., 12.))
+  close(jax.jvp(lambda s: f(x, s), (s,), (1.,))[1], 12.)
+  close(jax.vmap(jax.grad(lambda s: f(x, s)))(jnp.arange(3.)),
+        4. * jnp.arange(3.))
+  close(jax.hessian(lambda s: f(x, s))(s), 4.)
+  # through s = h(x): the chain rule sees both (x s^2 with s = x: 3 x^2)
+  close(jax.grad(lambda x: f(x, x))(x), 12.)

@@ -76,8 +76,7 @@ class Call:
     self.decorated, self.signature = decorated, signature
     self.statics, self.key = statics, key
     self.name = function_name(decorated.fun)
-    nondiff_leaves = jax.tree.leaves(statics)
-    self.hoisted = _tracing.Hoisted(nondiff_leaves)
+    self.hoisted = _tracing.Hoisted()
     fun = decorated.fun
     self.primal, _ = _tracing.trace(
         self.name, lambda *d: fun(*signature.merge(statics, d)), diff_args,
@@ -172,9 +171,10 @@ class Call:
   # --- closed-over values being differentiated --------------------------------
 
   def differentiated_hoisted(self, nzs: Sequence[bool]) -> list[int]:
-    """The hoisted values (indices) that are perturbed and differentiable."""
-    return [i for i, (nz, d) in enumerate(zip(nzs, self.hoisted.differentiable))
-            if nz and d]
+    """The hoisted values (indices) that are perturbed: the rules give no
+    derivative with respect to them (closed-over values, and traced values
+    in non-differentiable arguments), so the function's own code does."""
+    return [i for i, nz in enumerate(nzs) if nz]
 
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:

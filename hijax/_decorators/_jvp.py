@@ -206,7 +206,8 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   What it adds to ``jax.custom_jvp``: traced values that ``fun`` or the rule
   close over are passed in as inputs (no escaped tracer; the derivative of
   ``f`` with respect to a closed-over value that ``fun`` reads is that of
-  ``fun``'s own code); `custom_jvp.defbatch` for ``vmap``, the batched
+  ``fun``'s own code, and so is its derivative with respect to a traced
+  value in a non-differentiable argument, where JAX's gives a silent zero); `custom_jvp.defbatch` for ``vmap``, the batched
   function being differentiated with the jvp rule; every value the rule
   returns checked against the function's types, with an error naming the
   function, the rule and the output; and what a `HiPrim` has (residual

@@ -38,19 +38,12 @@ __all__ = ["Hoisted", "Traced", "trace", "Entry", "running", "find",
 
 
 class Hoisted:
-  """The traced values a call's functions close over, in order, each once.
+  """The traced values a call's functions close over, in order, each once
+  (those of its non-differentiable arguments among them)."""
 
-  ``differentiable[i]`` is False for a value that came from a
-  non-differentiable argument: its tangents and cotangents are dropped, as
-  ``jax.lax.stop_gradient`` would.
-  """
-
-  def __init__(self, nondiff_leaves: Sequence[Any] = ()):
+  def __init__(self):
     self.values: list[Any] = []
-    self.differentiable: list[bool] = []
     self._index: dict[int, int] = {}
-    self._nondiff = {id(x) for x in nondiff_leaves
-                     if isinstance(x, core.Tracer)}
 
   def slot(self, tracer: Any) -> int:
     """The index of ``tracer`` among the hoisted values (added if new)."""
@@ -58,7 +51,6 @@ class Hoisted:
     if i is None:
       i = self._index[id(tracer)] = len(self.values)
       self.values.append(tracer)
-      self.differentiable.append(id(tracer) not in self._nondiff)
     return i
 
   def truncate(self, n: int) -> None:
@@ -67,7 +59,6 @@ class Hoisted:
     for x in self.values[n:]:
       del self._index[id(x)]
     del self.values[n:]
-    del self.differentiable[n:]
 
   def __len__(self) -> int:
     return len(self.values)

@@ -346,8 +346,10 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     the rules;
   * every value the rules return is checked against the function's types,
     with an error naming the function, the rule and the argument;
-  * a non-differentiable argument may hold traced values (they get no
-    derivative, as with ``jax.custom_jvp``);
+  * a non-differentiable argument may hold traced values (under ``jit`` or
+    ``vmap``, say); differentiated with respect to one, ``f`` has the
+    derivative of ``fun``'s own code, as for a closed-over value (JAX's
+    ``custom_vjp`` raises, and its ``custom_jvp`` gives a silent zero);
   * it is a `HiPrim` underneath: residual reports, ``jax.checkpoint`` and
     `hijax.testing.check_rules` apply to it.
   """
