@@ -203,3 +203,30 @@ def test_derivative_in_a_traced_nondiff_argument_is_not_a_silent_zero(kind):
   close(jax.hessian(lambda s: f(x, s))(s), 4.)
   # through s = h(x): the chain rule sees both (x s^2 with s = x: 3 x^2)
   close(jax.grad(lambda x: f(x, x))(x), 12.)
+
+
+# --- a float32 cotangent for a Python float under x64 ---------------------------
+
+def product_with_float32_bwd(api):
+  @api.custom_vjp
+  def f(x, y):
+    return x * y
+  f.defvjp(lambda x, y: (f(x, y), (x, y)),
+           lambda r, g: ((g * r[1]).astype(jnp.float32),
+                         (g * r[0]).astype(jnp.float32)))
+  return f
+
+
+def test_float32_cotangent_for_a_python_float_under_x64():
+  """A Python float is float64 under x64, but only by default (weakly
+  typed): a float32 cotangent for it is accepted, as JAX accepts it, and
+  converted, so the gradient has the argument's dtype. For an argument typed
+  float64 explicitly it is still refused (JAX passes it on unconverted)."""
+  with jax.enable_x64(True):
+    grads = jax.grad(product_with_float32_bwd(hijax), (0, 1))(2.0, 3.0)
+    close(grads, jax.grad(product_with_float32_bwd(jax), (0, 1))(2.0, 3.0))
+    assert [g.dtype for g in grads] == [jnp.float64, jnp.float64]
+    close(jax.jit(jax.grad(product_with_float32_bwd(hijax)))(2.0, 3.0), 3.)
+    with pytest.raises(ValueError, match="doesn't match expected type "
+                       "float64"):
+      jax.grad(product_with_float32_bwd(hijax))(jnp.float64(2.), 3.0)

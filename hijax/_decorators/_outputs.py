@@ -13,8 +13,8 @@ cotangent of the wrong type `CotangentTypeError`, which is also the
 ``ValueError`` ``jax.custom_vjp`` raises for it (not raised while
 ``jax.config.jax_disable_bwd_checks`` is set, as JAX's is not).
 
-Imports: `hijax._checks`, `hijax._cotangents`, `hijax._util`, the
-decorators' `_jax_words`, and jax.
+Imports: `hijax._checks`, `hijax._cotangents`, `hijax._util`,
+`hijax._internals`, the decorators' `_jax_words`, and jax.
 """
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from hijax import _checks
 from hijax._cotangents import bwd_checks_disabled
 from hijax._decorators import _jax_words
+from hijax._internals import core
 from hijax._util import describe_value, is_float0, is_zero
 
 __all__ = ["RuleOwner", "CotangentTypeError", "pair", "primal_out",
@@ -275,6 +277,18 @@ def _unchecked_cotangent(aval, ct):
   return ct
 
 
+def _weak_float_mismatch(aval, declared, actual) -> bool:
+  """A floating cotangent of another dtype for a weakly typed floating
+  argument (a Python float, whose dtype is only the default: float64 under
+  ``jax_enable_x64``). JAX accepts it; hijax converts it to the argument's
+  dtype, as the gradient of a Python float has."""
+  return (getattr(aval, "weak_type", False)
+          and isinstance(actual, core.ShapedArray)
+          and actual.shape == declared.shape
+          and jnp.issubdtype(actual.dtype, jnp.floating)
+          and jnp.issubdtype(declared.dtype, jnp.floating))
+
+
 def _cotangent(owner, rule, where, path, aval, ct):
   declared = aval.to_ct_aval()
   if ct is None:
@@ -292,6 +306,8 @@ def _cotangent(owner, rule, where, path, aval, ct):
   if is_float0(declared):
     if getattr(actual, "shape", None) == declared.shape:
       return None  # an integer input's cotangent is dropped, as JAX does
+  if _weak_float_mismatch(aval, declared, actual):
+    return ct.astype(declared.dtype)
   if not _checks.matches(declared, actual, "cotangent"):
     got, advice = _type_message(declared, ct, "cotangent")
     words = None if actual is None else _jax_words.bwd_type(
