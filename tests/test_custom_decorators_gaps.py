@@ -230,3 +230,43 @@ def test_float32_cotangent_for_a_python_float_under_x64():
     with pytest.raises(ValueError, match="doesn't match expected type "
                        "float64"):
       jax.grad(product_with_float32_bwd(hijax))(jnp.float64(2.), 3.0)
+
+
+# --- JAX 0.12's other ways of defining the rules --------------------------------
+
+def test_defvjp_with_accums():
+  """bwd(res, g, *accums) adds its cotangents to one accumulator per
+  argument (a pytree like it) and may return logs."""
+  @hijax.custom_vjp
+  def f(p, y):
+    return jnp.sin(p["a"]) * y
+
+  def bwd(res, g, p_acc, y_acc):
+    cos_a, sin_a, y = res
+    p_acc["a"].accum(cos_a * g * y)
+    y_acc.accum(sin_a * g)
+    y_acc.accum(sin_a * g)  # added twice: the accumulator sums
+    return {"g": g}
+  f.defvjp_with_accums(
+      lambda p, y: (f(p, y), (jnp.cos(p["a"]), jnp.sin(p["a"]), y)), bwd)
+  p, y = {"a": 1.}, 2.
+  (ct_p, ct_y), logs = jax.vjp(f, p, y)[1].with_logs(3.)
+  close((ct_p["a"], ct_y, logs["g"]), (3 * np.cos(1.) * 2,
+                                       2 * 3 * np.sin(1.), 3.))
+  close(jax.jit(jax.grad(f, (0, 1)))(p, y), ({"a": np.cos(1.) * 2},
+                                             2 * np.sin(1.)))
+  close(jax.jvp(lambda a: f({"a": a}, y), (1.,), (1.,))[1], np.cos(1.) * 2)
+  f.defvjp_with_accums(lambda p, y: (f(p, y), None),
+                       lambda res, g, p_acc, y_acc: ["not", "a", "dict"])
+  with pytest.raises(TypeError, match="registered with defvjp_with_accums, "
+                     "and so must return None or a dict"):
+    jax.grad(f)(p, y)
+
+
+@pytest.mark.parametrize("method", ["defremat", "defremat_with_logs"])
+def test_defremat_is_refused_naming_the_alternatives(method):
+  f = hijax.custom_vjp(jnp.sin)
+  with pytest.raises(NotImplementedError, match=rf"hijax.custom_vjp has no "
+                     rf"{method}: .* use hijax.custom_remat"):
+    getattr(f, method)(lambda x: (jnp.sin(x), x),
+                       lambda x, *_: (jnp.sin(x), x), lambda x, g: (g,))

@@ -12,6 +12,8 @@ The modules, each importing only those listed before it:
               function, the rule and the argument
   _common     the decorator object and `Call`, one call signature
   _batching   ``vmap``: the rules' own batching, or a `defbatch` rule
+  _forward    custom_vjp's forward mode where it is not jvp_from_vjp's (a
+              bwd not linear in g, a function with logs); methods refused
   _vjp        `custom_vjp` and its primitive, `CustomVJPCall`
   _jvp        `custom_jvp` and its primitive, `CustomJVPCall`
 """

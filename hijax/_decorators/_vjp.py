@@ -28,7 +28,7 @@ from typing import Any
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from hijax._decorators import _jax_words, _tracing
+from hijax._decorators import _forward, _jax_words, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import BatchRules
 from hijax._decorators._common import (Call, Decorated, example_of,
@@ -36,9 +36,9 @@ from hijax._decorators._common import (Call, Decorated, example_of,
 from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
-from hijax.autodiff import Zero, _bind_linearized, instantiate_zeros
+from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
-                            linearize_from_jvp, tangent_from_backward)
+                            linearize_from_jvp)
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_vjp", "CustomVJPCall"]
@@ -86,7 +86,22 @@ class VJPCall(Call):
     return fwd
 
   def _bwd_direct(self, res: Any, g: Any) -> Any:
-    return self.decorated.bwd(*self.statics, res, g)
+    d = self.decorated
+    if not d.with_accums:
+      return d.bwd(*self.statics, res, g)
+    # bwd(res, g, *accums), as `(cotangents, logs)`: one value accumulator
+    # per argument leaf, read back (a zero stays JAX's Zero, not None)
+    accums = [ValAccum(a.to_ct_aval()) for a in self.in_avals_flat]
+    logs = d.bwd(*self.statics, res, g,
+                 *jax.tree.unflatten(self.in_tree, accums))
+    if logs is not None and type(logs) is not dict:
+      raise self.owner.error(
+          f"the bwd rule {self.bwd_name}", "was defined with "
+          "defvjp_with_accums, so it must return None or a dict of "
+          f"backward-pass logs, but returned a {type(logs).__name__}",
+          TypeError, _jax_words.accums_logs_not_dict(logs))
+    cts = jax.tree.unflatten(self.in_tree, [a.freeze() for a in accums])
+    return tuple(cts), logs
 
   # --- the rules, as the primitive runs them ------------------------------------
 
@@ -226,7 +241,7 @@ class CustomVJPCall(BatchRules, HiPrim):
       except NonlinearBackwardError as e:
         if e.prim is not self:
           raise  # another primitive's rule, inside bwd
-        call.forward_mode_error = str(_nonlinear_bwd_error(call, e))
+        call.forward_mode_error = str(_forward.nonlinear_bwd_error(call, e))
         out, tangent = self._transpose_only_tangent(primals, tangents)
     if call.decorated.optimize_remat:
       out = self(*primals)  # fwd is for residuals only, as in JAX
@@ -253,73 +268,15 @@ class CustomVJPCall(BatchRules, HiPrim):
 VJPCall.primitive_class = CustomVJPCall
 
 
-def _linearized_value(*args: Any, prim: CustomVJPCall, res_tree: Any,
-                      nzs_in: tuple[bool, ...], nzs_out: tuple[bool, ...],
-                      has_sres: bool) -> list[Any]:
-  """The value of the tangent equation of `_transpose_only_tangent` (its
-  inputs: the residuals, then the nonzero input tangents): bwd transposed in
-  g (`tangent_from_backward`); for a bwd not linear in g, the error that
-  says why forward mode is refused."""
-  call = prim._call
-  if call.forward_mode_error is not None:
-    raise TypeError(call.forward_mode_error)
-  n_res = res_tree.num_leaves
-  res = jax.tree.unflatten(res_tree, args[:n_res])
-  res, sres = res if has_sres else (res, None)
-  nz_tangents = iter(args[n_res:])
-  tangents_flat = [next(nz_tangents) if nz else Zero(a.to_tangent_aval())
-                   for a, nz in zip(prim.in_avals_flat, nzs_in)]
-  try:
-    t_out = tangent_from_backward(prim, list(nzs_in), list(nzs_out), res, sres,
-                                  tangents_flat)
-  except NonlinearBackwardError as e:
-    if e.prim is not prim:
-      raise
-    call.forward_mode_error = str(_nonlinear_bwd_error(call, e))
-    raise TypeError(call.forward_mode_error) from None
-  return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
-          for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
-
-
-def _linearized_batched(axis_data: Any, args: Any, dims: Any, **params: Any
-                        ) -> Any:
-  """vmap of the tangent equation: its value, vmapped."""
-  out = jax.vmap(lambda *a: _linearized_value(*a, **params),
-                 in_axes=tuple(dims), axis_size=axis_data.size,
-                 axis_name=axis_data.name)(*args)
-  return out, [0] * len(out)
-
-
-def _linearized_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
-  """Forward mode of the tangent equation: that of its value."""
-  return jax.jvp(lambda *a: _linearized_value(*a, **params), tuple(primals),
-                 tuple(instantiate_zeros(t) for t in tangents))
-
-
 # The tangent equation of `_transpose_only_tangent` is this class's linearized
 # primitive (hijax.autodiff registers its transpose, which calls bwd); its
 # value, where one is needed, is bwd transposed in g, or the error that says
 # why forward mode is refused.
-CustomVJPCall._linearized_primitive.to_lojax = _linearized_value
+CustomVJPCall._linearized_primitive.to_lojax = _forward.linearized_value
 batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
-    _linearized_batched)
-ad.primitive_jvps[CustomVJPCall._linearized_primitive] = _linearized_jvp
+    _forward.linearized_batched)
+ad.primitive_jvps[CustomVJPCall._linearized_primitive] = _forward.linearized_jvp
 
-
-def _nonlinear_bwd_error(call: VJPCall, e: NonlinearBackwardError
-                         ) -> Exception:
-  """`jvp_from_vjp`'s error for a bwd rule that is not linear in ``g``, in
-  the terms of the decorated function."""
-  return call.owner.error(
-      f"the bwd rule {call.bwd_name}",
-      "is not linear in the cotangent g, so forward mode (jax.jvp, "
-      f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
-      f"{e.reason}. hijax.custom_vjp derives forward mode by transposing bwd "
-      "in g, which is right only for a rule linear in g (the chain rule "
-      "multiplies g by the Jacobian). If the rule is meant to change g (a "
-      "clipped or scaled gradient), give forward mode a rule of its own with "
-      "hijax.custom_jvp; otherwise fix the rule", TypeError,
-      _jax_words.FORWARD_MODE)
 
 
 class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
@@ -369,7 +326,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     super().__init__(fun, nondiff_argnums, nondiff_argnames)
     self.fwd = self.bwd = None
     self.symbolic_zeros = self.optimize_remat = False
-    self.generic_batching = self.with_logs = False
+    self.generic_batching = self.with_logs = self.with_accums = False
 
   def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
              symbolic_zeros: bool = False, optimize_remat: bool = False,
@@ -420,12 +377,44 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
     self.with_logs = True
 
+  def defvjp_with_accums(self, fwd: Callable[..., Any],
+                         bwd: Callable[..., Any], symbolic_zeros: bool = False,
+                         optimize_remat: bool = False,
+                         generic_batching: bool = False) -> None:
+    """Like `defvjp`, but ``bwd`` adds its cotangents to accumulators, as
+    for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12).
+
+    ``bwd(*nondiff_args, res, g, *arg_accums)`` receives one gradient
+    accumulator per differentiable argument (a pytree like it: a
+    ``ValAccum`` for each leaf), calls ``acc.accum(ct)`` for each
+    contribution, and returns None or a dict of backward-pass logs.
+    """
+    self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
+    self.with_logs = self.with_accums = True
+
+  def defremat(self, *_: Any, **__: Any) -> None:
+    """Refused: hijax.custom_vjp has no rematerialization rules of its own.
+
+    Raises NotImplementedError naming the alternatives: `defvjp` under
+    ``jax.checkpoint`` (its policy applies to ``fwd``, with
+    ``checkpoint_name`` marking the residuals to save), or
+    `hijax.custom_remat`, whose ``(fwd, rem, bwd)`` rules are those of
+    JAX's ``defremat`` (its ``fwd`` also receives the policy).
+    """
+    raise _forward.remat_refused("defremat")
+
+  def defremat_with_logs(self, *_: Any, **__: Any) -> None:
+    """Refused, as `defremat` is (NotImplementedError naming the
+    alternatives: `defvjp_with_logs`, or `hijax.custom_remat`)."""
+    raise _forward.remat_refused("defremat_with_logs")
+
   def _has_rules(self) -> bool:
     return self.fwd is not None and self.bwd is not None
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
-    define = f.defvjp_with_logs if self.with_logs else f.defvjp
+    define = (f.defvjp_with_accums if self.with_accums  # pyright: ignore[reportAttributeAccessIssue]
+              else f.defvjp_with_logs if self.with_logs else f.defvjp)
     define(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros,  # pyright: ignore[reportArgumentType]
            optimize_remat=self.optimize_remat)
     return f
