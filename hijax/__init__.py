@@ -38,6 +38,8 @@ from hijax.closure import (ClosureConverted, closure_convert,
 from hijax.residuals import (Residual, ResidualReport, assert_residual_bytes,
                              residual_report)
 from hijax._decorators import custom_jvp, custom_vjp
+from hijax._checks import RuleTypeError
+from hijax._decorators._outputs import CotangentTypeError
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
@@ -56,7 +58,8 @@ __all__ = [
     "unshard_aval", "saved_residuals", "closure_convert",
     "closure_convert_params", "ClosureConverted", "residual_report",
     "assert_residual_bytes", "ResidualReport", "Residual",
-    "custom_vjp", "custom_jvp", "NonlinearBackwardError",
+    "custom_vjp", "custom_jvp",
+    "RuleTypeError", "CotangentTypeError", "NonlinearBackwardError",
 ]
 __version__: str = _metadata.installed_version()
 _metadata.warn_on_clash()

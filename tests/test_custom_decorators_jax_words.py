@@ -242,3 +242,29 @@ def test_forward_mode_of_a_bwd_not_linear_in_g():
   detail = assert_begins_with_jax(vjp_with(lambda x: (x, None), clip_bwd),
                                   lambda f: jax.jvp(f, (3.,), (1.,)))
   assert "the bwd rule clip_bwd is not linear in the cotangent g" in detail
+
+
+# --- the exception classes -------------------------------------------------------
+
+def test_the_exceptions_a_user_may_catch_are_importable_and_documented():
+  """Each is what JAX raises too (TypeError, ValueError), and is listed in
+  the API reference's exceptions section."""
+  from pathlib import Path
+  assert issubclass(hijax.RuleTypeError, TypeError)
+  assert issubclass(hijax.CotangentTypeError, hijax.RuleTypeError)
+  assert issubclass(hijax.CotangentTypeError, ValueError)
+  assert issubclass(hijax.NonlinearBackwardError, TypeError)
+  api = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+  section = api[api.index("## Exceptions"):]
+  for name in ("RuleTypeError", "CotangentTypeError",
+               "NonlinearBackwardError"):
+    assert name in hijax.__all__
+    assert f".. autoexception:: {name}" in section
+
+
+def test_the_cotangent_error_is_caught_as_hijax_s_and_as_jax_s():
+  f = hijax.custom_vjp(lambda x: x)
+  f.defvjp(lambda x: (x, None), lambda _, g: (jnp.zeros(3),))
+  for kind in (hijax.CotangentTypeError, hijax.RuleTypeError, ValueError):
+    with pytest.raises(kind):
+      jax.grad(lambda x: f(x).sum())(jnp.ones(2))

@@ -36,10 +36,14 @@ __all__ = ["RuleOwner", "CotangentTypeError", "pair", "primal_out",
 
 
 class CotangentTypeError(_checks.RuleTypeError, ValueError):
-  """A backward rule returned a cotangent whose type is not its argument's.
+  """The bwd rule of a `hijax.custom_vjp` function returned a cotangent
+  whose type is not its argument's cotangent type (another shape, another
+  dtype, or a symbolic zero of another type).
 
-  A ``TypeError`` like every hijax rule-type error, and a ``ValueError`` like
-  the error ``jax.custom_vjp`` raises for it.
+  A `RuleTypeError` (so a ``TypeError``) like every hijax rule-type error,
+  and a ``ValueError`` like the error ``jax.custom_vjp`` raises for it; its
+  message begins with JAX's. Not raised while
+  ``jax.config.jax_disable_bwd_checks`` is set.
   """
 
 
