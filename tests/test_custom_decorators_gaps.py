@@ -270,3 +270,35 @@ def test_defremat_is_refused_naming_the_alternatives(method):
                      rf"{method}: .* use hijax.custom_remat"):
     getattr(f, method)(lambda x: (jnp.sin(x), x),
                        lambda x, *_: (jnp.sin(x), x), lambda x, g: (g,))
+
+
+# --- eager results of JAX's Python types ---------------------------------------
+
+def test_eager_jvp_and_vjp_keep_python_floats_as_jax_does():
+  """Under an eager jax.jvp or jax.vjp, the rules get a Python float
+  argument as it is, so what they compute on Python floats comes back a
+  Python float, as with JAX's decorators (under jit or vmap: arrays)."""
+  def results(api):
+    f = api.custom_jvp(lambda a, b: a + b)
+    f.defjvp(lambda p, t: (f(*p), t[1] + 91.))
+    primal, tangent = jax.jvp(lambda b: f(1., b), (4.,), (7.,))
+
+    g = api.custom_vjp(lambda a, b: a * b)
+    g.defvjp(lambda a, b: (g(a, b), (a, b)), lambda r, ct: (ct * r[1],
+                                                           ct * r[0]))
+    out, g_vjp = jax.vjp(g, 2., 3.)
+    return primal, tangent, out, *g_vjp(5.)
+  ours, theirs = results(hijax), results(jax)
+  assert [type(x) for x in ours] == [type(x) for x in theirs], (ours, theirs)
+  assert [float(x) for x in ours] == [5., 98., 6., 15., 10.]
+  assert all(isinstance(x, float) for x in ours[:2])
+  jitted = jax.jit(lambda b: jax.jvp(lambda b: f_sum(1., b), (b,), (7.,)))
+  assert all(isinstance(x, jax.Array) for x in jitted(4.))
+
+
+@hijax.custom_jvp
+def f_sum(a, b):
+  return a + b
+
+
+f_sum.defjvp(lambda p, t: (f_sum(*p), t[1] + 91.))

@@ -38,7 +38,8 @@ from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import instantiate_zeros
 
-__all__ = ["Decorated", "Call", "example_of", "to_rule_zeros"]
+__all__ = ["Decorated", "Call", "KeepsPythonScalars", "example_of",
+           "to_rule_zeros"]
 
 
 def example_of(aval: Any) -> Any:
@@ -58,6 +59,22 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
       return x
     return SymbolicZero(x.aval) if symbolic_zeros else instantiate_zeros(x)
   return jax.tree.map(convert, tree, is_leaf=is_zero)
+
+
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
+class KeepsPythonScalars:
+  """For the primitives of the decorators (a mixin placed before `HiPrim`):
+  a Python scalar argument reaches the rules as it is, not as an array, as
+  JAX's decorators hand it on; so an eager ``jax.jvp`` or ``jax.vjp`` whose
+  rules compute on Python floats returns Python floats, as with JAX."""
+
+  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
+    checked = super().check_args(args)  # pyright: ignore[reportAttributeAccessIssue]
+    given = args if self._args_are_leaves else jax.tree.leaves(args)  # pyright: ignore[reportAttributeAccessIssue]
+    return [x if type(x) in _PYTHON_SCALARS else c
+            for x, c in zip(given, checked)]
 
 
 class Call:

@@ -25,8 +25,8 @@ from hijax import _linearity
 from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import BatchRules
-from hijax._decorators._common import (Call, Decorated, example_of,
-                                       to_rule_zeros)
+from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
+                                       example_of, to_rule_zeros)
 from hijax._decorators._outputs import pair, primal_out, tangent_out
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
@@ -94,7 +94,7 @@ def _nonzero(t) -> bool:
   return not (t is None or is_zero(t) or is_float0(t))
 
 
-class CustomJVPCall(BatchRules, HiPrim):
+class CustomJVPCall(KeepsPythonScalars, BatchRules, HiPrim):
   """The primitive of one call signature of a `custom_jvp` function.
 
   Its inputs are the function's differentiable arguments and, last, the

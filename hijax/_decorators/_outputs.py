@@ -289,6 +289,7 @@ def _weak_float_mismatch(aval, declared, actual) -> bool:
   return (getattr(aval, "weak_type", False)
           and isinstance(actual, core.ShapedArray)
           and actual.shape == declared.shape
+          and actual.dtype != declared.dtype
           and jnp.issubdtype(actual.dtype, jnp.floating)
           and jnp.issubdtype(declared.dtype, jnp.floating))
 
@@ -311,7 +312,7 @@ def _cotangent(owner, rule, where, path, aval, ct):
     if getattr(actual, "shape", None) == declared.shape:
       return None  # an integer input's cotangent is dropped, as JAX does
   if _weak_float_mismatch(aval, declared, actual):
-    return ct.astype(declared.dtype)
+    return jnp.asarray(ct, declared.dtype)
   if not _checks.matches(declared, actual, "cotangent"):
     got, advice = _type_message(declared, ct, "cotangent")
     words = None if actual is None else _jax_words.bwd_type(

@@ -31,8 +31,8 @@ from jax.custom_derivatives import CustomVJPPrimal
 from hijax._decorators import _forward, _jax_words, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import BatchRules
-from hijax._decorators._common import (Call, Decorated, example_of,
-                                       to_rule_zeros)
+from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
+                                       example_of, to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
@@ -151,7 +151,7 @@ class VJPCall(Call):
     return cotangents(self.owner, rule, result), logs
 
 
-class CustomVJPCall(BatchRules, HiPrim):
+class CustomVJPCall(KeepsPythonScalars, BatchRules, HiPrim):
   """The primitive of one call signature of a `custom_vjp` function.
 
   Its inputs are the function's differentiable arguments and, last, the
