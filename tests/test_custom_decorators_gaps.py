@@ -302,3 +302,55 @@ def f_sum(a, b):
 
 
 f_sum.defjvp(lambda p, t: (f_sum(*p), t[1] + 91.))
+
+
+# --- collectives over a vmap axis name, no argument batched ----------------------
+
+def psum_with(api):
+  """psum over 'foo' with a custom derivative (3, not the psum's)."""
+  f = api.custom_jvp(lambda x: jax.lax.psum(x, "foo"))
+  f.defjvp(lambda p, t: (f(*p), 3. * t[0]))
+  return f
+
+
+@pytest.mark.parametrize("api", [jax, hijax], ids=["jax", "hijax"])
+def test_psum_over_a_vmap_axis_of_an_unbatched_argument(api):
+  """psum of an unbatched x over a vmap axis of size 4 is 4 x (unbatched):
+  the call is batched, though none of its arguments is, so the psum is
+  evaluated by the vmap (it was evaluated outside it: an AssertionError
+  inside JAX's lowering). Staged with make_jaxpr and run with eval_jaxpr,
+  called directly, and differentiated, with the function's rule."""
+  f = psum_with(api)
+
+  def staged(x):
+    closed = jax.make_jaxpr(f)(x)
+    return jax.extend.core.jaxpr_as_fun(closed)(x)[0]
+  for g in (staged, f):
+    v = jax.vmap(lambda _, x: g(x), axis_name="foo", in_axes=(0, None),
+                 out_axes=None)(jnp.arange(4.), 2.)
+    close(v, 8.)
+  grads = jax.vmap(lambda _, x: jax.grad(f)(x), axis_name="foo",
+                   in_axes=(0, None), out_axes=None)(jnp.arange(4.), 2.)
+  close(grads, 3.)
+
+
+def test_axis_index_of_an_unbatched_call():
+  f = hijax.custom_jvp(lambda x: x * jax.lax.axis_index("i"))
+  f.defjvp(lambda p, t: (f(*p), t[0] * jax.lax.axis_index("i")))
+  out = jax.vmap(lambda _: f(2.), axis_name="i")(jnp.ones(3))
+  close(out, [0., 2., 4.])
+  _, tangents = jax.jvp(
+      lambda c: jax.vmap(lambda _: f(c), axis_name="i")(jnp.ones(3)),
+      (2.,), (1.,))
+  close(tangents, [0., 1., 2.])
+
+
+def test_a_rule_batched_where_the_function_is_not_raises_jax_s_error():
+  f = hijax.custom_jvp(lambda x: x + 1.)
+  f.defjvp(lambda p, t: (f(*p), t[0] * (1. + jax.lax.axis_index("i"))))
+  with pytest.raises(ValueError, match=r"^under vmap, the jvp rule of "
+                     r"<lambda> produced an output batched along the mapped "
+                     r"axis .*\nhijax.custom_jvp function <lambda>: no "
+                     r"argument of this call is batched"):
+    jax.jvp(lambda c: jax.vmap(lambda x: x * f(c), axis_name="i")(
+        jnp.ones(3)), (1.,), (1.,))

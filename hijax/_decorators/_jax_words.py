@@ -22,7 +22,7 @@ import jax
 
 __all__ = ["source_info", "types_tree", "jvp_not_pair", "jvp_structures",
            "jvp_primal", "jvp_tangent_types", "fwd_not_pair", "fwd_primal", "fwd_output_type",
-           "bwd_structure", "bwd_type", "logs_not_pair", "logs_not_dict", "accums_logs_not_dict",
+           "bwd_structure", "bwd_type", "logs_not_pair", "logs_not_dict", "accums_logs_not_dict", "overbatched",
            "not_resolved", "FORWARD_MODE"]
 
 FORWARD_MODE = ("can't apply forward-mode autodiff (jvp) to a custom_vjp "
@@ -168,6 +168,13 @@ def accums_logs_not_dict(got: Any) -> str:
   return ("Custom VJP bwd rule was registered with defvjp_with_accums, and so "
           "must return None or a dict of backward-pass log entries, but got "
           f"{type(got).__name__}.")
+
+
+def overbatched(member: str, fun: str) -> str:
+  """A rule's output batched under ``vmap`` where the call is not."""
+  return (f"under vmap, the {member} of {fun} produced an output batched "
+          "along the mapped axis where the application itself was inferred "
+          "to be unbatched.")
 
 
 def not_resolved(decorator: str, fun: str, error: str) -> str:

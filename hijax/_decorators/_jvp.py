@@ -24,7 +24,8 @@ from jax.custom_derivatives import zero_from_primal
 from hijax import _linearity
 from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import BatchRules
+from hijax._decorators._batching import (BatchRules,
+                                          install_named_axis_batching)
 from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import pair, primal_out, tangent_out
@@ -170,6 +171,10 @@ class LinearCustomJVPCall(CustomJVPCall):
     cts = jax.linear_transpose(f, *examples)(ct)
     for acc, c in zip([x for x, lin in zip(leaves, linear) if lin], cts):
       acc.accum(c)
+
+
+for _cls in (CustomJVPCall, LinearCustomJVPCall):
+  install_named_axis_batching(_cls)
 
 
 _LINEARITY_LEAVES = 32

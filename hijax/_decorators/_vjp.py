@@ -30,7 +30,8 @@ from jax.custom_derivatives import CustomVJPPrimal
 
 from hijax._decorators import _forward, _jax_words, _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import BatchRules
+from hijax._decorators._batching import (BatchRules,
+                                          install_named_axis_batching)
 from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
@@ -266,6 +267,7 @@ class CustomVJPCall(KeepsPythonScalars, BatchRules, HiPrim):
 
 
 VJPCall.primitive_class = CustomVJPCall
+install_named_axis_batching(CustomVJPCall)
 
 
 # The tangent equation of `_transpose_only_tangent` is this class's linearized
