@@ -11,6 +11,7 @@ The modules, each importing only those listed before it:
   _outputs    what the rules return, checked, with messages naming the
               function, the rule and the argument
   _common     the decorator object and `Call`, one call signature
+  _dce        unused outputs of a call dropped (`PrunedCall`)
   _batching   ``vmap``: the rules' own batching, or a `defbatch` rule
   _forward    custom_vjp's forward mode where it is not jvp_from_vjp's (a
               bwd not linear in g, a function with logs); methods refused

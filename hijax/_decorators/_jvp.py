@@ -28,6 +28,7 @@ from hijax._decorators._batching import (BatchRules,
                                           install_named_axis_batching)
 from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
                                        example_of, to_rule_zeros)
+from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import pair, primal_out, tangent_out
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
@@ -95,7 +96,7 @@ def _nonzero(t) -> bool:
   return not (t is None or is_zero(t) or is_float0(t))
 
 
-class CustomJVPCall(KeepsPythonScalars, BatchRules, HiPrim):
+class CustomJVPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
   """The primitive of one call signature of a `custom_jvp` function.
 
   Its inputs are the function's differentiable arguments and, last, the
@@ -116,7 +117,7 @@ class CustomJVPCall(KeepsPythonScalars, BatchRules, HiPrim):
 
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
-    return self._call.primal(hvals, *xs)
+    return self._call.primal.as_call(hvals, *xs)
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     call = self._call

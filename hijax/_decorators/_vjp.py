@@ -34,6 +34,7 @@ from hijax._decorators._batching import (BatchRules,
                                           install_named_axis_batching)
 from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
                                        example_of, to_rule_zeros)
+from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
@@ -152,7 +153,7 @@ class VJPCall(Call):
     return cotangents(self.owner, rule, result), logs
 
 
-class CustomVJPCall(KeepsPythonScalars, BatchRules, HiPrim):
+class CustomVJPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
   """The primitive of one call signature of a `custom_vjp` function.
 
   Its inputs are the function's differentiable arguments and, last, the
@@ -173,7 +174,7 @@ class CustomVJPCall(KeepsPythonScalars, BatchRules, HiPrim):
 
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
-    return self._call.primal(hvals, *xs)
+    return self._call.primal.as_call(hvals, *xs)
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     call = self._call
