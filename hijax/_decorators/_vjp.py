@@ -235,16 +235,15 @@ class CustomVJPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
     primal output is the function's own, as in JAX.
     """
     call = self._call
-    if call.decorated.with_logs:
-      out, tangent = self._transpose_only_tangent(primals, tangents)
-    else:
+    derived = None
+    if not call.decorated.with_logs:
       try:
-        out, tangent = jvp_from_vjp(self, primals, tangents)
+        derived = jvp_from_vjp(self, primals, tangents)
       except NonlinearBackwardError as e:
         if e.prim is not self:
           raise  # another primitive's rule, inside bwd
         call.forward_mode_error = str(_forward.nonlinear_bwd_error(call, e))
-        out, tangent = self._transpose_only_tangent(primals, tangents)
+    out, tangent = derived or self._transpose_only_tangent(primals, tangents)
     if call.decorated.optimize_remat:
       out = self(*primals)  # fwd is for residuals only, as in JAX
     return out, tangent
