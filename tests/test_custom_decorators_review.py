@@ -125,8 +125,14 @@ def test_the_decorator_error_for_a_nonlinear_bwd_names_the_operation():
                      r"\(jvp\) to a custom_vjp function.\nhijax.custom_vjp "
                      r"function clip_gradient: the bwd rule clip_bwd is not linear "
                      r"in the cotangent g, so forward mode .* cannot be "
-                     r"derived from it: `(clamp|clip|min|max)`"):
+                     r"derived from it: `(clamp|clip|min|max)`") as info:
     jax.jvp(clip_gradient, (3.,), (1.,))
+  # a NonlinearBackwardError, so that it can be told from JAX's refusal of
+  # forward mode (a plain TypeError, in the same words) by type
+  assert type(info.value) is NonlinearBackwardError
+  assert type(info.value.prim).__name__ == "CustomVJPCall"
+  with pytest.raises(NonlinearBackwardError):  # raised again, afresh
+    jax.jit(jax.jacfwd(clip_gradient))(3.)
 
 
 # --- three behaviours a mutation run found untested --------------------------

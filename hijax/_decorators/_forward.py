@@ -30,7 +30,7 @@ def linearized_value(*args: Any, prim: Any, res_tree: Any,
   says why forward mode is refused."""
   call = prim._call
   if call.forward_mode_error is not None:
-    raise TypeError(call.forward_mode_error)
+    raise _copy(call.forward_mode_error)
   n_res = res_tree.num_leaves
   res = jax.tree.unflatten(res_tree, args[:n_res])
   res, sres = res if has_sres else (res, None)
@@ -43,8 +43,8 @@ def linearized_value(*args: Any, prim: Any, res_tree: Any,
   except NonlinearBackwardError as e:
     if e.prim is not prim:
       raise
-    call.forward_mode_error = str(nonlinear_bwd_error(call, e))
-    raise TypeError(call.forward_mode_error) from None
+    call.forward_mode_error = nonlinear_bwd_error(call, e)
+    raise _copy(call.forward_mode_error) from None
   return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
           for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
 
@@ -64,10 +64,14 @@ def linearized_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
                  tuple(instantiate_zeros(t) for t in tangents))
 
 
-def nonlinear_bwd_error(call: Any, e: NonlinearBackwardError) -> Exception:
+def nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
+                        ) -> NonlinearBackwardError:
   """`jvp_from_vjp`'s error for a bwd rule that is not linear in ``g``, in
-  the terms of the decorated function."""
-  return call.owner.error(
+  the terms of the decorated function: JAX's words for forward mode of a
+  custom_vjp function, then why hijax cannot derive it here. A
+  `NonlinearBackwardError` (a TypeError, as JAX's), so that it can be told
+  from JAX's refusal by type."""
+  detail = call.owner.error(
       f"the bwd rule {call.bwd_name}",
       "is not linear in the cotangent g, so forward mode (jax.jvp, "
       f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
@@ -77,6 +81,12 @@ def nonlinear_bwd_error(call: Any, e: NonlinearBackwardError) -> Exception:
       "clipped or scaled gradient), give forward mode a rule of its own with "
       "hijax.custom_jvp; otherwise fix the rule", TypeError,
       _jax_words.FORWARD_MODE)
+  return NonlinearBackwardError(str(detail), e.prim, e.method, e.reason)
+
+
+def _copy(e: NonlinearBackwardError) -> NonlinearBackwardError:
+  """A fresh exception like ``e`` (one raised again keeps its traceback)."""
+  return NonlinearBackwardError(str(e), e.prim, e.method, e.reason)
 
 
 def remat_refused(method: str) -> NotImplementedError:

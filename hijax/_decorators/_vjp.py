@@ -49,7 +49,7 @@ __all__ = ["custom_vjp", "CustomVJPCall"]
 class VJPCall(Call):
   """A call of a `custom_vjp` function: the function, ``fwd`` and ``bwd``."""
 
-  forward_mode_error: str | None = None
+  forward_mode_error: NonlinearBackwardError | None = None
   """Why forward mode is refused, once `CustomVJPCall.jvp` found out."""
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
@@ -242,7 +242,7 @@ class CustomVJPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
       except NonlinearBackwardError as e:
         if e.prim is not self:
           raise  # another primitive's rule, inside bwd
-        call.forward_mode_error = str(_forward.nonlinear_bwd_error(call, e))
+        call.forward_mode_error = _forward.nonlinear_bwd_error(call, e)
     out, tangent = derived or self._transpose_only_tangent(primals, tangents)
     if call.decorated.optimize_remat:
       out = self(*primals)  # fwd is for residuals only, as in JAX
