@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from hijax.derived import NonlinearBackwardError
+
 MODES = ("expand", "jvp", "vjp", "lin", "transpose", "batch", "second_order")
 
 # The modes that differentiate, and so need floating-point inputs and outputs.
@@ -321,6 +323,9 @@ def declared_limit(e: BaseException, strict: bool = False,
   another mode."""
   text = f"{type(e).__name__}: {first_lines(str(e), 2)}"
   patterns = _DECLARED + (_NOT_A_DERIVATIVE if surrogate else ())
+  if isinstance(e, NonlinearBackwardError):
+    # (hijax.custom_vjp's says so in JAX's words too, which _DECLARED reads)
+    patterns = _NOT_A_DERIVATIVE if surrogate else ()
   if (isinstance(e, NotImplementedError) and not strict) or any(
       re.search(p, str(e)) for p in patterns):
     return text
