@@ -51,6 +51,10 @@ class NonlinearBackwardError(TypeError):
   is not linear in ``g``, with its source line.
   """
 
+  prim: Any
+  method: str
+  reason: str
+
   def __init__(self, message: str, prim: Any, method: str, reason: str):
     super().__init__(message)
     self.prim, self.method, self.reason = prim, method, reason

@@ -321,6 +321,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   optimize_remat: bool
   generic_batching: bool
   with_logs: bool
+  with_accums: bool
 
   def __init__(self, fun: Callable[..., Any],
                nondiff_argnums: Sequence[int] = (),

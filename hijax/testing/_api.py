@@ -52,7 +52,7 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
   program the checks will run (``prim_fn`` and every transformation they
   evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
   is evaluated by it at the point."""
-  ctx = None
+  ctx, plan = None, None
   try:
     ctx, plan = context_at(args, dtype)
     if not jit:
@@ -326,7 +326,7 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     try:
       ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
     except BudgetSpent as e:  # before the first check
-      ctx, plan = getattr(e, "prepared", None) or context_at(args, "float64")
+      ctx, plan = e.prepared or context_at(args, "float64")
       stopped(ctx, plan, e)
     else:
       ctx.report.required = required_rules(ctx, plan)

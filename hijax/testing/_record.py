@@ -4,18 +4,31 @@ whether they judged anything), failures with the rule they name. A mixin of
 labels, the settings and the names it uses."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hijax.testing._numerics import (compare_leaf, describe_tol,
                                      judged_elements, type_str)
 from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure,
-                                   declared_limit, first_lines)
+                                   RuleReport, declared_limit, first_lines)
 
 
 class Recorder:
   """The bookkeeping methods of a check context (see the module docstring).
   Its host has ``report``, ``label``, ``within``, ``settings``,
   ``surrogate``, ``out_names``, ``out_float_idx`` and ``rule_name``."""
+
+  report: RuleReport
+  label: str
+  within: str | None
+  settings: Any
+  surrogate: bool
+  out_names: list[str]
+  out_float_idx: list[int]
+
+  def rule_name(self, mode) -> str:
+    raise NotImplementedError  # the host's
 
   def ran(self, mode, what):
     if self.within:  # e.g. a sub-check of the second-order mode
