@@ -190,7 +190,7 @@ def test_cg_residual_is_checked_even_without_the_probe():
   # Indefinite and symmetric, unchecked: CG's answer is tested by its residual.
   A = jnp.diag(jnp.array([1., -1., 2.]))
   solve = lambda A: linear_solve(matvec, jnp.array([1., 1., 1.]), A,
-                                 solver=CG(check=False, maxiter=2),
+                                 solver=CG(check=False, max_iter=2),
                                  throw=False)
   x, st = solve(A)
   if bool(st.converged):

@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hijax.implicit import Dense, MatMul, linear_solve
+from hijax.implicit._backward_error import (SKETCH_BOUND, SKETCH_VECTORS,
+                                            sketch_applies, sketch_flags)
 
 TOL = float(np.finfo(np.float32).eps) ** 0.5  # Dense's default in float32
 
@@ -122,3 +124,40 @@ def test_jacrev_and_jacfwd_of_a_solve_match_the_inverse():
                                              A)))(b)
     np.testing.assert_allclose(got, jnp.linalg.inv(A + 0.5 * jnp.eye(30)),
                                rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2 ** 16), st.sampled_from(SHAPES[1:4]),
+       st.floats(0., 3.), st.booleans())
+def test_the_sketch_passes_right_columns_and_flags_a_wrong_one(
+    seed, shape, log_cond, transpose):
+  """Where it applies, the sketch lets right solutions through without the
+  per-column check (else it would save nothing), and flags one wrong
+  column (then the per-column check gives the verdict)."""
+  n, m = shape
+  assert sketch_applies(n, m, TOL, np.float32)
+  A, B, rng = system(seed, n, m, log_cond)
+  X = one_wrong_column(A, B, 0, 1e-4, transpose, rng)  # right, to rounding
+  flags = jax.jit(sketch_flags, static_argnums=(3, 4))
+  flagged, finite = flags(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B),
+                          TOL, transpose)
+  assert not bool(flagged) and all(finite.tolist())
+  X = one_wrong_column(A, B, int(rng.integers(m)), 1.5, transpose, rng)
+  flagged, _ = flags(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B), TOL,
+                     transpose)
+  assert bool(flagged)
+
+
+def test_where_the_sketch_applies():
+  """It saves work (at least 2 k columns) and its rounding is small against
+  its bound: in float32 at the default tolerance, up to about 60 unknowns
+  and columns; in float64, thousands."""
+  assert SKETCH_VECTORS == 8 and SKETCH_BOUND == 1 / 8
+  assert not sketch_applies(50, 15, TOL, np.float32)  # too few columns
+  assert sketch_applies(50, 50, TOL, np.float32)
+  assert not sketch_applies(200, 200, TOL, np.float32)  # rounding
+  assert sketch_applies(2000, 2000, np.finfo(np.float64).eps ** 0.5,
+                        np.float64)
+  # the miss probability of the docstring, for a column at its bound
+  bound = (np.sqrt(2 / np.pi) * 1.5 * SKETCH_BOUND) ** SKETCH_VECTORS
+  assert 2e-7 < bound < 3e-7

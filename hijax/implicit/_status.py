@@ -181,24 +181,33 @@ def _normalized(st: Status, where: str, solver: Any) -> Status:
   return Status(~failed, steps, error, reason)
 
 
-def default_tol(dtype: Any) -> float:
+def default_tol(dtype: Any, roundoff: float | None = None) -> float:
   """The default tolerance for unknowns of ``dtype``: 1e-12 for 64-bit floats
   (and complex128), 1e-6 for 32-bit, 10 eps for narrower ones (bfloat16,
-  float16), which cannot resolve 1e-6."""
+  float16), which cannot resolve 1e-6.
+
+  ``roundoff`` is the relative error of the products in the functions
+  solved, where it is coarser than ``dtype`` (a float32 matrix product on a
+  TPU at a precision you chose, ``jax.default_matmul_precision``: see
+  ``hijax/implicit/_precision.py``): the tolerance is then at least 16 times
+  it, as 1e-6 is about 16 times float32's own (2**-24)."""
   dtype = jnp.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.inexact):
     dtype = jnp.dtype(jnp.result_type(float))
   bits = jnp.finfo(dtype).bits
   if bits >= 64:
-    return 1e-12
-  return 1e-6 if bits == 32 else 10 * float(jnp.finfo(dtype).eps)
+    tol = 1e-12
+  else:
+    tol = 1e-6 if bits == 32 else 10 * float(jnp.finfo(dtype).eps)
+  return tol if roundoff is None else max(tol, 16 * float(roundoff))
 
 
 # --- reducing over a batch ----------------------------------------------------
 
 class _AcrossBatch(HiPrim):
   """The identity on an array, except under ``vmap``, where it reduces over the
-  batch (``any`` or ``max``) and returns an unbatched result."""
+  batch (``any``, or ``max`` of non-negative codes) and returns an unbatched
+  result."""
 
   def __init__(self, aval: Any, *, reduce: Any):
     self.in_avals, self.out_aval = (aval,), aval
@@ -210,7 +219,9 @@ class _AcrossBatch(HiPrim):
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     (x,), (d,) = args, dims
-    out = getattr(jnp, self.reduce)(x, axis=d)
+    # an empty batch reduces to the identity: nothing failed, reason 0
+    initial = {"initial": 0} if self.reduce == "max" else {}
+    out = getattr(jnp, self.reduce)(x, axis=d, **initial)
     return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
 
 
@@ -237,23 +248,24 @@ def _message(where: Any, worst: Any) -> Any:
 def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   """``x``, or a `SolveError` at run time if ``st`` says the solve failed.
 
-  The reason and the step count are packed into one integer (the reason in
-  the high bits: a failure is a nonzero reason), reduced over a batch with
-  one ``max`` (that of the worst instance); the check is one ``lax.cond`` on
-  it, whose failing branch calls the host. ``x`` does not pass through the
-  ``cond`` (which would copy it and split the fused computations around it):
-  the ``cond`` returns a flag, and ``x`` is read through a select on that
-  flag, which ties it to the check (it is NaN if the host call returned
-  instead of raising). The Status's error is not part of it: the ``cond``
-  would need it computed first, and for an iteration that costs (an HVP of
-  a Newton root: 84 -> 150 us).
+  The check is one ``lax.cond`` on the largest reason (over a batch: one
+  ``max``, 0 where every instance converged), whose failing branch packs
+  each instance's reason and step count into one integer (the reason in the
+  high bits), reduces them to the worst instance's and calls the host. ``x``
+  does not pass through the ``cond`` (which would copy it and split the
+  fused computations around it): the ``cond`` returns a flag, and ``x`` is
+  read through a select on that flag, which ties it to the check (it is NaN
+  if the host call returned instead of raising). The Status's error is not
+  part of it: the ``cond`` would need it computed first, and for an
+  iteration that costs (an HVP of a Newton root: 84 -> 150 us).
   """
-  steps = jnp.minimum(st.steps, (1 << _STEP_BITS) - 1)
-  worst = _across_batch((st.reason << _STEP_BITS) | steps, "max")
+  def failed(reason: Any, steps: Any) -> Any:
+    steps = jnp.minimum(steps, (1 << _STEP_BITS) - 1)
+    worst = _across_batch((reason << _STEP_BITS) | steps, "max")
+    return _failed_p.bind(worst, where=where)
 
-  raised = jax.lax.cond(worst >> _STEP_BITS != CONVERGED,
-                        lambda w: _failed_p.bind(w, where=where),
-                        lambda _: jnp.bool_(False), worst)
+  raised = jax.lax.cond(_across_batch(st.reason, "max") != CONVERGED, failed,
+                        lambda *_: jnp.bool_(False), st.reason, st.steps)
   return jax.tree.map(lambda a: jnp.where(raised, jnp.nan, a).astype(a.dtype),
                       x)
 
