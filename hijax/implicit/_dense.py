@@ -15,7 +15,7 @@ from jax.flatten_util import ravel_pytree
 from hijax.implicit._backward_error import backward_error
 from hijax.implicit._linear import (empty_solution, flat_problem,
                                     working)
-from hijax.implicit._precision import backend
+from hijax.implicit import _precision
 from hijax.implicit._status import (CONVERGED, MAX_ITER, NONFINITE, Status,
                                     status)
 
@@ -36,7 +36,7 @@ def _no_lu_here(dtype: Any) -> None:
   """Refuses a factorization the backend cannot do: a TPU has no LU in
   float64 (XLA's "Only F32 and C64 types are implemented in
   LuDecomposition", raised when the program is compiled)."""
-  if backend() == "tpu" and jnp.dtype(dtype) in (jnp.float64,
+  if _precision.backend() == "tpu" and jnp.dtype(dtype) in (jnp.float64,
                                                   jnp.complex128):
     raise NotImplementedError(
         f"hijax.implicit Dense: a TPU has no {jnp.dtype(dtype).name} LU "

@@ -4,10 +4,7 @@ positive definite systems) and `GMRES` (general ones).
 Each iterates on the user's matvec at `iteration_precision` and checks the
 true residual of the ``x`` it returns, computed at the checks' precision
 (`hijax.implicit._precision`): on a TPU, where a float32 matrix product at
-the default precision rounds to bfloat16, both are float32's unless you
-chose a precision yourself (``jax.default_matmul_precision``), in which case
-the iterations use yours and the default ``tol`` allows for it
-(`krylov_tol`)."""
+the default precision rounds to bfloat16, both are float32's."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,16 +19,14 @@ from jax.flatten_util import ravel_pytree
 from hijax.implicit._linear import (empty_solution, flat_problem, krylov_tol,
                                     max_iter_field, norm, norms,
                                     residual_status)
-from hijax.implicit._precision import check_precision, operator_roundoff
+from hijax.implicit._precision import check_precision
 from hijax.implicit._status import CONVERGED, NOT_SPD, Status, status
 
 __all__ = ["CG", "GMRES"]
 
 
 def _tol(tol: Any, b_flat: Any) -> float:
-  if tol is not None:
-    return tol
-  return krylov_tol(b_flat.dtype, operator_roundoff(b_flat.dtype))
+  return krylov_tol(b_flat.dtype) if tol is None else tol
 
 
 def _max_iter(max_iter: Any, b_flat: Any) -> int:
@@ -61,7 +56,8 @@ class CG:
 
   With ``check=True`` (the default), two extra matvecs test the matrix on two
   vectors (``b`` and a fixed probe): it must be symmetric on them
-  (``u.A v == v.A u`` to the square root of eps) and positive
+  (``u.A v == v.A u`` to the square root of eps, or to ``tol`` where that is
+  looser) and positive
   (``u.A u > 0``). This catches a non-symmetric or negative definite matrix
   before CG returns a wrong answer, but is a necessary condition only: an
   indefinite matrix that passes it makes CG fail to converge, which the
@@ -91,10 +87,11 @@ class CG:
   def _status(self, matvec: Callable, b: Any, x: Any, steps: Any) -> Status:
     b_flat, A, _ = flat_problem(matvec, b, "check")
     reason = jnp.int32(CONVERGED)
+    tol = _tol(self.tol, b_flat)
     if self.check:
-      reason = jnp.where(self._spd_on_probes(A, b_flat), CONVERGED, NOT_SPD)
-    return residual_status(A, x, b_flat, _tol(self.tol, b_flat), self.atol,
-                           steps, reason)
+      reason = jnp.where(self._spd_on_probes(A, b_flat, tol), CONVERGED,
+                         NOT_SPD)
+    return residual_status(A, x, b_flat, tol, self.atol, steps, reason)
 
   def _solve_unchecked(self, matvec: Callable, b: Any) -> Any:
     """The solution alone, not checked (`Newton`'s steps)."""
@@ -112,7 +109,7 @@ class CG:
         x_flat.dtype, jnp.float32)), 1)
 
   @staticmethod
-  def _spd_on_probes(A: Any, b: Any) -> Any:
+  def _spd_on_probes(A: Any, b: Any, tol: float = 0.) -> Any:
     u = b / jnp.where(norm(b) > 0, norm(b), 1.).astype(b.dtype)
     u = jnp.where(norm(b) > 0, u, _probe(b) * 0.5)
     probes = jnp.stack([u, _probe(b)])
@@ -125,7 +122,9 @@ class CG:
     probe_norms = norms(*probes, *images)  # |u|, |v|, |Au|, |Av|
     eps = float(jnp.finfo(b.dtype).eps)
     scale = probe_norms[0] * probe_norms[3] + probe_norms[1] * probe_norms[2]
-    symmetric = jnp.abs(gram[0, 1] - jnp.conj(gram[1, 0])) <= eps ** 0.5 * scale
+    # to the square root of eps, or to the solve's tolerance where looser
+    symmetric = jnp.abs(gram[0, 1] - jnp.conj(gram[1, 0])) <= max(
+        eps ** 0.5, tol) * scale
     positive = (jnp.real(gram[0, 0]) > 0) & (jnp.real(gram[1, 1]) > 0)
     return symmetric & positive
 

@@ -69,13 +69,11 @@ def flat_problem(matvec: Callable, b: Any, precision: Any = "iteration"
   return b_flat.astype(work), flat_matvec, lambda v: unravel(v.astype(dtype))
 
 
-def krylov_tol(dtype: Any, roundoff: float | None = None) -> float:
+def krylov_tol(dtype: Any) -> float:
   """The default ``tol`` of `CG` and `GMRES`: 1e-10 for 64-bit unknowns (the
   relative residual of an ill-conditioned system, e.g. the 8x8 Hilbert
-  matrix, stops near 1e-12), `default_tol` otherwise, and with ``roundoff``
-  (of the matvec's products) at least 16 times it."""
-  base = 1e-10 if jnp.finfo(dtype).bits == 64 else default_tol(dtype)
-  return base if roundoff is None else max(base, default_tol(dtype, roundoff))
+  matrix, stops near 1e-12), `default_tol` otherwise."""
+  return 1e-10 if jnp.finfo(dtype).bits == 64 else default_tol(dtype)
 
 
 def norm(v: Any) -> Any:

@@ -3,12 +3,10 @@
 
 Tolerances are per leaf of the unknown's pytree: a leaf is converged when the
 error measure of that leaf is at most ``tol * (1 + max|x_leaf|)``, with
-``tol`` (None: `default_tol` of the leaf's dtype, allowing for the precision
-of the products of ``f`` or ``g`` where you chose one coarser than the dtype:
-`hijax.implicit._precision.operator_roundoff`) the same for every leaf when
-given. ``f`` and ``g`` are evaluated at `iteration_precision`: on a TPU,
-where a float32 matrix product at the default precision rounds to bfloat16,
-at float32's unless you chose a precision.
+``tol`` (None: `default_tol` of the leaf's dtype) the same for every leaf
+when given. ``f`` and ``g`` are evaluated at `iteration_precision`: on a
+TPU, where a float32 matrix product at the default precision rounds to
+bfloat16, at float32's.
 
 What each checks: `FixedPointIteration` its convergence test alone (the
 distance to the fixed point, estimated from the steps, and finiteness), with
@@ -36,8 +34,7 @@ import jax.numpy as jnp
 
 from hijax.implicit._dense import Dense
 from hijax.implicit._krylov import CG, GMRES
-from hijax.implicit._precision import (evaluated_at, iteration_precision_of,
-                                       operator_roundoff)
+from hijax.implicit._precision import evaluated_at, iteration_precision_of
 from hijax.implicit._status import (CONVERGED, LINEAR_FAILED, MAX_ITER,
                                     NONFINITE, _across_batch, all_finite,
                                     default_tol, solved, status)
@@ -51,8 +48,8 @@ def _leaf_max_abs(tree: Any) -> Any:
 
 
 def _tols(tol: Any, tree: Any) -> Any:
-  return [default_tol(x.dtype, operator_roundoff(x.dtype)) if tol is None
-          else tol for x in jax.tree.leaves(tree)]
+  return [default_tol(x.dtype) if tol is None else tol
+          for x in jax.tree.leaves(tree)]
 
 
 def _at_iteration_precision(fn: Callable, x0: Any) -> Callable:

@@ -181,25 +181,20 @@ def _normalized(st: Status, where: str, solver: Any) -> Status:
   return Status(~failed, steps, error, reason)
 
 
-def default_tol(dtype: Any, roundoff: float | None = None) -> float:
+def default_tol(dtype: Any) -> float:
   """The default tolerance for unknowns of ``dtype``: 1e-12 for 64-bit floats
   (and complex128), 1e-6 for 32-bit, 10 eps for narrower ones (bfloat16,
-  float16), which cannot resolve 1e-6.
-
-  ``roundoff`` is the relative error of the products in the functions
-  solved, where it is coarser than ``dtype`` (a float32 matrix product on a
-  TPU at a precision you chose, ``jax.default_matmul_precision``: see
-  ``hijax/implicit/_precision.py``): the tolerance is then at least 16 times
-  it, as 1e-6 is about 16 times float32's own (2**-24)."""
+  float16), which cannot resolve 1e-6. It holds on any backend: where a
+  matrix product at the precision in force is coarser than the dtype (a
+  TPU), the solvers compute theirs at ``"highest"``
+  (``hijax/implicit/_precision.py``)."""
   dtype = jnp.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.inexact):
     dtype = jnp.dtype(jnp.result_type(float))
   bits = jnp.finfo(dtype).bits
   if bits >= 64:
-    tol = 1e-12
-  else:
-    tol = 1e-6 if bits == 32 else 10 * float(jnp.finfo(dtype).eps)
-  return tol if roundoff is None else max(tol, 16 * float(roundoff))
+    return 1e-12
+  return 1e-6 if bits == 32 else 10 * float(jnp.finfo(dtype).eps)
 
 
 # --- reducing over a batch ----------------------------------------------------
