@@ -209,10 +209,10 @@ def stub_checks(which):
   passed = lambda *args, **kwargs: _status.status(_status.CONVERGED, 1, 0.)
   dense = _dense.Dense._check
 
-  def dense_check(self, matrix, x, b, transpose=False):
+  def dense_check(self, matrix, x, b, transpose=False, **kwargs):
     if ("dense1" if x.size == 1 else "dense") in which:
       return passed()
-    return dense(self, matrix, x, b, transpose)
+    return dense(self, matrix, x, b, transpose, **kwargs)
   _dense.Dense._check = dense_check
   if "residual" in which:
     _krylov.residual_status = passed

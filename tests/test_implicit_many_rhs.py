@@ -2,7 +2,9 @@
 tangent and cotangent systems of ``jacfwd`` and ``jacrev``) are checked as
 surely as one: a wrong solution in any one column fails that column, with
 its verdict, reason and error those of the per-column backward-error check,
-and every right column passes."""
+and every right column passes; where the columns are checked together by a
+sketch (float64, or a loose ``tol``, from about 100 unknowns and columns)
+as where each is checked alone."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,15 +18,18 @@ from hijax.implicit._backward_error import (SKETCH_BOUND, SKETCH_VECTORS,
 TOL = float(np.finfo(np.float32).eps) ** 0.5  # Dense's default in float32
 
 
-def system(seed, n, m, log_cond):
-  """A float32 matrix with singular values from 1 to 10**-log_cond, and m
+def system(seed, n, m, log_cond, dtype=np.float32):
+  """A matrix with singular values from 1 to 10**-log_cond, and m
   right-hand sides."""
   rng = np.random.default_rng(seed)
   U, _ = np.linalg.qr(rng.standard_normal((n, n)))
   V, _ = np.linalg.qr(rng.standard_normal((n, n)))
   A = (U * np.logspace(0, -log_cond, n)) @ V.T
-  return (A.astype(np.float32), rng.standard_normal((m, n)).astype(np.float32),
-          rng)
+  return A.astype(dtype), rng.standard_normal((m, n)).astype(dtype), rng
+
+
+# (dtype, Dense's tol, unknowns, columns) checked by the sketch
+SKETCHED = [(np.float64, None, 100, 100), (np.float32, 1e-2, 100, 120)]
 
 
 def backward_errors(A, X, B, transpose):
@@ -37,10 +42,10 @@ def backward_errors(A, X, B, transpose):
   return r / scale
 
 
-def one_wrong_column(A, B, column, factor, transpose, rng):
+def one_wrong_column(A, B, column, factor, transpose, rng, tol=TOL):
   """The solutions of ``A X = B`` (or ``A.T X = B``), row by row, with the
   one in ``column`` moved so that its backward error is ``factor`` times
-  Dense's tolerance."""
+  ``tol``."""
   M = (A.T if transpose else A).astype(np.float64)
   X = np.linalg.solve(M, B.astype(np.float64).T).T
   d = rng.standard_normal(A.shape[0])
@@ -49,13 +54,13 @@ def one_wrong_column(A, B, column, factor, transpose, rng):
   for _ in range(3):
     scale = (np.max(np.sum(np.abs(M), axis=1)) * np.max(np.abs(x + d))
              + np.max(np.abs(b)))
-    d = d * factor * TOL * scale / np.max(np.abs(M @ d))
+    d = d * factor * tol * scale / np.max(np.abs(M @ d))
   X[column] = x + d
-  return X.astype(np.float32)
+  return X.astype(A.dtype)
 
 
-def batched_check(A, X, B, transpose):
-  return jax.jit(jax.vmap(lambda x, b: Dense()._check(A, x, b, transpose),
+def batched_check(A, X, B, transpose, tol=None):
+  return jax.jit(jax.vmap(lambda x, b: Dense(tol)._check(A, x, b, transpose),
                           in_axes=(0, 0)))(X, B)
 
 
@@ -65,22 +70,27 @@ SHAPES = [(3, 5), (50, 50), (70, 33), (20, 80), (2, 2)]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2 ** 16), st.sampled_from(SHAPES), st.data(),
+@given(st.integers(0, 2 ** 16), st.sampled_from(SHAPES + SKETCHED), st.data(),
        st.floats(0.3, 6.), st.floats(0., 4.), st.booleans())
 def test_a_wrong_solution_in_any_one_column_fails_that_column(
-    seed, shape, data, log_factor, log_cond, transpose):
-  n, m = shape
+    seed, case, data, log_factor, log_cond, transpose):
+  dtype, tol, n, m = case if len(case) == 4 else (np.float32, None, *case)
+  bound = TOL if tol is None else tol
+  if dtype == np.float64:
+    bound = float(np.finfo(np.float64).eps) ** 0.5
   column = data.draw(st.integers(0, m - 1), label="column")
-  A, B, rng = system(seed, n, m, log_cond)
-  X = one_wrong_column(A, B, column, 10. ** log_factor, transpose, rng)
-  errors = backward_errors(A, X, B, transpose)
-  assert errors[column] > 1.5 * TOL  # it fails, beyond rounding
-  status = batched_check(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B),
-                         transpose)
-  expected = errors <= TOL
+  with jax.enable_x64(dtype == np.float64):
+    A, B, rng = system(seed, n, m, log_cond, dtype)
+    X = one_wrong_column(A, B, column, 10. ** log_factor, transpose, rng,
+                         bound)
+    errors = backward_errors(A, X, B, transpose)
+    assert errors[column] > 1.5 * bound  # it fails, beyond rounding
+    status = batched_check(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B),
+                           transpose, tol)
+  expected = errors <= bound
   assert not expected[column]
   assert status.converged.tolist() == expected.tolist(), (
-      column, errors / TOL)
+      column, errors / bound)
   assert status.reason.tolist() == [0 if ok else 1 for ok in expected]
   np.testing.assert_allclose(status.error[column], errors[column], rtol=1e-3)
 
@@ -126,38 +136,44 @@ def test_jacrev_and_jacfwd_of_a_solve_match_the_inverse():
                                rtol=1e-4, atol=1e-5)
 
 
-@settings(max_examples=15, deadline=None)
-@given(st.integers(0, 2 ** 16), st.sampled_from(SHAPES[1:4]),
-       st.floats(0., 3.), st.booleans())
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2 ** 16), st.sampled_from(SKETCHED), st.floats(0., 3.),
+       st.booleans())
 def test_the_sketch_passes_right_columns_and_flags_a_wrong_one(
-    seed, shape, log_cond, transpose):
+    seed, case, log_cond, transpose):
   """Where it applies, the sketch lets right solutions through without the
   per-column check (else it would save nothing), and flags one wrong
   column (then the per-column check gives the verdict)."""
-  n, m = shape
-  assert sketch_applies(n, m, TOL, np.float32)
-  A, B, rng = system(seed, n, m, log_cond)
-  X = one_wrong_column(A, B, 0, 1e-4, transpose, rng)  # right, to rounding
+  dtype, tol, n, m = case
+  tol = float(np.finfo(dtype).eps) ** 0.5 if tol is None else tol
+  assert sketch_applies(n, m, tol, dtype)
   flags = jax.jit(sketch_flags, static_argnums=(3, 4))
-  flagged, finite = flags(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B),
-                          TOL, transpose)
-  assert not bool(flagged) and all(finite.tolist())
-  X = one_wrong_column(A, B, int(rng.integers(m)), 1.5, transpose, rng)
-  flagged, _ = flags(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B), TOL,
-                     transpose)
-  assert bool(flagged)
+  with jax.enable_x64(dtype == np.float64):
+    A, B, rng = system(seed, n, m, log_cond, dtype)
+    X = one_wrong_column(A, B, 0, 1e-4, transpose, rng, tol)  # right
+    flagged, finite = flags(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B),
+                            tol, transpose)
+    assert not bool(flagged) and all(finite.tolist())
+    X = one_wrong_column(A, B, int(rng.integers(m)), 1.5, transpose, rng,
+                         tol)
+    flagged, _ = flags(jnp.asarray(A), jnp.asarray(X), jnp.asarray(B), tol,
+                       transpose)
+    assert bool(flagged)
 
 
 def test_where_the_sketch_applies():
-  """It saves work (at least 2 k columns) and its rounding is small against
-  its bound: in float32 at the default tolerance, up to about 60 unknowns
-  and columns; in float64, thousands."""
+  """Where it takes a quarter of the per-column flops or less, and its
+  rounding is small against its bound: in float32 at the default tolerance
+  nowhere (the rounding bound stops at about 60 unknowns and columns, the
+  flops start at about 100), in float64 from about 100 to thousands."""
   assert SKETCH_VECTORS == 8 and SKETCH_BOUND == 1 / 8
-  assert not sketch_applies(50, 15, TOL, np.float32)  # too few columns
-  assert sketch_applies(50, 50, TOL, np.float32)
+  f64 = float(np.finfo(np.float64).eps) ** 0.5
+  assert not sketch_applies(50, 50, TOL, np.float32)  # saves too little
+  assert not sketch_applies(50, 50, f64, np.float64)
   assert not sketch_applies(200, 200, TOL, np.float32)  # rounding
-  assert sketch_applies(2000, 2000, np.finfo(np.float64).eps ** 0.5,
-                        np.float64)
+  assert sketch_applies(200, 200, 1e-2, np.float32)
+  assert sketch_applies(100, 100, f64, np.float64)
+  assert sketch_applies(2000, 2000, f64, np.float64)
   # the miss probability of the docstring, for a column at its bound
   bound = (np.sqrt(2 / np.pi) * 1.5 * SKETCH_BOUND) ** SKETCH_VECTORS
   assert 2e-7 < bound < 3e-7

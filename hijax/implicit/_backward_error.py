@@ -41,18 +41,26 @@ rounding is small against ``c``: ``d = 4 sqrt((m + n) m) u / tol <= c / 2``
 so the miss probability is at most ``(0.8 * 3/16 / rho)^8 = (0.15 / rho)^8``:
 2.6e-7 for a column that exceeds its bound at all (``rho`` just above 1,
 where the per-column check itself is decided by rounding), 1e-9 at twice
-the bound, 2.6e-15 at ten times. In float32 with the default tolerance that
-allows up to about 60 unknowns and right-hand sides; in float64 thousands.
+the bound, 2.6e-15 at ten times.
 
 *Why right columns pass.* A backward-stable solution has ``|f_j|`` of a few
 ``u / tol`` (about 1e-3 in float32 at ``tol = sqrt(eps)``), so ``z`` is a
 few times ``sqrt(m)`` of that plus ``d``: below ``c``. A sketch that flags
 right columns only costs the per-column check.
 
-The sketch runs where it saves work (``m >= 2 k``); below, and where each
-instance has its own matrix (``vmap`` over the matrix), every column is
-checked alone. Products are computed at the checks' precision
-(`hijax.implicit._precision.check_precision`).
+*Where it runs.* Where it takes a quarter of the flops of the per-column
+check or less (``4 k (n^2 + 2 m n) <= m n^2``: from about 100 unknowns and
+columns), and its rounding is small against its bound. Below that its
+extra operations cost more than the flops it saves: at 50 unknowns and 50
+columns in float32 on a CPU, it made ``jacrev`` of a 50-unknown root 6%
+slower, the check being bound by the number of XLA operations, not flops
+(at 200 and 200, measured alone, it took 35 us against 156). Where each
+instance has its own matrix (``vmap`` over the matrix) every column is
+checked alone. In float32 with the default tolerance (``sqrt(eps)``) the
+rounding bound leaves it about 60 unknowns and columns, under the size
+where it pays: it runs in float64, and in float32 with a looser ``tol``
+(``Dense(tol=1e-2)``: hundreds). Products are computed at the checks'
+precision (`hijax.implicit._precision.check_precision`).
 
 The per-column check reads ``|M|_inf`` (a pass over the matrix) only where
 some column's residual is not already within ``tol (|M x|_inf + |b|_inf)``
@@ -84,26 +92,31 @@ def _dot(a: Any, b: Any) -> Any:
   return jnp.matmul(a, b, precision=check_precision(a.dtype))
 
 
-def _norm_inf(matrix: Any, transpose: bool) -> Any:
-  """``|M|_inf``, the largest row sum of ``|matrix|`` (of ``|matrix.T|``:
-  the largest column sum). Summed by a matrix-vector product: on CPU,
-  XLA's reduction of the matrix costs more than the rest of the check
-  together, the product a fraction of it."""
+def _row_sums(matrix: Any, transpose: bool) -> Any:
+  """The row sums of ``|M|`` (of ``|matrix|``, or its column sums with
+  ``transpose``), by a matrix-vector product: on CPU, XLA's reduction of the
+  matrix costs more than the rest of the check together, the product a
+  fraction of it."""
   abs_matrix = jnp.abs(matrix)
   ones = jnp.ones(matrix.shape[0], abs_matrix.dtype)
-  return jnp.max(_dot(ones, abs_matrix) if transpose else _dot(abs_matrix,
-                                                               ones),
-                 initial=0.)
+  return _dot(ones, abs_matrix) if transpose else _dot(abs_matrix, ones)
+
+
+def _norm_inf(matrix: Any, transpose: bool) -> Any:
+  """``|M|_inf``, the largest row sum of ``|M|`` (`_row_sums`)."""
+  return jnp.max(_row_sums(matrix, transpose), initial=0.)
 
 
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
   """(ok, finite, error) of one solution (under ``vmap``: each)."""
   ax = _dot(x, matrix) if transpose else _dot(matrix, x)
+  vectors = [jnp.abs(b - ax), jnp.abs(x), jnp.abs(b), jnp.abs(ax)]
+  if matrix.size < LAZY_NORM:  # the row sums of |M| join the maxima
+    vectors.append(_row_sums(matrix, transpose))
   # the maxima in one reduction; a NaN or inf in x shows in its max
-  r, x_max, b_max, ax_max = jnp.max(
-      jnp.stack([jnp.abs(b - ax), jnp.abs(x), jnp.abs(b), jnp.abs(ax)]),
-      axis=1, initial=0.)
-  scale = _norm_inf(matrix, transpose) * x_max + b_max
+  r, x_max, b_max, ax_max, *norm = jnp.max(jnp.stack(vectors), axis=1,
+                                           initial=0.)
+  scale = (norm[0] if norm else _norm_inf(matrix, transpose)) * x_max + b_max
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
   if matrix.size < LAZY_NORM:
     ok = finite & (r <= tol * scale)
@@ -124,9 +137,11 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
 
 def sketch_applies(n: int, m: int, tol: float, dtype: Any) -> bool:
   """Whether ``m`` right-hand sides of ``n`` unknowns are checked by the
-  sketch: it saves work, and its rounding is small against its bound."""
+  sketch: it takes a quarter of the flops of checking each, or less, and its
+  rounding is small against its bound."""
   rounding = 4 * math.sqrt((m + n) * m) * unit_roundoff(dtype) / tol
-  return m >= 2 * SKETCH_VECTORS and rounding <= SKETCH_BOUND / 2
+  saves = 4 * SKETCH_VECTORS * (n * n + 2 * m * n) <= m * n * n
+  return saves and rounding <= SKETCH_BOUND / 2
 
 
 def _sketch_vectors(m: int, dtype: Any) -> Any:

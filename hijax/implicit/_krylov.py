@@ -14,13 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax.scipy.sparse.linalg  # noqa: F401  (gmres)
-from jax.flatten_util import ravel_pytree
 
 from hijax.implicit._linear import (empty_solution, flat_problem, krylov_tol,
                                     max_iter_field, norm, norms,
                                     residual_status)
 from hijax.implicit._precision import check_precision
-from hijax.implicit._status import CONVERGED, NOT_SPD, Status, status
+from hijax.implicit._status import CONVERGED, NOT_SPD, Status
 
 __all__ = ["CG", "GMRES"]
 
@@ -92,21 +91,6 @@ class CG:
       reason = jnp.where(self._spd_on_probes(A, b_flat, tol), CONVERGED,
                          NOT_SPD)
     return residual_status(A, x, b_flat, tol, self.atol, steps, reason)
-
-  def _solve_unchecked(self, matvec: Callable, b: Any) -> Any:
-    """The solution alone, not checked (`Newton`'s steps)."""
-    b_flat, A, unravel = flat_problem(matvec, b)
-    if not b_flat.size:
-      return unravel(b_flat)
-    return unravel(self._iterate(A, b_flat)[0])
-
-  def _verify(self, matvec: Callable, x: Any, b: Any) -> Status:
-    """The Status of a given ``x``: the probes and the residual check."""
-    x_flat = ravel_pytree(x)[0]
-    if not x_flat.size:
-      return status(CONVERGED, 1, 0.)
-    return self._status(matvec, b, x_flat.astype(jnp.promote_types(
-        x_flat.dtype, jnp.float32)), 1)
 
   @staticmethod
   def _spd_on_probes(A: Any, b: Any, tol: float = 0.) -> Any:
@@ -183,7 +167,7 @@ class GMRES:
     if not b_flat.size:
       return empty_solution(b_flat, unravel)
     x = self._iterate(A, b_flat)
-    return unravel(x), self._verify_flat(matvec, b, x)
+    return unravel(x), self._check(matvec, b, x)
 
   def _iterate(self, A: Any, b_flat: Any) -> Any:
     restart = max(1, min(self.restart, b_flat.size))
@@ -193,22 +177,7 @@ class GMRES:
         solve_method="incremental")
     return x
 
-  def _verify_flat(self, matvec: Callable, b: Any, x: Any) -> Status:
+  def _check(self, matvec: Callable, b: Any, x: Any) -> Status:
     b_flat, A, _ = flat_problem(matvec, b, "check")
     return residual_status(A, x, b_flat, _tol(self.tol, b_flat), self.atol,
                            _max_iter(self.max_iter, b_flat))
-
-  def _solve_unchecked(self, matvec: Callable, b: Any) -> Any:
-    """The solution alone, not checked (`Newton`'s steps)."""
-    b_flat, A, unravel = flat_problem(matvec, b)
-    if not b_flat.size:
-      return unravel(b_flat)
-    return unravel(self._iterate(A, b_flat))
-
-  def _verify(self, matvec: Callable, x: Any, b: Any) -> Status:
-    """The Status of a given ``x``: the residual check."""
-    x_flat = ravel_pytree(x)[0]
-    if not x_flat.size:
-      return status(CONVERGED, 1, 0.)
-    return self._verify_flat(matvec, b, x_flat.astype(jnp.promote_types(
-        x_flat.dtype, jnp.float32)))

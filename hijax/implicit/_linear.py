@@ -7,9 +7,7 @@ A linear solver is called as ``solver(matvec, b)``, ``matvec`` a function of a
 pytree like ``b``, and returns ``(x, Status)``; every one checks the residual
 of the ``x`` it returns, so a wrong solution is reported, not returned.
 Each is a frozen dataclass, so that it is hashable and can be a static
-parameter of a primitive; its fields are its options. hijax's own solvers
-also split the solve from its check (``_solve_unchecked``, ``_verify``), for
-`Newton`, which checks only its last step's linear solve.
+parameter of a primitive; its fields are its options.
 
 Narrow floats (bfloat16, float16) are solved in float32 and rounded back: the
 factorizations of ``jnp.linalg`` do not take them.
