@@ -282,3 +282,13 @@ def test_a_float64_dense_solve_on_a_tpu_is_refused_naming_the_fixes(
     np.testing.assert_allclose(root(lambda x, c: x ** 3 - c, 1., 8.), 2.)
     x = linear_solve(lambda x, A: A @ x, b, A, solver=GMRES())
     np.testing.assert_allclose(SPD @ np.asarray(x), B, atol=1e-10)
+
+
+def test_the_cpu_fix_the_message_names_solves_in_float64():
+  """On a TPU, the solve the message refuses runs on the CPU beside it
+  (here, on a CPU, it runs anyway)."""
+  with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+    assert _precision.backend() == "cpu"
+    x = linear_solve(lambda x, A: A @ x, jnp.asarray(B), jnp.asarray(SPD))
+    assert x.dtype == jnp.float64
+    np.testing.assert_allclose(SPD @ np.asarray(x), B, atol=1e-12)

@@ -51,16 +51,20 @@ import numpy as np
 
 __all__ = ["backend", "unit_roundoff", "matmul_roundoff", "coarse_products",
            "iteration_precision", "iteration_precision_of", "check_precision",
-           "evaluated_at", "HIGHEST"]
+           "evaluated_at"]
 
-HIGHEST = jax.lax.Precision.HIGHEST
 _PROBE_SIZE = 128  # a matrix product, not a matrix-vector one
 _MEASURED: dict[Any, float] = {}
 _LOCK = threading.Lock()
 
 
 def backend() -> str:
-  """The platform of JAX's default backend ("cpu", "gpu", "tpu")."""
+  """The platform computations go to: that of ``jax.default_device`` where
+  one is set (a CPU beside a TPU), else of JAX's default backend ("cpu",
+  "gpu", "tpu")."""
+  device = jax.config.jax_default_device
+  if device is not None:
+    return device if isinstance(device, str) else device.platform
   return jax.default_backend()
 
 
