@@ -117,9 +117,11 @@ def matmul_roundoff(dtype: Any) -> float:
 
 def coarse_products(dtype: Any) -> bool:
   """Whether this backend's matrix products of ``dtype``, at the precision
-  in force, are less precise than ``dtype`` itself."""
+  in force, are less precise than ``dtype`` itself (by more than two bits:
+  a product made of several narrower ones, as a TPU's "highest", need not be
+  correctly rounded)."""
   return (jnp.issubdtype(dtype, jnp.inexact)
-          and matmul_roundoff(dtype) > unit_roundoff(dtype))
+          and matmul_roundoff(dtype) > 4 * unit_roundoff(dtype))
 
 
 def iteration_precision(dtype: Any) -> Any:

@@ -251,12 +251,12 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   does not pass through the ``cond`` (which would copy it and split the
   fused computations around it): the ``cond`` returns a flag, and ``x`` is
   returned through an ``optimization_barrier`` with that flag, which ties
-  it to the check (JAX does not remove an operand of a barrier whose output
-  is used; XLA keeps the host call, which has a side effect) at no cost. (It was read through a select on the flag, a
-  pass over ``x``: under ``vmap`` of a scalar root over 10,000 values, 9%
-  of the value's time and 14% of the gradient's.) The Status's error is not
-  part of it: the ``cond`` would need it computed first, and for an
-  iteration that costs (an HVP of a Newton root: 84 -> 150 us).
+  it to the check at no cost (JAX does not remove an operand of a barrier
+  whose output is used; XLA keeps the host call, which has a side effect).
+  It was read through a select on the flag, a pass over ``x``, which cost
+  5 to 10% of a vmapped scalar root's time. The Status's error is not part
+  of it: the ``cond`` would need it computed first, and for an iteration
+  that costs (an HVP of a Newton root: 84 -> 150 us).
   """
   def failed(reason: Any, steps: Any) -> Any:
     steps = jnp.minimum(steps, (1 << _STEP_BITS) - 1)
