@@ -65,12 +65,13 @@ def close(a, b, rtol=1e-5, atol=1e-6):
 
 def test_the_probe_of_a_simulated_tpu(simulated_tpu):
   f32 = jnp.float32
-  assert _precision.matmul_roundoff(f32) == 2. ** -7  # both rounded
+  # both operands rounded to bfloat16: about 2**-9 of |A| |B|
+  assert 2. ** -12 <= _precision.matmul_roundoff(f32) <= 2. ** -7
   assert _precision.coarse_products(f32)
   assert _precision.iteration_precision(f32) == "highest"
   assert _precision.check_precision(f32) == "highest"
   with jax.default_matmul_precision("highest"):
-    assert _precision.matmul_roundoff(f32) == 2. ** -24
+    assert _precision.matmul_roundoff(f32) <= 32 * 2. ** -24
     assert not _precision.coarse_products(f32)
     assert _precision.iteration_precision(f32) is None
     assert _precision.check_precision(f32) is None
@@ -80,9 +81,10 @@ def test_the_probe_of_a_simulated_tpu(simulated_tpu):
 
 
 def test_the_probe_of_this_backend_bounds_its_products():
-  """Measured here (the figure to collect on a TPU: ``matmul_roundoff``,
-  2**-7 expected at the default, 2**-24 under "highest"): every product of
-  a float32 matrix product is within it."""
+  """Measured here (on a TPU v5e a random 256x256 float32 product at the
+  default precision was off by 8277 units of float32's epsilon relative to
+  |A| |B|, 45 under "high", 0.5 under "highest"): every product of a
+  float32 matrix product is within it."""
   rng = np.random.default_rng(1)
   a, b = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
   got = np.asarray(jax.jit(jnp.matmul)(a, b), np.float64)
@@ -93,11 +95,13 @@ def test_the_probe_of_this_backend_bounds_its_products():
         f"a 64x64 product's error {error:.3g}")
   assert error <= roundoff + 64 * 2. ** -24
   with jax.default_matmul_precision("highest"):
-    assert _precision.matmul_roundoff(jnp.float32) <= 4 * 2. ** -24
+    assert _precision.matmul_roundoff(jnp.float32) <= 32 * 2. ** -24
     assert not _precision.coarse_products(jnp.float32)
   if jax.default_backend() == "cpu":
-    assert roundoff == 2. ** -24 and not _precision.coarse_products(
+    assert roundoff <= 32 * 2. ** -24 and not _precision.coarse_products(
         jnp.float32)
+  else:  # a TPU at the default precision: bfloat16 operands
+    assert _precision.coarse_products(jnp.float32)
 
 
 def _dots(fn, *args):
