@@ -7,7 +7,7 @@ from typing import Any
 
 HEADER = ("rule", "defined at", "inputs tried", "verdict")
 # The widest a column may get (longer entries are cut with "…").
-MAX_WIDTHS = (44, 48, 40)
+MAX_WIDTHS = (44, 48, 50)
 VERDICTS = ("passed", "failed", "inconclusive", "skipped for time")
 
 
