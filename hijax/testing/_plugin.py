@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import time
 from typing import Any
 
@@ -66,6 +67,7 @@ class RuleCheckPlugin:
     self.results: list[RuleResult] = []
     self.unresolved: list[str] = []
     self.check_seconds = 0.0
+    self.test_files: set[str] = set()
     self.recorder.install()
 
   # --- while the tests run -------------------------------------------------
@@ -77,6 +79,7 @@ class RuleCheckPlugin:
 
   def pytest_sessionfinish(self, session: pytest.Session) -> None:
     self.recorder.remove()
+    self.test_files = {str(item.path) for item in session.items}
     if session.shouldstop and "Interrupted" in str(session.shouldstop):
       return
     self._check_all()
@@ -118,7 +121,7 @@ class RuleCheckPlugin:
         self.results.append(RuleResult(rule, "skipped for time"))
         continue
       self._say(f"[{n}/{len(rules)}, {spent:.0f} s] {rule.identity.label()} "
-                f"at {self._where(rule)}")
+                f"at {' '.join(self._where(rule))}")
       last = [time.monotonic()]
       def progress(line, last=last):
         if time.monotonic() - last[0] >= PROGRESS_EVERY:
@@ -135,14 +138,22 @@ class RuleCheckPlugin:
                         else set())
     return any(r.verdict in bad for r in self.results)
 
-  def _where(self, rule) -> str:
+  def _where(self, rule) -> list[str]:
+    """Where ``rule`` is defined, and the library wrapper it is defined
+    through, if any."""
+    root = str(self.config.rootpath)
     file, line = rule.identity.where()
-    where = f"{short_path(file, str(self.config.rootpath))}:{line}"
+    where = [f"{short_path(file, root)}:{line}"]
     via = rule.identity.where_via()
     if via is not None:
-      where += f" (via {short_path(via[0], str(self.config.rootpath))}:" \
-               f"{via[1]})"
+      where.append(f"via {short_path(via[0], root)}:{via[1]}")
     return where
+
+  def in_test_file(self, rule) -> bool:
+    """Whether ``rule`` is defined in a test module or a conftest.py (a
+    fixture of the tests, often deliberately not a derivative)."""
+    file = rule.identity.where()[0]
+    return file in self.test_files or os.path.basename(file) == "conftest.py"
 
   # --- reporting -----------------------------------------------------------
 
@@ -155,8 +166,10 @@ class RuleCheckPlugin:
              r.verdict, r.detail) for r in self.results]
     for line in table(rows, tr._tw.fullwidth):
       tr.write_line(line)
+    in_tests = sum(self.in_test_file(r.rule) for r in self.results)
     for line in summary(self.results, self.recorder, self.check_seconds,
-                        self.total_budget, self.unresolved, self.fail_on):
+                        self.total_budget, self.unresolved, self.fail_on,
+                        in_tests):
       tr.write_line(line)
 
   def json(self) -> dict[str, Any]:
@@ -165,12 +178,11 @@ class RuleCheckPlugin:
     rules = []
     for r in self.results:
       ident = r.rule.identity
-      file, line = ident.where()
+      where = self._where(r.rule)
       rules.append({
-          "rule": ident.name, "kind": ident.kind,
-          "defined_at": f"{short_path(file, str(self.config.rootpath))}"
-                        f":{line}",
-          "via": self._where(r.rule).partition(" (via ")[2].rstrip(")"),
+          "rule": ident.name, "kind": ident.kind, "defined_at": where[0],
+          "via": where[1][len("via "):] if len(where) > 1 else None,
+          "in_test_file": self.in_test_file(r.rule),
           "surrogate": r.surrogate, "calls": r.rule.calls,
           "first_test": r.rule.first_test, "verdict": r.verdict,
           "detail": r.detail, "seconds": round(r.seconds, 3),

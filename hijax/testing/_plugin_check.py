@@ -2,19 +2,15 @@
 `check_rules`, at the inputs recorded, within a time budget; one verdict
 per rule.
 
-Inputs. A rule's samples are checked in this order: values from eager
-calls, then values JAX knew while tracing (an eager ``grad``), then calls
-seen only as types. For those the values are taken, leaf by leaf, from
-another call of the same rule with the same structure: its value where the
-shape is the same, else values drawn uniformly between the smallest and the
-largest seen; where no call of the rule had values, floating-point inputs
-are drawn uniformly from [0.1, 0.9] (inside the domain of ``log``,
-``sqrt``, ``arcsin``, ``logit``...), integers are 0 and booleans False. The
-table says which inputs were drawn.
+Inputs: `hijax.testing._plugin_inputs`. A sample whose function raises, or
+returns a value that is not finite, at its inputs is not checked (finite
+differences mean nothing there): it is reported, and the rule is
+inconclusive if no other sample was checked.
 
-A sample whose function raises, or returns a value that is not finite, at
-its inputs is not checked (finite differences mean nothing there): it is
-reported, and the rule is inconclusive if no other sample was checked.
+Dtypes: `check_rules` checks in float64 where the function runs in it. A
+rule that raises in float64 only (a library that checks the types of what
+its functions get: equinox's closure-converted functions) is checked again
+in the dtypes the tests called it with, and that check is reported.
 
 Verdict of a rule: failed if a sample failed (the first failure is shown:
 the check, the rule, the worst element); else passed if a sample passed;
@@ -22,8 +18,10 @@ else skipped for time if no sample was started; else inconclusive, with why.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import io
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -33,15 +31,9 @@ import jax
 import numpy as np
 
 from hijax import testing
+from hijax.testing._plugin_inputs import as_jax, candidates, ordered
 from hijax.testing._recorder import RecordedRule, Sample
 from hijax.testing._rule_identity import named_function, unwrap
-
-# The interval floating-point inputs are drawn from, where no call of the
-# rule showed values.
-DRAW_RANGE = (0.1, 0.9)
-
-_SOURCE_ORDER = {"eager": 0, "traced, values known": 1, "traced": 2,
-                 "too large to keep": 3}
 
 
 @dataclasses.dataclass
@@ -93,9 +85,9 @@ def _why_inconclusive(report) -> str:
 
 def _check_rules(fn: Callable, arrays: Sequence[Any], seconds: float,
                  progress: Callable[[str], None] | None,
-                 surrogates: list[Any]):
+                 surrogates: list[Any], x64: bool | None = None):
   kwargs: dict[str, Any] = dict(raise_on_failure=False, time_budget=seconds,
-                                progress=progress or False)
+                                progress=progress or False, x64=x64)
   accepts = inspect.signature(testing.check_rules).parameters
   if "accept_inconclusive" in accepts:
     kwargs["accept_inconclusive"] = True
@@ -104,71 +96,29 @@ def _check_rules(fn: Callable, arrays: Sequence[Any], seconds: float,
       kwargs["surrogates"] = surrogates
     else:  # before check_rules knew surrogates: compare nothing to the function
       kwargs["modes"] = ("expand",)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
+  with _quiet():
     return testing.check_rules(fn, *arrays, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet():
+  """Warnings ignored (a suite's ``filterwarnings = error`` applies at the
+  end of the session too) and what the checked functions print
+  (``jax.debug.print`` in a loop body) dropped."""
+  sink = io.StringIO()
+  with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
+      contextlib.redirect_stderr(sink):
+    warnings.simplefilter("ignore")
+    yield
+
+
+def _raised(report) -> bool:
+  return any(f.detail.startswith("raised ") for f in report.failures)
 
 
 def _failure_dict(f) -> dict[str, Any]:
   return {"rule": f.rule, "check": f.check, "inputs": f.inputs,
           "detail": f.detail, "max_error": f.max_error}
-
-
-# --- inputs ----------------------------------------------------------------
-
-def _ordered(rule: RecordedRule) -> list[Sample]:
-  return sorted(rule.samples.values(),
-                key=lambda s: (_SOURCE_ORDER.get(s.source, 9), s.size))
-
-
-def _draw(spec: jax.ShapeDtypeStruct, seen: list[Any],
-          rng: np.random.Generator) -> tuple[Any, str]:
-  """A value of type ``spec`` (see the module docstring) and how it was
-  found."""
-  dtype = np.dtype(spec.dtype)
-  same = [x for x in seen if np.shape(x) == tuple(spec.shape)]
-  if same:
-    return np.asarray(same[0]).astype(dtype), "values of another call"
-  if dtype.kind == "b":
-    return np.zeros(spec.shape, dtype), "drawn"
-  if dtype.kind in "iu":
-    low = min((int(np.min(x)) for x in seen if np.size(x)), default=0)
-    return np.full(spec.shape, low, dtype), "drawn"
-  seen_values = [np.asarray(x).real for x in seen if np.size(x)]
-  if seen_values:
-    lo = float(min(np.min(x) for x in seen_values))
-    hi = float(max(np.max(x) for x in seen_values))
-    how = "drawn in the range seen"
-  else:
-    (lo, hi), how = DRAW_RANGE, "drawn"
-  value = rng.uniform(lo, hi, spec.shape)
-  if dtype.kind == "c":
-    value = value + 1j * rng.uniform(lo, hi, spec.shape)
-  return value.astype(dtype), how
-
-
-def values_for(rule: RecordedRule, sample: Sample,
-               rng: np.random.Generator) -> tuple[list[Any], str]:
-  """The array inputs to check ``sample`` at, and where they came from."""
-  if sample.concrete:
-    return [x for x in sample.leaves if x is not None], sample.source
-  others = [s for s in rule.samples.values() if s.concrete
-            and s.treedef == sample.treedef]
-  arrays, hows = [], set()
-  for i, x in enumerate(sample.leaves):
-    if x is None:
-      continue
-    if not isinstance(x, jax.ShapeDtypeStruct):
-      arrays.append(x)
-      continue
-    value, how = _draw(x, [s.leaves[i] for s in others
-                           if s.leaves[i] is not None], rng)
-    arrays.append(value)
-    hows.add(how)
-  for how in ("drawn", "drawn in the range seen", "values of another call"):
-    if how in hows:
-      return arrays, f"{sample.source}; {how}"
-  return arrays, sample.source
 
 
 def _not_finite(out: Any) -> bool:
@@ -228,51 +178,69 @@ def check_rule(rule: RecordedRule, seconds: float, surrogate: bool,
   start = time.monotonic()
   result = RuleResult(rule, "skipped for time", surrogate=surrogate)
   rng = np.random.default_rng(seed)
-  for sample in _ordered(rule):
+  for sample in ordered(rule):
     left = seconds - (time.monotonic() - start)
     if sample.source == "too large to keep":
       result.tried.append(Tried(sample.types(), sample.source, "not checked",
                                 f"over {sample.size} elements"))
       continue
-    arrays, source = values_for(rule, sample, rng)
-    tried = Tried(sample.types(), source, "skipped for time")
+    tried = Tried(sample.types(), sample.source, "skipped for time")
     result.tried.append(tried)
-    if not arrays:
+    if not any(x is not None for x in sample.leaves):
       tried.verdict, tried.detail = "not checked", "no array inputs"
       continue
     if left <= 0:
       continue
     t0 = time.monotonic()
-    _check_sample(rule, sample, arrays, tried, left, surrogate, progress)
+    _check_sample(rule, sample, candidates(rule, sample, rng), tried, left,
+                  surrogate, progress, start + seconds)
     tried.seconds = time.monotonic() - t0
   result.seconds = time.monotonic() - start
   _conclude(result)
   return result
 
 
-def _check_sample(rule, sample, arrays, tried, seconds, surrogate,
-                  progress) -> None:
+def _runs_at(sample: Sample, arrays: list[Any]) -> str:
+  """Why ``sample``'s function cannot be checked at ``arrays`` ("" if it
+  can)."""
+  try:
+    with _quiet():
+      out = sample.call(arrays)
+  except Exception as e:  # pylint: disable=broad-except  (reported)
+    return (f"the function raises at these inputs: {type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:200]}")
+  if _not_finite(out):
+    return "the function's output is not finite at these inputs"
+  return ""
+
+
+def _check_sample(rule, sample, tries, tried, seconds, surrogate, progress,
+                  deadline) -> None:
+  why = ""
+  for arrays, source in tries:
+    arrays = as_jax(arrays)
+    tried.source = source
+    why = _runs_at(sample, arrays)
+    if not why:
+      break
+  if why:
+    tried.verdict, tried.detail = "not checked", why
+    return
   def fn(*a):
     return sample.call(list(a))
+  names = surrogate_arguments(rule, sample) if surrogate else []
   try:
-    out = fn(*arrays)
-  except Exception as e:  # pylint: disable=broad-except  (reported)
-    tried.verdict = "not checked"
-    tried.detail = (f"the function raises at these inputs: "
-                    f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    return
-  if _not_finite(out):
-    tried.verdict = "not checked"
-    tried.detail = "the function's output is not finite at these inputs"
-    return
-  try:
-    report = _check_rules(fn, arrays, seconds, progress,
-                          surrogate_arguments(rule, sample) if surrogate
-                          else [])
+    report = _check_rules(fn, arrays, seconds, progress, names)
+    if _raised(report) and deadline > time.monotonic():
+      again = _check_rules(fn, arrays, deadline - time.monotonic(), progress,
+                           names, x64=False)
+      if not _raised(again):
+        tried.source += "; in its own dtypes (its rules raise in float64)"
+        report = again
   except Exception as e:  # pylint: disable=broad-except  (reported)
     tried.verdict = "inconclusive"
     tried.detail = (f"check_rules raised {type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+                    f"{(str(e).splitlines() or [''])[0][:200]}")
     return
   tried.verdict = _verdict(report)
   tried.failures = [_failure_dict(f) for f in report.failures]
@@ -298,7 +266,9 @@ def _conclude(result: RuleResult) -> None:
     result.verdict = "skipped for time"
   elif "not checked" in by_verdict:
     result.verdict = "inconclusive"
-    result.detail = by_verdict["not checked"][0].detail
+    details = [t.detail for t in by_verdict["not checked"]]
+    result.detail = next((d for d in details if d != "no array inputs"),
+                         details[0])
   else:
     result.verdict = "inconclusive"
     result.detail = "no call with inputs that can be checked"

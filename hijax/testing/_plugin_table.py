@@ -15,18 +15,17 @@ def _cut(s: str, width: int) -> str:
   return s if len(s) <= width else s[:width - 1] + "…"
 
 
-def table(rows: Sequence[tuple[str, str, list[str], str, str]],
+def table(rows: Sequence[tuple[str, list[str], list[str], str, str]],
           width: int = 120) -> list[str]:
   """The lines of the table: one row per rule (``(rule, defined at, inputs
-  tried, verdict, detail)``), an input tried per line, and the detail of a
-  verdict that is not "passed" on the lines below, indented."""
+  tried, verdict, detail)``, the second and third a line each), and the
+  detail of a verdict that is not "passed" on the lines below, indented."""
   if not rows:
     return ["no custom derivative rule was called by the tests"]
+  columns = ([r[0] for r in rows], [w for r in rows for w in r[1]],
+             [i for r in rows for i in r[2]])
   widths = [min(m, max([len(h)] + [len(c) for c in col]))
-            for h, col, m in zip(
-                HEADER, ([r[0] for r in rows], [r[1] for r in rows],
-                         [i for r in rows for i in r[2]] or [""]),
-                MAX_WIDTHS)]
+            for h, col, m in zip(HEADER, columns, MAX_WIDTHS)]
 
   def line(cells):
     parts = [_cut(c, w).ljust(w) for c, w in zip(cells[:3], widths)]
@@ -34,9 +33,11 @@ def table(rows: Sequence[tuple[str, str, list[str], str, str]],
 
   out = [line(HEADER), line(["-" * w for w in widths] + ["-" * 7])]
   for rule, where, inputs, verdict, detail in rows:
-    inputs = inputs or [""]
-    out.append(line([rule, where, inputs[0], verdict]))
-    out += [line(["", "", more, ""]) for more in inputs[1:]]
+    n = max(len(where), len(inputs), 1)
+    where = where + [""] * (n - len(where))
+    inputs = inputs + [""] * (n - len(inputs))
+    out.append(line([rule, where[0], inputs[0], verdict]))
+    out += [line(["", w, i, ""]) for w, i in zip(where[1:], inputs[1:])]
     if detail and verdict != "passed":
       out += textwrap.wrap(detail, max(40, width - 4), initial_indent="    ",
                            subsequent_indent="      ")
@@ -45,7 +46,7 @@ def table(rows: Sequence[tuple[str, str, list[str], str, str]],
 
 def summary(results: Sequence[Any], recorder: Any, seconds: float,
             budget: float, unresolved: Sequence[str],
-            fail_on: str) -> list[str]:
+            fail_on: str, in_tests: int = 0) -> list[str]:
   """The lines after the table: counts of verdicts, what recording and
   checking cost, names in ``hijax_surrogates`` not found, and whether the
   run fails because of the rules."""
@@ -53,6 +54,8 @@ def summary(results: Sequence[Any], recorder: Any, seconds: float,
   lines = [f"{len(results)} rule(s): " + ", ".join(
       f"{n} {v}" for v, n in counts.items() if n) if results else
            "0 rules checked"]
+  if in_tests:
+    lines.append(f"{in_tests} of them defined in the test files")
   if recorder.skipped_rules:
     lines.append(
         f"{len(recorder.skipped_rules)} rule(s) defined in JAX, jaxlib or "
