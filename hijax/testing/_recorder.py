@@ -128,23 +128,28 @@ class RecordedRule:
     return next(iter(self.samples.values())).test if self.samples else ""
 
 
+def _is_extended(dtype: Any) -> bool:
+  """A PRNG key's dtype, or another that is not a number: kept as it is."""
+  return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
 def _leaf_of(x: Any) -> tuple[Any, str]:
   """``(what the sample keeps, how it was known)`` for one argument leaf:
   the value (``"eager"``), a traced value JAX knows (``"known"``), the type
   of a traced value (``"traced"``), or ``(None, "static")``."""
   if isinstance(x, jax.core.Tracer):
-    value = x.to_concrete_value()
     aval = jax.typeof(x)
+    if not hasattr(aval, "shape") or _is_extended(aval.dtype):
+      return None, "static"
+    value = x.to_concrete_value()
     if value is not None:
       return np.array(value, dtype=aval.dtype), "known"
-    if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
-      return None, "static"
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype), "traced"
   if isinstance(x, _SCALARS):
     return x, "eager"
   if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-    if not np.issubdtype(x.dtype, np.number) and x.dtype != np.bool_:
-      return None, "static"  # PRNG keys and other extended dtypes
+    if _is_extended(x.dtype):
+      return None, "static"
     return np.array(x), "eager"
   return None, "static"
 
