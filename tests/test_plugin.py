@@ -93,8 +93,8 @@ def test_off_wraps_nothing_and_prints_nothing(rules):
 import jax
 from rules import sin_ok
 def test_unwrapped():
-  assert jax.custom_jvp.__dict__["__call__"].__qualname__ == "{original.__qualname__}"
-  assert jax.custom_jvp.__dict__["__call__"].__module__ == "{original.__module__}"
+  call = jax.custom_jvp.__dict__["__call__"]
+  assert call.__code__.co_filename == "{original.__code__.co_filename}"
   sin_ok(1.0)
 ''')
   result = _run(rules)

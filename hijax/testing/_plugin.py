@@ -57,10 +57,11 @@ class RuleCheckPlugin:
 
   def __init__(self, config: pytest.Config) -> None:
     self.config = config
-    opt = config.getoption
+    def opt(name: str) -> Any:
+      return config.getoption(name)
     self.total_budget = float(opt("hijax_rules_budget"))
     self.rule_budget = float(opt("hijax_rule_budget"))
-    self.fail_on = opt("hijax_rules_fail_on")
+    self.fail_on = str(opt("hijax_rules_fail_on"))
     self.json_path = opt("hijax_rules_json")
     self.recorder = Recorder(int(opt("hijax_rules_samples")),
                              bool(opt("hijax_rules_include_jax")))
@@ -77,15 +78,16 @@ class RuleCheckPlugin:
 
   # --- at the end ----------------------------------------------------------
 
-  def pytest_sessionfinish(self, session: pytest.Session) -> None:
+  def pytest_sessionfinish(self, session: pytest.Session,
+                           exitstatus: int) -> None:
     self.recorder.remove()
     self.test_files = {str(item.path) for item in session.items}
-    if session.shouldstop and "Interrupted" in str(session.shouldstop):
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
       return
     self._check_all()
     if self.json_path:
       with open(self.json_path, "w", encoding="utf-8") as f:
-        json.dump(self.json(), f, indent=1)
+        json.dump(self.json(), f, indent=1, ensure_ascii=False)
     if self._fails() and session.exitstatus == pytest.ExitCode.OK:
       session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -104,6 +106,7 @@ class RuleCheckPlugin:
   def _say(self, line: str) -> None:
     reporter = self.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+      reporter.ensure_newline()  # after the last test's progress dots
       reporter.write_line(f"hijax: {line}")
 
   def _check_all(self) -> None:
@@ -117,8 +120,9 @@ class RuleCheckPlugin:
     for n, rule in enumerate(rules, 1):
       spent = time.monotonic() - start
       left = min(self.rule_budget, self.total_budget - spent)
-      if left <= 0:
-        self.results.append(RuleResult(rule, "skipped for time"))
+      if left <= 0:  # (each of its inputs is listed as skipped for time)
+        self.results.append(check_rule(rule, 0,
+                                       is_surrogate(rule, surrogates)))
         continue
       self._say(f"[{n}/{len(rules)}, {spent:.0f} s] {rule.identity.label()} "
                 f"at {' '.join(self._where(rule))}")

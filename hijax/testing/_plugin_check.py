@@ -216,7 +216,7 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> str:
 
 def _check_sample(rule, sample, tries, tried, seconds, surrogate, progress,
                   deadline) -> None:
-  why = ""
+  why, arrays = "", []
   for arrays, source in tries:
     arrays = as_jax(arrays)
     tried.source = source

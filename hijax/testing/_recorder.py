@@ -36,10 +36,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hijax import primitive
 from hijax._decorators import _common
+from hijax._internals import core
 from hijax.testing import _rule_identity
 from hijax.testing._rule_identity import RuleIdentity
 
@@ -130,14 +132,14 @@ class RecordedRule:
 
 def _is_extended(dtype: Any) -> bool:
   """A PRNG key's dtype, or another that is not a number: kept as it is."""
-  return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+  return jnp.issubdtype(dtype, jax.dtypes.extended)
 
 
 def _leaf_of(x: Any) -> tuple[Any, str]:
   """``(what the sample keeps, how it was known)`` for one argument leaf:
   the value (``"eager"``), a traced value JAX knows (``"known"``), the type
   of a traced value (``"traced"``), or ``(None, "static")``."""
-  if isinstance(x, jax.core.Tracer):
+  if isinstance(x, core.Tracer):
     aval = jax.typeof(x)
     if not hasattr(aval, "shape") or _is_extended(aval.dtype):
       return None, "static"
@@ -268,7 +270,7 @@ class Recorder:
     for i, x in enumerate(flat):
       kept, source = _leaf_of(x)
       if source == "static":
-        if isinstance(x, jax.core.Tracer):
+        if isinstance(x, core.Tracer):
           return  # a traced value of a type that cannot be drawn
         statics[i] = _unwrap_static(x) if isinstance(x, _Static) else x
       sources.add(source)
