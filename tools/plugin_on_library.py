@@ -46,6 +46,11 @@ import json, os, time
 import pytest
 
 _start = {}
+_failed = []
+
+def pytest_runtest_logreport(report):
+  if report.failed:
+    _failed.append(report.nodeid)
 
 def pytest_sessionstart(session):
   _start["wall"], _start["cpu"] = time.perf_counter(), time.process_time()
@@ -56,7 +61,7 @@ def pytest_sessionfinish(session, exitstatus):
     json.dump({"wall": time.perf_counter() - _start["wall"],
                "cpu": time.process_time() - _start["cpu"],
                "tests": session.testscollected,
-               "failed": session.testsfailed}, f)
+               "failed": sorted(set(_failed))}, f)
 '''
 
 
@@ -85,7 +90,7 @@ def run(args, tests, on, final, workdir):
     result["output"] = out.stdout
   print(f"{'on ' if on else 'off'}: {result['wall']:.1f} s wall, "
         f"{result['cpu']:.1f} s CPU, {result['tests']} tests, "
-        f"{result['failed']} failed", flush=True)
+        f"{len(result['failed'])} failed", flush=True)
   return result
 
 
@@ -143,9 +148,11 @@ def main(argv=None):
           check=True).stdout.split(),
       "tests_selected": args.tests, "pytest_args": args.pytest_args,
       "tests_run": final["tests"],
-      "runs": {"off": [{k: round(r[k], 2) for k in ("wall", "cpu")}
+      "runs": {"off": [{"wall": round(r["wall"], 2),
+                        "cpu": round(r["cpu"], 2), "failed": r["failed"]}
                        for r in offs],
-               "on": [{k: round(r[k], 2) for k in ("wall", "cpu")}
+               "on": [{"wall": round(r["wall"], 2),
+                       "cpu": round(r["cpu"], 2), "failed": r["failed"]}
                       for r in ons]},
       "overhead": {k: round(v, 4) for k, v in overhead.items()},
       "report": final["report"],
