@@ -112,7 +112,10 @@ def test_correct_primitives_raise_no_false_alarm(draw):
   lo, hi = MAGNITUDES[name]
   x = _point(np.random.default_rng(seed), name, lo + u * (hi - lo), dtype)
   report = _check(entry.fn, x, dtype, entry)
-  assert report.passed, "\n\n".join(str(f) for f in report.failures)
+  # no false alarm (where finite differences resolve nothing, as sech² near
+  # 0 in bfloat16, the verdict is inconclusive, not passed)
+  assert report.verdict != "failed", "\n\n".join(
+      str(f) for f in report.failures)
 
 
 @_bounded(EXAMPLES)
@@ -127,13 +130,12 @@ def test_mutated_rules_are_caught(draw, rule, factor):
   lo, hi = MAGNITUDES[name]
   x = _point(np.random.default_rng(seed), name, lo + u * (hi - lo), dtype)
   report = _check(fn, x, dtype, entry)
-  assert not report.passed or report.inconclusive, (name, dtype, x, rule,
-                                                    factor, str(report))
+  assert not report.passed, (name, dtype, x, rule, factor, str(report))
 
 
 def measure(n, seed=0):
-  """False-alarm and miss rates over ``n`` random draws each; a miss the
-  report flags as inconclusive is counted apart."""
+  """False-alarm (failed) and miss (not failed) rates over ``n`` random
+  draws each; a miss whose verdict is inconclusive is counted apart."""
   rng = np.random.default_rng(seed)
   alarms = misses = flagged = mutants = 0
   by_kind = {}
@@ -145,7 +147,7 @@ def measure(n, seed=0):
     entry = zoo.BY_NAME[name]
     lo, hi = MAGNITUDES[name]
     x = _point(rng, name, rng.uniform(lo, hi), dtype)
-    alarms += not _check(entry.fn, x, dtype, entry).passed
+    alarms += _check(entry.fn, x, dtype, entry).verdict == "failed"
     rule = rng.choice(["jvp", "linearized", "vjp"])
     factor = float(rng.choice(FACTORS + (1.1,)))
     fn = mutate(entry, rule, factor)
@@ -155,10 +157,10 @@ def measure(n, seed=0):
     report = _check(fn, x, dtype, entry)
     key = (dtype, factor)
     caught, total = by_kind.get(key, (0, 0))
-    by_kind[key] = (caught + (not report.passed), total + 1)
-    if report.passed:
+    by_kind[key] = (caught + (report.verdict == "failed"), total + 1)
+    if report.verdict != "failed":
       misses += 1
-      flagged += bool(report.inconclusive)
+      flagged += report.verdict == "inconclusive"
   return dict(draws=n, false_alarms=alarms, mutants=mutants, misses=misses,
               misses_flagged_inconclusive=flagged,
               caught_by_dtype_and_factor=by_kind)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hijax import HiPrim, HiType, ShapedArray, register_hitype
-from hijax.testing import RuleCheckError, check_rules
+from hijax.testing import InconclusiveCheckError, RuleCheckError, check_rules
 
 import zoo
 from unary_prim import UnaryPrim
@@ -101,8 +101,13 @@ def test_correct_rules_pass_at_every_scale(name, magnitude, dtype):
   x = _point(magnitude, dtype)
   report = check_rules(entry.fn, x, x64=dtype == "float64",
                        modes=("jvp", "vjp") + (("lin",) if "lin" in
-                                              entry.transforms else ()))
-  assert report.passed, report
+                                              entry.transforms else ()),
+                       accept_inconclusive=True)
+  if (name, magnitude, dtype) == ("sin_derived", 1e6, "bfloat16"):
+    # sin varies faster than bfloat16's steps at 1e6 (see below)
+    assert report.verdict == "inconclusive" and not report.failures, report
+  else:
+    assert report.passed, report
   assert report.dtype == dtype
 
 
@@ -128,13 +133,20 @@ def test_finite_differences_that_cannot_resolve_say_so():
   """sin at 1e6 in bfloat16: neighbouring bfloat16 numbers are 4096 apart, so
   no difference quotient says anything about cos(x); the check neither fails
   nor claims to have compared, and the report says which elements and why."""
-  report = check_rules(zoo.sin_derived, _point(1e6, "bfloat16"), x64=False,
-                       modes="jvp")
-  assert report.passed
+  with pytest.raises(InconclusiveCheckError, match="SinDerived.jvp: no "
+                     "conclusive comparison") as raised:
+    check_rules(zoo.sin_derived, _point(1e6, "bfloat16"), x64=False,
+                modes="jvp")
+  report = raised.value.report
+  assert report.verdict == "inconclusive" and not report.passed
+  assert raised.value.rules == ["SinDerived.jvp"]
   # sin varies faster than bfloat16's steps at 1e6 (its period is 6)
   assert report.inconclusive and "not smooth at the scale of the steps" in (
       report.inconclusive[0])
-  assert "inconclusive" in str(report)
+  assert str(report).startswith("check_rules on SinDerived in bfloat16: "
+                                "INCONCLUSIVE: 0 conclusive comparisons")
+  assert "NOT JUDGED  SinDerived.jvp" in str(report)
+  assert "a point away from kinks" in str(raised.value)
 
 
 # --- 3 and 4: a pipeline through a hi type that declares float32 ------------------------

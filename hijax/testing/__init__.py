@@ -88,6 +88,7 @@ from __future__ import annotations
 #   _finite_diff finite differences with error bounds and a verdict per
 #                element
 #   _discovery   which primitives a function binds and which rules they define
+#   _surrogate   rules declared not the derivative (surrogate, Surrogates)
 #   _compiled    compiled evaluations shared by the checks
 #   _budget      the time a run may take, and its progress
 #   _context     CheckContext (the point, settings, shared helpers of checks)
@@ -101,17 +102,20 @@ from __future__ import annotations
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules
 from hijax.testing._discovery import defined_rules
-from hijax.testing._report import RuleCheckError, RuleFailure, RuleReport
+from hijax.testing._surrogate import surrogate
+from hijax.testing._report import (InconclusiveCheckError, RuleCheckError,
+                                   RuleFailure, RuleReport)
 
-__all__ = ["check_rules", "assert_rules", "defined_rules", "RuleCheckError",
-           "RuleFailure", "RuleReport", "MODES"]
+__all__ = ["check_rules", "assert_rules", "defined_rules", "surrogate",
+           "RuleCheckError", "InconclusiveCheckError", "RuleFailure",
+           "RuleReport", "MODES"]
 
 MODES = _report.MODES
 """Every mode `check_rules` knows, in the order it runs them."""
 
 # The public names live in private modules; they say they are hijax.testing's
 # (as before the split), for their reprs, pickling and the API reference.
-for _obj in (check_rules, assert_rules, defined_rules, RuleCheckError,
-             RuleFailure, RuleReport):
+for _obj in (check_rules, assert_rules, defined_rules, surrogate,
+             RuleCheckError, InconclusiveCheckError, RuleFailure, RuleReport):
   _obj.__module__ = __name__
 del _obj

@@ -10,15 +10,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._budget import Budget
+from hijax.testing._budget import (HARD_LIMIT, SECONDS_PER_RULE, Budget,
+                                   BudgetSpent)
 from hijax.testing._context import CheckContext, Settings
 from hijax.testing._discovery import (CustomRules, custom_calls,
                                       find_custom_rules, find_hiprims)
 from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
-from hijax.testing._report import (DERIVATIVE_MODES, MODES, RuleCheckError,
+from hijax.testing._report import (DERIVATIVE_MODES, INCONCLUSIVE, MODES,
+                                   InconclusiveCheckError, RuleCheckError,
                                    RuleReport)
 from hijax.testing._run import add_parts, run
+from hijax.testing._surrogate import Surrogates
 
 
 def _to_dtype(x, dtype):
@@ -47,6 +50,7 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
   program the checks will run (``prim_fn`` and every transformation they
   evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
   is evaluated by it at the point."""
+  ctx = None
   try:
     ctx, plan = context_at(args, dtype)
     if not jit:
@@ -54,6 +58,9 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
     add_parts(ctx, plan)
     jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
     return ctx, plan
+  except BudgetSpent as e:  # the run ends: its report is this context's
+    e.prepared = None if ctx is None else (ctx, plan)
+    raise
   except Exception:  # pylint: disable=broad-except
     return None
 
@@ -127,6 +134,28 @@ def _plan(ctx: CheckContext, modes, explicit) -> list[str]:
   return to_run
 
 
+def _required(ctx: CheckContext, plan) -> list[str]:
+  """The rules of the modes planned that must be compared conclusively for
+  a report to pass: those of the modes that apply at this point (the
+  derivative modes and transpose need floating-point inputs and outputs);
+  `expand` where it is compared with values (a hijax primitive's, or any
+  with ``jit=False``), not only with types."""
+  rules = []
+  for mode in plan:
+    if mode == "second_order":
+      continue
+    if mode in DERIVATIVE_MODES and not (ctx.float_idx and ctx.out_float_idx):
+      continue
+    if mode == "transpose" and not ctx.out_float_idx:
+      continue
+    if mode == "expand" and ctx.fd_of != "expand" and ctx.settings.jit:
+      continue
+    name = ctx.rule_name(mode)
+    if name not in rules:
+      rules.append(name)
+  return rules
+
+
 def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,
                 atol: float | None = None, rtol: float | None = None,
                 eps: float | None = None, x64: bool | None = None,
@@ -137,7 +166,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                 raise_on_failure: bool = True,
                 time_budget: float | str | None = "default",
                 progress: bool | Callable[[str], None] | None = None,
-                require_second_order: bool = False) -> RuleReport:
+                require_second_order: bool = False,
+                accept_inconclusive: bool = False,
+                surrogates: Iterable[Any] = ()) -> RuleReport:
   """Checks the rules of the hijax primitives that ``prim_fn`` binds.
 
   Args:
@@ -224,13 +255,24 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       everything runs eagerly: slower, but an `expand` that branches in
       Python on values works (leave out the ``"expand"`` mode, whose check
       includes a jitted call).
-    raise_on_failure: when False, return the report with its ``failures``
-      instead of raising.
+    raise_on_failure: when False, return the report whatever its verdict
+      (with its ``failures``) instead of raising.
+    accept_inconclusive: return an inconclusive report instead of raising
+      `InconclusiveCheckError` (see Returns).
+    surrogates: the custom derivative functions (``jax.custom_jvp``,
+      ``jax.custom_vjp``, hijax's decorators) and `HiPrim` classes whose
+      rules are deliberately not the derivative (a straight-through
+      estimator, a gradient clipper): they are never compared with the
+      function's finite differences, only with each other, with loops and
+      for types, and the report lists them (``report.surrogates``). Those
+      marked with `hijax.testing.surrogate` are surrogates too.
     time_budget: seconds the run may take; ``"default"`` allows
       30 seconds per rule checked, None no limit. Once it is
       spent, no further check starts: those are listed in the report's
-      ``skipped_for_time`` and a warning says so (a check that has started
-      runs to its end).
+      ``skipped_for_time`` and a warning says so. A check that has started
+      runs to its end, but a compile still running at 1.4 times the budget
+      is abandoned (it runs in a thread of its own) and the run ends there,
+      so a run ends within about 1.5 times its budget.
     progress: where the run says what it is doing: None prints a line to
       ``stderr`` now and then once a run has taken 10 seconds, True from
       the start, False never; a function receives each line instead.
@@ -243,12 +285,22 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   Returns:
     A `RuleReport` listing the checks that ran, the modes skipped, what was
     inconclusive (and why), the rules found first-order only and the checks
-    skipped for time.
+    skipped for time, with its verdict: ``"passed"`` only where no
+    comparison failed and every rule checked was compared conclusively (at
+    some output element, in some direction); ``"failed"`` where a
+    comparison failed; ``"inconclusive"`` otherwise (nothing could be
+    judged: finite differences that resolve nothing at this point, every
+    check skipped for time, ...). A report that compared nothing never
+    passes.
 
   Raises:
-    RuleCheckError: (an ``AssertionError``) if a check fails. Its message has
-      one paragraph per failure naming the rule, the check, the input and the
-      largest error.
+    RuleCheckError: (an ``AssertionError``) if a comparison fails. Its
+      message has one paragraph per failure naming the rule, the check, the
+      input and the largest error.
+    InconclusiveCheckError: (an ``AssertionError``, not a `RuleCheckError`)
+      if nothing failed but some rule was not compared conclusively, unless
+      ``accept_inconclusive`` (or ``raise_on_failure=False``). Its message
+      says which rules, why, and what would make them judgeable.
   """
   __tracebackhide__ = True  # pylint: disable=unused-variable
   if isinstance(modes, str):
@@ -262,6 +314,8 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   check_arrays("argument", "args",
                jax.tree_util.tree_flatten_with_path(args)[0],
                lambda x: real_or_int(jnp.result_type(x)))
+  declared = Surrogates(surrogates)
+  budget = Budget.of(time_budget, progress, 1)  # one for the whole run
   def context_at(args, dtype):
     """The context of the checks at ``args``, and the modes to run."""
     closed = jax.make_jaxpr(prim_fn)(*args)
@@ -272,27 +326,40 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
           "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
           "jax.custom_vjp function: pass a function that applies one, "
           "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
+    if time_budget == "default":  # per rule checked
+      budget.seconds = SECONDS_PER_RULE * max(1, len(prims))
     settings = Settings(defaults(atol, rtol), eps, batch_size=batch_size,
                         batch_in_axes=batch_in_axes,
                         linear_argnums=linear_argnums, order=order, jit=jit,
                         require_second_order=require_second_order,
-                        budget=Budget.of(time_budget, progress, len(prims)))
+                        budget=budget, surrogates=declared)
     paths = jax.tree_util.tree_flatten_with_path(args)[0]
     names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
              for p, _ in paths]
+    report = RuleReport([repr(p) for p in prims], dtype)
+    report.surrogates = [repr(p) for p in prims if p in declared]
     ctx = CheckContext(prim_fn, args, names, settings,
-                       np.random.default_rng(seed),
-                       RuleReport([repr(p) for p in prims], dtype), prims,
+                       np.random.default_rng(seed), report, prims,
                        requested=tuple(modes))
     return ctx, _plan(ctx, modes, explicit)
 
   with contextlib.ExitStack() as stack:
-    ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
+    try:
+      ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
+    except BudgetSpent as e:  # before the first check
+      ctx, plan = getattr(e, "prepared", None) or context_at(args, "float64")
+      _stopped(ctx, plan, e)
+    else:
+      ctx.report.required = _required(ctx, plan)
+      try:
+        run(ctx, plan)
+        if ctx.report.failures:
+          _blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
+                       ctx.report, tuple(modes))
+          _inner_first(ctx, ctx.report)
+      except BudgetSpent as e:
+        _stopped(ctx, plan, e)
     report, settings = ctx.report, ctx.settings
-    run(ctx, plan)
-    if report.failures:
-      _blame_alone(prim_fn, ctx.args, ctx.prims, settings, ctx.rng, report,
-                   tuple(modes))
     report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:
@@ -304,6 +371,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
         "time_budget=None for no limit)", stacklevel=2)
   if report.failures and raise_on_failure:
     raise RuleCheckError(report)
+  if (report.verdict == INCONCLUSIVE and raise_on_failure
+      and not accept_inconclusive):
+    raise InconclusiveCheckError(report)
   return report
 
 
@@ -336,6 +406,9 @@ def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
   report.inconclusive += alone.inconclusive
   report.first_order_only += alone.first_order_only
   report.skipped_for_time += alone.skipped_for_time
+  report.unjudged += alone.unjudged
+  for rule, n in alone.compared.items():
+    report.compared[rule] = report.compared.get(rule, 0) + n
   if alone.failures:
     named = sorted({f.rule for f in report.failures})
     report.failures[:] = alone.failures
@@ -349,6 +422,35 @@ def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
         "program gives them (one called only inside a loop or a branch is "
         "not taken out): the failures are those of the program as a "
         "whole"))
+
+
+def _stopped(ctx: CheckContext, plan, e: BudgetSpent):
+  """Ends a run that a compile past the hard limit stopped: what did not
+  run is skipped for time, and the report says what was abandoned."""
+  report = ctx.report
+  if not report.required:
+    report.required = _required(ctx, plan)
+  done = set(report.modes_run)
+  report.skipped_for_time.append(
+      f"the run stopped: {e.what} was still running after {e.seconds:.1f} s, "
+      f"past {HARD_LIMIT:g} times the time budget, and was abandoned")
+  report.skipped_for_time += [f"{mode}: the checks not yet run" for mode in
+                              plan if mode not in done]
+
+
+def _inner_first(ctx: CheckContext, report: RuleReport):
+  """Puts first the failures of primitives that the checked rules bind (a
+  jvp rule that calls another primitive, whose own rule is wrong): the
+  outer rules' failures can follow from them, so the error names the rule
+  to fix first."""
+  outer = {name for rules in ctx.rules for name in rules.values()}
+  inner = [f for f in report.failures
+           if f.rule not in outer and f.rule != "prim_fn"]
+  if inner and len(inner) < len(report.failures):
+    rest = [f for f in report.failures if f not in inner]
+    report.failures[:] = inner + rest
+    report.inner_first = sorted({f.rule for f in inner},
+                                key=[f.rule for f in inner].index)
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

@@ -4,15 +4,25 @@ The checks run one after another (each mode, each direction, each batch
 axis, each second-order function); before each one starts, the budget is
 consulted, and once it is spent the remaining checks are not started but
 listed in the report as skipped for time. A check that has started runs to
-its end, so a run can end past its budget by one check. A run that takes
-long prints where it is to ``stderr`` (or to a given function).
+its end, except for what can take long in one piece, a compile (one
+program for a special function built from long loops can take minutes):
+that runs in a thread of its own and is abandoned at `HARD_LIMIT` times the
+budget (`Budget.within` raises `BudgetSpent`, which ends the run: the rest
+is reported skipped for time). A run that takes long prints where it is to
+``stderr`` (or to a given function).
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import sys
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+import jax
 
 # The default budget, per rule checked (primitive or jax.custom_* function).
 SECONDS_PER_RULE = 30.0
@@ -21,9 +31,49 @@ SECONDS_PER_RULE = 30.0
 # then at most this often.
 PROGRESS_AFTER = 10.0
 
+# A compile still running at this many times the budget is abandoned.
+HARD_LIMIT = 1.4
+
+
+class BudgetSpent(BaseException):
+  """A compile ran past `HARD_LIMIT` times the time budget: the run ends
+  and reports what did not run as skipped for time. A BaseException, so
+  that the checks' handlers of a rule's exceptions do not take it for a
+  failure of the rule."""
+
+  def __init__(self, what: str, seconds: float):
+    self.what, self.seconds = what, seconds
+    super().__init__(f"{what} was still running after {seconds:.1f} s")
+
 
 def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
+
+
+# Abandoned compiles, still running: the process waits for them at exit (a
+# thread ended while in XLA's compiler aborts the process).
+_ABANDONED: list[threading.Thread] = []
+
+
+@atexit.register
+def _wait_for_abandoned() -> None:
+  for worker in _ABANDONED:
+    worker.join()
+
+
+def _thread_settings() -> contextlib.ExitStack:
+  """JAX's settings of this thread that a context manager sets (x64, the
+  default matmul precision and device), to enter in another thread: they
+  do not carry over to it."""
+  stack = contextlib.ExitStack()
+  x64 = bool(jax.config.jax_enable_x64)
+  precision = jax.config.jax_default_matmul_precision
+  device = jax.config.jax_default_device
+  stack.enter_context(jax.enable_x64(x64))
+  stack.enter_context(jax.default_matmul_precision(precision))
+  if device is not None:
+    stack.enter_context(jax.default_device(device))
+  return stack
 
 
 @dataclasses.dataclass
@@ -63,6 +113,36 @@ class Budget:
   @property
   def spent(self) -> bool:
     return self.seconds is not None and self.elapsed > self.seconds
+
+  def within(self, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, abandoned (`BudgetSpent`) if it is still running at
+    `HARD_LIMIT` times the budget; without a budget, ``fn()`` itself. It
+    runs in a thread of its own, which an abandoned ``fn`` keeps until it
+    ends (a compile cannot be interrupted; its result is dropped)."""
+    if self.seconds is None:
+      return fn()
+    left = HARD_LIMIT * self.seconds - self.elapsed
+    if left <= 0:
+      raise BudgetSpent(what, self.elapsed)
+    box: dict[str, Any] = {}
+    settings = _thread_settings()
+
+    def work():
+      try:
+        with settings:
+          box["value"] = fn()
+      except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
+        box["error"] = e
+    worker = threading.Thread(target=work, daemon=True,
+                              name=f"check_rules: {what}")
+    worker.start()
+    worker.join(left)
+    if worker.is_alive():
+      _ABANDONED.append(worker)
+      raise BudgetSpent(what, self.elapsed)
+    if "error" in box:
+      raise box["error"]
+    return box["value"]
 
   def starting(self, what: str) -> None:
     """Shows that the check ``what`` starts, if progress is shown now."""

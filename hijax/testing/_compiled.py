@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hijax.testing._budget import Budget
 from hijax.testing._numerics import dtype_of, is_float, on_device
 
 # The points one call of the points part evaluates at most (finite
@@ -62,6 +63,28 @@ POINTS = 64
 def _signature(flat) -> list:
   return [(np.shape(x), dtype_of(x), bool(getattr(x, "weak_type", False)))
           for x in flat]
+
+
+def compiled_within(fn: Callable, budget: Budget, what: str) -> Callable:
+  """``jax.jit(fn)``, each new signature of its arguments traced and
+  lowered here and compiled within ``budget`` (`Budget.within`: in a
+  thread of its own, which JAX's tracing must not run in)."""
+  jitted = jax.jit(fn)
+  if budget.seconds is None:
+    return jitted
+  cache: dict = {}
+
+  def call(*args):
+    flat, tree = jax.tree.flatten(args)
+    try:
+      sig = (tree, tuple(_signature(flat)))
+      hash(sig)
+    except Exception:  # pylint: disable=broad-except  (unhashable: as jax.jit does)
+      return jitted(*args)
+    if sig not in cache:
+      cache[sig] = budget.within(what, jitted.lower(*args).compile)
+    return cache[sig](*args)
+  return call
 
 
 @dataclasses.dataclass
@@ -85,8 +108,9 @@ class Bundle:
   on the first call of one of them (see the module docstring). Parts added
   after that are compiled together on the first call of one of them."""
 
-  def __init__(self, jit: bool = True):
+  def __init__(self, jit: bool = True, budget: Budget | None = None):
     self.jit = jit
+    self.budget = budget if budget is not None else Budget(None)
     self.parts: dict[Hashable, _Part] = {}
     self._where: dict[Hashable, _Program] = {}
     self._alone: dict[Hashable, Callable] = {}
@@ -122,7 +146,8 @@ class Bundle:
 
   def _compile_alone(self, key):
     """Runs the part ``key`` in a program of its own from now on."""
-    self._alone[key] = jax.jit(self.parts[key].fn)
+    self._alone[key] = compiled_within(self.parts[key].fn, self.budget,
+                                       f"compiling {key!r}")
 
   def _build(self, keys):
     """Compiles the parts ``keys`` as one program (those that cannot be
@@ -178,7 +203,10 @@ class Bundle:
       return outs
     flats = [templates[k] for k in keys]
     try:
-      executable = jax.jit(program).lower(np.int32(0), flats).compile()
+      lowered = jax.jit(program).lower(np.int32(0), flats)
+      executable = self.budget.within(
+          f"compiling the checks' program ({len(keys)} parts)",
+          lowered.compile)
     except Exception:  # pylint: disable=broad-except
       return None
     return _Program({key: k for k, key in enumerate(keys)}, flats,
@@ -207,13 +235,14 @@ class Compiled:
   def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool,
                evaluate_one: Callable | None = None,
                bound: dict[Hashable, tuple] | None = None,
-               shared: tuple[Bundle, Hashable] | None = None):
+               shared: tuple[Bundle, Hashable] | None = None,
+               budget: Budget | None = None):
     self.prim_fn = prim_fn
     self.jit = jit
     self.leaves, self.in_tree = jax.tree.flatten(tuple(args))
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
     if shared is None:
-      self.bundle, self._name = Bundle(jit), None
+      self.bundle, self._name = Bundle(jit, budget), None
     else:
       self.bundle, self._name = shared
     self._evaluate_one = evaluate_one
@@ -257,7 +286,8 @@ class Compiled:
     if not self.jit:
       return self.prim_fn
     if self._jitted is None:
-      self._jitted = jax.jit(self.prim_fn)
+      self._jitted = compiled_within(self.prim_fn, self.bundle.budget,
+                                     "compiling prim_fn")
     return self._jitted
 
   def call(self, full: Sequence[Any], fn: Callable | None = None) -> list:

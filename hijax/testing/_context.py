@@ -15,13 +15,16 @@ import numpy as np
 from hijax.testing._budget import Budget
 from hijax.testing._compiled import Compiled
 from hijax.testing._discovery import defined_rules
-from hijax.testing._finite_diff import FLOOR, REASONS, FDEstimate, estimate
+from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
+                                       estimate)
 from hijax.testing._steps import scaled_tangents, wider
+from hijax.testing._surrogate import Surrogates
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
                                      describe_tol, dtype_of, eps_of,
-                                     fmt_array, is_float, on_device,
-                                     real_or_int, type_str)
-from hijax.testing._report import RuleFailure, RuleReport, first_lines
+                                     fmt_array, is_float, judged_elements,
+                                     on_device, real_or_int, type_str)
+from hijax.testing._report import (RuleFailure, RuleReport, declared_limit,
+                                   first_lines)
 
 
 def _widened(compiled, direction, xs, ts, out_float_idx, out_dtypes, eps,
@@ -76,6 +79,7 @@ class Settings:
   require_second_order: bool = False  # a declared limit fails too
   fd_scale: float | None = None  # the size of the values f combines
   budget: Budget = dataclasses.field(default_factory=lambda: Budget(None))
+  surrogates: Surrogates = dataclasses.field(default_factory=Surrogates)
 
 
 @dataclasses.dataclass
@@ -110,9 +114,13 @@ class CheckContext:
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,
-                                         self.settings.jit)
+                                         self.settings.jit,
+                                         budget=self.settings.budget)
     self.leaves, self.in_tree = jax.tree.flatten(self.args)
     self.rules = [defined_rules(p) for p in self.prims]
+    # a surrogate's derivative is not the function's: never compared with
+    # its finite differences (hijax.testing._surrogate)
+    self.surrogate = any(p in self.settings.surrogates for p in self.prims)
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
     out_shape = jax.eval_shape(self.prim_fn, *self.args)
     out_paths, self.out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
@@ -169,6 +177,15 @@ class CheckContext:
   def skip(self, mode, why):
     self.report.skipped.append((mode, self.label + why))
 
+  def skip_by_intent(self, mode, why, rule=None):
+    """Skips a check of a surrogate's rule that only the function could
+    judge (or that the surrogate refuses by design): the rule is then not
+    required to pass (`RuleReport.by_intent`)."""
+    self.skip(mode, why)
+    name = rule or self.rule_name(mode)
+    if name not in self.report.by_intent:
+      self.report.by_intent.append(name)
+
   def out_of_time(self, mode, what) -> bool:
     """Whether the time budget is spent, in which case the check ``what`` of
     ``mode`` is recorded as skipped for time; else it starts (and progress
@@ -183,12 +200,32 @@ class CheckContext:
   def inconclusive(self, check, why):
     self.report.inconclusive.append(f"{self.label}{check}: {why}")
 
+  def judged_nothing(self, check, why):
+    """Records a comparison that judged no element (see `RuleReport`)."""
+    self.report.unjudged += 1
+    self.inconclusive(check, why)
+
+  def conclusive_pass(self, mode, rule=None):
+    """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
+    that passed. Second derivatives do not count: they judge a rule's
+    derivative, not the rule."""
+    if mode == "second_order":
+      return
+    name = rule or self.rule_name(mode)
+    self.report.compared[name] = self.report.compared.get(name, 0) + 1
+
   def fail(self, mode, check, inputs, detail, max_error=None, rule=None):
     self.report.failures.append(RuleFailure(
         rule=rule or self.rule_name(mode), check=self.label + check,
         inputs=inputs, detail=detail, max_error=max_error))
 
   def fail_raised(self, mode, check, inputs, exc, rule=None):
+    why = declared_limit(exc) if self.surrogate else None
+    if why is not None:  # a surrogate may refuse a mode by design
+      short = why if len(why) <= 160 else why[:157] + "..."
+      self.skip_by_intent(mode, f"{check}: the surrogate declares it cannot "
+                          f"({short})", rule)
+      return
     detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
     self.fail(mode, check, inputs, detail, float("inf"), rule=rule)
 
@@ -210,24 +247,45 @@ class CheckContext:
 
   def compare(self, mode, check, inputs, got, want, tol, names=None,
               got_label="rule", want_label="reference", rule=None,
-              bounds=None, skip=None, floors=None) -> bool:
+              bounds=None, skip=None, floors=None, counts=True,
+              uncounted=None, own=None) -> bool:
     """Compares lists of arrays leaf by leaf; records the worst difference as
     a failure. ``names`` default to the floating-point outputs'; ``bounds``
     are the reference's error bounds (finite differences), ``skip`` the
     elements it cannot judge (compared with nothing), ``floors`` absolute
-    errors allowed (rounding, where the value is zero to rounding)."""
+    errors allowed (rounding, where the value is zero to rounding). A
+    comparison that passes counts as a conclusive comparison of the rule
+    (`RuleReport.compared`) where it judged some element and ``counts``
+    (False for a rule's primal output, which says nothing of its
+    derivative); ``uncounted`` marks elements compared that count only
+    where ``got`` equals ``want`` exactly (a reference that only bounds
+    them: see `FDEstimate.uncounted`); ``own`` the elements judged on their
+    own scale (`FDEstimate.own`)."""
     names = names or [self.out_names[i] for i in self.out_float_idx]
     bounds = bounds or [None] * len(want)
     skip = skip or [None] * len(want)
     floors = floors or [None] * len(want)
+    uncounted = uncounted or [None] * len(want)
+    own = own or [None] * len(want)
     worst = None
-    for name, g, w, b, k, fl in zip(names, got, want, bounds, skip, floors):
+    judged = 0
+    for name, g, w, b, k, fl, u, o in zip(names, got, want, bounds, skip,
+                                          floors, uncounted, own):
       if fl is not None:
         b = fl if b is None else b + fl
-      res = compare_leaf(g, w, tol, b, k)
+      res = compare_leaf(g, w, tol, b, k, o)
+      if u is not None:  # bounded only: counted where the rule is exact
+        u = np.asarray(u, bool) & (np.asarray(g) != np.asarray(w))
+        k = u if k is None else np.asarray(k, bool) | u
+      judged += judged_elements(w, tol, b, k)
       if res is not None and (worst is None or res[0] > worst[1][0]):
         worst = (name, res)
     if worst is None:
+      if judged and counts:
+        self.conclusive_pass(mode, rule)
+      elif not judged:
+        self.judged_nothing(check, f"{want_label} judges no element of "
+                            f"{got_label}'s result here")
       return True
     name, (err, idx, gv, wv) = worst
     if gv is None:
@@ -319,7 +377,8 @@ class CheckContext:
           self.report.inconclusive.append(
               f"{self.label}finite differences ({where}): {n} output "
               f"element(s) {reason}" + self._which(est, verdict)
-              + ": not compared with finite differences")
+              + (": compared with that bound only" if verdict == BOUNDED
+                 else ": not compared with finite differences"))
     return self._fd[direction]
 
   def fd_along(self, direction, tangents) -> FDEstimate:
@@ -471,14 +530,16 @@ class CheckContext:
   def tangent_reference(self, direction, tangents):
     """J ṫ from the jvp rule when it is defined and passed its own check,
     else from finite differences (along their own tangents, which then
-    replace ``tangents``). Returns (values, label, bounds, tangents), where
-    bounds are the error bounds of the values (None for the jvp rule)."""
+    replace ``tangents``). Returns (values, label, bounds, tangents,
+    uncounted, own), where bounds are the error bounds of the values,
+    uncounted the elements they only bound and own those judged on their
+    own scale (all None for the jvp rule)."""
     if self.has("jvp") and self.jvp_ok.get(direction, True):
       try:
         _, t_out = self.jvp_at(direction, tangents)
-        return list(t_out), "the jvp rule", None, tangents
+        return list(t_out), "the jvp rule", None, tangents, None, None
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         pass
     est = self.fd(direction)
     return (est.values, f"finite differences of {self.fd_of}", est.bounds,
-            list(est.tangents))
+            list(est.tangents), est.uncounted(), est.own)

@@ -48,6 +48,13 @@ class CustomRules:
   """
   name: str
   kind: str
+  file: str = ""  # where the function is defined, as its jaxpr says
+  line: int = 0
+
+  @property
+  def key(self) -> tuple[str, str, int]:
+    """``(name, file, line)`` of the function's definition."""
+    return self.name, self.file, self.line
 
   def __repr__(self):
     return f"{self.name} ({self.kind})"
@@ -66,12 +73,17 @@ class CustomRules:
             "batch": f"{me}: vmap of the function, fwd and bwd"}
 
 
-def _custom_name(eqn) -> str:
+def _custom_rules(eqn, kind) -> CustomRules:
+  """The `CustomRules` of a call of a custom function: its name and where
+  it is defined, from its jaxpr's debug info (``name at file:line``)."""
   jaxpr = getattr(eqn.params.get("call_jaxpr"), "jaxpr",
                   eqn.params.get("call_jaxpr"))
   info = getattr(jaxpr, "debug_info", None)
   src = getattr(info, "func_src_info", None) or ""
-  return src.split(" at ")[0] or "<unnamed>"
+  name, _, where = src.partition(" at ")
+  file, _, line = where.rpartition(":")
+  return CustomRules(name or "<unnamed>", kind, file,
+                     int(line) if line.isdigit() else 0)
 
 
 def find_custom_rules(jaxpr, found: list) -> list:
@@ -80,7 +92,7 @@ def find_custom_rules(jaxpr, found: list) -> list:
   for eqn in jaxpr.eqns:
     kind = _CUSTOM_CALLS.get(eqn.primitive.name)
     if kind is not None:
-      rules = CustomRules(_custom_name(eqn), kind)
+      rules = _custom_rules(eqn, kind)
       if rules not in found:
         found.append(rules)
       continue
@@ -103,6 +115,10 @@ def defined_rules(prim: Any) -> dict[str, str]:
     return prim.rules()
   cls = prim if isinstance(prim, type) else type(prim)
   name = cls.__name__
+  fun = getattr(prim, "params", {}).get("fun") if not isinstance(
+      prim, type) else None
+  if isinstance(fun, str):  # a hijax decorator's call: name the function
+    name = f"{name}[fun={fun}]"
   rules = {"expand": f"{name}.expand"}
   if _overrides(cls, "jvp"):
     rules["jvp"] = f"{name}.jvp" + {
@@ -291,7 +307,7 @@ def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
       kind = _CUSTOM_CALLS.get(eqn.primitive.name)
       sub = _inlined_body(eqn)
       if kind is not None:
-        targets.setdefault(CustomRules(_custom_name(eqn), kind), eqn)
+        targets.setdefault(_custom_rules(eqn, kind), eqn)
       elif sub is not None:
         walk(_open_jaxpr(sub)[0])
   walk(closed.jaxpr)

@@ -32,9 +32,22 @@ The tolerance model (documented on the checking-rules page):
   ``h²``) plus its rounding error (``σ / h``, where ``σ`` is the rounding
   noise of the function, measured from its fourth differences at the two
   smallest steps, with the curvature they share removed, and at least
-  ``eps |f|``), and the step with the smallest estimate is used. A step
+  ``eps |f|`` of its leaf's largest value), and the step with the smallest
+  estimate is used. A step
   counts only where every finer quotient agrees with it up to twice that
   quotient's rounding. The comparison allows twice the estimate.
+* **Exact differences are exact.** Where every quotient is the same to
+  the last bit (a function flat, linear or piecewise constant along the
+  tangent at these steps: ``round``, a gradient clipper's backward pass in
+  ``x``), that is the value, with a bound of what the function's rounding
+  could hide at the largest step (``σ / h``, with ``σ`` as below) and the
+  quotient's rounding: a rule that says otherwise fails. It is *resolved*
+  where that bound is small next to the derivative (its own or its leaf's,
+  as below); elsewhere (a flat function, derivative 0) it is *bounded*: a
+  rule outside the bound fails, and one inside it counts as judged only
+  where it gives exactly that value (a piecewise-constant function's exact
+  zero; a small slope hidden by rounding, sech² near 0 in float32, is not
+  confirmed by a rule's value below the bound).
 * **A verdict per element.** An element is *resolved* (compared within its
   bound), *unresolved* (its error estimate is of the order of its value: it
   is compared only for NaN), *not smooth* (the second differences
@@ -59,7 +72,7 @@ from hijax.testing._numerics import on_device
 from hijax.testing._steps import (candidate_steps, normalizer, shifted,
                                   to64)
 
-RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE = 0, 1, 2, 3
+RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE, BOUNDED = 0, 1, 2, 3, 4
 
 # What an element's verdict means, as the report says it.
 REASONS = {
@@ -70,6 +83,10 @@ REASONS = {
                 "differences disagree)",
     NOT_FINITE: "not finite on one side of the point (a domain boundary or "
                 "a pole), or infinite at it",
+    BOUNDED: "flat at this point in this dtype (the function is constant "
+             "to its last bit at every step), which bounds the derivative "
+             "but does not resolve it: a rule is only checked to stay "
+             "within that bound",
 }
 
 # Elements with these verdicts are not compared with anything.
@@ -101,6 +118,9 @@ class FDEstimate:
       An output that is zero to rounding (the determinant of a singular
       matrix) is compared with this absolute floor.
     center: the outputs at the point, as the function returned them.
+    own: per output leaf, the elements resolved on their own scale (their
+      bound at most half their value): a rule is judged there against the
+      element itself, not against its leaf's largest.
   """
   tangents: list
   values: list
@@ -110,6 +130,7 @@ class FDEstimate:
   evaluations: int
   floors: list = dataclasses.field(default_factory=list)
   center: list = dataclasses.field(default_factory=list)
+  own: list = dataclasses.field(default_factory=list)
 
   def count(self, verdict: int) -> int:
     """The number of output elements with ``verdict``."""
@@ -128,6 +149,12 @@ class FDEstimate:
       with np.errstate(invalid="ignore"):
         out.append(~np.isin(s, SKIPPED) & ~(np.abs(np.asarray(v)) > b))
     return out
+
+  def uncounted(self) -> list[np.ndarray]:
+    """Per output leaf, the elements compared with a finite bound that do
+    not count as judged unless a rule gives exactly their value
+    (`BOUNDED`: they can refute a rule, not confirm a small one)."""
+    return [s == BOUNDED for s in self.status]
 
   def skipped(self) -> list[np.ndarray]:
     """Per output leaf, the elements compared with nothing (not smooth or
@@ -283,6 +310,7 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
   scale = normalizer(ts, tangent_dtypes)
   f0s = to64(f_x)
   values, bounds, status, floors, resolution = [], [], [], [], 0.0
+  owns = []
   eps_in = max(float(jnp.finfo(d).eps) for d in (
       tangent_dtypes or [np.asarray(t).dtype for t in ts]))
   with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -332,6 +360,17 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
         bound = np.where(lost, 2 * (spread + np.abs(finest))
                          + np.take_along_axis(rounding, last[None], 0)[0],
                          bound)
+      # exact differences: every quotient the same, to the last bit (a
+      # function flat, linear or piecewise constant along t at these
+      # steps). Their value is known: what the function's rounding could
+      # hide at the largest step, and the quotient's own rounding, bound it.
+      exact = (np.all(valid, 0) & np.all(D == D[:1], 0) if n >= 3
+               else np.zeros(f0.shape, bool))
+      if np.any(exact):
+        tiny = float(np.finfo(np.dtype(dtype)).tiny)
+        hidden = np.maximum(sigma, tiny) / steps[0]
+        value = np.where(exact, D[0], value)
+        bound = np.where(exact, 2 * (hidden + 4 * ulp * np.abs(D[0])), bound)
       verdict = np.full(f0.shape, RESOLVED, np.int8)
       verdict[_not_smooth(S, valid, level)] = NOT_SMOOTH
       verdict[(finite0 & ~np.any(valid, 0)) | np.isinf(f0)] = NOT_FINITE
@@ -345,8 +384,15 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       # about zero, which holds only where f is seen to be smooth
       small = ok & ~unresolved & ~(bound <= np.abs(value))
       unresolved |= small & _rough(S, valid, sigma)
+      unresolved &= ~exact
       verdict[unresolved] = UNRESOLVED
-      bound = np.where(verdict == RESOLVED, bound, np.inf)
+      if np.any(exact):
+        # resolved where the bound is small next to the derivative (its
+        # own or its leaf's); else it only bounds it
+        coarse = exact & (verdict == RESOLVED) & ~(
+            bound <= 0.5 * np.maximum(np.abs(value), top))
+        verdict[coarse] = BOUNDED
+      bound = np.where(np.isin(verdict, (RESOLVED, BOUNDED)), bound, np.inf)
       # what rounding the inputs to their own dtype changes: in f, eps |J t|
       # (t of the size of x); in J t, eps t'H t (from the finest second
       # difference above rounding, or the rounding itself)
@@ -360,6 +406,8 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       values.append(value.astype((cast_to or out_dtypes)[j]))
       bounds.append(bound)
       status.append(verdict)
+      with np.errstate(invalid="ignore"):
+        owns.append((verdict == RESOLVED) & (bound <= 0.5 * np.abs(value)))
       finite = bound[np.isfinite(bound)]
       if finite.size and top > 0:
         resolution = max(resolution, float(np.max(finite)) / (top / scale))
@@ -367,4 +415,4 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       np.asarray(t).dtype if tangent_dtypes is None else tangent_dtypes[i]))
               for i, t in enumerate(ts)]
   return FDEstimate(tangents, values, bounds, status, resolution, len(points),
-                    floors, list(f_x))
+                    floors, list(f_x), owns)

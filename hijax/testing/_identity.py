@@ -64,19 +64,20 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
   """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``; records a failure or an
   inconclusive entry. Returns whether it passed.
 
-  ``reference(tangents)`` gives ``(J ṫ, label, bounds, judged, tangents)``
-  (``bounds`` None for a rule; the tangents it used, which finite
-  differences choose themselves); ``transpose(ȳ)`` gives the cotangents of
+  ``reference(tangents)`` gives ``(J ṫ, label, bounds, judged, tangents,
+  uncounted)`` (``bounds`` None for a rule; the tangents it used, which
+  finite differences choose themselves; the judged elements that only
+  bound the value, which do not make the check conclusive, or None); ``transpose(ȳ)`` gives the cotangents of
   the inputs, ``like`` the outputs (for the cotangents' types).
   ``floors(tangents)``, for a reference that is a rule, gives the absolute
   error allowed per output element on either side. ``hint`` ends the
   message of a failure where both sides are finite. ``tangents`` may be None
   where the reference chooses its own.
   """
-  ref, label, bounds, judged, used = reference(tangents)
+  ref, label, bounds, judged, used, uncounted = reference(tangents)
   if not any(np.any(ok) for ok in judged):
-    ctx.inconclusive(check, "no output element can be judged along this "
-                     "direction (see the finite differences above)")
+    ctx.judged_nothing(check, "no output element can be judged along this "
+                       "direction (see the finite differences above)")
     return True
   ybar = aligned_cotangents(ctx, like, ref, judged)
   cts_in = transpose(ybar)
@@ -87,7 +88,7 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                      "element(s), and the function is not smooth or not "
                      "finite at some output element (see above): those "
                      "input elements are left out")
-    ref, label, bounds, judged, used = reference(
+    ref, label, bounds, judged, used, uncounted = reference(
         [on_device(np.where(b, 0, t)) for t, b in zip(used, left_out)])
     ybar = aligned_cotangents(ctx, like, ref, judged)
     cts_in = [on_device(np.where(b, 0, c))
@@ -100,6 +101,13 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                if np.size(y)] or [0.0])
     bound += 2 * top * sum(float(np.sum(f)) for f in floors(used))
   if abs(lhs - rhs) <= bound:
+    counted = judged if uncounted is None or lhs == rhs else [
+        ok & ~u for ok, u in zip(judged, uncounted)]
+    if np.isfinite(bound) and any(np.any(ok) for ok in counted):
+      ctx.conclusive_pass(mode, rule)
+    else:
+      ctx.judged_nothing(check, f"{label} only bounds the elements compared "
+                         "(see above)")
     return True
   ctx.fail(mode, check, inputs,
            what.format(lhs=lhs, rhs=rhs, ref=label)

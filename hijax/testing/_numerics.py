@@ -194,23 +194,48 @@ def inner_identity(cts_out, j_t, cts_in, tangents, tol: Tol, bounds=None):
   return lhs, rhs, bound
 
 
-def allowed_error(want, tol: Tol, bound=None) -> np.ndarray:
-  """``atol + rtol |want| + ulps eps (|want| + max |want|) + bound``."""
+def allowed_error(want, tol: Tol, bound=None, own=None) -> np.ndarray:
+  """``atol + rtol |want| + ulps eps (|want| + max |want|) + bound``; where
+  ``own`` is True, ``ulps eps 2 |want|``: the element is judged on its own
+  scale (a reference that resolves it to a fraction of itself, next to
+  elements far larger, log_ndtr's slope at 12.5 beside slopes of order 1).
+  Plus the dtype's smallest normal number, below which results may be
+  flushed to zero."""
   w = np.abs(wide(want))
   with np.errstate(invalid="ignore"):
     w = np.where(np.isfinite(w), w, 0.0)
     top = float(np.max(w)) if w.size else 0.0
-    allowed = tol.atol + tol.rtol * w + ulp_factor(tol, np.asarray(
-        want).dtype) * (w + top)
+    scale = w + top if own is None else np.where(own, 2 * w, w + top)
+    dtype = np.asarray(want).dtype
+    # below the dtype's normal numbers a result may be flushed to zero
+    tiny = float(jnp.finfo(dtype).tiny) if is_float(want) else 0.0
+    allowed = tol.atol + tol.rtol * w + ulp_factor(tol, dtype) * scale + tiny
     if bound is not None:
       allowed = allowed + np.asarray(bound, np.float64)
   return allowed
 
 
-def compare_leaf(got, want, tol: Tol, bound=None, skip=None):
+def judged_elements(want, tol: Tol, bound=None, skip=None) -> int:
+  """How many elements of ``want`` a comparison with it judges: those not
+  skipped, with a finite error allowed, where ``want`` is not NaN (an
+  element allowed any error, as an unresolved finite difference is, is
+  compared only for NaN, which judges nothing of its value)."""
+  want = np.asarray(want)
+  if not is_float(want):
+    return int(want.size)
+  w = wide(want)
+  with np.errstate(invalid="ignore"):
+    ok = ~np.isnan(w) & np.isfinite(allowed_error(want, tol, bound))
+  if skip is not None:
+    ok &= ~np.asarray(skip, bool)
+  return int(np.sum(ok))
+
+
+def compare_leaf(got, want, tol: Tol, bound=None, skip=None, own=None):
   """Returns (max_abs_error, index, got_value, want_value) of the worst
   violation of ``|got - want| <= allowed_error(want, tol, bound)``, or None.
-  Elements where ``skip`` is True are not compared.
+  Elements where ``skip`` is True are not compared; those where ``own`` is
+  True are judged on their own scale (see `allowed_error`).
 
   Where exactly one side is NaN the error is ``inf`` whatever the bound:
   NaN agrees only with NaN (a bound of ``inf`` marks an element the
@@ -241,7 +266,7 @@ def compare_leaf(got, want, tol: Tol, bound=None, skip=None):
     both_nan = np.isnan(g) & np.isnan(w)
     err = np.where((g == w) | both_nan, 0.0, err)
     err = np.where(np.isnan(err), np.inf, err)
-    excess = err - allowed_error(want, tol, bound)
+    excess = err - allowed_error(want, tol, bound, own)
     excess = np.where(np.isnan(g) != np.isnan(w), np.inf, excess)
     excess = np.where(np.isnan(excess), np.inf, excess)
     excess = np.where(both_nan, -np.inf, excess)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 MODES = ("expand", "jvp", "vjp", "lin", "transpose", "batch", "second_order")
 
@@ -36,19 +37,38 @@ class RuleFailure:
     return "\n".join(lines)
 
 
+# A report's verdicts.
+PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
+
+# How many failures a report's text and an error's message show in full.
+SHOWN_FAILURES = 5
+
+
 @dataclasses.dataclass
 class RuleReport:
-  """What `check_rules` did.
+  """What `check_rules` did, and its verdict.
+
+  A *comparison* sets a rule's result against a reference (finite
+  differences, another rule, a loop) on some output elements. It is
+  *conclusive* where at least one element was judged: a reference that
+  resolves no element (every finite difference unresolved, a kink at every
+  element, a check skipped for time) judges nothing. The verdict
+  (`verdict`) is ``"failed"`` where a comparison failed, ``"passed"`` where
+  none failed and every rule the run set out to check (`required`) passed at
+  least one conclusive comparison, and ``"inconclusive"`` otherwise: a
+  report that compared nothing never passes.
 
   Attributes:
     primitives: the names of the hijax primitives ``prim_fn`` binds.
     dtype: the floating-point dtype the checks ran in.
     ran: one line per check that ran.
     skipped: ``(mode, reason)`` for each mode that did not run.
-    failures: the `RuleFailure` of each failed check (empty when all passed).
+    failures: the `RuleFailure` of each failed comparison (empty when none
+      failed).
     inconclusive: one line per comparison that could not see everything:
       finite differences that cannot resolve some output elements in this
-      dtype at this point (those elements were not compared with them).
+      dtype at this point (those elements were not compared with them), and
+      comparisons that judged no element at all.
     cost: what the checks cost, e.g. the number of evaluations of the
       function for finite differences and for the second-order checks.
     first_order_only: one line per rule that declares that it cannot be
@@ -58,6 +78,22 @@ class RuleReport:
       not fail for it (unless ``require_second_order=True``).
     skipped_for_time: one line per check not started because the time
       budget was spent (``time_budget``).
+    required: the rules the run set out to check (each mode planned, named
+      as `defined_rules` names it): each needs a conclusive comparison for
+      the report to pass.
+    compared: per rule, the number of its conclusive comparisons that
+      passed.
+    unjudged: the number of comparisons that judged no element.
+    surrogates: the rules declared surrogates (``surrogates=`` or
+      `hijax.testing.surrogate`): deliberately not the derivative of the
+      function, so never compared with the function's finite differences,
+      only with each other, with loops and for types.
+    by_intent: the rules of surrogates left unjudged by intent (only the
+      function could judge them, or they refuse a mode by design): they
+      are not required to pass.
+    inner_first: where the checked rules bind other hijax primitives whose
+      own rules failed, those rules: their failures are listed first, since
+      the outer rules' failures can follow from them.
     seconds: how long the run took.
   """
   primitives: list[str]
@@ -69,6 +105,12 @@ class RuleReport:
   cost: dict[str, int] = dataclasses.field(default_factory=dict)
   first_order_only: list[str] = dataclasses.field(default_factory=list)
   skipped_for_time: list[str] = dataclasses.field(default_factory=list)
+  required: list[str] = dataclasses.field(default_factory=list)
+  compared: dict[str, int] = dataclasses.field(default_factory=dict)
+  unjudged: int = 0
+  surrogates: list[str] = dataclasses.field(default_factory=list)
+  by_intent: list[str] = dataclasses.field(default_factory=list)
+  inner_first: list[str] = dataclasses.field(default_factory=list)
   seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)
 
   @property
@@ -78,17 +120,94 @@ class RuleReport:
     return not self.skipped_for_time and not self.inconclusive
 
   @property
+  def not_judged(self) -> list[str]:
+    """The rules in `required` without a conclusive comparison."""
+    failed = {f.rule for f in self.failures}
+    return [r for r in self.required if not self.compared.get(r)
+            and r not in failed and r not in self.by_intent]
+
+  @property
+  def verdict(self) -> str:
+    """``"passed"``, ``"failed"`` or ``"inconclusive"`` (see the class)."""
+    if self.failures:
+      return FAILED
+    if self.not_judged or not any(self.compared.values()):
+      return INCONCLUSIVE
+    return PASSED
+
+  @property
   def passed(self) -> bool:
-    return not self.failures
+    """Whether the verdict is ``"passed"``: no comparison failed and every
+    rule checked was compared conclusively."""
+    return self.verdict == PASSED
+
+  @property
+  def conclusive(self) -> int:
+    """The number of conclusive comparisons (passed or failed)."""
+    return sum(self.compared.values()) + len(self.failures)
 
   @property
   def modes_run(self) -> list[str]:
     """The modes with at least one check run, in order."""
     return [m for m in MODES if any(r.startswith(m + ":") for r in self.ran)]
 
+  def headline(self) -> str:
+    """The first line of the report: the verdict and what it counts."""
+    passed = sum(self.compared.values())
+    counts = (f"{self.conclusive} conclusive comparison"
+              f"{'' if self.conclusive == 1 else 's'} ({passed} passed, "
+              f"{len(self.failures)} failed)")
+    if self.unjudged:
+      counts += f", {self.unjudged} that judged nothing"
+    if self.surrogates:
+      counts += (f"; {', '.join(self.surrogates)} checked as "
+                 f"surrogate{'s' if len(self.surrogates) > 1 else ''}, not "
+                 "against the function")
+    return (f"check_rules on {', '.join(self.primitives)} in {self.dtype}: "
+            f"{self.verdict.upper()}: {counts}")
+
+  def why_inconclusive(self) -> list[str]:
+    """Per rule not judged, why, and what would make it judgeable."""
+    if not self.required and not any(self.compared.values()):
+      return ["no rule was compared with anything"]
+    lines = []
+    timed_out = bool(self.skipped_for_time)
+    unresolved = any("not resolved" in line for line in self.inconclusive)
+    rough = any("not smooth" in line or "not finite" in line
+                for line in self.inconclusive)
+    hints = []
+    if timed_out:
+      hints.append("a larger time_budget (or None)")
+    if unresolved:
+      hints.append("float64 (x64=True) or another point, where finite "
+                   "differences resolve the derivative")
+    if rough:
+      hints.append("a point away from kinks and domain boundaries")
+    if not hints:
+      hints.append("another point or other modes")
+    for rule in self.not_judged or ["every rule"]:
+      lines.append(f"{rule}: no conclusive comparison; try "
+                   + "; or ".join(hints))
+    return lines
+
   def __str__(self) -> str:
-    lines = [f"check_rules on {', '.join(self.primitives)} in {self.dtype}: "
-             f"{len(self.ran)} checks, {len(self.failures)} failed"]
+    lines = [self.headline()]
+    if self.inner_first:
+      lines.append(f"  (first the rules that the checked rules bind: "
+                   f"{', '.join(self.inner_first)}; the other failures can "
+                   "follow from them)")
+    for f in self.failures[:SHOWN_FAILURES]:
+      first, *rest = str(f).splitlines()
+      lines.append(f"  FAILED   {first}")
+      lines += [f"           {line}" for line in rest]
+    if len(self.failures) > SHOWN_FAILURES:
+      lines.append(f"  ... and {len(self.failures) - SHOWN_FAILURES} more "
+                   "failure(s) (the report's failures list them all)")
+    if self.verdict == INCONCLUSIVE:
+      lines += [f"  NOT JUDGED  {why}" for why in self.why_inconclusive()]
+    lines += [f"  surrogate  {r}: checked against its own rules, loops and "
+              "types only (declared not the derivative)"
+              for r in self.surrogates]
     lines += [f"  ran      {r}" for r in self.ran]
     lines += [f"  skipped  {m}: {why}" for m, why in self.skipped]
     lines += [f"  inconclusive  {why}" for why in self.inconclusive]
@@ -103,9 +222,10 @@ class RuleReport:
 class RuleCheckError(AssertionError):
   """A primitive's rules failed `check_rules`.
 
-  The message lists every failure. The attributes describe the first one:
-  ``rule``, ``check``, ``inputs`` and ``max_error``; ``failures`` has them all
-  and ``report`` is the full `RuleReport`.
+  The message lists the failures (the first `SHOWN_FAILURES` in full). The
+  attributes describe the first one: ``rule``, ``check``, ``inputs`` and
+  ``max_error``; ``failures`` has them all and ``report`` is the full
+  `RuleReport`.
   """
 
   report: RuleReport
@@ -124,7 +244,69 @@ class RuleCheckError(AssertionError):
     n = len(self.failures)
     head = (f"{n} rule check{'s' if n > 1 else ''} failed for "
             f"{', '.join(report.primitives)} (in {report.dtype}):")
-    super().__init__("\n\n".join([head] + [str(f) for f in self.failures]))
+    if report.inner_first:
+      many = len(report.inner_first) > 1
+      head += (f"\n{', '.join(report.inner_first)}, bound by the rules "
+               f"checked, failed too: fix {'them' if many else 'it'} first "
+               "(listed first), since the other failures can follow from "
+               f"{'them' if many else 'it'}.")
+    shown = [str(f) for f in self.failures[:SHOWN_FAILURES]]
+    if n > SHOWN_FAILURES:
+      shown.append(f"... and {n - SHOWN_FAILURES} more (the report's "
+                   "failures list them all)")
+    super().__init__("\n\n".join([head] + shown))
+
+
+class InconclusiveCheckError(AssertionError):
+  """`check_rules` could not judge every rule it checked: no comparison
+  failed, but some rule (or every one) was compared with nothing
+  conclusively (finite differences that resolve nothing at this point, a
+  kink at every element, checks skipped for time).
+
+  ``report`` is the `RuleReport`; ``rules`` the rules not judged. Pass
+  ``accept_inconclusive=True`` to `check_rules` to return the report
+  instead.
+  """
+
+  report: RuleReport
+  rules: list[str]
+
+  def __init__(self, report: RuleReport) -> None:
+    self.report = report
+    self.rules = report.not_judged
+    lines = [f"check_rules could not judge {', '.join(report.primitives)} "
+             f"(in {report.dtype}): nothing failed, but not every rule was "
+             "compared conclusively:"]
+    lines += ["  " + why for why in report.why_inconclusive()]
+    lines += ["  " + why for why in report.inconclusive[:SHOWN_FAILURES]]
+    if report.skipped_for_time:
+      lines.append(f"  {len(report.skipped_for_time)} check(s) skipped for "
+                   "time")
+    lines.append("Pass accept_inconclusive=True to return the report "
+                 "instead of raising.")
+    super().__init__("\n".join(lines))
+
+
+# What JAX and JAX libraries raise where a function declares that it cannot
+# be differentiated (again) in some mode.
+_DECLARED = (
+    r"can't apply forward-mode autodiff \(jvp\) to a custom_vjp function",
+    r"Reverse-mode differentiation does not work for lax\.while_loop",
+    r"not (?:reverse-mode |forward-mode )?differentiable",
+    r"does not support (?:reverse|forward)-mode",
+    # hijax.custom_vjp whose backward rule is not linear in the cotangent
+    r"forward mode .* cannot be derived from it",
+)
+
+
+def declared_limit(e: BaseException) -> str | None:
+  """The reason, if ``e`` says that the function cannot be differentiated in
+  some mode (rather than that it broke)."""
+  text = f"{type(e).__name__}: {first_lines(str(e), 2)}"
+  if isinstance(e, NotImplementedError) or any(
+      re.search(p, str(e)) for p in _DECLARED):
+    return text
+  return None
 
 
 def first_lines(s: str, n: int = 6) -> str:

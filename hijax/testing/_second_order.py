@@ -19,32 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import re
-
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext
 from hijax.testing._identity import check_identity
-from hijax.testing._report import first_lines
-
-# What JAX and JAX libraries raise where a function declares that it cannot
-# be differentiated (again) in some mode.
-_DECLARED = (
-    r"can't apply forward-mode autodiff \(jvp\) to a custom_vjp function",
-    r"Reverse-mode differentiation does not work for lax\.while_loop",
-    r"not (?:reverse-mode |forward-mode )?differentiable",
-    r"does not support (?:reverse|forward)-mode",
-)
-
-
-def declared_limit(e: BaseException) -> str | None:
-  """The reason, if ``e`` says that the function cannot be differentiated in
-  some mode (rather than that it broke)."""
-  text = f"{type(e).__name__}: {first_lines(str(e), 2)}"
-  if isinstance(e, NotImplementedError) or any(
-      re.search(p, str(e)) for p in _DECLARED):
-    return text
-  return None
-
+from hijax.testing._report import declared_limit, first_lines
 
 def _backward_pass(f, ybar):
   """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs
@@ -135,7 +113,8 @@ def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
   if ctx.compiled.has(("again", mode)):
     bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
                                             (vector,))
-  compiled = Compiled(g, xs, ctx.settings.jit, evaluate_one=evaluate_one,
+  compiled = Compiled(g, xs, ctx.settings.jit, budget=ctx.settings.budget,
+                      evaluate_one=evaluate_one,
                       bound=bound)
   return ctx.sub(g, xs, names, ctx.prims, label=ctx.label, per_leaf=False,
                  fd_scale=scale, prepared=compiled)
@@ -185,7 +164,8 @@ def check_differentiated_rules(ctx: CheckContext):
                 got_label=("jvp of the backward pass" if mode == "vjp"
                            else "jvp of the tangent map"),
                 want_label="finite differences", bounds=est.bounds,
-                rule=rule, skip=est.skipped())
+                rule=rule, skip=est.skipped(), uncounted=est.uncounted(),
+                own=est.own)
 
 
 def _raised(ctx, check, inputs, e, rule, what):
@@ -211,7 +191,7 @@ def _reverse_over_reverse(ctx, sub, check, inputs, rule):
            else sub.fd_along(direction, tangents))
     return (list(est.values), "finite differences of the backward pass",
             est.bounds, sub.judged(direction, est.bounds, est),
-            list(est.tangents))
+            list(est.tangents), est.uncounted())
   ctx.ran("second_order", check)
   check_identity(
       ctx, "second_order", check, inputs, None, sub.ref_out(),

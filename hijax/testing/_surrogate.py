@@ -1,0 +1,111 @@
+"""Rules that are deliberately not the derivative: surrogates.
+
+A straight-through estimator (``round`` whose backward pass is the
+identity), a gradient clipper (``x`` whose backward pass clips the
+cotangent) or any other stop-gradient trick gives a derivative that is not
+the function's on purpose. Compared with the function's finite differences
+such a rule fails, rightly: it is not the derivative. Declared a
+*surrogate* (``check_rules(..., surrogates=[f])``, or `surrogate` where it
+is defined), it is checked for everything else: its rules against each
+other (a backward rule against the jvp rule), ``vmap`` against loops, types,
+and its second order (its own derivative against its own finite
+differences); never against the function, and the report lists it as a
+surrogate rather than as passed against the function.
+"""
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from hijax.primitive import HiPrim
+from hijax.testing._discovery import CustomRules
+
+T = TypeVar("T")
+
+# Marked with `surrogate`: HiPrim classes, and functions by where they are
+# defined (name, file, first line), as a jaxpr names a custom function.
+_CLASSES: weakref.WeakSet = weakref.WeakSet()
+_FUNCTIONS: set[tuple[str, str, int]] = set()
+
+
+def _python_function(obj: Any):
+  """The Python function a decorated function (``jax.custom_jvp``,
+  ``jax.custom_vjp``, hijax's decorators) wraps, or ``obj`` itself."""
+  fn = getattr(obj, "fun", obj)
+  fn = inspect.unwrap(fn) if callable(fn) else fn
+  return fn if hasattr(fn, "__code__") else None
+
+
+def _key(obj: Any) -> tuple[str, str, int] | None:
+  fn = _python_function(obj)
+  if fn is None:
+    return None
+  code = fn.__code__
+  return fn.__name__, code.co_filename, code.co_firstlineno
+
+
+def surrogate(obj: T) -> T:
+  """Marks ``obj`` as a surrogate: its derivative rules are deliberately not
+  the derivative of the function (a straight-through estimator, a gradient
+  clipper), so `check_rules` never compares them with the function, only
+  with each other, with loops and for types (see ``surrogates=``).
+
+  ``obj`` is a ``jax.custom_jvp`` or ``jax.custom_vjp`` function, a
+  ``hijax.custom_jvp`` or ``hijax.custom_vjp`` one, or a `HiPrim` subclass
+  (its subclasses are not marked). Returns ``obj``, so it can be used as a
+  decorator (outermost)::
+
+      @hijax.testing.surrogate
+      @jax.custom_vjp
+      def round_ste(x):
+        return jnp.round(x)
+  """
+  if isinstance(obj, type):
+    if not issubclass(obj, HiPrim):
+      raise TypeError(f"surrogate: {obj.__name__} is a class but not a "
+                      "HiPrim subclass; mark a HiPrim subclass or a custom "
+                      "derivative function (jax.custom_jvp, jax.custom_vjp, "
+                      "hijax.custom_jvp, hijax.custom_vjp)")
+    _CLASSES.add(obj)
+    return obj
+  key = _key(obj)
+  if key is None:
+    raise TypeError(f"surrogate: cannot mark {obj!r}: pass a custom "
+                    "derivative function (jax.custom_jvp, jax.custom_vjp, "
+                    "hijax.custom_jvp, hijax.custom_vjp) or a HiPrim "
+                    "subclass")
+  _FUNCTIONS.add(key)
+  return obj
+
+
+class Surrogates:
+  """Which of a run's primitives are surrogates: those marked with
+  `surrogate` and those ``declared`` (``check_rules``' ``surrogates=``)."""
+
+  def __init__(self, declared: Iterable[Any] = ()):
+    self.classes = set()
+    self.functions = set()
+    for obj in declared:
+      if isinstance(obj, type):
+        self.classes.add(obj)
+        continue
+      key = _key(obj)
+      if key is None:
+        raise TypeError(
+            f"check_rules: surrogates= names {obj!r}, which is neither a "
+            "HiPrim subclass nor a custom derivative function (jax.custom_jvp, "
+            "jax.custom_vjp, hijax.custom_jvp, hijax.custom_vjp)")
+      self.functions.add(key)
+
+  def __contains__(self, prim: Any) -> bool:
+    functions = self.functions | _FUNCTIONS
+    if isinstance(prim, CustomRules):
+      return prim.key in functions
+    cls = type(prim)
+    if cls in self.classes or cls in _CLASSES:
+      return True
+    call = getattr(prim, "params", {}).get("_call")
+    decorated = getattr(call, "decorated", None)
+    return decorated is not None and _key(decorated) in functions

@@ -1,0 +1,308 @@
+"""A pass is a promise (issue 46): check_rules' three verdicts, exact finite
+differences, surrogate rules, and a report that lists what it counts."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hijax
+from hijax.testing import (InconclusiveCheckError, RuleCheckError,
+                           check_rules, surrogate)
+
+X = jnp.array([0.3, 1.7, -2.2])
+
+
+def _round_ste():
+  @hijax.custom_vjp
+  def round_ste(x):
+    return jnp.round(x)
+  round_ste.defvjp(lambda x: (jnp.round(x), None), lambda _, g: (g,))
+  return round_ste
+
+
+def _jax_round_ste():
+  @jax.custom_vjp
+  def round_ste(x):
+    return jnp.round(x)
+  round_ste.defvjp(lambda x: (jnp.round(x), None), lambda _, g: (g,))
+  return round_ste
+
+
+def _clipper(decorator):
+  @decorator
+  def clip_gradient(x):
+    return x
+  clip_gradient.defvjp(lambda x: (x, None),
+                       lambda _, g: (jnp.clip(g, -1., 1.),))
+  return clip_gradient
+
+
+# --- a straight-through estimator and a clipper are not derivatives ---------
+
+@pytest.mark.parametrize("make", [_round_ste, _jax_round_ste],
+                         ids=["hijax", "jax"])
+def test_a_straight_through_estimator_fails_against_the_function(make):
+  """round is flat at these points: its finite differences are exactly 0 at
+  every step, a resolved value, and the rule says 1 (before: every
+  comparison inconclusive, "passed")."""
+  f = make()
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(f, X)
+  assert "round_ste" in raised.value.rule
+  assert raised.value.max_error >= 0.9
+  assert raised.value.report.verdict == "failed"
+
+
+@pytest.mark.parametrize("decorator", [hijax.custom_vjp, jax.custom_vjp],
+                         ids=["hijax", "jax"])
+def test_a_gradient_clipper_fails_against_the_function(decorator):
+  with pytest.raises(RuleCheckError, match="clip_gradient"):
+    check_rules(_clipper(decorator), X)
+
+
+@pytest.mark.parametrize("make", [_round_ste, _jax_round_ste],
+                         ids=["hijax", "jax"])
+def test_a_surrogate_passes_its_consistency_checks(make):
+  f = make()
+  report = check_rules(f, X, surrogates=[f])
+  assert report.verdict == "passed" and report.conclusive > 0
+  assert report.surrogates == [report.primitives[0]]
+  assert "checked as surrogate, not against the function" in (
+      report.headline())
+  assert not any("finite differences" in r and r.startswith(("jvp", "vjp"))
+                 for r in report.ran), report.ran
+  # batching is still compared with a loop
+  assert any(r.startswith("batch: vmap vs a loop") for r in report.ran)
+
+
+@pytest.mark.parametrize("decorator", [hijax.custom_vjp, jax.custom_vjp],
+                         ids=["hijax", "jax"])
+def test_a_clipper_marked_with_the_decorator_is_a_surrogate(decorator):
+  """(A mark is by where the function is defined: this clipper is defined
+  here, not by _clipper, whose clippers stay unmarked.)"""
+  @surrogate
+  @decorator
+  def clip_gradient(x):
+    return x
+  clip_gradient.defvjp(lambda x: (x, None),
+                       lambda _, g: (jnp.clip(g, -1., 1.),))
+  report = check_rules(clip_gradient, X)
+  assert report.verdict == "passed" and report.surrogates, report
+  assert not report.failures
+
+
+def test_a_surrogate_still_fails_its_own_consistency():
+  """Marked a surrogate, a batching rule that is wrong still fails."""
+  class ScaledIdentity(hijax.HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.round(x)
+
+    def jvp(self, primals, tangents):
+      return self(primals[0]), tangents[0]
+
+    def vjp_fwd(self, nzs_in, x):
+      return self(x), None
+
+    def vjp_bwd_retval(self, _, g):
+      return (2 * g,)  # not the transpose of the jvp rule
+
+  f = lambda x: ScaledIdentity(jax.typeof(x))(x)
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(f, X, surrogates=[ScaledIdentity])
+  assert raised.value.rule.startswith("ScaledIdentity.vjp_fwd")
+  assert "vs the jvp rule" in raised.value.check
+
+
+def test_surrogate_refuses_what_is_neither_a_class_nor_a_rule():
+  with pytest.raises(TypeError, match="not a HiPrim subclass"):
+    surrogate(int)
+  with pytest.raises(TypeError, match="surrogates= names 3"):
+    check_rules(_round_ste(), X, surrogates=[3])
+
+
+# --- exact finite differences ------------------------------------------------
+
+def test_exact_zero_finite_differences_are_resolved():
+  """A clipper's backward pass does not depend on x: its second-order finite
+  differences are exactly 0 and JAX's derivative of it is exactly 0; the
+  report says so as a bound, not as "not resolved"."""
+  report = check_rules(_clipper(jax.custom_vjp), X, raise_on_failure=False)
+  assert not any("not resolved" in line for line in report.inconclusive), (
+      report.inconclusive)
+
+
+def test_a_small_slope_hidden_by_rounding_is_not_confirmed():
+  """sin(x) + 1e12 at 0.5: the slope is below what float64 resolves next to
+  1e12 at the largest step, so the function is exactly flat there. A rule
+  twice the slope stays within the bound: inconclusive, not passed."""
+  @jax.custom_jvp
+  def lifted(x):
+    return jnp.sin(x) + 1e12
+
+  @lifted.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return lifted(x), 2 * jnp.cos(x) * t
+  report = check_rules(lifted, jnp.array([0.5]), modes="jvp",
+                       accept_inconclusive=True)
+  assert report.verdict != "passed", report
+
+
+# --- three verdicts ------------------------------------------------------------
+
+def test_a_check_that_compared_nothing_is_not_a_pass():
+  f = _round_ste()
+  with pytest.warns(UserWarning, match="time budget"):
+    with pytest.raises(InconclusiveCheckError) as raised:
+      check_rules(f, X, time_budget=0)
+  report = raised.value.report
+  assert report.verdict == "inconclusive" and not report.passed
+  assert report.conclusive == 0
+  assert "time_budget" in str(raised.value)
+  assert not isinstance(raised.value, RuleCheckError)
+
+
+def test_all_inconclusive_raises_its_own_error_and_can_be_accepted():
+  """relu at its kink: no element can be judged."""
+  @jax.custom_jvp
+  def relu(x):
+    return jnp.maximum(x, 0.)
+
+  @relu.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return relu(x), jnp.where(x > 0, t, 0.)
+  at_kink = jnp.array([0.])
+  with pytest.raises(InconclusiveCheckError, match="relu") as raised:
+    check_rules(relu, at_kink, modes="jvp")
+  assert raised.value.rules == ["relu (custom_jvp): the jvp rule"]
+  assert "a point away from kinks" in str(raised.value)
+  report = check_rules(relu, at_kink, modes="jvp", accept_inconclusive=True)
+  assert report.verdict == "inconclusive"
+  assert check_rules(relu, at_kink, modes="jvp",
+                     raise_on_failure=False).verdict == "inconclusive"
+  assert check_rules(relu, jnp.array([-1., 2.]), modes="jvp").passed
+
+
+# --- the report lists what it counts --------------------------------------------
+
+def test_the_report_lists_each_failure_it_counts():
+  report = check_rules(_clipper(hijax.custom_vjp), X, raise_on_failure=False)
+  text = str(report)
+  n = len(report.failures)
+  assert n > 5
+  head = report.headline()
+  assert head.startswith("check_rules on CustomVJPCall[fun=clip_gradient] in "
+                         "float64: FAILED: ")
+  # counts that add up: conclusive = passed + failed
+  passed = sum(report.compared.values())
+  assert f"{report.conclusive} conclusive comparisons ({passed} passed, {n} " \
+         "failed)" in head
+  assert report.conclusive == passed + n
+  assert text.count("\n  FAILED   ") == 5
+  assert f"... and {n - 5} more failure(s)" in text
+  for f in report.failures[:5]:
+    assert f"FAILED   {f.rule}: {f.check}" in text
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(_clipper(hijax.custom_vjp), X)
+  assert f"{n} rule checks failed" in str(raised.value)
+  assert f"... and {n - 5} more" in str(raised.value)
+
+
+def test_a_passing_report_says_so_first():
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+
+  @sin.defjvp
+  def _(primals, tangents):
+    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  report = check_rules(sin, X)
+  assert report.verdict == "passed"
+  assert str(report).splitlines()[0].startswith(
+      "check_rules on sin (custom_jvp) in float64: PASSED: ")
+  assert np.all([report.compared.get(r, 0) > 0 for r in report.required])
+
+
+# --- blame the rule that is wrong first ------------------------------------------
+
+def test_a_wrong_rule_of_an_inner_primitive_is_named_first():
+  """SinN's jvp binds CosN, whose jvp has the wrong sign: SinN's second
+  derivatives fail because of it, and the error names CosN first (before:
+  SinN.vjp_fwd/vjp_bwd_retval)."""
+  from hijax import HiPrim
+  from hijax.derived import vjp_from_jvp
+
+  class CosN(HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.cos(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), jnp.sin(x) * t  # the sign is wrong
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  class SinN(HiPrim):
+    def __init__(self, aval):
+      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+      super().__init__()
+
+    def expand(self, x):
+      return jnp.sin(x)
+
+    def jvp(self, primals, tangents):
+      (x,), (t,) = primals, tangents
+      return self(x), CosN(jax.typeof(x))(x) * t
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(lambda x: SinN(jax.typeof(x))(x), jnp.array([0.3, 1.2]))
+  assert raised.value.rule == "CosN.jvp"
+  message = str(raised.value)
+  assert message.splitlines()[1].startswith("CosN.jvp")
+  assert "fix them first" in message
+  rules = [f.rule for f in raised.value.failures]
+  assert any(r.startswith("SinN") for r in rules)
+  assert rules.index("CosN.jvp") < min(
+      i for i, r in enumerate(rules) if r.startswith("SinN"))
+
+
+# --- the time budget is kept ---------------------------------------------------------
+
+def test_a_compile_past_the_budget_is_abandoned(monkeypatch):
+  """A compile runs in one piece (hyp2f1's one program: minutes): past 1.4
+  times the budget it is abandoned and the run ends, inconclusive, within
+  1.5 times its budget (before: it ran to its end, 5 to 8 times over)."""
+  import time
+  stages = pytest.importorskip("jax.stages")
+  compile_ = stages.Lowered.compile
+
+  def slow(self, *args, **kwargs):
+    time.sleep(4.0)
+    return compile_(self, *args, **kwargs)
+  monkeypatch.setattr(stages.Lowered, "compile", slow)
+
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+
+  @sin.defjvp
+  def _(primals, tangents):
+    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  start = time.monotonic()
+  with pytest.warns(UserWarning, match="time budget"):
+    report = check_rules(sin, X, time_budget=1.0, accept_inconclusive=True)
+  took = time.monotonic() - start
+  assert took < 1.5 * 1.0 + 0.5, took
+  assert report.verdict == "inconclusive" and report.conclusive == 0
+  assert report.skipped_for_time[0].startswith("the run stopped: compiling")
+  assert "abandoned" in report.skipped_for_time[0]
+  assert "jvp: the checks not yet run" in report.skipped_for_time

@@ -1,0 +1,400 @@
+"""Run the unit tests, the pages and the benchmarks on whatever backend JAX
+finds, and write a results table.
+
+  python tools/accelerator_run.py --out DIR [--tests FILE ...] [--pages PAGE ...]
+                                  [--bench NAME ...] [--facts] [--deadline SECONDS]
+                                  [--merge RESULTS.json]
+
+Written for a machine with an accelerator (a TPU or a GPU), where one process at
+a time can hold the device: this process never initialises a JAX backend
+itself; it starts one child process after another (the unit tests in one
+pytest process, the pages in one process, each benchmark, the measurements of
+``tools/accelerator_facts.py``), each told the time left. A child that runs
+past its share is killed, and what it finished is kept: each child writes its
+results as it goes.
+
+Writes ``DIR/accelerator-results.json`` (``--merge`` an earlier file to add to
+it: the same file's results from an earlier call are kept unless run again)
+and ``DIR/accelerator-results.md``, a table per part:
+
+- the environment: backend, device kind, JAX version, Python, date;
+- per test file: passed / failed / skipped, each failure's test id and first
+  line, each skip's reason;
+- per page: cells passed / failed (a cell tagged ``raises-exception`` passes
+  when it raises), each failure's cell and first line;
+- each benchmark's output; the measurements' JSON.
+
+The parts run in this order: the measurements, the tests, the pages, the
+benchmarks.
+
+Pages run as their cells do in a notebook kernel: in order, in one namespace,
+each page in a fresh one; IPython magics are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = "accelerator-results.json"
+
+
+# --------------------------------------------------------------------------
+# Children: each runs in its own process and appends JSON lines to a file.
+
+def _emit(path, record):
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def _environment():
+  import jax  # pylint: disable=import-outside-toplevel
+  dev = jax.devices()[0]
+  return {
+      "backend": jax.default_backend(),
+      "device_kind": dev.device_kind,
+      "device_count": jax.device_count(),
+      "jax": jax.__version__,
+      "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
+      "python": sys.version.split()[0],
+      "date": datetime.date.today().isoformat(),
+      "default_matmul_precision": str(jax.config.jax_default_matmul_precision),
+  }
+
+
+class _Collector:
+  """A pytest plugin that writes one record per test as it ends, and stops
+  the session at the deadline."""
+
+  def __init__(self, path, deadline):
+    self.path, self.deadline = path, deadline
+    self.session = None
+
+  def pytest_sessionstart(self, session):
+    self.session = session
+
+  def pytest_runtest_logreport(self, report):
+    if report.when == "call" or report.outcome != "passed":
+      outcome = report.outcome
+      detail = ""
+      if report.skipped:
+        longrepr = report.longrepr
+        detail = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+      elif report.failed:
+        detail = _first_line(getattr(report.longrepr, "reprcrash", None)
+                             and report.longrepr.reprcrash.message
+                             or str(report.longrepr))
+        if report.when != "call":
+          outcome = "error"
+      _emit(self.path, {"kind": "test", "id": report.nodeid, "outcome": outcome,
+                        "detail": detail[:300], "seconds": round(report.duration, 2)})
+    if time.time() > self.deadline and self.session is not None:
+      self.session.shouldstop = "the accelerator run's deadline"
+
+
+def _first_line(s):
+  s = str(s).strip()
+  return s.splitlines()[0] if s else ""
+
+
+def child_tests(path, files, deadline):
+  import pytest  # pylint: disable=import-outside-toplevel
+  _emit(path, {"kind": "environment", **_environment()})
+  args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", *files]
+  code = pytest.main(args, plugins=[_Collector(path, deadline)])
+  _emit(path, {"kind": "tests_done", "exit": int(code)})
+
+
+_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```\s*$", re.S | re.M)
+
+
+def page_cells(text):
+  """``(source, tags)`` of each code cell of a MyST page, in order."""
+  cells = []
+  for m in _CELL.finditer(text):
+    body = m.group(1)
+    tags = []
+    lines = body.splitlines()
+    if lines and lines[0].strip() == "---":  # a YAML block of options
+      end = lines.index("---", 1)
+      for line in lines[1:end]:
+        if line.strip().startswith("tags:"):
+          tags = re.findall(r"[\w-]+", line.split(":", 1)[1])
+      lines = lines[end + 1:]
+    while lines and lines[0].startswith(":"):  # `:tags: [a, b]` options
+      key, _, value = lines[0][1:].partition(":")
+      if key.strip() == "tags":
+        tags = re.findall(r"[\w-]+", value)
+      lines = lines[1:]
+    src = "\n".join(l for l in lines
+                    if not l.lstrip().startswith(("%", "!")) or l.lstrip().startswith("!="))
+    cells.append((src, tags))
+  return cells
+
+
+def child_pages(path, pages, deadline):
+  os.environ.setdefault("MPLBACKEND", "Agg")
+  _emit(path, {"kind": "environment", **_environment()})
+  for page in pages:
+    md = ROOT / "docs" / f"{page}.md"
+    cells = page_cells(md.read_text())
+    ns = {"__name__": "__main__"}
+    t0 = time.time()
+    _emit(path, {"kind": "page_start", "page": page, "cells": len(cells)})
+    for i, (src, tags) in enumerate(cells):
+      if time.time() > deadline:
+        _emit(path, {"kind": "cell", "page": page, "cell": i, "outcome": "not run",
+                     "detail": "the accelerator run's deadline"})
+        continue
+      expect_raise = "raises-exception" in tags
+      c0 = time.time()
+      try:
+        with contextlib.redirect_stdout(io.StringIO()):
+          exec(compile(src, f"{page}.md:cell{i}", "exec"), ns)  # pylint: disable=exec-used
+        ok, detail = not expect_raise, ("expected an exception, none was raised"
+                                        if expect_raise else "")
+      except BaseException as e:  # pylint: disable=broad-except
+        if isinstance(e, KeyboardInterrupt):
+          raise
+        ok, detail = expect_raise, f"{type(e).__name__}: {_first_line(e)}"
+        if not ok:
+          detail += " | " + " ".join(traceback.format_exc().splitlines()[-3:])[:400]
+      _emit(path, {"kind": "cell", "page": page, "cell": i,
+                   "outcome": "passed" if ok else "failed", "detail": detail[:600],
+                   "first_line": src.strip().splitlines()[0][:80] if src.strip() else "",
+                   "seconds": round(time.time() - c0, 2)})
+    _emit(path, {"kind": "page_done", "page": page, "seconds": round(time.time() - t0, 1)})
+    try:
+      import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+      plt.close("all")
+    except ImportError:
+      pass
+
+
+# --------------------------------------------------------------------------
+# The parent: starts the children, one at a time, and writes the table.
+
+def _run_child(args, path, budget):
+  """Runs this script as a child with ``args``, killed after ``budget`` s."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  cmd = [sys.executable, __file__, *args, "--records", str(path)]
+  t0 = time.time()
+  try:
+    proc = subprocess.run(cmd, env=env, timeout=budget, capture_output=True, text=True,
+                          check=False)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    status = proc.returncode
+  except subprocess.TimeoutExpired as e:
+    tail = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes)
+            else (e.stdout or ""))[-3000:]
+    status = "killed at the deadline"
+  return status, tail, round(time.time() - t0, 1)
+
+
+def _read(path):
+  if not Path(path).exists():
+    return []
+  return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+def _summarize_tests(records):
+  files = {}
+  for r in records:
+    if r["kind"] != "test":
+      continue
+    f = files.setdefault(r["id"].split("::")[0], {"passed": 0, "failed": 0, "skipped": 0,
+                                                  "error": 0, "failures": [], "skips": []})
+    f[r["outcome"]] = f.get(r["outcome"], 0) + 1
+    if r["outcome"] in ("failed", "error"):
+      f["failures"].append(f"{r['id']}: {r['detail']}")
+    elif r["outcome"] == "skipped":
+      f["skips"].append(f"{r['id']}: {r['detail']}")
+  return files
+
+
+def _summarize_pages(records):
+  pages = {}
+  for r in records:
+    if r["kind"] == "page_start":
+      pages[r["page"]] = {"cells": r["cells"], "passed": 0, "failed": 0, "not run": 0,
+                          "failures": [], "seconds": None}
+    elif r["kind"] == "cell":
+      p = pages[r["page"]]
+      p[r["outcome"]] += 1
+      if r["outcome"] == "failed":
+        p["failures"].append(f"cell {r['cell']} ({r.get('first_line', '')}): {r['detail']}")
+    elif r["kind"] == "page_done":
+      pages[r["page"]]["seconds"] = r["seconds"]
+  return pages
+
+
+def to_markdown(results):
+  """The results as Markdown tables."""
+  out = []
+  env = results.get("environment", {})
+  if env:
+    out += ["| backend | device | JAX | Python | date |", "| --- | --- | --- | --- | --- |",
+            f"| {env.get('backend')} | {env.get('device_kind')} | {env.get('jax')} | "
+            f"{env.get('python')} | {env.get('date')} |", ""]
+  if results.get("tests"):
+    out += ["| test file | passed | failed | skipped |", "| --- | --- | --- | --- |"]
+    for name, f in sorted(results["tests"].items()):
+      out.append(f"| {name} | {f['passed']} | {f['failed'] + f.get('error', 0)} | "
+                 f"{f['skipped']} |")
+    out.append("")
+    for name, f in sorted(results["tests"].items()):
+      for line in f["failures"]:
+        out.append(f"- failed: {line}")
+      for line in f["skips"]:
+        out.append(f"- skipped: {line}")
+    out.append("")
+  if results.get("pages"):
+    out += ["| page | cells | passed | failed | not run | seconds |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, p in sorted(results["pages"].items()):
+      out.append(f"| {name} | {p['cells']} | {p['passed']} | {p['failed']} | "
+                 f"{p['not run']} | {p['seconds']} |")
+    out.append("")
+    for name, p in sorted(results["pages"].items()):
+      for line in p["failures"]:
+        out.append(f"- {name}: {line}")
+    out.append("")
+  for name, b in sorted(results.get("bench", {}).items()):
+    out += [f"### bench {name} (exit {b['status']}, {b['seconds']} s)", "", "```",
+            b["output"].strip(), "```", ""]
+  if results.get("facts"):
+    out += ["### measurements", "", "```json", json.dumps(results["facts"], indent=1),
+            "```", ""]
+  return "\n".join(out)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=".")
+  parser.add_argument("--tests", nargs="*", default=[],
+                      help="test files (or 'all' for every tests/test_*.py but the site test)")
+  parser.add_argument("--pages", nargs="*", default=[],
+                      help="page names under docs/ (or 'all')")
+  parser.add_argument("--bench", nargs="*", default=[],
+                      help="bench/NAME.py scripts to run (with their default arguments)")
+  parser.add_argument("--bench-args", default="", help="extra arguments for every bench script")
+  parser.add_argument("--facts", action="store_true",
+                      help="run tools/accelerator_facts.py")
+  parser.add_argument("--facts-args", default="",
+                      help="arguments for tools/accelerator_facts.py")
+  parser.add_argument("--facts-budget", type=float, default=300,
+                      help="seconds the measurements may take")
+  parser.add_argument("--deadline", type=float, default=540,
+                      help="seconds this whole run may take")
+  parser.add_argument("--merge", help="an earlier results file to add to")
+  parser.add_argument("--records", help=argparse.SUPPRESS)
+  parser.add_argument("--child", choices=("tests", "pages"), help=argparse.SUPPRESS)
+  parser.add_argument("--until", type=float, help=argparse.SUPPRESS)
+  a = parser.parse_args()
+
+  if a.child == "tests":
+    return child_tests(a.records, a.tests, a.until)
+  if a.child == "pages":
+    return child_pages(a.records, a.pages, a.until)
+
+  start = time.time()
+  end = start + a.deadline
+  out = Path(a.out)
+  out.mkdir(parents=True, exist_ok=True)
+  results = json.loads(Path(a.merge).read_text()) if a.merge else {}
+  results.setdefault("tests", {})
+  results.setdefault("pages", {})
+  results.setdefault("bench", {})
+  results.setdefault("runs", [])
+  tests = a.tests
+  if tests == ["all"]:
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if p.name != "test_site.py")
+  pages = a.pages
+  if pages == ["all"]:
+    pages = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+
+  def save():
+    (out / RESULTS).write_text(json.dumps(results, indent=1))
+    (out / "accelerator-results.md").write_text(to_markdown(results))
+
+  if a.facts and time.time() < end - 20:
+    facts_path = out / "facts.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "accelerator_facts.py"), "--out",
+           str(facts_path), *a.facts_args.split()]
+    t0 = time.time()
+    try:
+      proc = subprocess.run(cmd, timeout=max(min(end - time.time(), a.facts_budget), 1),
+                            capture_output=True, text=True, check=False)
+      status, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired:
+      status, tail = "killed at the deadline", ""
+    if facts_path.exists():
+      results["facts"] = json.loads(facts_path.read_text())
+    results["runs"].append({"part": "facts", "status": status,
+                            "seconds": round(time.time() - t0, 1), "tail": tail[-1500:]})
+    print(f"facts: {status}", flush=True)
+    save()
+  if tests:
+    path = out / "tests.jsonl"
+    path.unlink(missing_ok=True)
+    status, tail, secs = _run_child(
+        ["--child", "tests", "--tests", *tests, "--until", str(end - 30)],
+        path, max(end - time.time(), 1))
+    records = _read(path)
+    envs = [r for r in records if r["kind"] == "environment"]
+    if envs:
+      results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
+    results["tests"].update(_summarize_tests(records))
+    results["runs"].append({"part": "tests", "files": tests, "status": status,
+                            "seconds": secs, "tail": tail[-1500:]})
+    print(f"tests: {status} in {secs} s", flush=True)
+    save()
+  if pages and time.time() < end - 20:
+    path = out / "pages.jsonl"
+    path.unlink(missing_ok=True)
+    status, tail, secs = _run_child(
+        ["--child", "pages", "--pages", *pages, "--until", str(end - 15)],
+        path, max(end - time.time(), 1))
+    records = _read(path)
+    envs = [r for r in records if r["kind"] == "environment"]
+    if envs and "environment" not in results:
+      results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
+    results["pages"].update(_summarize_pages(records))
+    results["runs"].append({"part": "pages", "pages": pages, "status": status,
+                            "seconds": secs, "tail": tail[-1500:]})
+    print(f"pages: {status} in {secs} s", flush=True)
+    save()
+  for name in a.bench:
+    if time.time() > end - 20:
+      break
+    cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *a.bench_args.split()]
+    t0 = time.time()
+    try:
+      proc = subprocess.run(cmd, timeout=max(end - time.time(), 1), capture_output=True,
+                            text=True, check=False, cwd=ROOT)
+      status, output = proc.returncode, proc.stdout + proc.stderr[-2000:]
+    except subprocess.TimeoutExpired as e:
+      status = "killed at the deadline"
+      output = (e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes)
+                else (e.stdout or ""))
+    results["bench"][name] = {"status": status, "seconds": round(time.time() - t0, 1),
+                              "output": output[-6000:]}
+    print(f"bench {name}: {status}", flush=True)
+    save()
+  save()
+  print(to_markdown(results)[-6000:])
+
+
+if __name__ == "__main__":
+  main()
