@@ -16,7 +16,6 @@ import jax
 import pytest
 
 import hijax  # noqa: F401  (imported here, not first inside a pytester run)
-from hijax import testing
 from hijax.testing import _plugin  # noqa: F401  (likewise)
 
 pytest_plugins = ("pytester",)
@@ -199,9 +198,6 @@ def test_calls():
   assert _row(result, "sin_twice").endswith(" failed")
 
 
-@pytest.mark.skipif(not hasattr(testing, "InconclusiveCheckError"),
-                    reason="check_rules passes a straight-through estimator "
-                    "before issue 46")
 def test_surrogates_listed_in_the_ini_are_checked_for_consistency_only(
     rules):
   rules.makepyfile(test_ste='''
@@ -219,6 +215,30 @@ def test_calls():
   assert _row(result, "round_ste").startswith(
       "round_ste (jax.custom_vjp) [surrogate]")
   assert _row(result, "round_ste").endswith(" passed")
+
+
+def test_surrogates_marked_where_they_are_defined(rules):
+  rules.makepyfile(marked='''
+import jax, jax.numpy as jnp
+from hijax.testing import surrogate
+
+@surrogate
+@jax.custom_vjp
+def clip_gradient(x):
+  return x
+clip_gradient.defvjp(lambda x: (x, None),
+                     lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+''', test_clip='''
+import jax.numpy as jnp
+from marked import clip_gradient
+def test_calls():
+  clip_gradient(jnp.array([0.5, 2.0]))
+''')
+  result = _run(rules, "--hijax-check-rules")
+  assert result.ret == 0
+  assert _row(result, "clip_gradient").startswith(
+      "clip_gradient (jax.custom_vjp) [surrogate]")
+  assert _row(result, "clip_gradient").endswith(" passed")
 
 
 def test_a_surrogate_name_that_is_not_found_is_reported(rules):

@@ -15,9 +15,12 @@ docs/pytest-plugin.md come from the results file it writes
   VIRTUAL_ENV=/tmp/eqxvenv uv pip install --no-deps -e /tmp/eqx -e .
   python tools/plugin_on_library.py --python /tmp/eqxvenv/bin/python \\
       --repo /tmp/eqx --name equinox --version 0.13.8 --repeat 2 \\
-      --budget 1200 --rule-budget 120 --pytest-args "-k 'not speed'" \\
-      tests/test_ad.py tests/test_debug.py tests/test_enum.py \\
-      tests/test_errors.py tests/test_finalise_jaxpr.py tests/test_while_loop.py
+      --budget 1200 --rule-budget 120 --pytest-args "-k 'not test_speed'" \\
+      tests
+
+(``test_speed_*`` time loops and compare the timings: they fail on a busy
+machine with or without the plugin.) ``--add-runs-from`` adds the timed
+runs of an earlier invocation to this one's.
 
 Timing. Each run loads a small timing plugin that notes the wall-clock and
 the process's CPU time (all its threads, XLA's compiler included) when the
@@ -124,6 +127,10 @@ def main(argv=None):
   parser.add_argument("--pytest-args", default="",
                       help="more pytest arguments, one string (e.g. "
                       "\"-k 'not speed'\")")
+  parser.add_argument("--add-runs-from", default=None, metavar="PATH",
+                      help="a results file of an earlier invocation on the "
+                      "same tests whose timed runs count too (the recording "
+                      "code unchanged since)")
   parser.add_argument("tests", nargs="*", default=["tests"])
   args = parser.parse_args(argv)
   args.pytest_args = shlex.split(args.pytest_args)
@@ -137,6 +144,11 @@ def main(argv=None):
       offs.append(run(args, args.tests, False, False, workdir))
       ons.append(run(args, args.tests, True, i == args.repeat - 1, workdir))
   final = ons[-1]
+  if args.add_runs_from:
+    earlier = json.loads(Path(args.add_runs_from).read_text())
+    assert earlier["tests_selected"] == args.tests, "other tests"
+    offs = earlier["runs"]["off"] + offs
+    ons = earlier["runs"]["on"] + ons
   overhead = {k: statistics.median(on[k] / off[k] - 1
                                    for on, off in zip(ons, offs))
               for k in ("wall", "cpu")}
@@ -149,11 +161,11 @@ def main(argv=None):
       "tests_selected": args.tests, "pytest_args": args.pytest_args,
       "tests_run": final["tests"],
       "runs": {"off": [{"wall": round(r["wall"], 2),
-                        "cpu": round(r["cpu"], 2), "failed": r["failed"]}
-                       for r in offs],
+                        "cpu": round(r["cpu"], 2),
+                        "failed": r.get("failed")} for r in offs],
                "on": [{"wall": round(r["wall"], 2),
-                       "cpu": round(r["cpu"], 2), "failed": r["failed"]}
-                      for r in ons]},
+                       "cpu": round(r["cpu"], 2),
+                       "failed": r.get("failed")} for r in ons]},
       "overhead": {k: round(v, 4) for k, v in overhead.items()},
       "report": final["report"],
       "table": _table(final["output"]),

@@ -190,7 +190,7 @@ class RuleCheckPlugin:
           "surrogate": r.surrogate, "calls": r.rule.calls,
           "first_test": r.rule.first_test, "verdict": r.verdict,
           "detail": r.detail, "seconds": round(r.seconds, 3),
-          "inputs": [{"types": t.types, "source": t.source,
+          "inputs": [{"types": t.types, "source": t.source, "test": t.test,
                       "verdict": t.verdict, "detail": t.detail,
                       "seconds": round(t.seconds, 3),
                       "failures": t.failures} for t in r.tried]})

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import io
 import time
 import warnings
@@ -46,6 +45,8 @@ class Tried:
   detail: str = ""
   seconds: float = 0.0
   failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  surrogate: bool = False  # check_rules checked it as a surrogate
+  test: str = ""  # the test that made the call
 
   def describe(self) -> str:
     return f"{', '.join(self.types) or 'no arrays'} ({self.source})"
@@ -62,42 +63,21 @@ class RuleResult:
   seconds: float = 0.0
 
 
-# --- the checker's API, with a fallback until issue 46 lands ---------------
+# --- check_rules ------------------------------------------------------------
 
-def _verdict(report) -> str:
-  verdict = getattr(report, "verdict", None)
-  if verdict is not None:
-    return verdict
-  if report.failures:
-    return "failed"
-  return "passed" if report.ran else "inconclusive"
-
-
-def _why_inconclusive(report) -> str:
-  if report.inconclusive:
-    return report.inconclusive[0]
-  if report.skipped_for_time:
-    return f"skipped for time: {report.skipped_for_time[0]}"
-  if not report.ran:
-    return "nothing could be compared"
-  return "; ".join(f"{m}: {why}" for m, why in report.skipped[:2])
+def _why_inconclusive(report: testing.RuleReport) -> str:
+  return "; ".join(report.why_inconclusive()[:2])
 
 
 def _check_rules(fn: Callable, arrays: Sequence[Any], seconds: float,
                  progress: Callable[[str], None] | None,
-                 surrogates: list[Any], x64: bool | None = None):
-  kwargs: dict[str, Any] = dict(raise_on_failure=False, time_budget=seconds,
-                                progress=progress or False, x64=x64)
-  accepts = inspect.signature(testing.check_rules).parameters
-  if "accept_inconclusive" in accepts:
-    kwargs["accept_inconclusive"] = True
-  if surrogates:
-    if "surrogates" in accepts:
-      kwargs["surrogates"] = surrogates
-    else:  # before check_rules knew surrogates: compare nothing to the function
-      kwargs["modes"] = ("expand",)
+                 surrogates: list[Any],
+                 x64: bool | None = None) -> testing.RuleReport:
   with _quiet():
-    return testing.check_rules(fn, *arrays, **kwargs)
+    return testing.check_rules(
+        fn, *arrays, raise_on_failure=False, accept_inconclusive=True,
+        time_budget=seconds, progress=progress or False, x64=x64,
+        surrogates=surrogates)
 
 
 @contextlib.contextmanager
@@ -184,7 +164,8 @@ def check_rule(rule: RecordedRule, seconds: float, surrogate: bool,
       result.tried.append(Tried(sample.types(), sample.source, "not checked",
                                 f"over {sample.size} elements"))
       continue
-    tried = Tried(sample.types(), sample.source, "skipped for time")
+    tried = Tried(sample.types(), sample.source, "skipped for time",
+                  test=sample.test)
     result.tried.append(tried)
     if not any(x is not None for x in sample.leaves):
       tried.verdict, tried.detail = "not checked", "no array inputs"
@@ -196,6 +177,7 @@ def check_rule(rule: RecordedRule, seconds: float, surrogate: bool,
                   surrogate, progress, start + seconds)
     tried.seconds = time.monotonic() - t0
   result.seconds = time.monotonic() - start
+  result.surrogate = surrogate or any(t.surrogate for t in result.tried)
   _conclude(result)
   return result
 
@@ -242,7 +224,8 @@ def _check_sample(rule, sample, tries, tried, seconds, surrogate, progress,
     tried.detail = (f"check_rules raised {type(e).__name__}: "
                     f"{(str(e).splitlines() or [''])[0][:200]}")
     return
-  tried.verdict = _verdict(report)
+  tried.verdict = report.verdict
+  tried.surrogate = bool(report.surrogates)
   tried.failures = [_failure_dict(f) for f in report.failures]
   if report.failures:
     f = report.failures[0]
