@@ -6,10 +6,13 @@ at 1280 px (light mode) and at 390 px (a phone, in dark mode): loaded with
 the network blocked except localhost, with no console errors or failed
 requests, every image loaded, all math rendered by MathJax, a copy button on
 every code block, no page wider than the window, no word split over two lines
-in a table cell, the outline or the navigation, readable output text; at
-1280 px every same-site link resolving and no code block or table scrolling
-sideways; at 390 px the navigation drawer and the outline opening from their
-buttons and closing on Escape. The search page finds `HiPrim`; each page's
+in a table cell, the outline or the navigation, no heading broken other than
+between words, readable output text, plot text at least 9 px tall as shown;
+at 1280 px every same-site link resolving, no code block or table scrolling
+sideways and the outline not cut off; at 390 px the navigation drawer and
+the outline opening from their buttons, not cut off, and closing on Escape,
+the outline closing when one of its entries is followed, and the API
+summary tables fitting the screen with a description in every row. The search page finds `HiPrim`; each page's
 notebook download is a notebook with its hidden cells marked, and is saved
 (not shown) from the served site and from the site opened from disk. A
 screenshot of each page at each width goes to _build/screenshots/.
@@ -114,6 +117,10 @@ BROKEN = """<!doctype html>
     <td style="overflow-wrap: anywhere">reverse mode</td></tr></table></article>
   <div class="bd-sidebar-secondary"><nav><a href="#here2" style="display: block;
     width: 60px; overflow-wrap: anywhere">HiPrim.transpose()</a></nav></div>
+  <div class="bd-sidebar-secondary" style="width: 80px; overflow: hidden"><nav>
+    <a href="#here2" style="display: block; white-space: nowrap">SaveAndOffloadOnlyTheseNames</a>
+  </nav></div>
+  <article><h1 style="width: 150px">Porting <code>hijax.custom_<wbr>vjp</code></h1></article>
   <p id="here2"></p>
   <code>$code is fine$</code>
   <script>console.error("boom")</script>
@@ -132,6 +139,20 @@ GOOD = """<!doctype html>
 PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")
+
+
+def _png(width, height=20):
+  """A grey PNG of ``width`` x ``height`` pixels (a stand-in for a plot)."""
+  import struct
+  import zlib
+
+  def chunk(kind, data):
+    return (struct.pack(">I", len(data)) + kind + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff))
+  rows = b"".join(b"\0" + b"\x80" * width for _ in range(height))
+  return (b"\x89PNG\r\n\x1a\n"
+          + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+          + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
 def test_checker_reports_a_broken_page(tmp_path, chromium):
@@ -157,6 +178,9 @@ def test_checker_reports_a_broken_page(tmp_path, chromium):
   assert re.search(r"table scrolls sideways \(\d+ px too wide\): 'yyy", text)
   assert "a table cell breaks inside a word: 'reverse'" in text
   assert re.search(r"the outline breaks inside a word: '(HiPrim\.|transpose\(\))'", text)
+  assert re.search(r'the outline \("On this page"\) is cut off at its edge \(\d+ px wider '
+                   r"than its box; 1 entries reach past it, e\.g\. \['SaveAndOffload", text)
+  assert "a heading breaks inside a word or name: 'hijax.custom_vjp'" in text
   assert re.search(r"page is \d+ px wide in a 1280 px window", text)
   assert "console error: boom" in text
   assert "request failed: https://example.invalid/remote.js" in text
@@ -175,11 +199,17 @@ PHONE_BROKEN = """<!doctype html>
   <div class="bd-sidebar-secondary"><nav><a href="#x">Section</a></nav></div>
   <dialog id="pst-secondary-sidebar-modal" style="width: 300px"><nav>
     <a href="#x" style="display: block; width: 30px; overflow-wrap: anywhere">transpose</a>
+    <a href="#x" style="display: block; white-space: nowrap">SaveAndOffloadOnlyTheseNames_and_more_of_the_same</a>
   </nav></dialog>
   <button class="secondary-toggle"
     onclick="document.getElementById('pst-secondary-sidebar-modal').showModal()">outline</button>
   <p id="x" style="width: 600px">A paragraph wider than a phone.</p>
   <div class="cell_output"><pre style="color: #444; background: #333">grey on grey</pre></div>
+  <article><table class="autosummary"><tr><td style="white-space: nowrap">
+    HiPrim_with_a_long_name_and_its_signature(x_aval, y_aval, z_aval)</td>
+    <td>A description past the edge.</td></tr>
+    <tr><td>VJPHiPrimitive</td><td></td></tr></table></article>
+  <div class="cell_output"><img src="plot.png" alt="a plot" style="max-width: 100%"></div>
 </body></html>
 """
 
@@ -198,8 +228,17 @@ PHONE_GOOD = """<!doctype html>
     <a href="#x">Reverse-mode rules, transposed</a></nav></dialog>
   <button class="secondary-toggle"
     onclick="document.getElementById('pst-secondary-sidebar-modal').showModal()">outline</button>
-  <article><table><tr><td id="x">reverse mode</td><td>HiPrim.transpose()</td></tr></table></article>
+  <article><h1>Porting <code>hijax.custom_vjp</code></h1>
+    <table><tr><td>reverse mode</td><td>HiPrim.transpose()</td></tr></table>
+    <table class="autosummary"><tr><td>HiPrim</td><td>Base class.</td></tr></table></article>
   <div class="cell_output"><pre>legible</pre></div>
+  <div class="cell_output"><img src="plot.png" alt="a plot" style="max-width: 100%"></div>
+  <p id="x" style="margin-top: 2000px">the section</p>
+  <script>
+    for (const d of document.querySelectorAll('dialog')) {
+      d.addEventListener('click', e => { if (e.target.closest('a')) setTimeout(() => d.close(), 0); });
+    }
+  </script>
 </body></html>
 """
 
@@ -207,16 +246,24 @@ PHONE_GOOD = """<!doctype html>
 def test_checker_reports_a_broken_phone_page(tmp_path, chromium):
   (tmp_path / "broken.html").write_text(PHONE_BROKEN, encoding="utf-8")
   (tmp_path / "good.html").write_text(PHONE_GOOD, encoding="utf-8")
+  (tmp_path / "plot.png").write_bytes(_png(900))
   with site_check.serve(tmp_path) as base, \
        site_check.browser(base, chromium, site_check.PHONE, "dark") as b:
-    broken = b.check_page(base + "broken.html")
-    good = b.check_page(base + "good.html")
+    broken = b.check_page(base + "broken.html", plot_fonts=[10.])
+    good = b.check_page(base + "good.html", plot_fonts=[24.])
   text = "\n".join(broken)
   assert "the button did not open the navigation drawer (menu button)" in text
   assert "the outline (\"On this page\") breaks inside a word: 'transpose'" in text
   assert re.search(r"page is \d+ px wide in a 390 px window .*<p> \d+ px: "
                    r"\"A paragraph wider than a phone.\"", text)
   assert re.search(r"output text hard to read: contrast 1\.\d .*'grey on grey'", text)
+  assert "following an entry of the outline (\"On this page\") left the drawer open" in text
+  assert re.search(r"the outline \(\"On this page\"\) is cut off at its edge", text)
+  assert "API summary table: the row of VJPHiPrimitive has no description" in text
+  assert re.search(r"API summary table: the row of HiPrim_with_a_long_name.* runs off "
+                   r"the screen", text)
+  assert re.search(r"plot 1 \(plot\.png\): its 10 pt text is \d\.\d px tall as shown "
+                   r"\(900 px wide, shown at \d+ px\)", text)
   assert good == [], good
 
 
@@ -309,3 +356,17 @@ def test_page_text_for_offline_search_keeps_sections_and_drops_the_theme():
   assert text == ('<div role="main">  <section id="top">Title Some text with a &lt; b. '
                   '<section id="part">Partnested</section> unnamed </section>   </div>'), text
 
+
+
+def test_the_size_of_a_plots_text_is_read_from_its_cell():
+  """site_layout.figure_font_pt: matplotlib's default, 10 pt, or the smallest
+  size the cell sets; unknown where the cell changes the defaults."""
+  layout = _load_tool("site_layout")
+  assert layout.figure_font_pt("plt.plot(x); plt.show()") == 10.
+  assert layout.figure_font_pt("ax.legend(fontsize='small'); ax.set_title(t, fontsize=12)") \
+      == 8.33
+  assert layout.figure_font_pt("ax.text(0, 0, s, fontsize=9)\nfig, ax = plt.subplots("
+                               "figsize=(4, 3))") == 9.
+  for unknown in ("plt.rcParams['font.size'] = 6", "fig.savefig(f, dpi=300)",
+                  "ax.legend(fontsize=size_of_the_day)"):
+    assert layout.figure_font_pt(unknown) is None, unknown

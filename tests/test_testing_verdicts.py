@@ -190,8 +190,15 @@ def test_all_inconclusive_raises_its_own_error_and_can_be_accepted():
 
 # --- the report lists what it counts --------------------------------------------
 
+def _clipper_without_jvp():
+  """A gradient clipper with hijax.custom_vjp: forward mode cannot be
+  derived from a backward rule that is not linear in the cotangent, which
+  fails the jvp, lin and batched-jvp checks too."""
+  return _clipper(hijax.custom_vjp)
+
+
 def test_the_report_lists_each_failure_it_counts():
-  report = check_rules(_clipper(hijax.custom_vjp), X, raise_on_failure=False)
+  report = check_rules(_clipper_without_jvp(), X, raise_on_failure=False)
   text = str(report)
   n = len(report.failures)
   assert n > 5
@@ -208,7 +215,7 @@ def test_the_report_lists_each_failure_it_counts():
   for f in report.failures[:5]:
     assert f"FAILED   {f.rule}: {f.check}" in text
   with pytest.raises(RuleCheckError) as raised:
-    check_rules(_clipper(hijax.custom_vjp), X)
+    check_rules(_clipper_without_jvp(), X)
   assert f"{n} rule checks failed" in str(raised.value)
   assert f"... and {n - 5} more" in str(raised.value)
 
@@ -306,3 +313,55 @@ def test_a_compile_past_the_budget_is_abandoned(monkeypatch):
   assert report.skipped_for_time[0].startswith("the run stopped: compiling")
   assert "abandoned" in report.skipped_for_time[0]
   assert "jvp: the checks not yet run" in report.skipped_for_time
+
+
+# --- what the function declares, and where it cannot run ---------------------------------
+
+def test_a_rule_that_refuses_differentiation_by_design_is_not_a_failure():
+  """equinox's nondifferentiable: a custom_jvp whose jvp rule raises saying
+  it cannot be differentiated. Checked alone, it is reported as refusing,
+  not as a failed rule."""
+  import functools
+
+  @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+  def guarded(msg, x):
+    return x
+
+  @guarded.defjvp
+  def _(msg, primals, tangents):
+    raise RuntimeError(msg)
+  f = lambda x: guarded("Unexpected tangent. This operation cannot be "
+                        "autodifferentiated.", x)
+  report = check_rules(f, X, accept_inconclusive=True)
+  assert not report.failures, report
+  assert any("the rule declares it cannot" in why
+             for _, why in report.skipped), report.skipped
+  assert report.by_intent and "guarded (custom_jvp): the jvp rule" in (
+      report.by_intent)
+
+
+def test_a_function_that_raises_at_the_input_is_named():
+  """A function that raises at the point in every dtype (optimistix's
+  root_find refusing an input): the failure names it, not a rule it calls
+  (before: equinox's _asarray)."""
+  @jax.custom_jvp
+  def inner(x):
+    return jnp.sin(x)
+
+  @inner.defjvp
+  def _(primals, tangents):
+    return inner(primals[0]), jnp.cos(primals[0]) * tangents[0]
+
+  def refuse(x):
+    if np.any(np.asarray(x) > 100):
+      raise ValueError("x out of range")
+    return np.asarray(x)
+
+  def outer(x):
+    y = jax.pure_callback(refuse, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return inner(y)
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(outer, jnp.array([1., 200.]))
+  assert raised.value.rule == "outer (the function checked)"
+  assert "x out of range" in str(raised.value)
+  assert all(not f.rule.startswith("inner") for f in raised.value.failures)

@@ -19,8 +19,11 @@ to dark mode. For each page and width it reports:
 * code cells without a copy button;
 * a page wider than the window (tools/site_layout.py);
 * a word split over two lines in a table cell, the page outline or the
-  navigation (tools/site_layout.py);
+  navigation (tools/site_layout.py), or a heading that breaks other than
+  between words;
 * output text without enough contrast against its background;
+* plot text under 9 px as shown (the size of each plot's text read from the
+  page's notebook, `_sources/<page>.ipynb`);
 
 at 1280 px also:
 
@@ -28,9 +31,13 @@ at 1280 px also:
   sideways (at 390 px a table, like code, may scroll inside its own box);
 * links to the same site that do not resolve (HTTP status other than 200,
   or a ``#fragment`` that names no element of the target page);
+* an outline cut off at its edge;
 
 and at 390 px: the menu button opens the navigation drawer and "On this
-page" the outline, on the screen, and Escape closes each (site_layout.drawers).
+page" the outline, on the screen and not cut off, Escape closes each, and
+following an outline entry closes the outline over its section
+(site_layout.drawers); the API reference's summary tables fit the screen,
+each name with its description.
 
 `check_search` checks that the search page finds a word, and
 `check_download` that a notebook page, served or opened from disk
@@ -227,8 +234,13 @@ class Browser:
       self.blocked.append(url)
       route.abort("blockedbyclient")
 
-  def check_page(self, url: str, screenshot: Path | None = None) -> list[str]:
-    """Loads ``url``; returns a list of problems (empty if the page is fine)."""
+  def check_page(self, url: str, screenshot: Path | None = None,
+                 plot_fonts: list | None = None) -> list[str]:
+    """Loads ``url``; returns a list of problems (empty if the page is fine).
+
+    ``plot_fonts``: the smallest text size, in points, of each plot on the
+    page (site_layout.plot_fonts); None checks no plot's text.
+    """
     page = self.context.new_page()
     problems = []
     page.on("console", lambda m: m.type == "error" and problems.append(
@@ -247,6 +259,8 @@ class Browser:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshot))
       problems += self._layout(page, screenshot)
+      if plot_fonts is not None:
+        problems += site_layout.plot_text(page, plot_fonts)
     except Exception as e:  # noqa: BLE001 - a page that cannot load is a problem
       return problems + [f"could not load or inspect the page: {e}"]
     finally:
@@ -276,11 +290,15 @@ class Browser:
     problems = site_layout.overflow(page)
     problems += site_layout.broken_words(page, site_layout.TABLE_CELLS, "a table cell")
     problems += site_layout.low_contrast(page)
+    problems += site_layout.heading_breaks(page)
     if self.phone:  # the sidebars are drawers, checked open
+      problems += site_layout.summary_tables(page)
       problems += site_layout.drawers(page, screenshot)
     else:
       problems += site_layout.broken_words(page, site_layout.OUTLINE, "the outline")
       problems += site_layout.broken_words(page, site_layout.NAVIGATION, "the navigation")
+      problems += site_layout.clipped(page, ".bd-sidebar-secondary",
+                                      "the outline (\"On this page\")")
     return problems
 
   def _fetch(self, url):
@@ -407,7 +425,9 @@ def check_site(site, screenshots=None, search_word="HiPrim", chromium=None):
       for rel in site_pages(site):
         shot = Path(screenshots) / (rel.removesuffix(".html").replace("/", "__")
                                     + suffix + ".png") if screenshots else None
-        found += [(rel, mark + p) for p in b.check_page(base + rel, shot)]
+        notebook = site / "_sources" / (rel.removesuffix(".html") + ".ipynb")
+        fonts = site_layout.plot_fonts(notebook) if notebook.is_file() else None
+        found += [(rel, mark + p) for p in b.check_page(base + rel, shot, fonts)]
       if (site / "search.html").exists() and search_word:
         shot = Path(screenshots) / f"search-results{suffix}.png" if screenshots else None
         found += [("search.html?q=" + search_word, mark + p)

@@ -16,10 +16,27 @@ problems (empty when fine):
   background), by WCAG's contrast ratio.
 * `drawers`: at phone width, the menu button opens the navigation drawer and
   the outline button ("On this page") opens the page's outline, each
-  visible on the screen with its words whole, and Escape closes each again.
+  visible on the screen with its words whole, nothing in it cut off at its
+  edge, and Escape closes each again; following an entry of the outline
+  closes it, with the entry's section on the screen.
+* `clipped`: a box (the desktop outline) whose content is wider than the
+  box, so that the ends of its entries are cut off.
+* `heading_breaks`: a heading that breaks inside a word or a name: a title
+  wraps between words only (or after a hyphen or a dash), never after a
+  name's dot or underscore.
+* `summary_tables`: at phone width, the API reference's summary tables
+  (Sphinx's autosummary) show each name with its description on the
+  screen, without scrolling sideways, and no row lacks a description.
+* `plot_text`: the text of each plot (a PNG in a cell's output) is at least
+  9 px tall as shown: a figure made for a wider page is scaled down, its
+  text with it. The size of a plot's text comes from the cell that drew it
+  (`plot_fonts`): matplotlib's default, 10 pt at its default 100 dpi, or the
+  smallest `fontsize=` the cell sets.
 """
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 # What the reader reads as entries: table cells, the page outline ("On this
@@ -29,6 +46,9 @@ OUTLINE = ".bd-sidebar-secondary nav a, #pst-secondary-sidebar-modal nav a"
 NAVIGATION = ".bd-sidebar-primary nav a, #pst-primary-sidebar-modal nav a"
 # WCAG's minimum contrast for normal text (AA).
 MIN_CONTRAST = 4.5
+HEADINGS = "article h1, article h2, article h3, article h4"
+# The smallest text a reader should have to read in a plot, in CSS px.
+MIN_PLOT_TEXT_PX = 9.0
 
 _OVERFLOW_JS = r"""
 () => {
@@ -115,6 +135,96 @@ _CONTRAST_JS = r"""
 """
 
 
+_HEADING_BREAKS_JS = r"""
+(selector) => {
+  // A heading's words (its code names included) wrap only at spaces, or
+  // after a hyphen or a dash.
+  const TOKEN = /[^\s\-\u2013\u2014]+[\-\u2013\u2014]*|[\-\u2013\u2014]+/g;
+  const found = [];
+  for (const el of document.querySelectorAll(selector)) {
+    if (!el.getClientRects().length) continue;
+    // one word may run over several text nodes (a name split into spans)
+    const nodes = [];
+    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      if (!walker.currentNode.parentElement.closest('mjx-container, a.headerlink')) {
+        nodes.push(walker.currentNode);
+      }
+    }
+    const text = nodes.map(n => n.data).join('');
+    const at = i => {  // the text node and offset of character i
+      for (const n of nodes) { if (i <= n.data.length) return [n, i]; i -= n.data.length; }
+      return [nodes[nodes.length - 1], nodes[nodes.length - 1].data.length];
+    };
+    for (const m of text.matchAll(TOKEN)) {
+      const range = document.createRange();
+      range.setStart(...at(m.index));
+      range.setEnd(...at(m.index + m[0].length));
+      const rects = [...range.getClientRects()].filter(r => r.width > 0 && r.height > 0);
+      if (rects.length < 2) continue;
+      const tops = rects.map(r => r.top);
+      if (Math.max(...tops) - Math.min(...tops) > rects[0].height / 2) {
+        found.push([m[0], text.trim().replace(/\s+/g, ' ').slice(0, 60)]);
+      }
+    }
+  }
+  return found;
+}
+"""
+
+_CLIPPED_JS = r"""
+(selector) => {
+  let scroll = 0;
+  const cut = [];
+  for (const box of document.querySelectorAll(selector)) {
+    if (!box.getClientRects().length) continue;  // not laid out
+    const r = box.getBoundingClientRect();
+    scroll = Math.max(scroll, box.scrollWidth - box.clientWidth);
+    for (const a of box.querySelectorAll('a')) {
+      const range = document.createRange();  // the text itself, not its box
+      range.selectNodeContents(a);
+      const ar = range.getBoundingClientRect();
+      if (ar.width && (ar.right > r.right + 1 || ar.left < r.left - 1)) {
+        cut.push(a.textContent.trim().replace(/\s+/g, ' ').slice(0, 40));
+      }
+    }
+  }
+  return {scroll, cut: cut.slice(0, 3), count: cut.length};
+}
+"""
+
+_SUMMARY_TABLES_JS = r"""
+() => {
+  const vw = document.documentElement.clientWidth, found = [];
+  for (const table of document.querySelectorAll('table.autosummary')) {
+    for (const row of table.rows) {
+      const cells = [...row.cells];
+      const name = cells[0] ? cells[0].textContent.trim() : '';
+      if (cells.length > 1 && !cells[1].textContent.trim()) {
+        found.push(`the row of ${name} has no description`);
+      }
+      for (const cell of cells) {
+        const r = cell.getBoundingClientRect();
+        if (r.width && (r.right > vw + 1 || r.left < -1)) {
+          found.push(`the row of ${name} runs off the screen (${Math.round(r.left)} to ` +
+                     `${Math.round(r.right)} px in a ${vw} px window)`);
+          break;
+        }
+      }
+    }
+  }
+  return found;
+}
+"""
+
+_PLOTS_JS = r"""
+() => [...document.querySelectorAll('div.cell_output img')]
+  .filter(i => /^data:image\/png|\.png$/.test(i.getAttribute('src') || ''))
+  .map(i => ({shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
+              src: (i.getAttribute('src') || '').slice(-40)}))
+"""
+
+
 def overflow(page) -> list[str]:
   """The page is wider than its window."""
   state = page.evaluate(_OVERFLOW_JS)
@@ -128,6 +238,91 @@ def broken_words(page, selector: str, what: str) -> list[str]:
   """Words of the elements ``selector`` (``what`` in messages) split over two lines."""
   return [f"{what} breaks inside a word: {word!r} in {where!r}"
           for word, where in page.evaluate(_BROKEN_WORDS_JS, selector)]
+
+
+def heading_breaks(page, selector: str = HEADINGS) -> list[str]:
+  """Headings that break inside a word or a name (a title wraps between words)."""
+  return [f"a heading breaks inside a word or name: {word!r} in {where!r}"
+          for word, where in page.evaluate(_HEADING_BREAKS_JS, selector)]
+
+
+def clipped(page, selector: str, what: str) -> list[str]:
+  """A box matching ``selector`` is narrower than its entries: their ends are
+  cut off (or scroll out of sight)."""
+  state = page.evaluate(_CLIPPED_JS, selector)
+  if state["scroll"] <= 1 and not state["count"]:
+    return []
+  return [f"{what} is cut off at its edge ({state['scroll']} px wider than its box; "
+          f"{state['count']} entries reach past it, e.g. {state['cut']})"]
+
+
+def summary_tables(page) -> list[str]:
+  """At phone width: each summary row on the screen, each with a description."""
+  return [f"API summary table: {p}" for p in page.evaluate(_SUMMARY_TABLES_JS)]
+
+
+# Font sizes by name, relative to matplotlib's default of 10 pt.
+_NAMED_SIZES = {"xx-small": 0.579, "x-small": 0.694, "small": 0.833, "medium": 1.0,
+                "large": 1.2, "x-large": 1.44, "xx-large": 1.728, "smaller": 0.833,
+                "larger": 1.2}
+_DEFAULT_PT, _DPI = 10.0, 100.0
+
+
+def figure_font_pt(source: str) -> float | None:
+  """The smallest text size, in points, that a cell's plot uses: matplotlib's
+  default (10 pt) or the smallest ``fontsize=``/``labelsize=``/``size=`` the
+  cell sets; None where the cell changes what the default is (rcParams, a
+  style, a dpi), which the site does not follow."""
+  if re.search(r"rcParams|\brc\(|style\.use|\bdpi\s*=|set_size_inches", source):
+    return None
+  sizes = [_DEFAULT_PT]
+  for value in re.findall(r"\b(?:fontsize|labelsize|size)\s*=\s*([\w.'\"-]+)", source):
+    value = value.strip("'\"")
+    if value in _NAMED_SIZES:
+      sizes.append(_DEFAULT_PT * _NAMED_SIZES[value])
+    else:
+      try:
+        sizes.append(float(value))
+      except ValueError:
+        return None
+  return min(sizes)
+
+
+def plot_fonts(notebook: Path) -> list[float | None]:
+  """For each PNG in a notebook's outputs, in order, `figure_font_pt` of its cell."""
+  nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
+  fonts = []
+  for cell in nb["cells"]:
+    if cell["cell_type"] != "code":
+      continue
+    source = "".join(cell["source"])
+    for out in cell.get("outputs", []):
+      if "image/png" in out.get("data", {}):
+        fonts.append(figure_font_pt(source))
+  return fonts
+
+
+def plot_text(page, fonts_pt: list[float | None]) -> list[str]:
+  """Plots whose smallest text is under `MIN_PLOT_TEXT_PX` as shown."""
+  plots = page.evaluate(_PLOTS_JS)
+  if len(plots) != len(fonts_pt):
+    return [f"{len(plots)} plots on the page, but its notebook has {len(fonts_pt)}"]
+  problems = []
+  for n, (plot, pt) in enumerate(zip(plots, fonts_pt), 1):
+    if pt is None:
+      problems.append(f"plot {n}: its cell changes matplotlib's defaults (rcParams, "
+                      "style or dpi), so the size of its text is not known")
+      continue
+    if not plot["natural"]:
+      continue  # reported as an image that did not load
+    px = pt * _DPI / 72 * plot["shown"] / plot["natural"]
+    if px < MIN_PLOT_TEXT_PX - 0.05:
+      problems.append(
+          f"plot {n} ({plot['src']}): its {pt:g} pt text is {px:.1f} px tall as shown "
+          f"({plot['natural']} px wide, shown at {plot['shown']:.0f} px); at least "
+          f"{MIN_PLOT_TEXT_PX:g} px needs a figure at most "
+          f"{plot['shown'] * pt * _DPI / 72 / MIN_PLOT_TEXT_PX:.0f} px wide")
+  return problems
 
 
 def low_contrast(page) -> list[str]:
@@ -197,6 +392,7 @@ def drawers(page, screenshot: Path | None = None) -> list[str]:
     elif state["left"] < -1 or state["right"] > state["window"] + 1 or state["width"] < 100:
       problems.append(f"{what} opened off the screen ({state})")
     problems += broken_words(page, f"#{dialog} nav a", what)
+    problems += clipped(page, f"#{dialog}", what)
     if screenshot is not None:
       page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-{suffix}.png")))
     page.keyboard.press("Escape")
@@ -204,4 +400,44 @@ def drawers(page, screenshot: Path | None = None) -> list[str]:
       page.wait_for_function(f"() => !document.getElementById('{dialog}').open", timeout=3_000)
     except Exception:  # noqa: BLE001 - reported as a problem
       problems.append(f"Escape did not close {what}")
+    if suffix == "outline":
+      problems += _follow_an_outline_entry(page, button, dialog, what)
   return problems
+
+
+_TARGET_SHOWN_JS = r"""
+(id) => {
+  const el = document.getElementById(id);
+  if (!el) return null;
+  const r = el.getBoundingClientRect();
+  return {top: r.top, height: innerHeight};
+}
+"""
+
+
+def _follow_an_outline_entry(page, button, dialog, what) -> list[str]:
+  """Opens the outline again and taps one of its entries further down the
+  page: the drawer must close, with that entry's section on the screen."""
+  page.locator(f"{button}:visible").first.click()
+  try:
+    page.wait_for_function(f"() => document.getElementById('{dialog}')?.open", timeout=3_000)
+  except Exception:  # noqa: BLE001 - reported as a problem
+    return [f"the button did not open {what} a second time"]
+  links = page.locator(f"#{dialog} nav a[href^='#']")
+  if links.count() == 0:
+    page.keyboard.press("Escape")
+    return []
+  link = links.nth(min(links.count() - 1, 2))
+  target = (link.get_attribute("href") or "#")[1:]
+  link.click()
+  try:
+    page.wait_for_function(f"() => !document.getElementById('{dialog}').open", timeout=3_000)
+  except Exception:  # noqa: BLE001 - reported as a problem
+    page.keyboard.press("Escape")
+    return [f"following an entry of {what} left the drawer open over the page"]
+  page.wait_for_timeout(300)  # the scroll to the section
+  shown = page.evaluate(_TARGET_SHOWN_JS, target)
+  if shown is not None and not 0 <= shown["top"] < shown["height"] - 20:
+    return [f"after following #{target} from {what}, its section is not on the "
+            f"screen (its top at {shown['top']:.0f} px)"]
+  return []

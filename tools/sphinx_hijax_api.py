@@ -12,6 +12,10 @@
   attribute docstring in the hijax module that defines the name
   (``hijax/derived.py``, ``hijax/hitypes.py``); autodoc, documenting them as
   members of ``hijax``, would not find it. We substitute that docstring.
+  JAX's own objects without a docstring get a one-line summary
+  (`JAX_SUMMARIES`).
+* The summary table's row of another name for a class (``VJPHiPrimitive``)
+  says whose name it is (`ALIAS_SUMMARIES`): autosummary leaves it empty.
 """
 from __future__ import annotations
 
@@ -62,6 +66,18 @@ JAX_SUMMARIES = {
     "RefAccum": "Accumulator adding into a caller's mutable gradient buffer.",
     "NullAccum": "Accumulator for a gradient nobody wants: adding does nothing.",
     "ShapedArray": "The type of a JAX array (JAX's class).",
+    # JAX's own functions with jax 0.12 (no docstring there); hijax's with 0.11.2
+    "bdims_at_front": "The arguments of a `batch` rule with each batch axis moved "
+                      "to the front, unbatched ones broadcast.",
+    "unmap_avals": "The batched types: each type with the batch axis inserted at "
+                   "its batch dimension.",
+}
+# Another name for a class, and what its row of the summary table says
+# (autosummary shows no docstring for a class found under another name, and
+# autodoc fires no event for it that could supply one).
+ALIAS_SUMMARIES = {
+    "VJPHiPrimitive": ("HiPrim", " under its name in JAX's development API until "
+                                 "jax 0.11.1: the same class."),
 }
 
 
@@ -81,7 +97,25 @@ def _reexported_docstring(app, what, name, obj, options, lines):
     lines[:] = [JAX_SUMMARIES[attr], ""]
 
 
+def _fill_alias_summaries(app, doctree):
+  """Fills the empty description of each `ALIAS_SUMMARIES` row of an
+  autosummary table."""
+  for table in doctree.findall(nodes.table):
+    if "autosummary" not in table.get("classes", []):
+      continue
+    for row in table.findall(nodes.row):
+      entries = list(row.findall(nodes.entry))
+      if len(entries) != 2 or entries[1].astext().strip():
+        continue
+      name = entries[0].astext().strip()
+      if name in ALIAS_SUMMARIES:
+        code, rest = ALIAS_SUMMARIES[name]
+        entries[1].clear()
+        entries[1] += nodes.paragraph("", "", nodes.literal(code, code), nodes.Text(rest))
+
+
 def setup(app):
+  app.connect("doctree-read", _fill_alias_summaries)
   app.add_role("hijax-obj", default_role)
   app.connect("missing-reference", _unresolved_default_role)
   app.connect("autodoc-process-docstring", _reexported_docstring)

@@ -26,6 +26,30 @@
     }
   }
 
+  /* 1b. A drawer closes when one of its links is followed. On a phone the
+   * outline ("On this page") and the navigation open as modal dialogs
+   * over the page; the theme closes them only on Escape or a click
+   * outside, so an entry of the outline scrolled the page to its section
+   * and left the drawer covering it. The dialog closes once the browser has
+   * followed the link (a link to another page loads that page anyway). The
+   * theme hands focus back to the button that opened the dialog when it
+   * closes; that focus must not scroll the page away from the section. */
+  function closeDrawersOnNavigation() {
+    for (const id of ["pst-secondary-sidebar-modal", "pst-primary-sidebar-modal"]) {
+      const dialog = document.getElementById(id);
+      if (!dialog) continue;
+      dialog.addEventListener("click", (event) => {
+        const link = event.target.closest("a[href]");
+        if (!link || !dialog.open) return;
+        setTimeout(() => {
+          const y = window.scrollY;
+          dialog.close();
+          window.scrollTo(window.scrollX, y);  // the theme's focus() may scroll
+        }, 0);
+      });
+    }
+  }
+
   /* 2. Names in code break at their dots and underscores, not inside a word.
    * Sphinx sets each word of inline code in a `span.pre` that never wraps,
    * so a long name (`jax.checkpoint_policies.nothing_saveable`) either
@@ -34,16 +58,25 @@
    * span is cut into one span per part, "jax." "checkpoint_" "policies."
    * ..., with a `<wbr>` between them: still no break inside a part (each
    * part keeps `white-space: nowrap`), but a line may now end after a dot or
-   * an underscore that precedes a letter. An API signature may also wrap
-   * after its opening parenthesis. */
+   * an underscore that precedes a letter. A long name in CamelCase
+   * (`SaveAndOffloadOnlyTheseNames`, wider than the outline's column) may
+   * also wrap where a capital follows a small letter. An API signature may
+   * also wrap after its opening parenthesis. Names in headings do not wrap:
+   * a title breaks between its words only. */
   const BETWEEN_PARTS = /(?<=[A-Za-z0-9)\]][._]+)(?=[A-Za-z])/;
+  const CAMEL_PARTS = /(?<=[a-z])(?=[A-Z])/;
+  const LONG_NAME = 20;  // characters; shorter CamelCase names stay whole
   function breakNamesAtDots(root) {
     for (const paren of root.querySelectorAll(".sig .sig-paren")) {
       if (paren.textContent === "(") paren.after(document.createElement("wbr"));
     }
     for (const pre of root.querySelectorAll("code span.pre, .sig span.pre")) {
       if (pre.children.length) continue;  // only plain text spans
-      const parts = pre.textContent.split(BETWEEN_PARTS);
+      if (pre.closest("h1, h2, h3, h4, h5, h6")) continue;
+      let parts = pre.textContent.split(BETWEEN_PARTS);
+      if (pre.textContent.length >= LONG_NAME) {
+        parts = parts.flatMap((part) => part.split(CAMEL_PARTS));
+      }
       if (parts.length < 2) continue;
       const frag = document.createDocumentFragment();
       parts.forEach((part, i) => {
@@ -132,6 +165,7 @@
   }
   ready(() => {
     forwardSidebarToggles();
+    closeDrawersOnNavigation();
     breakNamesAtDots(document);
     saveDownloads();
   });

@@ -19,7 +19,7 @@ from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
 from hijax.testing._report import (DERIVATIVE_MODES, INCONCLUSIVE, MODES,
                                    InconclusiveCheckError, RuleCheckError,
-                                   RuleReport)
+                                   RuleReport, first_lines)
 from hijax.testing._run import add_parts, run
 from hijax.testing._surrogate import Surrogates
 
@@ -91,15 +91,53 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
       prepared = _prepared_if_runs(prim_fn, args64, "float64", context_at,
                                    jit)
       use64 = prepared is not None
+  error = None
   if not use64:
     prepared = _prepared_if_runs(prim_fn, own, own_dtype, context_at, jit)
     if prepared is None:
+      error = _raised(prim_fn, own)
       with jax.enable_x64(True):  # fails either way: report it in float64
         use64 = _traces(prim_fn, args64)
   if use64:
     stack.enter_context(jax.enable_x64(True))
-    return prepared or context_at(args64, "float64")
-  return prepared or context_at(own, own_dtype)
+    ctx, plan = prepared or context_at(args64, "float64")
+  else:
+    ctx, plan = prepared or context_at(own, own_dtype)
+  ctx.function_error = error
+  return ctx, plan
+
+
+def _raised(prim_fn, args) -> Exception | None:
+  """What ``prim_fn`` raises, compiled, at ``args`` (None if it runs)."""
+  try:
+    jax.block_until_ready(jax.jit(prim_fn)(*args))
+    return None
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+
+
+def _function_raises(ctx: CheckContext, prim_fn, plan) -> bool:
+  """Where a function whose rules are jax.custom_jvp / custom_vjp ones
+  raises at the point in every dtype (optimistix's root_find refusing an
+  input in float32), reports that, naming the function, instead of the
+  failures of the rules it calls there; True if so."""
+  if ctx.function_error is None or ctx.fd_of == "expand":
+    return False
+  name = getattr(prim_fn, "__name__", None) or type(prim_fn).__name__
+  text = str(ctx.function_error).strip()
+  last = text.splitlines()[-1] if text else ""
+  detail = (f"raised {type(ctx.function_error).__name__}: "
+            f"{first_lines(text, 3)}")
+  if last and last not in detail:  # a callback's error ends its message
+    detail += f"\n  ... {last}"
+  ctx.fail("expand", "running the function at the input (in float64 and in "
+           "the inputs' dtypes)", ctx.describe_inputs(),
+           f"{detail}\nno rule was checked: check the function at an input "
+           "where it runs", float("inf"),
+           rule=f"{name} (the function checked)")
+  ctx.report.skipped += [(mode, "the function raises at this input")
+                         for mode in plan]
+  return True
 
 
 def _traces(prim_fn, args) -> bool:
@@ -352,8 +390,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     else:
       ctx.report.required = _required(ctx, plan)
       try:
-        run(ctx, plan)
-        if ctx.report.failures:
+        if not _function_raises(ctx, prim_fn, plan):
+          run(ctx, plan)
+        if ctx.report.failures and ctx.function_error is None:
           _blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
                        ctx.report, tuple(modes))
           _inner_first(ctx, ctx.report)

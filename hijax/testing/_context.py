@@ -23,8 +23,8 @@ from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
                                      describe_tol, dtype_of, eps_of,
                                      fmt_array, is_float, judged_elements,
                                      on_device, real_or_int, type_str)
-from hijax.testing._report import (RuleFailure, RuleReport, declared_limit,
-                                   first_lines)
+from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure,
+                                   RuleReport, declared_limit, first_lines)
 
 
 def _widened(compiled, direction, xs, ts, out_float_idx, out_dtypes, eps,
@@ -111,6 +111,9 @@ class CheckContext:
   derived: list | None = dataclasses.field(init=False, default=None)
   # what the checks of several modes compute once (by name)
   memo: dict = dataclasses.field(init=False, default_factory=dict)
+  # what prim_fn raised at the point in every dtype (check_rules sets it)
+  function_error: Exception | None = dataclasses.field(init=False,
+                                                       default=None)
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,
@@ -179,8 +182,9 @@ class CheckContext:
 
   def skip_by_intent(self, mode, why, rule=None):
     """Skips a check of a surrogate's rule that only the function could
-    judge (or that the surrogate refuses by design): the rule is then not
-    required to pass (`RuleReport.by_intent`)."""
+    judge, or of a rule that refuses a mode by design (it raises saying it
+    cannot be differentiated so: equinox's nondifferentiable): the rule is
+    then not required to pass (`RuleReport.by_intent`)."""
     self.skip(mode, why)
     name = rule or self.rule_name(mode)
     if name not in self.report.by_intent:
@@ -220,10 +224,16 @@ class CheckContext:
         inputs=inputs, detail=detail, max_error=max_error))
 
   def fail_raised(self, mode, check, inputs, exc, rule=None):
-    why = declared_limit(exc) if self.surrogate else None
-    if why is not None:  # a surrogate may refuse a mode by design
+    why = None
+    if not (mode == "second_order" and self.settings.require_second_order):
+      if self.surrogate:
+        why = declared_limit(exc, surrogate=True)
+      elif mode in DERIVATIVE_MODES + ("batch", "second_order"):
+        why = declared_limit(exc, strict=True)
+    if why is not None:  # a rule that refuses a mode by design
       short = why if len(why) <= 160 else why[:157] + "..."
-      self.skip_by_intent(mode, f"{check}: the surrogate declares it cannot "
+      who = "the surrogate" if self.surrogate else "the rule"
+      self.skip_by_intent(mode, f"{check}: {who} declares it cannot "
                           f"({short})", rule)
       return
     detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"

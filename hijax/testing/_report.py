@@ -88,9 +88,10 @@ class RuleReport:
       `hijax.testing.surrogate`): deliberately not the derivative of the
       function, so never compared with the function's finite differences,
       only with each other, with loops and for types.
-    by_intent: the rules of surrogates left unjudged by intent (only the
-      function could judge them, or they refuse a mode by design): they
-      are not required to pass.
+    by_intent: the rules left unjudged by intent: a surrogate's that only
+      the function could judge, and rules that refuse a mode by design
+      (they raise saying they cannot be differentiated so): they are not
+      required to pass.
     inner_first: where the checked rules bind other hijax primitives whose
       own rules failed, those rules: their failures are listed first, since
       the outer rules' failures can follow from them.
@@ -294,17 +295,27 @@ _DECLARED = (
     r"Reverse-mode differentiation does not work for lax\.while_loop",
     r"not (?:reverse-mode |forward-mode )?differentiable",
     r"does not support (?:reverse|forward)-mode",
-    # hijax.custom_vjp whose backward rule is not linear in the cotangent
-    r"forward mode .* cannot be derived from it",
+    # equinox's nondifferentiable: a jvp rule that raises by design
+    r"cannot be (?:auto)?differentiated",
 )
 
+# Said of a rule that is not a derivative: a limit by design only for a
+# surrogate (hijax.custom_vjp whose backward rule is not linear in the
+# cotangent, so that forward mode cannot be derived from it).
+_NOT_A_DERIVATIVE = (r"forward mode .* cannot be derived from it",)
 
-def declared_limit(e: BaseException) -> str | None:
+
+def declared_limit(e: BaseException, strict: bool = False,
+                   surrogate: bool = False) -> str | None:
   """The reason, if ``e`` says that the function cannot be differentiated in
-  some mode (rather than that it broke)."""
+  some mode (rather than that it broke). ``strict``: only where it says so
+  in words (a ``NotImplementedError`` may be a missing rule);
+  ``surrogate``: also where a rule that is not a derivative cannot give
+  another mode."""
   text = f"{type(e).__name__}: {first_lines(str(e), 2)}"
-  if isinstance(e, NotImplementedError) or any(
-      re.search(p, str(e)) for p in _DECLARED):
+  patterns = _DECLARED + (_NOT_A_DERIVATIVE if surrogate else ())
+  if (isinstance(e, NotImplementedError) and not strict) or any(
+      re.search(p, str(e)) for p in patterns):
     return text
   return None
 

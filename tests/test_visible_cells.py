@@ -1,0 +1,73 @@
+"""What a reader copies from the site runs: each page's visible code cells,
+alone, in order, in a fresh process (tools/visible_cells.py).
+
+The site hides cells tagged ``remove-cell`` (checks, setup) and
+``remove-input``; nbval runs every page with them. A visible cell that reads
+a name only a hidden cell defines, or needs a setting only a hidden cell
+makes (more CPU devices, say), passes nbval and fails for a reader who
+copies the page. Here each page's visible cells run without them; a cell
+tagged ``raises-exception`` must raise and no other may.
+
+Cost: each page runs in a process forked from one that has imported JAX and
+the pages' libraries once, and, in the `tests` session, with the compilation
+cache nbval's kernels use, so the programs the visible cells compile are
+mostly loaded, not compiled again.
+"""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pages
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "visible_cells.py"  # not in the sdist, nor are the pages
+
+
+def _pages():
+  """The notebook pages under docs/ (those with a kernelspec)."""
+  return [md.stem for md in sorted((ROOT / "docs").glob("*.md"))
+          if "kernelspec:" in md.read_text(encoding="utf-8").split("\n---", 1)[0]]
+
+
+@pytest.fixture(scope="module")
+def visible_cells():
+  pytest.importorskip("jupytext")
+  spec = importlib.util.spec_from_file_location("visible_cells", TOOL)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def runner(visible_cells):
+  with visible_cells.Runner() as r:
+    yield r
+
+
+@pytest.mark.parametrize("page", _pages())
+def test_visible_cells_run_alone(page, runner, visible_cells):
+  failure, _ = runner.run(page)
+  assert failure is None, visible_cells.describe(page, failure)
+
+
+def test_the_pages_are_found_as_the_tool_finds_them(visible_cells):
+  assert _pages() == visible_cells.pages() and len(_pages()) >= 15
+
+
+def test_a_name_only_a_hidden_cell_defines_fails(runner, visible_cells, tmp_path,
+                                                 monkeypatch):
+  """The runner drops hidden cells (a page that passes nbval fails here) and
+  holds a raises-exception cell to raising."""
+  page = tmp_path / "made-up.md"
+  page.write_text(
+      "---\nkernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n"
+      "```{code-cell}\n:tags: [remove-cell]\n\nhidden = 1\n```\n\n"
+      "```{code-cell}\nprint(hidden)\n```\n")
+  monkeypatch.setattr(visible_cells, "DOCS", tmp_path)
+  failure, _ = runner.run("made-up")
+  assert failure["cell"] == 1 and failure["error"].startswith("NameError"), failure
+  page.write_text(page.read_text().replace(
+      "```{code-cell}\nprint(hidden)", "```{code-cell}\n:tags: [raises-exception]\n\n1 + 1"))
+  failure, _ = runner.run("made-up")
+  assert failure["error"] == "tagged raises-exception but ran", failure
