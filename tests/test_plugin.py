@@ -161,6 +161,21 @@ def test_traced():
   assert report["counts"] == {"passed": 2}
 
 
+def test_calls_made_under_x64_are_checked_under_x64(rules):
+  """A primitive built from float64 types refuses float32 arguments: the
+  values a test passed in float64 are checked in float64."""
+  rules.makepyfile(test_x64='''
+import jax, jax.numpy as jnp
+from rules import square
+def test_calls():
+  with jax.enable_x64(True):
+    square(jnp.array([1.0, 2.0], jnp.float64))
+''')
+  result = _run(rules, "--hijax-check-rules")
+  assert _row(result, "Square").split()[2:] == [
+      "rules.py:20", "f64[2]", "(eager)", "passed"]
+
+
 def test_a_failed_rule_fails_the_run_and_is_named(rules):
   rules.makepyfile(test_bad='''
 import jax, jax.numpy as jnp

@@ -196,8 +196,26 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> str:
   return ""
 
 
+def _wide(sample: Sample) -> bool:
+  """Whether the tests called it with 64-bit values (under x64)."""
+  def bits(dtype):
+    d = np.dtype(dtype)
+    return d.itemsize * 8 // (2 if d.kind == "c" else 1)
+  return any(hasattr(x, "dtype") and bits(x.dtype) == 64
+             for x in sample.leaves)
+
+
 def _check_sample(rule, sample, tries, tried, seconds, surrogate, progress,
                   deadline) -> None:
+  # values the tests passed in float64 (int64) are checked with x64 on, as
+  # they were called (a primitive built for float64 refuses float32)
+  with jax.enable_x64(True) if _wide(sample) else contextlib.nullcontext():
+    _check_sample_at(rule, sample, tries, tried, seconds, surrogate, progress,
+                     deadline)
+
+
+def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
+                     progress, deadline) -> None:
   why, arrays = "", []
   for arrays, source in tries:
     arrays = as_jax(arrays)
