@@ -202,6 +202,47 @@ def test_calls():
   assert failure["max_error"] > 0.1
 
 
+def test_a_function_that_raises_at_the_recorded_inputs(rules):
+  """Not checked there (a test may call it where it raises on purpose),
+  unless what raised is hijax's check of a rule's output."""
+  rules.makepyfile(odd='''
+import jax, jax.numpy as jnp
+from hijax import HiPrim
+
+@jax.custom_jvp
+def checked_log(x):
+  if (x <= 0).any():
+    raise ValueError("checked_log: x must be positive")
+  return jnp.log(x)
+checked_log.defjvp(lambda p, t: (checked_log(p[0]), t[0] / p[0]))
+
+class WrongType(HiPrim):
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+  def expand(self, x):
+    return jnp.sum(x)  # out_aval says the shape of x
+''', test_odd='''
+import jax, jax.numpy as jnp, pytest
+from odd import checked_log, WrongType
+def test_calls():
+  with pytest.raises(ValueError):
+    checked_log(jnp.array([-1.0, 2.0]))
+  with pytest.raises(TypeError):
+    WrongType(jax.typeof(jnp.ones(2)))(jnp.ones(2))
+''')
+  result = _run(rules, "--hijax-check-rules", "--hijax-rules-json",
+                "rules.json")
+  by_name = {r["rule"]: r for r in _json(rules, result)["rules"]}
+  log = by_name["checked_log"]
+  assert log["verdict"] == "inconclusive"
+  assert log["detail"] == ("the function raises at these inputs: ValueError: "
+                           "checked_log: x must be positive")
+  wrong = by_name["WrongType"]
+  assert wrong["verdict"] == "failed"
+  assert "RuleTypeError: WrongType.expand returned" in wrong["detail"]
+
+
 def test_fail_on_never_only_reports(rules):
   rules.makepyfile(test_bad='''
 from rules import sin_twice

@@ -4,8 +4,11 @@ per rule.
 
 Inputs: `hijax.testing._plugin_inputs`. A sample whose function raises, or
 returns a value that is not finite, at its inputs is not checked (finite
-differences mean nothing there): it is reported, and the rule is
-inconclusive if no other sample was checked.
+differences mean nothing there; a test may call a function where it raises
+on purpose): it is reported, and the rule is inconclusive if no other
+sample was checked. Where what raised is hijax's check of a rule's output
+(`RuleTypeError`: an `expand` that returns another type than declared),
+the rule is failed.
 
 Dtypes: `check_rules` checks in float64 where the function runs in it. A
 rule that raises in float64 only (a library that checks the types of what
@@ -30,6 +33,7 @@ import jax
 import numpy as np
 
 from hijax import testing
+from hijax._checks import RuleTypeError
 from hijax.testing._plugin_inputs import as_jax, candidates, ordered
 from hijax.testing._recorder import RecordedRule, Sample
 from hijax.testing._rule_identity import named_function, unwrap
@@ -182,18 +186,21 @@ def check_rule(rule: RecordedRule, seconds: float, surrogate: bool,
   return result
 
 
-def _runs_at(sample: Sample, arrays: list[Any]) -> str:
+def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
   """Why ``sample``'s function cannot be checked at ``arrays`` ("" if it
-  can)."""
+  can), and whether that is a rule's fault: hijax's check of what a rule
+  returned raised (`RuleTypeError`: an `expand` of another type than
+  declared)."""
   try:
     with _quiet():
       out = sample.call(arrays)
   except Exception as e:  # pylint: disable=broad-except  (reported)
     return (f"the function raises at these inputs: {type(e).__name__}: "
-            f"{(str(e).splitlines() or [''])[0][:200]}")
+            f"{(str(e).splitlines() or [''])[0][:200]}",
+            isinstance(e, RuleTypeError))
   if _not_finite(out):
-    return "the function's output is not finite at these inputs"
-  return ""
+    return "the function's output is not finite at these inputs", False
+  return "", False
 
 
 def _wide(sample: Sample) -> bool:
@@ -216,15 +223,16 @@ def _check_sample(rule, sample, tries, tried, seconds, surrogate, progress,
 
 def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
                      progress, deadline) -> None:
-  why, arrays = "", []
+  why, rule_at_fault, arrays = "", False, []
   for arrays, source in tries:
     arrays = as_jax(arrays)
     tried.source = source
-    why = _runs_at(sample, arrays)
+    why, rule_at_fault = _runs_at(sample, arrays)
     if not why:
       break
   if why:
-    tried.verdict, tried.detail = "not checked", why
+    tried.verdict = "failed" if rule_at_fault else "not checked"
+    tried.detail = why
     return
   def fn(*a):
     return sample.call(list(a))
