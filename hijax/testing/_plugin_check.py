@@ -13,11 +13,15 @@ the rule is failed.
 Dtypes: `check_rules` checks in float64 where the function runs in it. A
 rule that raises in float64 only (a library that checks the types of what
 its functions get: equinox's closure-converted functions) is checked again
-in the dtypes the tests called it with, and that check is reported.
+in the dtypes the tests called it with, and that check is reported. Values
+a test passed in float64 (under ``jax.enable_x64``) are checked with x64
+on.
 
 Verdict of a rule: failed if a sample failed (the first failure is shown:
-the check, the rule, the worst element); else passed if a sample passed;
-else skipped for time if no sample was started; else inconclusive, with why.
+the rule at fault, the check, the worst element, the input); else passed if
+a sample passed; else inconclusive if a sample's check was; else skipped
+for time if a sample was not started for time; else inconclusive, with why
+no sample could be checked.
 """
 from __future__ import annotations
 
