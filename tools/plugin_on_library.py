@@ -19,17 +19,18 @@ docs/pytest-plugin.md come from the results file it writes
       tests
 
 (``test_speed_*`` time loops and compare the timings: they fail on a busy
-machine with or without the plugin.) ``--add-runs-from`` adds the timed
-runs of an earlier invocation to this one's.
+machine with or without the plugin.)
 
-Timing. Each run loads a small timing plugin that notes the wall-clock and
-the process's CPU time (all its threads, XLA's compiler included) when the
-session starts and when it finishes, before the checks at the end. Runs
-alternate, off then on, ``--repeat`` times; the overhead is the median
-ratio on / off minus 1, of wall-clock and CPU time. The runs with the
-plugin on record as usual but skip the checks (``--hijax-rules-budget=0``)
-except the last, which checks with the budget given and whose table and
-JSON report are kept.
+Timing. The machines this runs on are shared, and their load changes over
+the minutes a suite takes, so the runs with and without the plugin run at
+the same time, as two processes, ``--repeat`` times: both see the same
+load. Each loads a small timing plugin that notes the wall-clock and the
+process's CPU time (all its threads, XLA's compiler included) when the
+session starts and when it finishes, before the plugin's checks at the
+end. The overhead is the median over the pairs of the ratio on / off minus
+1, of wall-clock and CPU time. The runs with the plugin on record as usual
+but skip the checks (``--hijax-rules-budget=0``) except the last, which
+checks with the budget given and whose table and JSON report are kept.
 """
 import argparse
 import json
@@ -39,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,29 +68,34 @@ def pytest_sessionfinish(session, exitstatus):
 '''
 
 
-def run(args, tests, on, final, workdir):
-  """One pytest run of the library's suite: its timing (and with the plugin
-  on, its JSON report and output)."""
-  timing = workdir / "timing.json"
-  report = workdir / "rules.json"
+def start(args, on, final, workdir):
+  """Starts one pytest run of the library's suite (in its own directory
+  under ``workdir``, for its timing and report files)."""
+  workdir.mkdir()
   cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-p", "_hijax_timing", *args.pytest_args, *tests]
+         "-p", "_hijax_timing", *args.pytest_args, *args.tests]
   if on:
     cmd += ["--hijax-check-rules", "--hijax-rules-fail-on=never",
-            "--hijax-rules-json", str(report),
+            "--hijax-rules-json", str(workdir / "rules.json"),
             f"--hijax-rules-budget={args.budget if final else 0}",
             f"--hijax-rule-budget={args.rule_budget}"]
-  env = dict(os.environ, HIJAX_TIMING_OUT=str(timing),
+  env = dict(os.environ, HIJAX_TIMING_OUT=str(workdir / "timing.json"),
              PYTHONPATH=os.pathsep.join(
-                 [str(workdir), os.environ.get("PYTHONPATH", "")]))
-  t0 = time.perf_counter()
-  out = subprocess.run(cmd, cwd=args.repo, env=env, capture_output=True,
-                       text=True, check=False)
-  result = json.loads(timing.read_text())
-  result["process_wall"] = time.perf_counter() - t0
+                 [str(workdir.parent), os.environ.get("PYTHONPATH", "")]))
+  with open(workdir / "output.txt", "w") as out:  # (the child keeps it)
+    return subprocess.Popen(cmd, cwd=args.repo, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+
+
+def finish(process, on, final, workdir):
+  """Waits for a run: its timing (and with the plugin on, its JSON report
+  and output)."""
+  process.wait()
+  output = (workdir / "output.txt").read_text()
+  result = json.loads((workdir / "timing.json").read_text())
   if on and final:
-    result["report"] = json.loads(report.read_text())
-    result["output"] = out.stdout
+    result["report"] = json.loads((workdir / "rules.json").read_text())
+    result["output"] = output
   print(f"{'on ' if on else 'off'}: {result['wall']:.1f} s wall, "
         f"{result['cpu']:.1f} s CPU, {result['tests']} tests, "
         f"{len(result['failed'])} failed", flush=True)
@@ -127,28 +132,22 @@ def main(argv=None):
   parser.add_argument("--pytest-args", default="",
                       help="more pytest arguments, one string (e.g. "
                       "\"-k 'not speed'\")")
-  parser.add_argument("--add-runs-from", default=None, metavar="PATH",
-                      help="a results file of an earlier invocation on the "
-                      "same tests whose timed runs count too (the recording "
-                      "code unchanged since)")
   parser.add_argument("tests", nargs="*", default=["tests"])
   args = parser.parse_args(argv)
   args.pytest_args = shlex.split(args.pytest_args)
   out_path = Path(args.out or ROOT / "tools" /
                   f"plugin_on_library_{args.name}.json")
   with tempfile.TemporaryDirectory() as tmp:
-    workdir = Path(tmp)
-    (workdir / "_hijax_timing.py").write_text(TIMING_PLUGIN)
+    (Path(tmp) / "_hijax_timing.py").write_text(TIMING_PLUGIN)
     offs, ons = [], []
     for i in range(args.repeat):
-      offs.append(run(args, args.tests, False, False, workdir))
-      ons.append(run(args, args.tests, True, i == args.repeat - 1, workdir))
+      final = i == args.repeat - 1
+      dirs = [Path(tmp) / f"off{i}", Path(tmp) / f"on{i}"]
+      off = start(args, False, final, dirs[0])
+      on = start(args, True, final, dirs[1])
+      offs.append(finish(off, False, final, dirs[0]))
+      ons.append(finish(on, True, final, dirs[1]))
   final = ons[-1]
-  if args.add_runs_from:
-    earlier = json.loads(Path(args.add_runs_from).read_text())
-    assert earlier["tests_selected"] == args.tests, "other tests"
-    offs = earlier["runs"]["off"] + offs
-    ons = earlier["runs"]["on"] + ons
   overhead = {k: statistics.median(on[k] / off[k] - 1
                                    for on, off in zip(ons, offs))
               for k in ("wall", "cpu")}

@@ -55,6 +55,7 @@ class Tried:
   failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   surrogate: bool = False  # check_rules checked it as a surrogate
   test: str = ""  # the test that made the call
+  by_intent: list[str] = dataclasses.field(default_factory=list)
 
   def describe(self) -> str:
     return f"{', '.join(self.types) or 'no arrays'} ({self.source})"
@@ -256,6 +257,7 @@ def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
     return
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
+  tried.by_intent = list(report.by_intent)
   tried.failures = [_failure_dict(f) for f in report.failures]
   if report.failures:
     f = report.failures[0]
