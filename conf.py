@@ -40,7 +40,7 @@ APPENDIX = ["checking-rules", "implicit", "pytest-plugin"]
 # "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
 BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
           "spectral-gradients", "ode-gradients", "taylor-mode",
-          "sparse-jacobians", "porting-custom-vjp"]
+          "sparse-jacobians", "porting-custom-vjp", "accelerators"]
 # The API reference, last (a third toctree), so that "Next" leads from one
 # page to the next and not into the long reference halfway.
 # tests/test_docs.py checks that docs/index.md lists all of these in order.

@@ -23,8 +23,8 @@ from hijax.autodiff import (GradAccum, NullAccum, RefAccum, ValAccum, Zero,
                             instantiate_zeros)
 from hijax.batching import (bdims_at_front, unmap_avals,  # (installs the vmap rule)
                             vmap_rule)
-from hijax.derived import (jvp_from_lin, jvp_from_vjp, linearize_from_jvp,
-                           vjp_from_jvp, vjp_from_lin)
+from hijax.derived import (NonlinearBackwardError, jvp_from_lin, jvp_from_vjp,
+                           linearize_from_jvp, vjp_from_jvp, vjp_from_lin)
 from hijax.hitypes import (HiPspec, HiType, MappingSpec, aval_method,
                            aval_property, register_hitype)
 from hijax.remat import (SaveAndOffloadOnlyTheseNames, SaveAnyNamesButThese,
@@ -38,6 +38,8 @@ from hijax.closure import (ClosureConverted, closure_convert,
 from hijax.residuals import (Residual, ResidualReport, assert_residual_bytes,
                              residual_report)
 from hijax._decorators import custom_jvp, custom_vjp
+from hijax._checks import RuleTypeError
+from hijax._decorators._outputs import CotangentTypeError
 from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
@@ -57,6 +59,7 @@ __all__ = [
     "closure_convert_params", "ClosureConverted", "residual_report",
     "assert_residual_bytes", "ResidualReport", "Residual",
     "custom_vjp", "custom_jvp",
+    "RuleTypeError", "CotangentTypeError", "NonlinearBackwardError",
 ]
 __version__: str = _metadata.installed_version()
 _metadata.warn_on_clash()

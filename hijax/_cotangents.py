@@ -19,7 +19,13 @@ from hijax._internals import core
 from hijax._internals import dtypes
 from hijax._util import describe_value
 
-__all__ = ["accumulate", "check_cotangent"]
+__all__ = ["accumulate", "check_cotangent", "bwd_checks_disabled"]
+
+
+def bwd_checks_disabled() -> bool:
+  """Whether ``jax.config.jax_disable_bwd_checks`` is set ("disables all bwd
+  pass checks"): cotangents are then passed on unchecked, as JAX does."""
+  return bool(jax.config.jax_disable_bwd_checks)
 
 
 def accumulate(prim: Any, arg_accums: Any, cts: Any,
@@ -63,7 +69,8 @@ def check_cotangent(prim, method, i, ct_aval, ct, how="returned") -> bool:
   """Checks a cotangent for input ``i``; False if it is to be dropped.
 
   A ``float0`` cotangent type (an integer or boolean input) takes None, a
-  float0 value, or anything of the right shape, which is dropped.
+  float0 value, or anything of the right shape, which is dropped. With
+  ``jax_disable_bwd_checks`` set, nothing else is checked.
   """
   if type(ct_aval) is core.ShapedArray and ct_aval.dtype == dtypes.float0:
     actual = _checks.type_of(ct)
@@ -71,6 +78,8 @@ def check_cotangent(prim, method, i, ct_aval, ct, how="returned") -> bool:
       return actual.dtype == dtypes.float0  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
   elif isinstance(ct_aval, AbstractRef):
     return True  # JAX checks what is added to a reference
+  elif bwd_checks_disabled():
+    return True
   _checks.check_type(prim, method, f"the cotangent of input {i}", ct_aval, ct,
                      "cotangent", "in_avals",
                      "A cotangent has the type of its input's to_ct_aval().",

@@ -39,7 +39,25 @@ from hijax.autodiff import (NullAccum, ValAccum, Zero, _flatten_tangent,
 from hijax.primitive import HiPrim, RULE_INSTALLERS
 
 __all__ = ["linearize_from_jvp", "vjp_from_lin", "vjp_from_jvp", "jvp_from_lin",
-           "jvp_from_vjp", "LinearizeFromJvp", "VjpFromJvp", "VjpFromLin"]
+           "jvp_from_vjp", "LinearizeFromJvp", "VjpFromJvp", "VjpFromLin",
+           "NonlinearBackwardError", "tangent_from_backward"]
+
+
+class NonlinearBackwardError(TypeError):
+  """`jvp_from_vjp` found that a backward rule is not linear in its cotangent.
+
+  A ``TypeError``. ``prim`` is the primitive whose rule it is, ``method`` the
+  rule (``vjp_bwd_retval`` or ``vjp_bwd``) and ``reason`` the operation that
+  is not linear in ``g``, with its source line.
+  """
+
+  prim: Any
+  method: str
+  reason: str
+
+  def __init__(self, message: str, prim: Any, method: str, reason: str):
+    super().__init__(message)
+    self.prim, self.method, self.reason = prim, method, reason
 
 
 def _zero_tangents(prim: HiPrim, nzs_flat, nz_tangents):
@@ -128,7 +146,7 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
   backward rule is checked to be linear in ``g``: a rule that is not (one
   that clips ``g``, adds a constant to it, multiplies it by itself) raises a
   TypeError naming the rule, the operation and its source line, rather than
-  giving a wrong tangent.
+  giving a wrong tangent (`NonlinearBackwardError`).
   """
   name = type(self).__name__
   if type(self).vjp_fwd is HiPrim.vjp_fwd:
@@ -146,18 +164,30 @@ def jvp_from_vjp(self: HiPrim, primals: Any, tangents: Any, /) -> Any:
     live = [True] * len(self.out_avals_flat)
   else:
     live = [bool(nz) for nz in self.out_tree.flatten_up_to(nzs_out)]
+  t_out = tangent_from_backward(self, nzs_flat, live, res, sres,
+                                tangents_flat)
+  if all(t is None for t in t_out):
+    return out, None
+  return out, jax.tree.unflatten(self.out_tree, t_out)
+
+
+def tangent_from_backward(self: HiPrim, nzs_flat: list[bool],
+                          live: list[bool], res: Any, sres: Any,
+                          tangents_flat: list[Any]) -> list[Any]:
+  """The output tangent leaves (None for zero) of `jvp_from_vjp`, given the
+  residuals of `vjp_fwd`: the backward rule, transposed in the cotangents of
+  the ``live`` outputs, applied to the input tangents (those ``nzs_flat``
+  says are nonzero)."""
   g_avals = [a.to_ct_aval() for a in self.out_avals_flat]
   live = [nz and not is_float0(a) for nz, a in zip(live, g_avals)]
   if not any(nzs_flat) or not any(live):
-    return out, None
-
+    return [None] * len(live)
   tangents_live = [instantiate_zeros(t) for t, nz in zip(tangents_flat,
                                                           nzs_flat) if nz]
   transposed = _transposed_backward(self, nzs_flat, live, g_avals, res, sres,
                                     tangents_live)
   t_live = iter(transposed(tangents_live))
-  t_out = [next(t_live) if nz else None for nz in live]
-  return out, jax.tree.unflatten(self.out_tree, t_out)
+  return [next(t_live) if nz else None for nz in live]
 
 
 # Transposed backward rules, as jaxprs of (residual arrays, input tangents),
@@ -194,11 +224,12 @@ def _transpose_in_g(self: HiPrim, backward, examples, tangents_live):
     name = type(self).__name__
     method = ("vjp_bwd" if type(self).vjp_bwd is not HiPrim.vjp_bwd
               else "vjp_bwd_retval")
-    raise TypeError(
+    raise NonlinearBackwardError(
         f"{name}.jvp = jvp_from_vjp transposes {name}.{method} in the "
         f"cotangent g, but {name}.{method} is not linear in g: {reason}. A "
         "backward rule must be linear in g (the chain rule multiplies g by "
-        "the Jacobian); fix the rule, or write `jvp` by hand")
+        "the Jacobian); fix the rule, or write `jvp` by hand", self, method,
+        reason)
   return jax.linear_transpose(
       jax.extend.core.jaxpr_as_fun(backward_jaxpr), *examples)(tangents_live)
 

@@ -48,6 +48,16 @@ def error_of(fn, *args, kind=Exception):
   return str(e.value).split("\n--------------------")[0]
 
 
+def hijax_part(message):
+  """The last line of a message: hijax's detail, after JAX's wording."""
+  return message.rsplit("\n", 1)[-1]
+
+
+def source_of(f):
+  code = f.__code__
+  return f"{f.__name__} at {code.co_filename}:{code.co_firstlineno}"
+
+
 # --- rule outputs, checked --------------------------------------------------------
 
 def test_wrong_cotangent_shape_names_function_rule_argument_and_types():
@@ -57,6 +67,10 @@ def test_wrong_cotangent_shape_names_function_rule_argument_and_types():
   f = norm_with(short_bwd)
   message = error_of(jax.grad(f), jnp.ones(3), kind=ValueError)
   assert message == (
+      # JAX's own words, then hijax's
+      f"at output[0] the bwd rule attached to {source_of(f.fun)} produced an "
+      "output of type float32[2] which doesn't match expected type "
+      "float32[3]\n"
       "hijax.custom_vjp function norm: the bwd rule short_bwd returned a "
       "value of type float32[2] as the cotangent of argument x (position 0), "
       "but that argument has type float32[3], so its cotangent is "
@@ -91,6 +105,9 @@ def test_wrong_cotangent_dtype_and_pytree_path():
            lambda r, g: ({"w": (g * r[1]).astype(jnp.float16)}, g * r[0]["w"]))
   message = error_of(jax.grad(f), {"w": jnp.float32(2.)}, jnp.float32(3.))
   assert message.startswith(
+      f"at output[0]['w'] the bwd rule attached to {source_of(f.fun)} "
+      "produced an output of type float16[] which doesn't match expected type "
+      "float32[]\n"
       "hijax.custom_vjp function f: the bwd rule <lambda> returned a value of "
       "type float16[] as the cotangent of argument params (position 0)['w'], "
       "but that argument has type float32[], so its cotangent is float32[]. "
@@ -100,6 +117,11 @@ def test_wrong_cotangent_dtype_and_pytree_path():
 def test_wrong_number_and_structure_of_cotangents():
   f = norm_with(lambda res, g: (g, g))
   assert error_of(jax.grad(f), jnp.ones(3)) == (
+      "Custom VJP bwd rule must produce an output with the same container "
+      "(pytree) structure as the args tuple of the primal function, and in "
+      "particular must produce a tuple of length equal to the number of "
+      "arguments to the primal function, but got bwd output structure "
+      "PyTreeDef((*, *)) for primal input structure PyTreeDef((*,)).\n"
       "hijax.custom_vjp function norm: the bwd rule <lambda> must return a "
       "tuple with one cotangent per differentiable argument of norm (1: x "
       "(position 0)), but returned a tuple of length 2")
@@ -112,7 +134,7 @@ def test_wrong_number_and_structure_of_cotangents():
   def h(d):
     return d["a"] * d["b"]
   h.defvjp(lambda d: (h(d), d), lambda d, g: ({"a": g * d["b"]},))
-  assert error_of(jax.grad(h), {"a": 1., "b": 2.}) == (
+  assert hijax_part(error_of(jax.grad(h), {"a": 1., "b": 2.})) == (
       "hijax.custom_vjp function h: the bwd rule <lambda> returned a "
       "cotangent with structure PyTreeDef({'a': *}) for argument d "
       "(position 0), whose structure is PyTreeDef({'a': *, 'b': *}): return "
@@ -126,21 +148,44 @@ def test_wrong_symbolic_zero_cotangent():
   f.defvjp(lambda x, y: (f(x.value, y.value), None),
            lambda _, g: (g, SymbolicZero(jax.typeof(jnp.ones(2)))),
            symbolic_zeros=True)
-  message = error_of(jax.grad(f), 1., 2.)
+  message = error_of(jax.grad(f), 1., 2., kind=ValueError)
   assert "returned a symbolic zero of type float32[2] as the cotangent of " \
          "argument y (position 1)" in message
+  assert message.startswith(
+      f"at output[1] the bwd rule attached to {source_of(f.fun)} produced an "
+      "output of type float32[2] which doesn't match expected type float32[]."
+      " Consider just returning a None here instead of a SymbolicZero "
+      "object.\n")
 
 
 def test_wrong_fwd_output():
   f = norm_with(norm_bwd)
   f.defvjp(lambda x: (jnp.sum(x ** 2).astype(jnp.float16), (x, 1.)), norm_bwd)
   assert error_of(jax.grad(f), jnp.ones(3)) == (
+      "Custom VJP fwd rule <lambda> for function norm must produce a pair "
+      "(list or tuple of length two) where the first element represents the "
+      "primal output (equal to the output of the custom_vjp-decorated "
+      "function norm) and the second element represents residuals (i.e. "
+      "values stored from the forward pass for use on the backward pass), "
+      "but instead the fwd rule output's first element had shapes/dtypes "
+      "of:\n    float16[]\nwhile the custom_vjp-decorated function norm had "
+      "output shapes/dtypes of:\n    float32[]\n"
+      "at output, got fwd output type float16[] which doesn't match primal "
+      "output type float32[]\n"
       "hijax.custom_vjp function norm: the fwd rule <lambda> returned a value "
       "of type float16[] as its primal output, but norm returns float32[] "
       "there. Convert it with `.astype(jnp.float32)` (hijax does not convert "
       "silently). The primal output must equal norm(*args).")
   f.defvjp(lambda x: jnp.sum(x), norm_bwd)
-  assert error_of(jax.grad(f), jnp.ones(3)) == (
+  message = error_of(jax.grad(f), jnp.ones(3))
+  assert message.startswith(
+      "Custom VJP fwd rule <lambda> for function norm must produce a pair "
+      "(list or tuple of length two) where the first element represents the "
+      "primal output (equal to those of the custom_vjp-decorated function "
+      "norm) and the second element represents residuals (i.e. values stored "
+      "from the forward pass for use on the backward pass), but instead of a "
+      "pair the fwd rule <lambda> produced ")
+  assert hijax_part(message) == (
       "hijax.custom_vjp function norm: the fwd rule <lambda> must return a "
       "pair (primal output, residuals), but returned a ArrayImpl")
 
@@ -155,6 +200,9 @@ def test_wrong_jvp_tangent():
     (x,), (t,) = primals, tangents
     return f(x), {"a": jnp.cos(x) * t, "b": jnp.stack([t, t])}
   assert error_of(jax.jvp, f, (1.,), (1.,)) == (
+      "Custom JVP rule must produce primal and tangent outputs with "
+      "corresponding shapes and dtypes, but got:\n  primal float32[] with "
+      "tangent float32[2], expecting tangent float32[]\n"
       "hijax.custom_jvp function f: the jvp rule f_jvp returned a value of "
       "type float32[2] as the tangent of output['b'], but that output is "
       "float32[], so its tangent is float32[]. Return a value of shape ().")
@@ -173,6 +221,9 @@ def test_wrong_symbolic_zero_tangent_and_logs():
   g.defvjp_with_logs(lambda x: (jnp.sin(x), jnp.cos(x)),
                      lambda c, ct: ((c * ct,), ["not", "a", "dict"]))
   assert error_of(jax.grad(g), 1.) == (
+      "Custom VJP bwd rule was registered with defvjp_with_logs, and so the "
+      "second element of the pair it returns must be None or a dict of "
+      "backward-pass log entries, but got list.\n"
       "hijax.custom_vjp function sin: the bwd rule <lambda> was defined with "
       "defvjp_with_logs, so the second entry of the pair it returns must be "
       "None or a dict of backward-pass logs, but it is a list")

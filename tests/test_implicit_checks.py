@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hijax.implicit import Dense, MatMul, linear_solve
-from hijax.implicit._linear import _LAZY_NORM
+from hijax.implicit._backward_error import LAZY_NORM as _LAZY_NORM
 
 N = 70  # 70 x 70 >= _LAZY_NORM entries: the lazy path
 

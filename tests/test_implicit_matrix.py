@@ -13,6 +13,13 @@ from hypothesis import strategies as st
 
 from hijax.implicit import CG, Dense, MatMul, linear_solve
 
+# A TPU has no float64 LU (tests/test_implicit_precision.py::
+# test_a_tpu_has_no_float64_lu shows it there); Dense refuses it in words.
+NO_FLOAT64_LU = pytest.mark.skipif(
+    jax.default_backend() == "tpu",
+    reason="a TPU has no float64 LU (XLA: 'Only F32 and C64 types are "
+    "implemented in LuDecomposition'), which Dense needs")
+
 A3 = jnp.array([[3., 1., 0.5], [-1., 2., 0.3], [0.2, -0.7, 1.5]])
 B3 = jnp.array([1., -2., 0.5])
 
@@ -67,8 +74,10 @@ def test_a_product_with_a_params_leaf_is_solved_as_that_matrix(name):
   loss = lambda f: lambda b, A: jnp.sum(f(b, A) * jnp.arange(1., 4.))
   grad = jax.grad(loss(solve), argnums=(0, 1))
   close(jax.jit(grad)(B3, A3), jax.grad(loss(ref), argnums=(0, 1))(B3, A3))
-  # one LU for the solve and the transposed solve of its gradient
-  assert len(_compiled_lus(grad, B3, A3)) == 1
+  # one LU for the solve and the transposed solve of its gradient (counted
+  # by its LAPACK call: on a TPU, XLA expands an LU into loops)
+  if jax.default_backend() != "tpu":
+    assert len(_compiled_lus(grad, B3, A3)) == 1
   # forward mode, and a second derivative, go through the same rules
   tb, tA = jnp.array([0.5, 1., -1.]), jnp.ones((3, 3))
   close(jax.jvp(solve, (B3, A3), (tb, tA))[1],
@@ -121,6 +130,7 @@ def test_the_natural_form_compiles_to_the_program_of_matmul():
   assert "custom-call" in ops(named)
 
 
+@NO_FLOAT64_LU
 @settings(max_examples=12, deadline=None)
 @given(st.integers(2, 6), st.integers(0, 2 ** 16), st.booleans())
 def test_random_systems_match_a_dense_solve(n, seed, transposed):

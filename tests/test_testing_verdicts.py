@@ -244,31 +244,27 @@ def test_a_wrong_rule_of_an_inner_primitive_is_named_first():
   from hijax import HiPrim
   from hijax.derived import vjp_from_jvp
 
-  class CosN(HiPrim):
+  class Unary(HiPrim):
     def __init__(self, aval):
       self.in_avals, self.out_aval, self.params = (aval,), aval, {}
       super().__init__()
+    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
 
+  class CosN(Unary):
     def expand(self, x):
       return jnp.cos(x)
 
     def jvp(self, primals, tangents):
       (x,), (t,) = primals, tangents
       return self(x), jnp.sin(x) * t  # the sign is wrong
-    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
 
-  class SinN(HiPrim):
-    def __init__(self, aval):
-      self.in_avals, self.out_aval, self.params = (aval,), aval, {}
-      super().__init__()
-
+  class SinN(Unary):
     def expand(self, x):
       return jnp.sin(x)
 
     def jvp(self, primals, tangents):
       (x,), (t,) = primals, tangents
       return self(x), CosN(jax.typeof(x))(x) * t
-    vjp_fwd, vjp_bwd_retval = vjp_from_jvp
 
   with pytest.raises(RuleCheckError) as raised:
     check_rules(lambda x: SinN(jax.typeof(x))(x), jnp.array([0.3, 1.2]))

@@ -208,28 +208,30 @@ def checker(cases=("broken", "fixed"), x64s=(None, False)):
 
   x = jnp.array([-1.5, 0.3, 2.0])
   out = {}
-  for name, cls in (("broken", LogCosh), ("fixed", LogCoshFixed)):
-    if name not in cases:
-      continue
-    for x64 in x64s:
-      compiles = []
-      listener = lambda event, duration, **kw: compiles.append(event) if (
-          event == "/jax/core/compile/backend_compile_duration") else None
-      jax.monitoring.register_event_duration_secs_listener(listener)
-      t0 = time.perf_counter()
-      try:
-        report = check_rules(lambda x: cls(jax.typeof(x))(x), x, x64=x64,
-                             raise_on_failure=False)
-        verdict = {"passed": report.passed, "first_line": str(report).splitlines()[0],
-                   "failures": [f.rule + ": " + f.check for f in report.failures][:3],
-                   "verdict": getattr(report, "verdict", None)}
-      except Exception as e:  # pylint: disable=broad-except
-        verdict = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-      finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-      verdict["seconds"] = round(time.perf_counter() - t0, 1)
-      verdict["backend_compiles"] = len(compiles)
-      out[f"{name} x64={x64}"] = verdict
+  runs = [(name, cls, x64, device) for name, cls in (("broken", LogCosh),
+                                                    ("fixed", LogCoshFixed))
+          if name in cases for x64 in x64s for device in (None, False)]
+  for name, cls, x64, device in runs:
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if (
+        event == "/jax/core/compile/backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    t0 = time.perf_counter()
+    try:
+      report = check_rules(lambda x: cls(jax.typeof(x))(x), x, x64=x64,
+                           raise_on_failure=False, device=device)
+      verdict = {"passed": report.passed, "first_line": str(report).splitlines()[0],
+                 "failures": [f.rule + ": " + f.check for f in report.failures][:3],
+                 "verdict": getattr(report, "verdict", None),
+                 "devices": getattr(report, "devices", None)}
+    except Exception as e:  # pylint: disable=broad-except
+      verdict = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    finally:
+      jax.monitoring.unregister_event_duration_listener(listener)
+    verdict["seconds"] = round(time.perf_counter() - t0, 1)
+    verdict["backend_compiles"] = len(compiles)
+    where = "host only" if device is False else "default"
+    out[f"{name} x64={x64} {where}"] = verdict
   return out
 
 
@@ -238,10 +240,15 @@ def main():
   parser.add_argument("--out", required=True)
   parser.add_argument("--only", nargs="*", default=None)
   parser.add_argument("--checker-cases", default="broken,fixed")
+  parser.add_argument("--checker-x64", default="none,false",
+                      help="x64 settings of the checker cases: none, false")
   a = parser.parse_args()
   parts = {"matmul": matmul_errors, "transcendental": transcendental_errors,
            "gradient": gradient_error, "float64": float64_support, "cost": costs,
-           "checker": lambda: checker(a.checker_cases.split(","))}
+           "checker": lambda: checker(
+               a.checker_cases.split(","),
+               tuple({"none": None, "false": False}[v]
+                     for v in a.checker_x64.split(",")))}
   dev = jax.devices()[0]
   facts = {"environment": {"backend": jax.default_backend(), "device_kind": dev.device_kind,
                            "jax": jax.__version__,

@@ -296,6 +296,10 @@ def main():
                       help="seconds the measurements may take")
   parser.add_argument("--deadline", type=float, default=540,
                       help="seconds this whole run may take")
+  parser.add_argument("--tests-budget", type=float, default=float("inf"),
+                      help="seconds the tests may take (no new test starts after)")
+  parser.add_argument("--pages-budget", type=float, default=float("inf"),
+                      help="seconds the pages may take (no new cell starts after)")
   parser.add_argument("--merge", help="an earlier results file to add to")
   parser.add_argument("--records", help=argparse.SUPPRESS)
   parser.add_argument("--child", choices=("tests", "pages"), help=argparse.SUPPRESS)
@@ -345,36 +349,29 @@ def main():
                             "seconds": round(time.time() - t0, 1), "tail": tail[-1500:]})
     print(f"facts: {status}", flush=True)
     save()
-  if tests:
-    path = out / "tests.jsonl"
+  def child_part(part, names, budget, margin, summarize):
+    """Runs the child of ``part`` ("tests" or "pages") on ``names``, within
+    ``budget`` seconds and ``margin`` before the deadline, and records it."""
+    path = out / f"{part}.jsonl"
     path.unlink(missing_ok=True)
+    until = min(end - margin, time.time() + budget)
     status, tail, secs = _run_child(
-        ["--child", "tests", "--tests", *tests, "--until", str(end - 30)],
-        path, max(end - time.time(), 1))
-    records = _read(path)
-    envs = [r for r in records if r["kind"] == "environment"]
-    if envs:
-      results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
-    results["tests"].update(_summarize_tests(records))
-    results["runs"].append({"part": "tests", "files": tests, "status": status,
-                            "seconds": secs, "tail": tail[-1500:]})
-    print(f"tests: {status} in {secs} s", flush=True)
-    save()
-  if pages and time.time() < end - 20:
-    path = out / "pages.jsonl"
-    path.unlink(missing_ok=True)
-    status, tail, secs = _run_child(
-        ["--child", "pages", "--pages", *pages, "--until", str(end - 15)],
-        path, max(end - time.time(), 1))
+        ["--child", part, f"--{part}", *names, "--until", str(until)],
+        path, max(min(end, until + margin) - time.time(), 1))
     records = _read(path)
     envs = [r for r in records if r["kind"] == "environment"]
     if envs and "environment" not in results:
       results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
-    results["pages"].update(_summarize_pages(records))
-    results["runs"].append({"part": "pages", "pages": pages, "status": status,
+    results[part].update(summarize(records))
+    results["runs"].append({"part": part, part: names, "status": status,
                             "seconds": secs, "tail": tail[-1500:]})
-    print(f"pages: {status} in {secs} s", flush=True)
+    print(f"{part}: {status} in {secs} s", flush=True)
     save()
+
+  if tests:
+    child_part("tests", tests, a.tests_budget, 30, _summarize_tests)
+  if pages and time.time() < end - 20:
+    child_part("pages", pages, a.pages_budget, 15, _summarize_pages)
   for name in a.bench:
     if time.time() > end - 20:
       break

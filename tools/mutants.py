@@ -71,6 +71,10 @@ TESTING = ["tests/test_testing_gaps.py", "tests/test_testing_scale.py",
            "tests/test_testing.py"]
 MODULE_TESTS.update({
     "implicit/_linear.py": IMPLICIT,
+    "implicit/_dense.py": IMPLICIT,
+    "implicit/_krylov.py": IMPLICIT,
+    "implicit/_backward_error.py": IMPLICIT,
+    "implicit/_precision.py": IMPLICIT,
     "implicit/_status.py": IMPLICIT,
     "implicit/_nonlinear.py": IMPLICIT,
     "implicit/_primitives.py": IMPLICIT,

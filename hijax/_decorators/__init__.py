@@ -2,6 +2,8 @@
 
 The modules, each importing only those listed before it:
 
+  _jax_words  JAX's own wording of each error its decorators raise, which
+              hijax's messages begin with
   _arguments  keywords resolved to positions, non-differentiable arguments,
               names for messages
   _tracing    tracing a function once per call, hoisting the traced values
@@ -9,7 +11,10 @@ The modules, each importing only those listed before it:
   _outputs    what the rules return, checked, with messages naming the
               function, the rule and the argument
   _common     the decorator object and `Call`, one call signature
+  _dce        unused outputs of a call dropped (`PrunedCall`)
   _batching   ``vmap``: the rules' own batching, or a `defbatch` rule
+  _forward    custom_vjp's forward mode where it is not jvp_from_vjp's (a
+              bwd not linear in g, a function with logs); methods refused
   _vjp        `custom_vjp` and its primitive, `CustomVJPCall`
   _jvp        `custom_jvp` and its primitive, `CustomJVPCall`
 """

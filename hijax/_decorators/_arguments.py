@@ -6,7 +6,7 @@ to positions with the function's signature (defaults filled in), and the
 arguments named by ``nondiff_argnums``/``nondiff_argnames`` are handed to the
 rules as they are.
 
-Imports: the standard library only.
+Imports: the standard library and the decorators' `_jax_words`.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from hijax._decorators import _jax_words
 
 __all__ = ["nondiff_positions", "resolve", "Signature", "function_name"]
 
@@ -68,8 +70,10 @@ def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
             ) -> tuple[Any, ...]:
   """``args`` and ``kwargs`` as positional arguments of ``fun``.
 
-  Defaults are filled in, as JAX's decorators do; a keyword argument that has
-  no position (a keyword-only parameter) is a TypeError.
+  Defaults are filled in, as JAX's decorators do; arguments that do not bind
+  to the signature, or a keyword argument that has no position (a
+  keyword-only parameter), are a TypeError worded as JAX words it, with
+  hijax's detail after it.
   """
   target = fun
   if isinstance(fun, functools.partial):
@@ -80,24 +84,29 @@ def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
     signature = None  # no signature to read (a builtin)
   if signature is None and not kwargs:
     return args
+  name = function_name(fun)
+  jax_name = decorator.removeprefix("hijax.")
+  if signature is None:
+    raise TypeError(_jax_words.not_resolved(
+        jax_name, name, "no signature to bind keyword arguments with") +
+        f"\n{decorator} function {name}: pass its arguments by position")
   try:
-    if signature is None:
-      raise TypeError(f"{function_name(fun)} has no signature to bind "
-                      "keyword arguments with")
     bound = signature.bind(*args, **kwargs)
   except TypeError as e:
-    raise TypeError(
-        f"The input arguments to the {decorator}-decorated function "
-        f"{function_name(fun)} could not be resolved to positional-only "
-        f"arguments. Binding failed with the error:\n{e}") from e
+    raise TypeError(_jax_words.not_resolved(jax_name, name, str(e)) + (
+        f"\n{decorator} function {name}: it was called with "
+        f"{len(args)} positional argument(s) and the keyword(s) "
+        f"{sorted(kwargs)}, which do not fit its signature "
+        f"{signature}")) from e
   bound.apply_defaults()
   passed = [k for k in bound.kwargs if k in kwargs]
   if passed:
-    raise TypeError(
-        f"The input arguments to the {decorator}-decorated function "
-        f"{function_name(fun)} could not be resolved to positional-only "
-        "arguments. The following keyword arguments could not be resolved "
-        f"to positions: {', '.join(passed)}")
+    raise TypeError(_jax_words.not_resolved(
+        jax_name, name, "The following keyword arguments could not be "
+        f"resolved to positions: {', '.join(passed)}") + (
+        f"\n{decorator} function {name}: its rules receive its arguments by "
+        f"position, and {', '.join(passed)} is keyword-only; make it "
+        "positional, or bind it with functools.partial before decorating"))
   return tuple(bound.args)
 
 

@@ -16,6 +16,10 @@ of the function, which calls of the function inside the rule receive)
 become inputs of `BatchedByRule`, so it can be lowered and differentiated
 after that trace has ended.
 
+A call with no batched argument inside a ``vmap`` that names its axis is
+batched too (`install_named_axis_batching`): the function may use the name
+(``psum``, ``axis_index``), which only that vmap can evaluate.
+
 Imports: `hijax.primitive`, `hijax.batching`, `hijax._checks`, the
 decorators' private modules, jax.
 """
@@ -27,15 +31,16 @@ import jax
 import jax.numpy as jnp
 
 from hijax import _checks
-from hijax._decorators import _tracing
+from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._outputs import pair
-from hijax._internals import core
+from hijax._internals import batching, core
 from hijax._util import is_none
-from hijax.batching import Batched, batch_from_dim_rule
+from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
 from hijax.primitive import HiPrim
 
-__all__ = ["BatchRules", "BatchedByRule"]
+__all__ = ["BatchRules", "BatchedByRule", "install_named_axis_batching",
+           "UnbatchedCallBatched"]
 
 
 class BatchRules:
@@ -56,6 +61,72 @@ class BatchRules:
     if rule is None or any(d is not None for d in dims[-1]):
       return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
     return _batch_by_rule(self, rule, axis_data, args, dims)
+
+
+# --- no argument batched, inside a vmap with an axis name ---------------------
+
+def install_named_axis_batching(cls: type) -> None:
+  """Batches a call of ``cls``'s primitive with no batched argument inside
+  a ``vmap`` that names its axis: the function may use that name (a
+  ``psum``, an ``axis_index``), which only the vmap's trace can evaluate, so
+  the call is batched (`Batched`, each output batched where vmapping the
+  function makes it so) rather than evaluated outside the vmap. Elsewhere
+  hijax's own batching rule applies (an unbatched call is left as it is)."""
+  primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
+  own = batching.fancy_primitive_batchers[primitive]
+
+  def rule(axis_data, args_flat, dims_flat, **params):
+    # (an unnamed vmap's name is a bare object(): no code can name it)
+    if (type(axis_data.name) is object
+        or any(d is not None for d in dims_flat)):
+      return own(axis_data, args_flat, dims_flat, **params)
+    return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
+  batching.fancy_primitive_batchers[primitive] = rule
+
+
+def _batch_unbatched_call(prim, axis_data, args_flat):
+  args = jax.tree.unflatten(prim.in_tree, args_flat)
+  dims = jax.tree.map(lambda _: None, args)
+  infer = jax.tree.map(lambda _: batching.infer, prim.out_aval)
+  inferred = []
+
+  def vmapped(*args):
+    out, out_dims = vmap_rule(axis_data, prim.expand, dims, infer)(*args)
+    inferred.append(out_dims)
+    return out
+  jax.make_jaxpr(vmapped)(*args)
+  out_dim = inferred[0]
+  out = UnbatchedCallBatched(prim, axis_data, dims, out_dim)(*args)
+  return (jax.tree.leaves(out),
+          jax.tree.leaves(out_dim, is_leaf=is_none))
+
+
+class UnbatchedCallBatched(Batched):
+  """`Batched` for a call with no batched argument, whose outputs are
+  batched where vmapping the function makes them so: a rule whose output is
+  batched where the function's is not raises JAX's error for it."""
+
+  def _vmap(self, f, in_axes, out_axes, **kwargs):
+    vmapped = super()._vmap(f, in_axes, out_axes, **kwargs)
+    owner = self.prim._call.owner
+
+    def call(*args):
+      try:
+        return vmapped(*args)
+      except ValueError as e:
+        if "out_axes is None" not in str(e):
+          raise
+        member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
+                  else "fwd rule" if owner.decorator == "custom_vjp"
+                  else "rules")
+        raise ValueError(
+            f"{_jax_words.overbatched(member, owner.fun_name)}\n{owner}: no "
+            "argument of this call is batched, but a value its rules compute "
+            f"depends on the vmap axis {self.axis_data.name!r} (an "
+            "axis_index or a collective, say) where the function's own value "
+            "does not. Compute that value in the function too, or pass "
+            "what it depends on as a batched argument") from e
+    return call
 
 
 def _leading(x, d):

@@ -38,7 +38,8 @@ from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import instantiate_zeros
 
-__all__ = ["Decorated", "Call", "example_of", "to_rule_zeros"]
+__all__ = ["Decorated", "Call", "KeepsPythonScalars", "example_of",
+           "to_rule_zeros"]
 
 
 def example_of(aval: Any) -> Any:
@@ -60,6 +61,22 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
   return jax.tree.map(convert, tree, is_leaf=is_zero)
 
 
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
+class KeepsPythonScalars:
+  """For the primitives of the decorators (a mixin placed before `HiPrim`):
+  a Python scalar argument reaches the rules as it is, not as an array, as
+  JAX's decorators hand it on; so an eager ``jax.jvp`` or ``jax.vjp`` whose
+  rules compute on Python floats returns Python floats, as with JAX."""
+
+  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
+    checked = super().check_args(args)  # pyright: ignore[reportAttributeAccessIssue]
+    given = args if self._args_are_leaves else jax.tree.leaves(args)  # pyright: ignore[reportAttributeAccessIssue]
+    return [x if type(x) in _PYTHON_SCALARS else c
+            for x, c in zip(given, checked)]
+
+
 class Call:
   """One call signature of a decorated function: the traced function, the
   traced values hoisted out of it and its rules, and the primitive.
@@ -76,8 +93,7 @@ class Call:
     self.decorated, self.signature = decorated, signature
     self.statics, self.key = statics, key
     self.name = function_name(decorated.fun)
-    nondiff_leaves = jax.tree.leaves(statics)
-    self.hoisted = _tracing.Hoisted(nondiff_leaves)
+    self.hoisted = _tracing.Hoisted()
     fun = decorated.fun
     self.primal, _ = _tracing.trace(
         self.name, lambda *d: fun(*signature.merge(statics, d)), diff_args,
@@ -85,12 +101,14 @@ class Call:
     leaves, self.in_tree = jax.tree.flatten(diff_args)
     self.in_avals_flat = [core.typeof(x) for x in leaves]
     self.owner = RuleOwner(
-        decorated.kind, self.name, signature.names, self.in_tree,
+        decorated.kind, fun, self.name, signature.names, self.in_tree,
         self.in_avals_flat, self.primal.out_tree, self.primal.out_avals)
     self.rules: dict[str, _tracing.Traced] = {}
     self.effects = self.primal.effects
-    self.trace_rules(diff_args)  # may add hoisted values
+    # (set before the rules are traced: a rule that calls the function
+    # itself binds this call's primitive while it is traced again)
     self._instance: Any = None
+    self.trace_rules(diff_args)  # may add hoisted values
 
   # --- tracing the rules once -------------------------------------------------
 
@@ -109,8 +127,7 @@ class Call:
       with _tracing.running(entry):
         traced, shape = _tracing.trace(name, fn, args, self.hoisted)
     except Exception:  # noqa: BLE001 (reported when the rule is used)
-      del self.hoisted.values[before:]
-      del self.hoisted.differentiable[before:]
+      self.hoisted.truncate(before)
       return None
     return traced, shape, entry.reentered
 
@@ -136,8 +153,7 @@ class Call:
         if again is not None and len(self.hoisted) == n_hoisted:
           traced = again[0]
         else:  # keep the first tracing: its first derivatives are the same
-          del self.hoisted.values[n_hoisted:]
-          del self.hoisted.differentiable[n_hoisted:]
+          self.hoisted.truncate(n_hoisted)
       self.rules[name] = traced
 
   # --- binding --------------------------------------------------------------------
@@ -172,9 +188,10 @@ class Call:
   # --- closed-over values being differentiated --------------------------------
 
   def differentiated_hoisted(self, nzs: Sequence[bool]) -> list[int]:
-    """The hoisted values (indices) that are perturbed and differentiable."""
-    return [i for i, (nz, d) in enumerate(zip(nzs, self.hoisted.differentiable))
-            if nz and d]
+    """The hoisted values (indices) that are perturbed: the rules give no
+    derivative with respect to them (closed-over values, and traced values
+    in non-differentiable arguments), so the function's own code does."""
+    return [i for i, nz in enumerate(nzs) if nz]
 
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:

@@ -13,6 +13,7 @@ decorators' private modules, jax.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,11 +22,13 @@ import jax.numpy as jnp
 from jax.custom_derivatives import zero_from_primal
 
 from hijax import _linearity
-from hijax._decorators import _tracing
+from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import BatchRules
-from hijax._decorators._common import (Call, Decorated, example_of,
-                                       to_rule_zeros)
+from hijax._decorators._batching import (BatchRules,
+                                          install_named_axis_batching)
+from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
+                                       example_of, to_rule_zeros)
+from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import pair, primal_out, tangent_out
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
@@ -73,9 +76,12 @@ class JVPCall(Call):
             xs, to_rule_zeros(tuple(txs), self.decorated.symbolic_zeros))
     rule = f"the jvp rule {self.jvp_name}"
     out, tangent = pair(self.owner, rule, result,
-                        "(primal output, tangent output)")
-    primal_out(self.owner, rule, out)
-    return out, tangent_out(self.owner, rule, tangent)
+                        "(primal output, tangent output)", functools.partial(
+                            _jax_words.jvp_not_pair, self.jvp_name, self.name))
+    primal_out(self.owner, rule, out, lambda shapes, got, expected, _:
+               _jax_words.jvp_primal(self.jvp_name, self.name, shapes, got,
+                                     expected))
+    return out, tangent_out(self.owner, rule, tangent, self.jvp_name)
 
 
 def _add(a, b):
@@ -90,7 +96,7 @@ def _nonzero(t) -> bool:
   return not (t is None or is_zero(t) or is_float0(t))
 
 
-class CustomJVPCall(BatchRules, HiPrim):
+class CustomJVPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
   """The primitive of one call signature of a `custom_jvp` function.
 
   Its inputs are the function's differentiable arguments and, last, the
@@ -111,7 +117,7 @@ class CustomJVPCall(BatchRules, HiPrim):
 
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
-    return self._call.primal(hvals, *xs)
+    return self._call.primal.as_call(hvals, *xs)
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     call = self._call
@@ -168,6 +174,10 @@ class LinearCustomJVPCall(CustomJVPCall):
       acc.accum(c)
 
 
+for _cls in (CustomJVPCall, LinearCustomJVPCall):
+  install_named_axis_batching(_cls)
+
+
 _LINEARITY_LEAVES = 32
 """Input leaves whose linearity is tested (each walk is one pass over the
 function's equations); a function linear only in a later leaf is not
@@ -202,7 +212,8 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   What it adds to ``jax.custom_jvp``: traced values that ``fun`` or the rule
   close over are passed in as inputs (no escaped tracer; the derivative of
   ``f`` with respect to a closed-over value that ``fun`` reads is that of
-  ``fun``'s own code); `custom_jvp.defbatch` for ``vmap``, the batched
+  ``fun``'s own code, and so is its derivative with respect to a traced
+  value in a non-differentiable argument, where JAX's gives a silent zero); `custom_jvp.defbatch` for ``vmap``, the batched
   function being differentiated with the jvp rule; every value the rule
   returns checked against the function's types, with an error naming the
   function, the rule and the output; and what a `HiPrim` has (residual

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core)
 import numpy as np
+from jax.extend.core.primitives import closed_call_p
 
 from hijax._internals import core
 
@@ -38,19 +39,12 @@ __all__ = ["Hoisted", "Traced", "trace", "Entry", "running", "find",
 
 
 class Hoisted:
-  """The traced values a call's functions close over, in order, each once.
+  """The traced values a call's functions close over, in order, each once
+  (those of its non-differentiable arguments among them)."""
 
-  ``differentiable[i]`` is False for a value that came from a
-  non-differentiable argument: its tangents and cotangents are dropped, as
-  ``jax.lax.stop_gradient`` would.
-  """
-
-  def __init__(self, nondiff_leaves: Sequence[Any] = ()):
+  def __init__(self):
     self.values: list[Any] = []
-    self.differentiable: list[bool] = []
     self._index: dict[int, int] = {}
-    self._nondiff = {id(x) for x in nondiff_leaves
-                     if isinstance(x, core.Tracer)}
 
   def slot(self, tracer: Any) -> int:
     """The index of ``tracer`` among the hoisted values (added if new)."""
@@ -58,8 +52,14 @@ class Hoisted:
     if i is None:
       i = self._index[id(tracer)] = len(self.values)
       self.values.append(tracer)
-      self.differentiable.append(id(tracer) not in self._nondiff)
     return i
+
+  def truncate(self, n: int) -> None:
+    """Drops the values added after the first ``n`` (a tracing that is not
+    kept); a dropped tracer gets a new slot if it is asked for again."""
+    for x in self.values[n:]:
+      del self._index[id(x)]
+    del self.values[n:]
 
   def __len__(self) -> int:
     return len(self.values)
@@ -79,6 +79,7 @@ class Traced:
     self.in_tree, self.out_tree = in_tree, out_tree
     self.out_avals = list(closed.out_avals)
     self.effects = closed.jaxpr.effects
+    self._call_jaxpr: tuple[Any, list[int]] | None = None
 
   @property
   def hoists(self) -> bool:
@@ -92,6 +93,43 @@ class Traced:
     closed = jax.extend.core.ClosedJaxpr(self.jaxpr, consts)  # pyright: ignore[reportPrivateImportUsage]
     out = jax.extend.core.jaxpr_as_fun(closed)(*flat)
     return jax.tree.unflatten(self.out_tree, out)
+
+  def as_call(self, hoisted_values: Sequence[Any], *args: Any) -> Any:
+    """Like calling it, but recorded as one equation calling its jaxpr
+    (JAX's ``closed_call``, whose rules prune and differentiate it) rather
+    than as its equations one by one: what lowering a call under ``jit``
+    records, as JAX's decorators do."""
+    if self._call_jaxpr is None:
+      self._call_jaxpr = self._with_hoisted_inputs()
+    closed, used = self._call_jaxpr
+    if closed is None:  # (types make_jaxpr cannot take: evaluated in place)
+      return self(hoisted_values, *args)
+    out = closed_call_p.bind(*[hoisted_values[s] for s in used],
+                             *self.in_tree.flatten_up_to(args),
+                             call_jaxpr=closed)
+    return jax.tree.unflatten(self.out_tree, out)
+
+  def _with_hoisted_inputs(self) -> tuple[Any, list[int]]:
+    """The jaxpr with the hoisted values it reads as its first inputs (the
+    other constants stay constants), and those values' slots."""
+    used = sorted({s for s in self.slots if s is not None})
+    hoisted_avals = {s: v.aval for s, v in zip(self.slots,
+                                                self.jaxpr.constvars)
+                     if s is not None}
+    avals = [hoisted_avals[s] for s in used] + [v.aval
+                                                for v in self.jaxpr.invars]
+    if not all(type(a) is core.ShapedArray for a in avals):
+      return None, used
+
+    def with_inputs(*values):
+      hoisted = dict(zip(used, values[:len(used)]))
+      consts = [c if s is None else hoisted[s]
+                for c, s in zip(self.consts, self.slots)]
+      closed = jax.extend.core.ClosedJaxpr(self.jaxpr, consts)  # pyright: ignore[reportPrivateImportUsage]
+      return jax.extend.core.jaxpr_as_fun(closed)(*values[len(used):])
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+             for a in avals]
+    return jax.make_jaxpr(with_inputs)(*specs), used
 
 
 def trace(name: str, fn: Callable[..., Any], args: tuple[Any, ...],

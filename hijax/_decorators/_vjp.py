@@ -21,22 +21,26 @@ decorators' private modules, jax.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from hijax._decorators import _tracing
+from hijax._decorators import _forward, _jax_words, _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import BatchRules
-from hijax._decorators._common import (Call, Decorated, example_of,
-                                       to_rule_zeros)
+from hijax._decorators._batching import (BatchRules,
+                                          install_named_axis_batching)
+from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
+                                       example_of, to_rule_zeros)
+from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import cotangents, pair, primal_out
-from hijax._internals import batching
+from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
-from hijax.autodiff import Zero, _bind_linearized, instantiate_zeros
-from hijax.derived import jvp_from_vjp, linearize_from_jvp
+from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
+from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
+                            linearize_from_jvp)
 from hijax.primitive import HiPrim
 
 __all__ = ["custom_vjp", "CustomVJPCall"]
@@ -45,7 +49,7 @@ __all__ = ["custom_vjp", "CustomVJPCall"]
 class VJPCall(Call):
   """A call of a `custom_vjp` function: the function, ``fwd`` and ``bwd``."""
 
-  forward_mode_error: str | None = None
+  forward_mode_error: NonlinearBackwardError | None = None
   """Why forward mode is refused, once `CustomVJPCall.jvp` found out."""
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
@@ -84,7 +88,22 @@ class VJPCall(Call):
     return fwd
 
   def _bwd_direct(self, res: Any, g: Any) -> Any:
-    return self.decorated.bwd(*self.statics, res, g)
+    d = self.decorated
+    if not d.with_accums:
+      return d.bwd(*self.statics, res, g)
+    # bwd(res, g, *accums), as `(cotangents, logs)`: one value accumulator
+    # per argument leaf, read back (a zero stays JAX's Zero, not None)
+    accums = [ValAccum(a.to_ct_aval()) for a in self.in_avals_flat]
+    logs = d.bwd(*self.statics, res, g,
+                 *jax.tree.unflatten(self.in_tree, accums))
+    if logs is not None and type(logs) is not dict:
+      raise self.owner.error(
+          f"the bwd rule {self.bwd_name}", "was defined with "
+          "defvjp_with_accums, so it must return None or a dict of "
+          f"backward-pass logs, but returned a {type(logs).__name__}",
+          TypeError, _jax_words.accums_logs_not_dict(logs))
+    cts = jax.tree.unflatten(self.in_tree, [a.freeze() for a in accums])
+    return tuple(cts), logs
 
   # --- the rules, as the primitive runs them ------------------------------------
 
@@ -96,9 +115,21 @@ class VJPCall(Call):
       with self.running(hvals):
         result = self._fwd_with(nzs)(*xs)
     rule = f"the fwd rule {self.fwd_name}"
-    out, res = pair(self.owner, rule, result, "(primal output, residuals)")
-    primal_out(self.owner, rule, out)
+    out, res = pair(self.owner, rule, result, "(primal output, residuals)",
+                    functools.partial(_jax_words.fwd_not_pair, self.fwd_name,
+                                      self.name))
+    primal_out(self.owner, rule, out, self._fwd_primal_words)
     return out, res
+
+  def _fwd_primal_words(self, shapes: bool, got: str, expected: str,
+                        mismatch: Any) -> str:
+    """JAX's wording for fwd's primal output of another structure or type
+    (in both the words of JAX's custom_vjp and of its newer one)."""
+    words = _jax_words.fwd_primal(self.fwd_name, self.name, shapes, got,
+                                  expected)
+    if mismatch is not None:
+      words += "\n" + _jax_words.fwd_output_type(*mismatch)
+    return words
 
   def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
     traced = self.rules.get("bwd")
@@ -111,16 +142,18 @@ class VJPCall(Call):
     rule = f"the bwd rule {self.bwd_name}"
     logs = None
     if self.decorated.with_logs:
-      result, logs = pair(self.owner, rule, result, "(cotangents, logs)")
+      result, logs = pair(self.owner, rule, result, "(cotangents, logs)",
+                          _jax_words.logs_not_pair)
       if logs is not None and type(logs) is not dict:
         raise self.owner.error(
             rule, "was defined with defvjp_with_logs, so the second entry of "
             "the pair it returns must be None or a dict of backward-pass "
-            f"logs, but it is a {type(logs).__name__}")
+            f"logs, but it is a {type(logs).__name__}", TypeError,
+            _jax_words.logs_not_dict(logs))
     return cotangents(self.owner, rule, result), logs
 
 
-class CustomVJPCall(BatchRules, HiPrim):
+class CustomVJPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
   """The primitive of one call signature of a `custom_vjp` function.
 
   Its inputs are the function's differentiable arguments and, last, the
@@ -137,12 +170,11 @@ class CustomVJPCall(BatchRules, HiPrim):
     self.in_avals, self.out_aval = in_avals, out_aval
     self.params = dict(fun=call.name, _call=call)
     self.effects = call.effects
-    self.vjp_bwd_retval_logs = call.decorated.with_logs
     super().__init__()
 
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
-    return self._call.primal(hvals, *xs)
+    return self._call.primal.as_call(hvals, *xs)
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     call = self._call
@@ -166,11 +198,13 @@ class CustomVJPCall(BatchRules, HiPrim):
         raise call.closure_error(e) from e
     return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
 
-  def vjp_bwd_retval(self, res: Any, g: Any) -> Any:
+  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
+    """Runs bwd and adds its cotangents, leaf by leaf, into the accumulators
+    (an argument's pytree is never rebuilt with None for a zero, which a
+    pytree node may refuse); returns bwd's logs, if it has them."""
     call = self._call
     user_res, bwd_hvals, closure_vjp, closed = res
     cts_flat, logs = call.run_bwd(user_res, g, bwd_hvals or ())
-    cts = jax.tree.unflatten(call.in_tree, cts_flat)
     ct_h: list[Any] = [None] * len(call.hoisted)
     if closure_vjp is not None:
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
@@ -180,8 +214,11 @@ class CustomVJPCall(BatchRules, HiPrim):
         raise call.closure_error(e) from e
       for i, ct in zip(closed.value, closed_cts):
         ct_h[i] = ct
-    out = (*cts, tuple(ct_h))
-    return (out, logs) if call.decorated.with_logs else out
+    accums = self.in_tree.flatten_up_to(arg_accums)
+    for acc, ct in zip(accums, [*cts_flat, *ct_h]):
+      if ct is not None:
+        acc.accum(ct)
+    return logs if call.decorated.with_logs else None
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`).
@@ -191,16 +228,25 @@ class CustomVJPCall(BatchRules, HiPrim):
     equation that only transposition evaluates (its transpose is ``bwd``):
     reverse mode through a forward pass (JAX's default ``jax.checkpoint``, a
     ``jax.linearize`` that is transposed) works, and a forward-mode value
-    raises the error that says why.
+    raises the error that says why. A function defined with
+    ``defvjp_with_logs`` gets that equation too (transposing it runs ``bwd``,
+    whose logs then reach ``with_logs`` under ``jax.checkpoint``), and its
+    forward-mode value is ``bwd`` transposed. With ``optimize_remat``, the
+    primal output is the function's own, as in JAX.
     """
-    try:
-      return jvp_from_vjp(self, primals, tangents)
-    except TypeError as e:
-      error = _nonlinear_bwd_error(self._call, e)
-      if error is e:
-        raise
-      self._call.forward_mode_error = str(error)
-    return self._transpose_only_tangent(primals, tangents)
+    call = self._call
+    derived = None
+    if not call.decorated.with_logs:
+      try:
+        derived = jvp_from_vjp(self, primals, tangents)
+      except NonlinearBackwardError as e:
+        if e.prim is not self:
+          raise  # another primitive's rule, inside bwd
+        call.forward_mode_error = _forward.nonlinear_bwd_error(call, e)
+    out, tangent = derived or self._transpose_only_tangent(primals, tangents)
+    if call.decorated.optimize_remat:
+      out = self(*primals)  # fwd is for residuals only, as in JAX
+    return out, tangent
 
   def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
     tangent_avals = [a.to_tangent_aval() for a in self.in_avals_flat]
@@ -221,41 +267,18 @@ class CustomVJPCall(BatchRules, HiPrim):
 
 
 VJPCall.primitive_class = CustomVJPCall
-
-
-def _forward_mode_refused(*_: Any, prim: CustomVJPCall, **__: Any) -> Any:
-  """Evaluating (or batching) the transpose-only tangent of a ``bwd`` that
-  is not linear in ``g``: the error `CustomVJPCall.jvp` kept."""
-  raise TypeError(prim._call.forward_mode_error or (
-      f"{prim._call.owner} cannot be differentiated in forward mode"))
+install_named_axis_batching(CustomVJPCall)
 
 
 # The tangent equation of `_transpose_only_tangent` is this class's linearized
-# primitive (hijax.autodiff registers its transpose, which calls bwd); where
-# a value of it is needed, it says why forward mode is refused.
-CustomVJPCall._linearized_primitive.to_lojax = _forward_mode_refused
+# primitive (hijax.autodiff registers its transpose, which calls bwd); its
+# value, where one is needed, is bwd transposed in g, or the error that says
+# why forward mode is refused.
+CustomVJPCall._linearized_primitive.to_lojax = _forward.linearized_value
 batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
-    _forward_mode_refused)
+    _forward.linearized_batched)
+ad.primitive_jvps[CustomVJPCall._linearized_primitive] = _forward.linearized_jvp
 
-
-def _nonlinear_bwd_error(call: VJPCall, e: TypeError) -> Exception:
-  """`jvp_from_vjp`'s error for a bwd rule that is not linear in ``g``, in
-  the terms of the decorated function; any other error as it is."""
-  message = str(e)
-  head = f"{CustomVJPCall.__name__}.jvp = jvp_from_vjp"
-  start, end = "is not linear in g: ", ". A backward rule must be linear"
-  if not message.startswith(head) or start not in message or end not in message:
-    return e
-  reason = message[message.index(start) + len(start):message.index(end)]
-  return call.owner.error(
-      f"the bwd rule {call.bwd_name}",
-      "is not linear in the cotangent g, so forward mode (jax.jvp, "
-      f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
-      f"{reason}. hijax.custom_vjp derives forward mode by transposing bwd "
-      "in g, which is right only for a rule linear in g (the chain rule "
-      "multiplies g by the Jacobian). If the rule is meant to change g (a "
-      "clipped or scaled gradient), give forward mode a rule of its own with "
-      "hijax.custom_jvp; otherwise fix the rule")
 
 
 class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
@@ -282,8 +305,10 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     the rules;
   * every value the rules return is checked against the function's types,
     with an error naming the function, the rule and the argument;
-  * a non-differentiable argument may hold traced values (they get no
-    derivative, as with ``jax.custom_jvp``);
+  * a non-differentiable argument may hold traced values (under ``jit`` or
+    ``vmap``, say); differentiated with respect to one, ``f`` has the
+    derivative of ``fun``'s own code, as for a closed-over value (JAX's
+    ``custom_vjp`` raises, and its ``custom_jvp`` gives a silent zero);
   * it is a `HiPrim` underneath: residual reports, ``jax.checkpoint`` and
     `hijax.testing.check_rules` apply to it.
   """
@@ -296,6 +321,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   optimize_remat: bool
   generic_batching: bool
   with_logs: bool
+  with_accums: bool
 
   def __init__(self, fun: Callable[..., Any],
                nondiff_argnums: Sequence[int] = (),
@@ -303,7 +329,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     super().__init__(fun, nondiff_argnums, nondiff_argnames)
     self.fwd = self.bwd = None
     self.symbolic_zeros = self.optimize_remat = False
-    self.generic_batching = self.with_logs = False
+    self.generic_batching = self.with_logs = self.with_accums = False
 
   def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
              symbolic_zeros: bool = False, optimize_remat: bool = False,
@@ -354,12 +380,44 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
     self.with_logs = True
 
+  def defvjp_with_accums(self, fwd: Callable[..., Any],
+                         bwd: Callable[..., Any], symbolic_zeros: bool = False,
+                         optimize_remat: bool = False,
+                         generic_batching: bool = False) -> None:
+    """Like `defvjp`, but ``bwd`` adds its cotangents to accumulators, as
+    for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12).
+
+    ``bwd(*nondiff_args, res, g, *arg_accums)`` receives one gradient
+    accumulator per differentiable argument (a pytree like it: a
+    ``ValAccum`` for each leaf), calls ``acc.accum(ct)`` for each
+    contribution, and returns None or a dict of backward-pass logs.
+    """
+    self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
+    self.with_logs = self.with_accums = True
+
+  def defremat(self, *_: Any, **__: Any) -> None:
+    """Refused: hijax.custom_vjp has no rematerialization rules of its own.
+
+    Raises NotImplementedError naming the alternatives: `defvjp` under
+    ``jax.checkpoint`` (its policy applies to ``fwd``, with
+    ``checkpoint_name`` marking the residuals to save), or
+    `hijax.custom_remat`, whose ``(fwd, rem, bwd)`` rules are those of
+    JAX's ``defremat`` (its ``fwd`` also receives the policy).
+    """
+    raise _forward.remat_refused("defremat")
+
+  def defremat_with_logs(self, *_: Any, **__: Any) -> None:
+    """Refused, as `defremat` is (NotImplementedError naming the
+    alternatives: `defvjp_with_logs`, or `hijax.custom_remat`)."""
+    raise _forward.remat_refused("defremat_with_logs")
+
   def _has_rules(self) -> bool:
     return self.fwd is not None and self.bwd is not None
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
-    define = f.defvjp_with_logs if self.with_logs else f.defvjp
+    define = (f.defvjp_with_accums if self.with_accums  # pyright: ignore[reportAttributeAccessIssue]
+              else f.defvjp_with_logs if self.with_logs else f.defvjp)
     define(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros,  # pyright: ignore[reportArgumentType]
            optimize_remat=self.optimize_remat)
     return f

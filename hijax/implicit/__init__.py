@@ -77,7 +77,9 @@ system is solved at all.
 from __future__ import annotations
 
 from hijax.implicit._api import fixed_point, linear_solve, root
-from hijax.implicit._linear import CG, GMRES, Dense, MatMul
+from hijax.implicit._dense import Dense
+from hijax.implicit._krylov import CG, GMRES
+from hijax.implicit._linear import MatMul
 from hijax.implicit._nonlinear import FixedPointIteration, Newton
 from hijax.implicit._primitives import FixedPoint, LinearSolve, Root
 from hijax.implicit._status import REASONS, SolveError, Status, default_tol

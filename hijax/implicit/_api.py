@@ -28,7 +28,8 @@ from hijax._internals import ad, batching, core
 from hijax._util import store_bounded
 from hijax.closure import closure_convert_params
 from hijax.implicit._function_key import Uncacheable, by_identity, split
-from hijax.implicit._linear import Dense, MatMul
+from hijax.implicit._dense import Dense
+from hijax.implicit._linear import MatMul
 from hijax.implicit._matrix import matrix_matvec
 from hijax.implicit._nonlinear import FixedPointIteration, Newton
 from hijax.implicit._primitives import (FixedPoint, LinearSolve, Root, _avals,

@@ -3,8 +3,25 @@
 
 Tolerances are per leaf of the unknown's pytree: a leaf is converged when the
 error measure of that leaf is at most ``tol * (1 + max|x_leaf|)``, with
-``tol`` (None: `default_tol` of the leaf's dtype) the same for every leaf when
-given.
+``tol`` (None: `default_tol` of the leaf's dtype) the same for every leaf
+when given. ``f`` and ``g`` are evaluated at `iteration_precision`: on a
+TPU, where a float32 matrix product at the default precision rounds to
+bfloat16, at float32's.
+
+What each checks: `FixedPointIteration` its convergence test alone (the
+distance to the fixed point, estimated from the steps, and finiteness).
+`Newton` decides convergence on its last step, which is as good as that
+step's linear solve, and checks the linear solve of every step: checking
+the last one only (each step's solve unchecked, the last step kept out of
+the loop, checked after it, and the loop run again with every step checked
+where that failed, so that failures kept their reasons) was measured slower
+on a CPU (the scalar root of the benchmark 16%, an HVP of a 50-unknown root
+7%): under ``vmap`` each array the loop carries costs a select over the
+batch per step, and the last step is two or three more; unbatched, carrying
+the last step's matrix out cost more than the checks' matrix-vector
+products. For one unknown the check of a step is now its finiteness (a
+division is correctly rounded: `Dense._check`'s ``quotient``), which took
+most of its cost.
 """
 from __future__ import annotations
 
@@ -16,7 +33,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from hijax.implicit._linear import Dense
+from hijax.implicit._dense import Dense
+from hijax.implicit._precision import evaluated_at, iteration_precision_of
 from hijax.implicit._status import (CONVERGED, LINEAR_FAILED, MAX_ITER,
                                     NONFINITE, all_finite, default_tol,
                                     solved, status)
@@ -32,6 +50,18 @@ def _leaf_max_abs(tree: Any) -> Any:
 def _tols(tol: Any, tree: Any) -> Any:
   return [default_tol(x.dtype) if tol is None else tol
           for x in jax.tree.leaves(tree)]
+
+
+def _at_iteration_precision(fn: Callable, x0: Any) -> Callable:
+  """``fn(x, params)`` evaluated at `iteration_precision_of` ``x0``."""
+  precision = iteration_precision_of(x0)
+  if precision is None:
+    return fn
+
+  def evaluated(x: Any, params: Any) -> Any:
+    with evaluated_at(precision):
+      return fn(x, params)
+  return evaluated
 
 
 _HISTORY = 8  # past step sizes kept per leaf, to estimate a contraction rate
@@ -135,6 +165,8 @@ class FixedPointIteration:
   max_iter: int = 10_000
 
   def __call__(self, f: Callable, x0: Any, params: Any) -> Any:
+    f = _at_iteration_precision(f, x0)
+
     def step(x: Any) -> Any:
       new = f(x, params)
       return new, jax.tree.map(jnp.subtract, new, x), jnp.bool_(True)
@@ -152,7 +184,8 @@ class Newton:
   root, and the returned iterate is closer still); the linear solve of that
   last step must have succeeded. None: `default_tol`. ``max_iter`` (50)
   reached, a non-finite iterate (a singular Jacobian) or a failed linear
-  solve is a failure.
+  solve is a failure: the loop stops at the first step whose linear solve
+  failed, and says so.
   """
   _status_is_declared = True  # its Status is built by `status`
   tol: float | None = None
@@ -160,6 +193,8 @@ class Newton:
   linear_solver: Callable = Dense()
 
   def __call__(self, g: Callable, x0: Any, params: Any) -> Any:
+    g = _at_iteration_precision(g, x0)
+
     def step(x: Any) -> Any:
       gx = lambda y: g(y, params)
       matvec = lambda v: jax.jvp(gx, (x,), (v,))[1]

@@ -26,7 +26,9 @@ from hijax._util import Static
 from hijax.autodiff import Zero, NullAccum, instantiate_zeros
 from hijax.derived import jvp_from_lin
 from hijax.primitive import HiPrim
-from hijax.implicit._linear import CG, Dense, MatMul
+from hijax.implicit._dense import Dense
+from hijax.implicit._krylov import CG
+from hijax.implicit._linear import MatMul
 from hijax.implicit._matrix import MatrixMatvec
 from hijax.implicit._status import Status, raise_if_failed, solved
 

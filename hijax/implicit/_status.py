@@ -26,6 +26,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 from jax.interpreters import batching, mlir
 
 from hijax._internals.core import ShapedArray
@@ -184,7 +185,10 @@ def _normalized(st: Status, where: str, solver: Any) -> Status:
 def default_tol(dtype: Any) -> float:
   """The default tolerance for unknowns of ``dtype``: 1e-12 for 64-bit floats
   (and complex128), 1e-6 for 32-bit, 10 eps for narrower ones (bfloat16,
-  float16), which cannot resolve 1e-6."""
+  float16), which cannot resolve 1e-6. It holds on any backend: where a
+  matrix product at the precision in force is coarser than the dtype (a
+  TPU), the solvers compute theirs at ``"highest"``
+  (``hijax/implicit/_precision.py``)."""
   dtype = jnp.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.inexact):
     dtype = jnp.dtype(jnp.result_type(float))
@@ -198,7 +202,8 @@ def default_tol(dtype: Any) -> float:
 
 class _AcrossBatch(HiPrim):
   """The identity on an array, except under ``vmap``, where it reduces over the
-  batch (``any`` or ``max``) and returns an unbatched result."""
+  batch (``any``, or ``max`` of non-negative codes) and returns an unbatched
+  result."""
 
   def __init__(self, aval: Any, *, reduce: Any):
     self.in_avals, self.out_aval = (aval,), aval
@@ -210,7 +215,9 @@ class _AcrossBatch(HiPrim):
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     (x,), (d,) = args, dims
-    out = getattr(jnp, self.reduce)(x, axis=d)
+    # an empty batch reduces to the identity: nothing failed, reason 0
+    initial = {"initial": 0} if self.reduce == "max" else {}
+    out = getattr(jnp, self.reduce)(x, axis=d, **initial)
     return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
 
 
@@ -237,25 +244,28 @@ def _message(where: Any, worst: Any) -> Any:
 def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   """``x``, or a `SolveError` at run time if ``st`` says the solve failed.
 
-  The reason and the step count are packed into one integer (the reason in
-  the high bits: a failure is a nonzero reason), reduced over a batch with
-  one ``max`` (that of the worst instance); the check is one ``lax.cond`` on
-  it, whose failing branch calls the host. ``x`` does not pass through the
-  ``cond`` (which would copy it and split the fused computations around it):
-  the ``cond`` returns a flag, and ``x`` is read through a select on that
-  flag, which ties it to the check (it is NaN if the host call returned
-  instead of raising). The Status's error is not part of it: the ``cond``
-  would need it computed first, and for an iteration that costs (an HVP of
-  a Newton root: 84 -> 150 us).
+  The check is one ``lax.cond`` on the largest reason (over a batch: one
+  ``max``, 0 where every instance converged), whose failing branch packs
+  each instance's reason and step count into one integer (the reason in the
+  high bits), reduces them to the worst instance's and calls the host. ``x``
+  does not pass through the ``cond`` (which would copy it and split the
+  fused computations around it): the ``cond`` returns a flag, and ``x`` is
+  returned through an ``optimization_barrier`` with that flag, which ties
+  it to the check at no cost (JAX does not remove an operand of a barrier
+  whose output is used; XLA keeps the host call, which has a side effect).
+  It was read through a select on the flag, a pass over ``x``, which cost
+  5 to 10% of a vmapped scalar root's time. The Status's error is not part
+  of it: the ``cond`` would need it computed first, and for an iteration
+  that costs (an HVP of a Newton root: 84 -> 150 us).
   """
-  steps = jnp.minimum(st.steps, (1 << _STEP_BITS) - 1)
-  worst = _across_batch((st.reason << _STEP_BITS) | steps, "max")
+  def failed(reason: Any, steps: Any) -> Any:
+    steps = jnp.minimum(steps, (1 << _STEP_BITS) - 1)
+    worst = _across_batch((reason << _STEP_BITS) | steps, "max")
+    return _failed_p.bind(worst, where=where)
 
-  raised = jax.lax.cond(worst >> _STEP_BITS != CONVERGED,
-                        lambda w: _failed_p.bind(w, where=where),
-                        lambda _: jnp.bool_(False), worst)
-  return jax.tree.map(lambda a: jnp.where(raised, jnp.nan, a).astype(a.dtype),
-                      x)
+  raised = jax.lax.cond(_across_batch(st.reason, "max") != CONVERGED, failed,
+                        lambda *_: jnp.bool_(False), st.reason, st.steps)
+  return jax.lax.optimization_barrier((x, raised))[0]
 
 
 # The failing branch's host call, as a primitive of its own: its lowering is
@@ -285,9 +295,13 @@ def _failed_lowering(ctx: Any, worst: Any, *, where: str) -> Any:
         "throw=False to the solve in the function you export, and check "
         "the returned Status (`converged`) yourself")
   callback = functools.partial(_raise_solve_error, where)
-  return mlir.lower_fun(lambda w: jax.pure_callback(
-      callback, jax.ShapeDtypeStruct((), jnp.bool_), w,
-      vmap_method="broadcast_all"), multiple_results=False)(ctx, worst)
+  # A callback with a side effect: XLA keeps it though nothing reads the
+  # flag it returns (`raise_if_failed` returns x through an
+  # optimization_barrier with the flag, which keeps the cond from JAX's DCE,
+  # not from XLA's). Unordered: it needs no token.
+  return mlir.lower_fun(lambda w: io_callback(
+      callback, jax.ShapeDtypeStruct((), jnp.bool_), w, ordered=False),
+      multiple_results=False)(ctx, worst)
 
 
 def _failed_batch(args: Any, dims: Any, *, where: str) -> Any:

@@ -91,6 +91,8 @@ from __future__ import annotations
 #   _surrogate   rules declared not the derivative (surrogate, Surrogates)
 #   _compiled    compiled evaluations shared by the checks
 #   _budget      the time a run may take, and its progress
+#   _record      Recorder: what checks record (runs, skips, comparisons,
+#                failures), a mixin of CheckContext
 #   _context     CheckContext (the point, settings, shared helpers of checks)
 #   _identity    the inner-product identity that checks backward rules
 #   _nzs_out     the check of the nzs_out that vjp_fwd and lin return
@@ -98,6 +100,10 @@ from __future__ import annotations
 #   _batching    check_batch
 #   _second_order  second derivatives of the rules vs finite differences
 #   _run         CHECKS = {mode: check}, the second-order checks, run()
+#   _verdict     the rules required, a function raising at the input, a run
+#                stopped by its budget, failures listed first, blame alone
+#   _device      the checks' parts again on an accelerator, in the inputs'
+#                dtype, against the host's float64 (measured tolerance)
 #   _api         check_rules, assert_rules
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules

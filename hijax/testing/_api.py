@@ -10,17 +10,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._budget import (HARD_LIMIT, SECONDS_PER_RULE, Budget,
-                                   BudgetSpent)
+from hijax.testing._budget import SECONDS_PER_RULE, Budget, BudgetSpent
 from hijax.testing._context import CheckContext, Settings
-from hijax.testing._discovery import (CustomRules, custom_calls,
-                                      find_custom_rules, find_hiprims)
+from hijax.testing._device import (accelerator, describe, device_half, host,
+                                   on_accelerator)
+from hijax.testing._discovery import find_custom_rules, find_hiprims
 from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
-from hijax.testing._report import (DERIVATIVE_MODES, INCONCLUSIVE, MODES,
-                                   InconclusiveCheckError, RuleCheckError,
-                                   RuleReport, first_lines)
+from hijax.testing._report import (INCONCLUSIVE, MODES, InconclusiveCheckError,
+                                   RuleCheckError, RuleReport)
 from hijax.testing._run import add_parts, run
+from hijax.testing._verdict import (blame_alone, function_raises, inner_first,
+                                    plan_modes, raised_at, required_rules,
+                                    stopped)
 from hijax.testing._surrogate import Surrogates
 
 
@@ -50,7 +52,7 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
   program the checks will run (``prim_fn`` and every transformation they
   evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
   is evaluated by it at the point."""
-  ctx = None
+  ctx, plan = None, None
   try:
     ctx, plan = context_at(args, dtype)
     if not jit:
@@ -95,7 +97,7 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
   if not use64:
     prepared = _prepared_if_runs(prim_fn, own, own_dtype, context_at, jit)
     if prepared is None:
-      error = _raised(prim_fn, own)
+      error = raised_at(prim_fn, own)
       with jax.enable_x64(True):  # fails either way: report it in float64
         use64 = _traces(prim_fn, args64)
   if use64:
@@ -107,37 +109,6 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
   return ctx, plan
 
 
-def _raised(prim_fn, args) -> Exception | None:
-  """What ``prim_fn`` raises, compiled, at ``args`` (None if it runs)."""
-  try:
-    jax.block_until_ready(jax.jit(prim_fn)(*args))
-    return None
-  except Exception as e:  # pylint: disable=broad-except
-    return e
-
-
-def _function_raises(ctx: CheckContext, prim_fn, plan) -> bool:
-  """Where a function whose rules are jax.custom_jvp / custom_vjp ones
-  raises at the point in every dtype (optimistix's root_find refusing an
-  input in float32), reports that, naming the function, instead of the
-  failures of the rules it calls there; True if so."""
-  if ctx.function_error is None or ctx.fd_of == "expand":
-    return False
-  name = getattr(prim_fn, "__name__", None) or type(prim_fn).__name__
-  text = str(ctx.function_error).strip()
-  last = text.splitlines()[-1] if text else ""
-  detail = (f"raised {type(ctx.function_error).__name__}: "
-            f"{first_lines(text, 3)}")
-  if last and last not in detail:  # a callback's error ends its message
-    detail += f"\n  ... {last}"
-  ctx.fail("expand", "running the function at the input (in float64 and in "
-           "the inputs' dtypes)", ctx.describe_inputs(),
-           f"{detail}\nno rule was checked: check the function at an input "
-           "where it runs", float("inf"),
-           rule=f"{name} (the function checked)")
-  ctx.report.skipped += [(mode, "the function raises at this input")
-                         for mode in plan]
-  return True
 
 
 def _traces(prim_fn, args) -> bool:
@@ -147,51 +118,6 @@ def _traces(prim_fn, args) -> bool:
   except Exception:  # pylint: disable=broad-except
     return False
 
-
-def _plan(ctx: CheckContext, modes, explicit) -> list[str]:
-  """The modes to run; the others are reported as skipped. Naming a mode
-  whose rule a primitive does not define is a ValueError."""
-  to_run = []
-  for mode in modes:
-    if mode == "second_order":
-      if ctx.settings.order < 2:
-        ctx.skip(mode, "order < 2")
-      elif any(ctx.has(m) for m in DERIVATIVE_MODES if m in modes):
-        to_run.append(mode)
-      else:
-        ctx.skip(mode, "no first-order derivative mode runs")
-    elif ctx.has(mode):
-      to_run.append(mode)
-    elif explicit:
-      missing = [type(p).__name__ for p, r in zip(ctx.prims, ctx.rules)
-                 if mode not in r]
-      raise ValueError(f"mode {mode!r} was requested, but {', '.join(missing)} "
-                       f"define(s) no {mode} rule")
-    else:
-      ctx.skip(mode, "rule not defined")
-  return to_run
-
-
-def _required(ctx: CheckContext, plan) -> list[str]:
-  """The rules of the modes planned that must be compared conclusively for
-  a report to pass: those of the modes that apply at this point (the
-  derivative modes and transpose need floating-point inputs and outputs);
-  `expand` where it is compared with values (a hijax primitive's, or any
-  with ``jit=False``), not only with types."""
-  rules = []
-  for mode in plan:
-    if mode == "second_order":
-      continue
-    if mode in DERIVATIVE_MODES and not (ctx.float_idx and ctx.out_float_idx):
-      continue
-    if mode == "transpose" and not ctx.out_float_idx:
-      continue
-    if mode == "expand" and ctx.fd_of != "expand" and ctx.settings.jit:
-      continue
-    name = ctx.rule_name(mode)
-    if name not in rules:
-      rules.append(name)
-  return rules
 
 
 def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,
@@ -206,7 +132,8 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                 progress: bool | Callable[[str], None] | None = None,
                 require_second_order: bool = False,
                 accept_inconclusive: bool = False,
-                surrogates: Iterable[Any] = ()) -> RuleReport:
+                surrogates: Iterable[Any] = (),
+                device: Any = None) -> RuleReport:
   """Checks the rules of the hijax primitives that ``prim_fn`` binds.
 
   Args:
@@ -304,6 +231,14 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       function's finite differences, only with each other, with loops and
       for types, and the report lists them (``report.surrogates``). Those
       marked with `hijax.testing.surrogate` are surrogates too.
+    device: where the rules run besides the host CPU. By default, JAX's
+      default device where it is an accelerator (a TPU or a GPU): the
+      checks then run on the host CPU (in float64, as on a CPU), and every
+      part of their program is evaluated again on the device in the inputs'
+      own dtype and compared with the host's float64 result, with a
+      tolerance measured on the device (see `RuleReport.devices`). A
+      `jax.Device` checks on that device (a CPU too); False checks on the
+      host only. Needs ``jit=True``.
     time_budget: seconds the run may take; ``"default"`` allows
       30 seconds per rule checked, None no limit. Once it is
       spent, no further check starts: those are listed in the report's
@@ -379,27 +314,44 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     ctx = CheckContext(prim_fn, args, names, settings,
                        np.random.default_rng(seed), report, prims,
                        requested=tuple(modes))
-    return ctx, _plan(ctx, modes, explicit)
+    return ctx, plan_modes(ctx, modes, explicit)
 
+  accel = accelerator(device) if jit else None
+  # on an accelerator the checks themselves run on the host, in float64
+  # (device=False too: it only leaves out the device's half)
+  host_device = host() if accel is not None or on_accelerator() else None
   with contextlib.ExitStack() as stack:
+    if host_device is not None:
+      stack.enter_context(jax.default_device(host_device))
     try:
       ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
     except BudgetSpent as e:  # before the first check
-      ctx, plan = getattr(e, "prepared", None) or context_at(args, "float64")
-      _stopped(ctx, plan, e)
+      ctx, plan = e.prepared or context_at(args, "float64")
+      stopped(ctx, plan, e)
     else:
-      ctx.report.required = _required(ctx, plan)
+      ctx.report.required = required_rules(ctx, plan)
       try:
-        if not _function_raises(ctx, prim_fn, plan):
+        if not function_raises(ctx, prim_fn, plan):
           run(ctx, plan)
         if ctx.report.failures and ctx.function_error is None:
-          _blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
+          blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
                        ctx.report, tuple(modes))
-          _inner_first(ctx, ctx.report)
+          inner_first(ctx, ctx.report)
       except BudgetSpent as e:
-        _stopped(ctx, plan, e)
+        stopped(ctx, plan, e)
     report, settings = ctx.report, ctx.settings
-    report.seconds = settings.budget.elapsed
+    report.devices["checks"] = describe(host_device or jax.devices()[0],
+                                        report.dtype)
+  if accel is not None and ctx.function_error is None and not (
+      settings.budget.spent):
+    own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
+    floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
+    try:
+      device_half(ctx, plan, own, str(floats[0]) if floats else "float32",
+                  accel, host_device, context_at, add_parts)
+    except BudgetSpent as e:
+      stopped(ctx, [], e)
+  report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:
     warnings.warn(
@@ -415,81 +367,6 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     raise InconclusiveCheckError(report)
   return report
 
-
-def _blame_alone(prim_fn, args, prims, settings, rng, report, modes):
-  """Where the program as a whole failed and calls several
-  ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
-  them all), checks each alone, at the inputs the program gives it, and
-  reports those failures instead, each naming the one at fault (the modes
-  one of them lacks run for the others). Where none fails alone, the
-  program's failures stand: the fault is in the rules together.
-
-  Not done first: a library's rule can rely on a relation the program
-  keeps between its inputs (equinox's loop wrapper takes the loop's result
-  and recomputes its derivative from the loop's input), which perturbing
-  its inputs independently breaks."""
-  if len(prims) < 2 or not all(isinstance(p, CustomRules) for p in prims):
-    return
-  try:
-    calls = custom_calls(prim_fn, args)
-  except Exception:  # pylint: disable=broad-except  (the program's failures stand)
-    return
-  alone = RuleReport(report.primitives, report.dtype)
-  for rules, fn, inputs in calls:
-    ctx = CheckContext(fn, tuple(inputs), [f"args[{i}]" for i in range(
-        len(inputs))], settings, rng, alone, [rules],
-                       label=f"{rules!r} alone: ", requested=modes)
-    run(ctx, _plan(ctx, modes, explicit=False))
-  report.ran += alone.ran
-  report.skipped += alone.skipped
-  report.inconclusive += alone.inconclusive
-  report.first_order_only += alone.first_order_only
-  report.skipped_for_time += alone.skipped_for_time
-  report.unjudged += alone.unjudged
-  for rule, n in alone.compared.items():
-    report.compared[rule] = report.compared.get(rule, 0) + n
-  if alone.failures:
-    named = sorted({f.rule for f in report.failures})
-    report.failures[:] = alone.failures
-    report.skipped.append((
-        "all modes", "the failures of the program as a whole (of "
-        f"{'; '.join(named)}) are replaced by those of each function "
-        "alone, at the inputs the program gives it"))
-  else:
-    report.skipped.append((
-        "all modes", "the functions checked alone passed, at the inputs the "
-        "program gives them (one called only inside a loop or a branch is "
-        "not taken out): the failures are those of the program as a "
-        "whole"))
-
-
-def _stopped(ctx: CheckContext, plan, e: BudgetSpent):
-  """Ends a run that a compile past the hard limit stopped: what did not
-  run is skipped for time, and the report says what was abandoned."""
-  report = ctx.report
-  if not report.required:
-    report.required = _required(ctx, plan)
-  done = set(report.modes_run)
-  report.skipped_for_time.append(
-      f"the run stopped: {e.what} was still running after {e.seconds:.1f} s, "
-      f"past {HARD_LIMIT:g} times the time budget, and was abandoned")
-  report.skipped_for_time += [f"{mode}: the checks not yet run" for mode in
-                              plan if mode not in done]
-
-
-def _inner_first(ctx: CheckContext, report: RuleReport):
-  """Puts first the failures of primitives that the checked rules bind (a
-  jvp rule that calls another primitive, whose own rule is wrong): the
-  outer rules' failures can follow from them, so the error names the rule
-  to fix first."""
-  outer = {name for rules in ctx.rules for name in rules.values()}
-  inner = [f for f in report.failures
-           if f.rule not in outer and f.rule != "prim_fn"]
-  if inner and len(inner) < len(report.failures):
-    rest = [f for f in report.failures if f not in inner]
-    report.failures[:] = inner + rest
-    report.inner_first = sorted({f.rule for f in inner},
-                                key=[f.rule for f in inner].index)
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

@@ -41,6 +41,9 @@ class BudgetSpent(BaseException):
   that the checks' handlers of a rule's exceptions do not take it for a
   failure of the rule."""
 
+  # where it stopped the preparation of the checks: (context, modes)
+  prepared: tuple | None = None
+
   def __init__(self, what: str, seconds: float):
     self.what, self.seconds = what, seconds
     super().__init__(f"{what} was still running after {seconds:.1f} s")

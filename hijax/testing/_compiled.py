@@ -112,6 +112,9 @@ class Bundle:
     self.jit = jit
     self.budget = budget if budget is not None else Budget(None)
     self.parts: dict[Hashable, _Part] = {}
+    # the arguments of each part's calls, the first and the last two (the
+    # device check runs the parts again there: hijax.testing._device)
+    self.seen: dict[Hashable, list] = {}
     self._where: dict[Hashable, _Program] = {}
     self._alone: dict[Hashable, Callable] = {}
 
@@ -122,6 +125,10 @@ class Bundle:
   def run(self, key: Hashable, args: tuple):
     """``fn(*args)`` of the part ``key``."""
     part = self.parts[key]
+    calls = self.seen.setdefault(key, [])
+    calls.append(jax.tree.map(np.asarray, args))
+    if len(calls) > 3:
+      del calls[1]
     if not self.jit:
       return part.fn(*args)
     if key not in self._where and key not in self._alone:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from hijax.derived import NonlinearBackwardError
+
 MODES = ("expand", "jvp", "vjp", "lin", "transpose", "batch", "second_order")
 
 # The modes that differentiate, and so need floating-point inputs and outputs.
@@ -92,6 +94,11 @@ class RuleReport:
       the function could judge, and rules that refuse a mode by design
       (they raise saying they cannot be differentiated so): they are not
       required to pass.
+    devices: which device computed what: ``"checks"`` (the device and
+      dtype the checks ran in: the host CPU where there is an accelerator)
+      and, on an accelerator, ``"device check"`` (the device, the dtype, the
+      parts compared and the tolerance measured there; see `check_rules`'s
+      ``device``).
     inner_first: where the checked rules bind other hijax primitives whose
       own rules failed, those rules: their failures are listed first, since
       the outer rules' failures can follow from them.
@@ -112,6 +119,7 @@ class RuleReport:
   surrogates: list[str] = dataclasses.field(default_factory=list)
   by_intent: list[str] = dataclasses.field(default_factory=list)
   inner_first: list[str] = dataclasses.field(default_factory=list)
+  devices: dict[str, str] = dataclasses.field(default_factory=dict)
   seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)
 
   @property
@@ -209,6 +217,7 @@ class RuleReport:
     lines += [f"  surrogate  {r}: checked against its own rules, loops and "
               "types only (declared not the derivative)"
               for r in self.surrogates]
+    lines += [f"  device   {k}: {v}" for k, v in self.devices.items()]
     lines += [f"  ran      {r}" for r in self.ran]
     lines += [f"  skipped  {m}: {why}" for m, why in self.skipped]
     lines += [f"  inconclusive  {why}" for why in self.inconclusive]
@@ -314,6 +323,9 @@ def declared_limit(e: BaseException, strict: bool = False,
   another mode."""
   text = f"{type(e).__name__}: {first_lines(str(e), 2)}"
   patterns = _DECLARED + (_NOT_A_DERIVATIVE if surrogate else ())
+  if isinstance(e, NonlinearBackwardError):
+    # (hijax.custom_vjp's says so in JAX's words too, which _DECLARED reads)
+    patterns = _NOT_A_DERIVATIVE if surrogate else ()
   if (isinstance(e, NotImplementedError) and not strict) or any(
       re.search(p, str(e)) for p in patterns):
     return text

@@ -22,7 +22,7 @@ import numpy as np
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext
 from hijax.testing._identity import check_identity
-from hijax.testing._report import declared_limit, first_lines
+from hijax.testing._report import declared_limit
 
 def _backward_pass(f, ybar):
   """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs

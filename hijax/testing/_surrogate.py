@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from hijax.primitive import HiPrim
 from hijax.testing._discovery import CustomRules
@@ -69,7 +69,7 @@ def surrogate(obj: T) -> T:
                       "derivative function (jax.custom_jvp, jax.custom_vjp, "
                       "hijax.custom_jvp, hijax.custom_vjp)")
     _CLASSES.add(obj)
-    return obj
+    return cast(T, obj)
   key = _key(obj)
   if key is None:
     raise TypeError(f"surrogate: cannot mark {obj!r}: pass a custom "

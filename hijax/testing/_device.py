@@ -1,0 +1,313 @@
+"""Checking rules where they run: on an accelerator, in the user's dtype.
+
+A TPU has no usable float64 (it is emulated: its programs take a minute to
+compile, and ``solve``, ``inv`` and ``fft`` refuse it), and its float32 is
+not a CPU's: matrix products at JAX's default precision are computed with
+bfloat16 passes (agreeing with float64 to about three digits), and
+transcendental functions differ from the correctly rounded value by up to
+thousands of units in the last place. Finite differences there cannot
+judge a rule to the digits a CPU can.
+
+So on an accelerator `check_rules` judges twice:
+
+1. **On the host CPU** (``jax.devices("cpu")``, beside every accelerator),
+   everything as on a CPU: the rules against finite differences, each
+   other and loops, in float64 where the function runs in it. This is the
+   sharp verdict on the rules' logic.
+2. **On the device**, in the inputs' own dtype: every part of the checks'
+   program that the host run evaluated (the function, its jvp, vjp and
+   linearization in each direction, the vmaps, the second derivatives) is
+   evaluated again on the device, at the same inputs rounded to the dtype,
+   and compared with the host's float64 result there. A rule that is right
+   in float64 and goes wrong where it runs (a dtype-dependent branch, a
+   product that loses what the rule relies on) fails here, named as the
+   host run names it. These comparisons add failures, not conclusive
+   passes: whether a rule was judged at all is the host's verdict (a rule
+   compared with itself on another device says nothing of the function). The tolerance is the device's *measured* accuracy,
+   not an assumed one: `calibrate` compares a float32 matrix product at the
+   current matmul precision and a set of transcendental functions on the
+   device with float64 on the host, and the function's own output on the
+   device is compared with the host's; the tolerance allows four times the
+   worst of these (in units in the last place of the dtype, at most 1/16
+   relative), and never less than the CPU's 256 units.
+
+The report says which device computed what (`RuleReport.devices`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hijax.testing._numerics import (RULE_ULPS, Tol, eps_of, is_float,
+                                     on_device)
+
+# The device tolerance allows this many times the worst measured error.
+SAFETY = 4.0
+
+_FUNCTIONS = {
+    "exp": (jnp.exp, np.exp, (-20.0, 20.0)),
+    "log": (jnp.log, np.log, (1e-3, 1e3)),
+    "log1p": (jnp.log1p, np.log1p, (-0.9, 10.0)),
+    "expm1": (jnp.expm1, np.expm1, (-5.0, 5.0)),
+    "tanh": (jnp.tanh, np.tanh, (-5.0, 5.0)),
+    "sin": (jnp.sin, np.sin, (-20.0, 20.0)),
+    "logistic": (jax.nn.sigmoid, lambda x: 1 / (1 + np.exp(-x)), (-20.0, 20.0)),
+}
+
+
+def platform_of(device) -> str:
+  return getattr(device, "platform", "cpu")
+
+
+def describe(device, dtype) -> str:
+  """``TPU v5 lite (tpu), float32``."""
+  kind = getattr(device, "device_kind", platform_of(device))
+  return f"{kind} ({platform_of(device)}), {dtype}"
+
+
+def on_accelerator() -> bool:
+  """Whether JAX's default device is not a CPU."""
+  return platform_of(jax.devices()[0]) != "cpu"
+
+
+def accelerator(device=None):
+  """The device to check on besides the host: ``device`` if given (a
+  `jax.Device`), else JAX's default device where it is not a CPU; None for
+  ``False`` or a CPU default."""
+  if device is False:
+    return None
+  if device is not None and device is not True:
+    return device
+  default = jax.devices()[0]
+  return None if platform_of(default) == "cpu" else default
+
+
+def host():
+  """The host CPU device, or None where JAX has no CPU backend."""
+  try:
+    return jax.devices("cpu")[0]
+  except RuntimeError:
+    return None
+
+
+def _ulps(got, want, dtype) -> float:
+  """The largest ``|got - want|`` in units of ``dtype``'s epsilon relative
+  to ``|want| + max |want|`` (the comparisons' scale)."""
+  want = np.asarray(want, np.float64)
+  err = np.abs(np.asarray(got, np.float64) - want)
+  scale = np.abs(want) + np.max(np.abs(want), initial=0.0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    ratio = np.where(scale > 0, err / scale, 0.0)
+  return float(np.max(ratio, initial=0.0)) / eps_of(dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _calibration(device, dtype_name: str, precision) -> dict[str, float]:
+  del precision  # part of the cache key: the matmul precision measured
+  dtype = np.dtype(dtype_name)
+  rng = np.random.default_rng(0)
+  out = {}
+  with jax.default_device(device):
+    a = rng.standard_normal((64, 64)).astype(dtype)
+    b = rng.standard_normal((64, 8)).astype(dtype)
+    got = jax.jit(jnp.matmul)(on_device(a), on_device(b))
+    out["matmul"] = _ulps(got, a.astype(np.float64) @ b.astype(np.float64),
+                          dtype)
+    worst = 0.0
+    for jf, nf, (lo, hi) in _FUNCTIONS.values():
+      x = np.linspace(lo, hi, 257).astype(dtype)
+      got = jax.jit(jf)(on_device(x))
+      worst = max(worst, _ulps(got, nf(x.astype(np.float64)), dtype))
+    out["transcendental"] = worst
+  return out
+
+
+def calibrate(device, dtype) -> dict[str, float]:
+  """The device's measured error in ``dtype`` against float64 on the host,
+  in units of ``dtype``'s epsilon: ``matmul`` (a product at the current
+  ``jax.default_matmul_precision``) and ``transcendental`` (the worst of
+  exp, log, log1p, expm1, tanh, sin and the logistic function). Measured
+  once per device, dtype and matmul precision."""
+  return _calibration(device, np.dtype(dtype).name,
+                      jax.config.jax_default_matmul_precision)
+
+
+def tolerance(measured: dict[str, float]) -> Tol:
+  """The tolerance of the device's results against the host's float64:
+  `SAFETY` times the worst error measured, at least the CPU's."""
+  return Tol(ulps=max(RULE_ULPS, SAFETY * max(measured.values(), default=0)))
+
+
+def rounded(args, dtypes):
+  """``args`` (a part's arguments, a pytree) with each floating leaf cast to
+  the dtype at the same position of ``dtypes`` (a list of leaf dtypes)."""
+  leaves, tree = jax.tree.flatten(args)
+  out = []
+  for x, d in zip(leaves, dtypes):
+    x = np.asarray(x)
+    out.append(x.astype(d) if is_float(x) and d is not None else x)
+  return jax.tree.unflatten(tree, out)
+
+
+def float_dtypes(args) -> list:
+  """The dtype of each leaf of ``args`` (None for a non-floating one)."""
+  return [np.asarray(x).dtype if is_float(x) else None
+          for x in jax.tree.leaves(args)]
+
+
+def _mode_of(key, ctx) -> tuple[str, str]:
+  """The mode and rule a part of the checks' program belongs to."""
+  kind = key[0] if isinstance(key, tuple) else key
+  if kind == "points":
+    return "expand", ctx.rule_name("expand")
+  if kind in ("jvp", "vjp", "lin"):
+    return kind, ctx.rule_name(kind)
+  if kind in ("vmap", "batched"):
+    return "batch", ctx.rule_name("batch")
+  if kind == "again":
+    return "second_order", ctx.rule_name(key[1])
+  # a derived function's part: (name, key) under the second-order mode
+  name = kind[-1] if isinstance(kind, tuple) else kind
+  return "second_order", ctx.rule_name(name if name in (
+      "jvp", "vjp", "lin") else "expand")
+
+
+def _describe_part(key) -> str:
+  kind = key[0] if isinstance(key, tuple) else key
+  detail = key[1] if isinstance(key, tuple) and len(key) > 1 else None
+  if kind == "vmap":
+    return f"jax.vmap with in_axes={detail}"
+  if kind == "batched":
+    return str(detail)
+  if kind == "again":
+    return f"{detail} differentiated again"
+  if kind in ("jvp", "vjp", "lin"):
+    return f"jax.{ {'lin': 'linearize'}.get(kind, kind)} in {detail}"
+  if kind == "points":
+    return "the function"
+  return f"the second-order part {key!r}"
+
+
+# The order the parts are compared in: a rule before what builds on it.
+_ORDER = ("points", "jvp", "vjp", "lin", "vmap", "batched", "again")
+
+
+def _rank(key) -> int:
+  kind = key[0] if isinstance(key, tuple) else key
+  return _ORDER.index(kind) if kind in _ORDER else len(_ORDER)
+
+
+def _values(out) -> list[np.ndarray]:
+  return [np.asarray(y) for y in jax.tree.leaves(out)]
+
+
+def check_on_device(ctx, device, device_ctx, host_run) -> None:
+  """The device half of `check_rules` on an accelerator (see the module
+  docstring): each part of ``ctx``'s program (the host's) that the host
+  run evaluated is evaluated again in ``device_ctx`` (the same function at
+  the same point in the inputs' dtype, its parts added, its defaults on
+  ``device``) and compared with the host's result at the rounded inputs
+  (``host_run(key, args)`` runs a part of the host's program under its
+  dtype settings). Failures and the checks run go to ``ctx``'s report."""
+  host_bundle = ctx.compiled.bundle
+  bundle = device_ctx.compiled.bundle
+  dtype = np.dtype(device_ctx.report.dtype) if device_ctx.report.dtype in (
+      "float16", "bfloat16", "float32", "float64") else np.dtype(np.float32)
+  where = describe(device, dtype)
+  keys = [k for k in host_bundle.seen if k in bundle.parts]
+  keys.sort(key=_rank)  # the function first, a rule before its batching
+  measured = dict(calibrate(device, dtype))
+  tol = tolerance(measured)
+  inputs = ctx.describe_inputs()
+  for key in keys:
+    mode, rule = _mode_of(key, ctx)
+    what = _describe_part(key)
+    check = (f"on {where.split(' (')[0]}: {what} in {dtype.name} vs the "
+             "host's float64")
+    if ctx.out_of_time(mode, check):
+      continue
+    template = bundle.parts[key].template()
+    try:
+      got, want = [], []
+      for call in host_bundle.seen[key]:
+        args = rounded(call, float_dtypes(template))
+        with jax.default_device(device):
+          got += _values(bundle.run(key, args))
+        want += _values(host_run(key, rounded(args, float_dtypes(call))))
+    except Exception as e:  # pylint: disable=broad-except
+      if key == "points":  # the function itself does not run there
+        ctx.skip(mode, f"{check}: the function does not run on "
+                 f"{where} ({type(e).__name__}: {str(e).strip()[:120]}); "
+                 "nothing was checked there")
+        ctx.report.devices["device check"] = (
+            f"{where}: not checked, the function does not run there")
+        return
+      ctx.fail_raised(mode, check, inputs, e, rule=rule)
+      continue
+    if key == "points":  # the function's own accuracy on the device
+      floats = [(g, w) for g, w in zip(got, want) if is_float(g)]
+      measured["the function"] = max(
+          [_ulps(g, w, g.dtype) for g, w in floats] or [0.0])
+      tol = tolerance(measured)
+    want = [w.astype(g.dtype) if is_float(g) else w
+            for g, w in zip(got, want)]
+    ctx.ran(mode, check)
+    # the host's verdict says whether a rule was judged: the device's half
+    # compares a rule with itself elsewhere, so it adds failures, not
+    # conclusive comparisons
+    ctx.compare(mode, check, inputs, got, want, tol,
+                names=[f"output {i}" for i in range(len(got))],
+                got_label=where.split(" (")[0], want_label="the host",
+                rule=rule, counts=False)
+  ctx.report.devices["device check"] = (
+      f"{where}: {len(keys)} part(s) of the checks' program against the "
+      "host's float64, tolerance " + f"{tol.ulps:.0f} ulps (measured, in "
+      "ulps of the dtype: " + ", ".join(
+          f"{k} {v:.0f}" for k, v in measured.items()) + ")")
+
+
+def _upcast(args):
+  return jax.tree.map(
+      lambda x: np.asarray(x).astype(np.float64) if is_float(x)
+      else np.asarray(x), args)
+
+
+def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
+                add_parts) -> None:
+  """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``):
+  the device's context at ``own`` (the inputs in their own dtypes), and,
+  where the host ran at other values than ``own`` (a Python float rounded
+  to float32 on the device), a host context at ``own`` in float64 as the
+  reference. ``context_at`` and ``add_parts`` are `check_rules`'s."""
+  x64 = np.dtype(own_dtype) == np.float64 if own_dtype in (
+      "float16", "bfloat16", "float32", "float64") else False
+  host64 = ctx.report.dtype == "float64"
+
+  def host_settings():
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.enable_x64(host64))
+    if host_device is not None:
+      stack.enter_context(jax.default_device(host_device))
+    return stack
+  with jax.default_device(accel), jax.enable_x64(x64):
+    device_ctx, _ = context_at(own, own_dtype)
+    add_parts(device_ctx, plan)
+  reference = ctx
+  same = all(np.array_equal(np.asarray(a).astype(np.float64),
+                            np.asarray(b).astype(np.float64))
+             for a, b in zip(jax.tree.leaves(own), ctx.leaves))
+  if host64 and not same:
+    with host_settings():
+      reference, _ = context_at(_upcast(own), "float64")
+      add_parts(reference, plan)
+    reference.compiled.bundle.seen = ctx.compiled.bundle.seen
+
+  def host_run(key, args):
+    with host_settings():
+      return reference.compiled.bundle.run(key, args)
+  with jax.enable_x64(x64 or host64):
+    check_on_device(ctx, accel, device_ctx, host_run)

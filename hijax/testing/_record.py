@@ -1,0 +1,168 @@
+"""What every check records: the checks run and skipped, comparisons (and
+whether they judged anything), failures with the rule they name. A mixin of
+`hijax.testing._context.CheckContext`, which supplies the report, the
+labels, the settings and the names it uses."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hijax.testing._numerics import (compare_leaf, describe_tol,
+                                     judged_elements, type_str)
+from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure,
+                                   RuleReport, declared_limit, first_lines)
+
+
+class Recorder:
+  """The bookkeeping methods of a check context (see the module docstring).
+  Its host has ``report``, ``label``, ``within``, ``settings``,
+  ``surrogate``, ``out_names``, ``out_float_idx`` and ``rule_name``."""
+
+  report: RuleReport
+  label: str
+  within: str | None
+  settings: Any
+  surrogate: bool
+  out_names: list[str]
+  out_float_idx: list[int]
+
+  def rule_name(self, mode) -> str:
+    raise NotImplementedError  # the host's
+
+  def ran(self, mode, what):
+    if self.within:  # e.g. a sub-check of the second-order mode
+      what, mode = f"{self.label}{mode}: {what}", self.within
+    else:
+      what = self.label + what
+    self.report.ran.append(f"{mode}: {what}")
+
+  def skip(self, mode, why):
+    self.report.skipped.append((mode, self.label + why))
+
+  def skip_by_intent(self, mode, why, rule=None):
+    """Skips a check of a surrogate's rule that only the function could
+    judge, or of a rule that refuses a mode by design (it raises saying it
+    cannot be differentiated so: equinox's nondifferentiable): the rule is
+    then not required to pass (`RuleReport.by_intent`)."""
+    self.skip(mode, why)
+    name = rule or self.rule_name(mode)
+    if name not in self.report.by_intent:
+      self.report.by_intent.append(name)
+
+  def out_of_time(self, mode, what) -> bool:
+    """Whether the time budget is spent, in which case the check ``what`` of
+    ``mode`` is recorded as skipped for time; else it starts (and progress
+    may say so)."""
+    label = f"{self.label}{mode}: {what}"
+    if self.settings.budget.spent:
+      self.report.skipped_for_time.append(label)
+      return True
+    self.settings.budget.starting(label)
+    return False
+
+  def inconclusive(self, check, why):
+    self.report.inconclusive.append(f"{self.label}{check}: {why}")
+
+  def judged_nothing(self, check, why):
+    """Records a comparison that judged no element (see `RuleReport`)."""
+    self.report.unjudged += 1
+    self.inconclusive(check, why)
+
+  def conclusive_pass(self, mode, rule=None):
+    """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
+    that passed. Second derivatives do not count: they judge a rule's
+    derivative, not the rule."""
+    if mode == "second_order":
+      return
+    name = rule or self.rule_name(mode)
+    self.report.compared[name] = self.report.compared.get(name, 0) + 1
+
+  def fail(self, mode, check, inputs, detail, max_error=None, rule=None):
+    self.report.failures.append(RuleFailure(
+        rule=rule or self.rule_name(mode), check=self.label + check,
+        inputs=inputs, detail=detail, max_error=max_error))
+
+  def fail_raised(self, mode, check, inputs, exc, rule=None):
+    why = None
+    if not (mode == "second_order" and self.settings.require_second_order):
+      if self.surrogate:
+        why = declared_limit(exc, surrogate=True)
+      elif mode in DERIVATIVE_MODES + ("batch", "second_order"):
+        why = declared_limit(exc, strict=True)
+    if why is not None:  # a rule that refuses a mode by design
+      short = why if len(why) <= 160 else why[:157] + "..."
+      who = "the surrogate" if self.surrogate else "the rule"
+      self.skip_by_intent(mode, f"{check}: {who} declares it cannot "
+                          f"({short})", rule)
+      return
+    detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
+    self.fail(mode, check, inputs, detail, float("inf"), rule=rule)
+
+  def compare(self, mode, check, inputs, got, want, tol, names=None,
+              got_label="rule", want_label="reference", rule=None,
+              bounds=None, skip=None, floors=None, counts=True,
+              uncounted=None, own=None) -> bool:
+    """Compares lists of arrays leaf by leaf; records the worst difference as
+    a failure. ``names`` default to the floating-point outputs'; ``bounds``
+    are the reference's error bounds (finite differences), ``skip`` the
+    elements it cannot judge (compared with nothing), ``floors`` absolute
+    errors allowed (rounding, where the value is zero to rounding). A
+    comparison that passes counts as a conclusive comparison of the rule
+    (`RuleReport.compared`) where it judged some element and ``counts``
+    (False for a rule's primal output, which says nothing of its
+    derivative); ``uncounted`` marks elements compared that count only
+    where ``got`` equals ``want`` exactly (a reference that only bounds
+    them: see `FDEstimate.uncounted`); ``own`` the elements judged on their
+    own scale (`FDEstimate.own`)."""
+    names = names or [self.out_names[i] for i in self.out_float_idx]
+    bounds = bounds or [None] * len(want)
+    skip = skip or [None] * len(want)
+    floors = floors or [None] * len(want)
+    uncounted = uncounted or [None] * len(want)
+    own = own or [None] * len(want)
+    worst = None
+    judged = 0
+    for name, g, w, b, k, fl, u, o in zip(names, got, want, bounds, skip,
+                                          floors, uncounted, own):
+      if fl is not None:
+        b = fl if b is None else b + fl
+      res = compare_leaf(g, w, tol, b, k, o)
+      if u is not None:  # bounded only: counted where the rule is exact
+        u = np.asarray(u, bool) & (np.asarray(g) != np.asarray(w))
+        k = u if k is None else np.asarray(k, bool) | u
+      judged += judged_elements(w, tol, b, k)
+      if res is not None and (worst is None or res[0] > worst[1][0]):
+        worst = (name, res)
+    if worst is None:
+      if judged and counts:
+        self.conclusive_pass(mode, rule)
+      elif not judged:
+        self.judged_nothing(check, f"{want_label} judges no element of "
+                            f"{got_label}'s result here")
+      return True
+    name, (err, idx, gv, wv) = worst
+    if gv is None:
+      detail = f"{name}: {got_label} has {idx}"
+    else:
+      where = f" at index {tuple(int(i) for i in idx)}" if idx != () else ""
+      detail = (f"{name}: max abs error {err:.3g}{where} ({got_label} gives "
+                f"{gv:.8g}, {want_label} gives {wv:.8g}; {describe_tol(tol)}"
+                + (" plus the finite differences' error bound"
+                   if bounds[0] is not None else "") + ")")
+    self.fail(mode, check, inputs, detail, err, rule=rule)
+    return False
+
+  def check_types(self, mode, check, inputs, got, like, names,
+                  got_label) -> bool:
+    """Checks that each of ``got`` has the shape and dtype of the matching
+    array of ``like`` (a cotangent has the type of its input); records the
+    first mismatch as a failure."""
+    for name, g, x in zip(names, got, like):
+      if type_str(g) != type_str(x):
+        self.fail(mode, check, inputs,
+                  f"{name}: {got_label} gives {type_str(g)}, but the input is "
+                  f"{type_str(x)} (a cotangent has the shape and dtype of "
+                  "its input)", float("inf"))
+        return False
+    return True

@@ -1,0 +1,184 @@
+"""check_rules on an accelerator (issue 45), shown on the CPU: the checks on
+the host in float64, then the checks' program again on a device in the
+inputs' dtype, against the host's float64, with a tolerance measured on the
+device. (tools/accelerator_run.py runs the same on a TPU.)"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hijax import HiPrim
+from hijax.testing import RuleCheckError, _device, check_rules
+
+CPU = jax.devices("cpu")[0]
+X = jnp.array([-1.5, 0.3, 2.0])
+
+
+class LogCosh(HiPrim):
+  """log cosh x; ``scale(g)`` is what the backward rule multiplies g by."""
+
+  def __init__(self, x_aval, name):
+    self.in_avals, self.out_aval = (x_aval,), x_aval
+    self.params = dict(name=name)
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.logaddexp(x, -x) - jnp.log(2.)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.tanh(x) * t
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), jnp.tanh(x)
+
+  def vjp_bwd_retval(self, tanh_x, g):
+    return (BACKWARD[self.name](tanh_x) * g,)
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]
+
+
+def _through_bfloat16(v):
+  return v.astype(jnp.bfloat16).astype(v.dtype)
+
+
+BACKWARD = {
+    "right": lambda t: t,
+    # right in float64, 1% off in float32: a rule wrong where it runs
+    "off_in_float32": lambda t: t * (1.01 if t.dtype == jnp.float32 else 1.),
+    "tenth_off_in_float32": lambda t: t * (1.1 if t.dtype == jnp.float32
+                                           else 1.),
+    # bfloat16's precision in float32, as a TPU's default matmul has it
+    "bfloat16_passes": lambda t: (_through_bfloat16(t) if t.dtype ==
+                                  jnp.float32 else t),
+}
+
+
+def f_of(name):
+  return lambda x: LogCosh(jax.typeof(x), name)(x)
+
+
+ON_CPU = jax.devices()[0].platform == "cpu"
+
+
+@pytest.mark.skipif(not ON_CPU, reason="on an accelerator the device's half "
+                    "runs by default")
+def test_on_a_cpu_default_only_the_host_checks():
+  report = check_rules(f_of("off_in_float32"), X)
+  assert report.passed  # in float64 the rule is right
+  assert list(report.devices) == ["checks"]
+  assert report.devices["checks"].endswith("float64")
+
+
+def test_a_rule_wrong_in_the_inputs_dtype_fails_on_the_device():
+  """The host's float64 verdict passes it; the device half names the
+  backward rule first."""
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(f_of("off_in_float32"), X, device=CPU)
+  report = raised.value.report
+  assert raised.value.rule == "LogCosh.vjp_fwd/vjp_bwd_retval"
+  assert raised.value.check.startswith("on cpu: jax.vjp")
+  assert "in float32 vs the host's float64" in raised.value.check
+  assert report.devices["checks"] == "cpu (cpu), float64"
+  assert report.devices["device check"].startswith("cpu (cpu), float32: ")
+  assert "tolerance 256 ulps" in report.devices["device check"]
+
+
+def test_a_right_rule_passes_on_the_device():
+  report = check_rules(f_of("right"), X, device=CPU)
+  assert report.passed
+  device_runs = [r for r in report.ran if ": on cpu: " in r]
+  assert any(r.startswith("expand: on cpu: the function") for r in device_runs)
+  assert any(r.startswith("vjp: on cpu: jax.vjp") for r in device_runs)
+  assert any(r.startswith("batch: on cpu: jax.vmap") for r in device_runs)
+
+
+def test_the_tolerance_is_the_devices_measured_accuracy(monkeypatch):
+  """A rule computed with bfloat16 passes, as a TPU's default-precision
+  products are: refused where the device is measured exact to float32,
+  accepted where it is measured as coarse as that."""
+  with pytest.raises(RuleCheckError):
+    check_rules(f_of("bfloat16_passes"), X, device=CPU)
+  coarse = {"matmul": 2.0 ** -8 / float(jnp.finfo(jnp.float32).eps),
+            "transcendental": 4.}
+  monkeypatch.setattr(_device, "calibrate", lambda device, dtype: coarse)
+  report = check_rules(f_of("bfloat16_passes"), X, device=CPU)
+  assert report.passed
+  assert "tolerance 131072 ulps" in report.devices["device check"]
+  # a rule off by more than the measured accuracy allows still fails
+  with pytest.raises(RuleCheckError, match="on cpu: jax.vjp"):
+    check_rules(f_of("tenth_off_in_float32"), X, device=CPU)
+
+
+def test_calibration_measures_a_cpu_as_exact_to_a_few_ulps():
+  measured = _device.calibrate(CPU, np.float32)
+  assert set(measured) == {"matmul", "transcendental"}
+  assert 0 <= measured["matmul"] < 16 and 0 <= measured["transcendental"] < 16
+  assert _device.tolerance(measured).ulps == 256
+
+
+def test_an_accelerator_is_found_where_the_default_is_not_a_cpu(monkeypatch):
+  class FakeTPU:
+    platform, device_kind = "tpu", "TPU v5 lite"
+  default = jax.devices()[0]
+  assert _device.accelerator() is (None if ON_CPU else default)
+  assert _device.accelerator(False) is None
+  assert _device.accelerator(CPU) is CPU
+  monkeypatch.setattr(jax, "devices", lambda *a: [FakeTPU()] if not a
+                      else [CPU])
+  assert isinstance(_device.accelerator(), FakeTPU)
+  assert _device.describe(FakeTPU(), "float32") == "TPU v5 lite (tpu), float32"
+  assert _device.host() is CPU
+
+
+def test_the_host_only_still_checks_on_the_host(monkeypatch):
+  """device=False leaves out the device's half; on an accelerator the
+  checks still run on the host CPU (not in float64 on the device)."""
+  monkeypatch.setattr(_device, "on_accelerator", lambda: True)
+  from hijax.testing import _api
+  monkeypatch.setattr(_api, "on_accelerator", lambda: True)
+  report = check_rules(f_of("right"), X, device=False)
+  assert report.passed and list(report.devices) == ["checks"]
+  assert report.devices["checks"] == "cpu (cpu), float64"
+
+
+def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
+  """A dtype the device does not support (float16 on some TPUs): the
+  device's half is skipped, saying why."""
+  from hijax.testing import _compiled
+  run, half = _compiled.Bundle.run, _device.check_on_device
+
+  def marked(ctx, device, device_ctx, host_run):
+    device_ctx.compiled.bundle.on_the_device = True
+    return half(ctx, device, device_ctx, host_run)
+
+  def refuse_on_the_device(bundle, key, args):
+    if key == "points" and getattr(bundle, "on_the_device", False):
+      raise RuntimeError("UNIMPLEMENTED: this dtype on this device")
+    return run(bundle, key, args)
+  monkeypatch.setattr(_device, "check_on_device", marked)
+  monkeypatch.setattr(_compiled.Bundle, "run", refuse_on_the_device)
+  report = check_rules(f_of("right"), X, device=CPU)
+  assert report.passed and not report.failures
+  assert "not checked, the function does not run there" in (
+      report.devices["device check"])
+  assert any("does not run on cpu" in why for _, why in report.skipped)
+
+
+def test_python_floats_are_checked_at_their_rounded_value():
+  """The device sees 0.1 rounded to float32; the host reference is taken
+  at that value, not at float64's 0.1."""
+  report = check_rules(f_of("right"), 0.1, device=CPU)
+  assert report.passed, report
+
+
+def test_the_devices_half_does_not_make_an_inconclusive_check_pass():
+  """sin at 1e6 in bfloat16 cannot be judged on the host; the device's half
+  (the rule against itself on the host) must not turn that into a pass
+  (it did on a TPU)."""
+  x = jnp.array([1e6, -2.5e6, 7.25e6], jnp.bfloat16)
+  report = check_rules(lambda x: LogCosh(jax.typeof(x), "right")(x) * 0
+                       + jnp.sin(x), x, x64=False, modes="jvp", device=CPU,
+                       accept_inconclusive=True)
+  assert report.verdict == "inconclusive", report
