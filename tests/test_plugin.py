@@ -243,6 +243,37 @@ def test_calls():
   assert "RuleTypeError: WrongType.expand returned" in wrong["detail"]
 
 
+def test_a_rule_that_refuses_differentiation_by_design_passes(rules):
+  """equinox's nondifferentiable: a jvp rule that raises saying it cannot be
+  differentiated. The rule passes, and the JSON lists those checks as left
+  unjudged by intent, for the input they were tried at."""
+  rules.makepyfile(guard='''
+import functools, jax
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def guarded(msg, x):
+  return x
+@guarded.defjvp
+def _(msg, primals, tangents):
+  raise RuntimeError(msg)
+def no_grad(x):
+  return guarded("Unexpected tangent. This operation cannot be "
+                 "autodifferentiated.", x)
+''', test_guard='''
+import jax.numpy as jnp
+from guard import no_grad
+def test_calls():
+  assert float(no_grad(jnp.float32(2.0))) == 2.0
+''')
+  result = _run(rules, "--hijax-check-rules", "--hijax-rules-json",
+                "rules.json")
+  assert result.ret == 0
+  (guard,) = [r for r in _json(rules, result)["rules"] if r["rule"] == "guarded"]
+  assert guard["verdict"] == "passed", guard
+  (tried,) = guard["inputs"]
+  assert tried["verdict"] == "passed" and tried["types"] == ["f32[]"], tried
+  assert "guarded (custom_jvp): the jvp rule" in tried["by_intent"], tried
+
+
 def test_fail_on_never_only_reports(rules):
   rules.makepyfile(test_bad='''
 from rules import sin_twice
