@@ -36,7 +36,7 @@ PAGES = [
     "hijax-types",
 ]
 # The pages after the eight, in the same toctree of docs/index.md.
-APPENDIX = ["checking-rules", "implicit"]
+APPENDIX = ["checking-rules", "implicit", "pytest-plugin"]
 # "Beyond 301": the questions people ask, in a second toctree of docs/index.md.
 BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
           "spectral-gradients", "ode-gradients", "taylor-mode",

@@ -186,11 +186,17 @@ def _page_imports():
         for cell in jupytext.reads(text, fmt="md:myst").cells:
             if cell.cell_type != "code":
                 continue
+            source = cell.source
+            if source.startswith("%%"):  # a cell magic: only a Python file's body is code
+                first, _, body = source.partition("\n")
+                if not (first.startswith("%%writefile ") and first.endswith(".py")):
+                    continue
+                source = body
             try:
-                tree = ast.parse(cell.source)
+                tree = ast.parse(source)
             except SyntaxError:  # IPython magics: leave out their lines
                 tree = ast.parse("\n".join(
-                    l for l in cell.source.splitlines() if not l.startswith(("%", "!"))))
+                    l for l in source.splitlines() if not l.startswith(("%", "!"))))
             for node in ast.walk(tree):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module] if isinstance(node, ast.ImportFrom)

@@ -71,3 +71,27 @@ def test_a_name_only_a_hidden_cell_defines_fails(runner, visible_cells, tmp_path
       "```{code-cell}\nprint(hidden)", "```{code-cell}\n:tags: [raises-exception]\n\n1 + 1"))
   failure, _ = runner.run("made-up")
   assert failure["error"] == "tagged raises-exception but ran", failure
+
+
+def test_a_writefile_cell_writes_its_file(runner, visible_cells, tmp_path, monkeypatch):
+  """``%%writefile`` (IPython's cell magic, run by a reader's Jupyter) writes
+  its body to the file; any other magic fails as the Python it is not."""
+  page = tmp_path / "made-up.md"
+  head = "---\nkernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n"
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  page.write_text(
+      head + f"```{{code-cell}}\nimport os, sys\nos.chdir({str(scratch)!r})\n"
+      "sys.path.insert(0, '.')\n```\n\n"
+      "```{code-cell}\n%%writefile made_up_mod.py\nVALUE = 'it's'[:2]\n```\n\n"
+      "```{code-cell}\nimport made_up_mod\nassert made_up_mod.VALUE == 'it'\n```\n")
+  monkeypatch.setattr(visible_cells, "DOCS", tmp_path)
+  failure, _ = runner.run("made-up")
+  assert failure is not None and failure["cell"] == 2, failure  # 'it's' is not Python
+  page.write_text(page.read_text().replace("'it's'[:2]", "'its'[:2]"))
+  failure, _ = runner.run("made-up")
+  assert failure is None, failure
+  assert (scratch / "made_up_mod.py").read_text() == "VALUE = 'its'[:2]\n"
+  page.write_text(head + "```{code-cell}\n%timeit 1 + 1\n```\n")
+  failure, _ = runner.run("made-up")
+  assert failure["error"].startswith("SyntaxError"), failure

@@ -125,9 +125,20 @@ def visible_cells(page: str) -> list[dict]:
     tags = set(cell.metadata.get("tags", []))
     if cell.cell_type != "code" or tags & HIDDEN:
       continue
-    cells.append({"page": page, "index": i, "source": cell.source,
+    cells.append({"page": page, "index": i, "source": _as_python(cell.source),
                   "raises": "raises-exception" in tags})
   return cells
+
+
+def _as_python(source: str) -> str:
+  """The cell as plain Python: a ``%%writefile PATH`` cell (IPython's cell
+  magic, which a reader's Jupyter runs) becomes the code that writes its
+  body there. Other magics are left, to fail where they are used."""
+  first, _, body = source.partition("\n")
+  if not first.startswith("%%writefile "):
+    return source
+  path = first.removeprefix("%%writefile ").strip()
+  return f"open({path!r}, 'w').write({body + chr(10)!r})\n"
 
 
 class Runner:

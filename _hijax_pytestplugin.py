@@ -1,0 +1,80 @@
+"""hijax's pytest plugin: ``pytest --hijax-check-rules`` checks every custom
+derivative rule the tests call.
+
+pytest loads this module in every run of every project whose environment
+has hijax installed (the ``pytest11`` entry point in pyproject.toml), so it
+stays light: it declares the options and nothing else. Only when
+``--hijax-check-rules`` is given does it import hijax (and JAX) and register
+`hijax.testing._plugin`, which records the calls while the tests run and
+checks the rules at the end. Without the option nothing is patched,
+recorded or imported.
+
+It lives outside the ``hijax`` package because importing any module of a
+package runs the package's ``__init__`` first, and ``hijax``'s imports JAX:
+a project whose conftest sets ``JAX_ENABLE_X64`` or ``XLA_FLAGS`` before
+importing JAX would see them ignored. (Hypothesis ships its plugin the same
+way, as ``_hypothesis_pytestplugin``.)
+"""
+from __future__ import annotations
+
+import pytest
+
+# The defaults, in seconds; each is an option below.
+TOTAL_BUDGET = 600.0
+RULE_BUDGET = 30.0
+SAMPLES = 3
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+  group = parser.getgroup(
+      "hijax", "hijax: check the custom derivative rules the tests call")
+  group.addoption(
+      "--hijax-check-rules", action="store_true", default=False,
+      help="record every call of a jax.custom_jvp / jax.custom_vjp function, "
+      "a hijax.custom_jvp / custom_vjp function and a HiPrim while the tests "
+      "run, then check each rule with hijax.testing.check_rules at the "
+      "recorded inputs and print a table")
+  group.addoption(
+      "--hijax-rules-budget", type=float, default=TOTAL_BUDGET,
+      metavar="SECONDS",
+      help=f"time for all the checks at the end (default {TOTAL_BUDGET:g}); "
+      "rules not started by then are reported as skipped for time")
+  group.addoption(
+      "--hijax-rule-budget", type=float, default=RULE_BUDGET,
+      metavar="SECONDS",
+      help=f"time for the checks of one rule (default {RULE_BUDGET:g})")
+  group.addoption(
+      "--hijax-rules-samples", type=int, default=SAMPLES, metavar="N",
+      help="distinct input types kept per rule and checked "
+      f"(default {SAMPLES})")
+  group.addoption(
+      "--hijax-rules-fail-on", default="failed",
+      choices=("failed", "inconclusive", "never"),
+      help="fail the test run when a rule fails its checks (default), also "
+      "when one is inconclusive, or never (only report)")
+  group.addoption(
+      "--hijax-rules-json", default=None, metavar="PATH",
+      help="write the results as JSON to PATH")
+  group.addoption(
+      "--hijax-rules-include-jax", action="store_true", default=False,
+      help="also check the rules defined in JAX, jaxlib and hijax themselves "
+      "(recorded but not checked by default: their own test suites check "
+      "them)")
+  parser.addini(
+      "hijax_surrogates", type="linelist", default=[],
+      help="dotted names (package.module.name) of custom_jvp / custom_vjp "
+      "functions or HiPrim classes whose rules are deliberately not the "
+      "derivative (straight-through estimators, gradient clipping): "
+      "checked only for consistency between their own rules")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  if not config.getoption("hijax_check_rules"):
+    return
+  if config.getoption("numprocesses", None):
+    raise pytest.UsageError(
+        "--hijax-check-rules records the calls in the process that runs the "
+        "tests: run it without pytest-xdist's -n")
+  from hijax.testing import _plugin  # JAX only now that it is asked for
+  config.pluginmanager.register(_plugin.RuleCheckPlugin(config),
+                                _plugin.PLUGIN_NAME)

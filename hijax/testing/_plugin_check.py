@@ -1,0 +1,289 @@
+"""Checking the rules a test suite called (`hijax.testing._recorder`) with
+`check_rules`, at the inputs recorded, within a time budget; one verdict
+per rule.
+
+Inputs: `hijax.testing._plugin_inputs`. A sample whose function raises, or
+returns a value that is not finite, at its inputs is not checked (finite
+differences mean nothing there; a test may call a function where it raises
+on purpose): it is reported, and the rule is inconclusive if no other
+sample was checked. Where what raised is hijax's check of a rule's output
+(`RuleTypeError`: an `expand` that returns another type than declared),
+the rule is failed.
+
+Dtypes: `check_rules` checks in float64 where the function runs in it. A
+rule that raises in float64 only (a library that checks the types of what
+its functions get: equinox's closure-converted functions) is checked again
+in the dtypes the tests called it with, and that check is reported. Values
+a test passed in float64 (under ``jax.enable_x64``) are checked with x64
+on.
+
+Verdict of a rule: failed if a sample failed (the first failure is shown:
+the rule at fault, the check, the worst element, the input); else passed if
+a sample passed; else inconclusive if a sample's check was; else skipped
+for time if a sample was not started for time; else inconclusive, with why
+no sample could be checked.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from hijax import testing
+from hijax._checks import RuleTypeError
+from hijax.testing._plugin_inputs import as_jax, candidates, ordered
+from hijax.testing._recorder import RecordedRule, Sample
+from hijax.testing._rule_identity import named_function, unwrap
+
+
+@dataclasses.dataclass
+class Tried:
+  """One sample as checked: its input types, where the values came from,
+  and its verdict (with the detail)."""
+  types: list[str]
+  source: str
+  verdict: str
+  detail: str = ""
+  seconds: float = 0.0
+  failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  surrogate: bool = False  # check_rules checked it as a surrogate
+  test: str = ""  # the test that made the call
+  by_intent: list[str] = dataclasses.field(default_factory=list)
+
+  def describe(self) -> str:
+    return f"{', '.join(self.types) or 'no arrays'} ({self.source})"
+
+
+@dataclasses.dataclass
+class RuleResult:
+  """The verdict of one rule."""
+  rule: RecordedRule
+  verdict: str  # passed, failed, inconclusive, skipped for time
+  detail: str = ""
+  tried: list[Tried] = dataclasses.field(default_factory=list)
+  surrogate: bool = False
+  seconds: float = 0.0
+
+
+# --- check_rules ------------------------------------------------------------
+
+def _why_inconclusive(report: testing.RuleReport) -> str:
+  return "; ".join(report.why_inconclusive()[:2])
+
+
+def _check_rules(fn: Callable, arrays: Sequence[Any], seconds: float,
+                 progress: Callable[[str], None] | None,
+                 surrogates: list[Any],
+                 x64: bool | None = None) -> testing.RuleReport:
+  with _quiet():
+    return testing.check_rules(
+        fn, *arrays, raise_on_failure=False, accept_inconclusive=True,
+        time_budget=seconds, progress=progress or False, x64=x64,
+        surrogates=surrogates)
+
+
+@contextlib.contextmanager
+def _quiet():
+  """Warnings ignored (a suite's ``filterwarnings = error`` applies at the
+  end of the session too) and what the checked functions print
+  (``jax.debug.print`` in a loop body) dropped."""
+  sink = io.StringIO()
+  with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
+      contextlib.redirect_stderr(sink):
+    warnings.simplefilter("ignore")
+    yield
+
+
+def _raised(report) -> bool:
+  return any(f.detail.startswith("raised ") for f in report.failures)
+
+
+def _failure_dict(f) -> dict[str, Any]:
+  return {"rule": f.rule, "check": f.check, "inputs": f.inputs,
+          "detail": f.detail, "max_error": f.max_error}
+
+
+def _not_finite(out: Any) -> bool:
+  for leaf in jax.tree.leaves(out):
+    a = np.asarray(leaf)
+    if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+      return True
+  return False
+
+
+# --- surrogates ------------------------------------------------------------
+
+def _functions_of(obj: Any) -> list[Any]:
+  """What a name in ``hijax_surrogates`` may stand for: the object, the
+  function it decorates (and the one that names it), and the functions
+  and decorated functions a wrapper object holds as attributes."""
+  found = [obj, unwrap(obj)]
+  fun = getattr(obj, "fun", None)
+  if fun is not None:
+    found += [fun, named_function(fun)]
+  if hasattr(obj, "__dict__") and not isinstance(obj, type):
+    for v in vars(obj).values():
+      if callable(v) and not isinstance(v, type):
+        found += [v, named_function(getattr(v, "fun", v))]
+  return found
+
+
+def is_surrogate(rule: RecordedRule, objects: Sequence[Any]) -> bool:
+  """Whether one of ``objects`` names ``rule``."""
+  target = rule.identity.target
+  samples = [s.fn for s in rule.samples.values()]
+  for obj in objects:
+    if isinstance(obj, type):
+      if obj is target:
+        return True
+      continue
+    for f in _functions_of(obj):
+      if f is target or any(f is s for s in samples):
+        return True
+  return False
+
+
+def surrogate_arguments(rule: RecordedRule, sample: Sample) -> list[Any]:
+  """What to name in ``check_rules(surrogates=...)`` for ``sample``."""
+  if rule.identity.kind == "HiPrim":
+    return [type(sample.fn)]
+  return [sample.fn]
+
+
+# --- one rule --------------------------------------------------------------
+
+def check_rule(rule: RecordedRule, seconds: float, surrogate: bool,
+               progress: Callable[[str], None] | None = None,
+               seed: int = 0) -> RuleResult:
+  """Checks ``rule`` at its samples within ``seconds`` (see the module
+  docstring)."""
+  start = time.monotonic()
+  result = RuleResult(rule, "skipped for time", surrogate=surrogate)
+  rng = np.random.default_rng(seed)
+  for sample in ordered(rule):
+    left = seconds - (time.monotonic() - start)
+    if sample.source == "too large to keep":
+      result.tried.append(Tried(sample.types(), sample.source, "not checked",
+                                f"over {sample.size} elements"))
+      continue
+    tried = Tried(sample.types(), sample.source, "skipped for time",
+                  test=sample.test)
+    result.tried.append(tried)
+    if not any(x is not None for x in sample.leaves):
+      tried.verdict, tried.detail = "not checked", "no array inputs"
+      continue
+    if left <= 0:
+      continue
+    t0 = time.monotonic()
+    _check_sample(rule, sample, candidates(rule, sample, rng), tried, left,
+                  surrogate, progress, start + seconds)
+    tried.seconds = time.monotonic() - t0
+  result.seconds = time.monotonic() - start
+  result.surrogate = surrogate or any(t.surrogate for t in result.tried)
+  _conclude(result)
+  return result
+
+
+def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
+  """Why ``sample``'s function cannot be checked at ``arrays`` ("" if it
+  can), and whether that is a rule's fault: hijax's check of what a rule
+  returned raised (`RuleTypeError`: an `expand` of another type than
+  declared)."""
+  try:
+    with _quiet():
+      out = sample.call(arrays)
+  except Exception as e:  # pylint: disable=broad-except  (reported)
+    return (f"the function raises at these inputs: {type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:200]}",
+            isinstance(e, RuleTypeError))
+  if _not_finite(out):
+    return "the function's output is not finite at these inputs", False
+  return "", False
+
+
+def _wide(sample: Sample) -> bool:
+  """Whether the tests called it with 64-bit values (under x64)."""
+  def bits(dtype):
+    d = np.dtype(dtype)
+    return d.itemsize * 8 // (2 if d.kind == "c" else 1)
+  return any(hasattr(x, "dtype") and bits(x.dtype) == 64
+             for x in sample.leaves)
+
+
+def _check_sample(rule, sample, tries, tried, seconds, surrogate, progress,
+                  deadline) -> None:
+  # values the tests passed in float64 (int64) are checked with x64 on, as
+  # they were called (a primitive built for float64 refuses float32)
+  with jax.enable_x64(True) if _wide(sample) else contextlib.nullcontext():
+    _check_sample_at(rule, sample, tries, tried, seconds, surrogate, progress,
+                     deadline)
+
+
+def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
+                     progress, deadline) -> None:
+  why, rule_at_fault, arrays = "", False, []
+  for arrays, source in tries:
+    arrays = as_jax(arrays)
+    tried.source = source
+    why, rule_at_fault = _runs_at(sample, arrays)
+    if not why:
+      break
+  if why:
+    tried.verdict = "failed" if rule_at_fault else "not checked"
+    tried.detail = why
+    return
+  def fn(*a):
+    return sample.call(list(a))
+  names = surrogate_arguments(rule, sample) if surrogate else []
+  try:
+    report = _check_rules(fn, arrays, seconds, progress, names)
+    if _raised(report) and deadline > time.monotonic():
+      again = _check_rules(fn, arrays, deadline - time.monotonic(), progress,
+                           names, x64=False)
+      if not _raised(again):
+        tried.source += "; in its own dtypes (its rules raise in float64)"
+        report = again
+  except Exception as e:  # pylint: disable=broad-except  (reported)
+    tried.verdict = "inconclusive"
+    tried.detail = (f"check_rules raised {type(e).__name__}: "
+                    f"{(str(e).splitlines() or [''])[0][:200]}")
+    return
+  tried.verdict = report.verdict
+  tried.surrogate = bool(report.surrogates)
+  tried.by_intent = list(report.by_intent)
+  tried.failures = [_failure_dict(f) for f in report.failures]
+  if report.failures:
+    f = report.failures[0]
+    at = f.inputs.splitlines()[0] if f.inputs else ""
+    tried.detail = (f"{f.rule}: {f.check}: {f.detail.splitlines()[0]}"
+                    + (f" [{at}]" if at else ""))
+  elif tried.verdict == "inconclusive":
+    tried.detail = _why_inconclusive(report)
+
+
+def _conclude(result: RuleResult) -> None:
+  by_verdict: dict[str, list[Tried]] = {}
+  for t in result.tried:
+    by_verdict.setdefault(t.verdict, []).append(t)
+  for verdict in ("failed", "passed", "inconclusive"):
+    if verdict in by_verdict:
+      result.verdict = verdict
+      result.detail = by_verdict[verdict][0].detail
+      return
+  if "skipped for time" in by_verdict:
+    result.verdict = "skipped for time"
+  elif "not checked" in by_verdict:
+    result.verdict = "inconclusive"
+    details = [t.detail for t in by_verdict["not checked"]]
+    result.detail = next((d for d in details if d != "no array inputs"),
+                         details[0])
+  else:
+    result.verdict = "inconclusive"
+    result.detail = "no call with inputs that can be checked"
