@@ -175,7 +175,8 @@ def test_notebooks_are_checked_in_a_readers_environment():
 
 
 def _page_imports():
-    """``{module: [pages]}`` for every top-level module a page's code imports."""
+    """``{module: [pages]}`` for every top-level module a page's code imports
+    (but the modules a page writes itself, with ``%%writefile NAME.py``)."""
     import ast
     jupytext = pytest.importorskip("jupytext")
     found = {}
@@ -183,6 +184,7 @@ def _page_imports():
         text = md.read_text(encoding="utf-8")
         if "{code-cell}" not in text:
             continue
+        written = set()
         for cell in jupytext.reads(text, fmt="md:myst").cells:
             if cell.cell_type != "code":
                 continue
@@ -191,6 +193,7 @@ def _page_imports():
                 first, _, body = source.partition("\n")
                 if not (first.startswith("%%writefile ") and first.endswith(".py")):
                     continue
+                written.add(Path(first.split(maxsplit=1)[1].strip()).stem)
                 source = body
             try:
                 tree = ast.parse(source)
@@ -203,7 +206,9 @@ def _page_imports():
                          and node.level == 0 else [])
                 for name in names:
                     found.setdefault(name.split(".")[0], set()).add(md.stem)
-    return found
+        for name in written:  # written by this page (imports may come first)
+            found.get(name, set()).discard(md.stem)
+    return {name: pages for name, pages in found.items() if pages}
 
 
 def test_the_notebooks_extra_installs_what_the_pages_import():
