@@ -72,9 +72,11 @@ nitpicky = True
 # internals) and the standard library, which cannot be
 # linked without intersphinx (offline); our own names must all resolve.
 # dataclasses.InitVar: a deprecated init-only argument (CG and GMRES maxiter);
-# Python's inventory does not list it.
+# Python's inventory does not list it. A type variable (surrogate's T) has no
+# page of its own.
 nitpick_ignore_regex = [("py:class", r"jax\..*"), ("py:class", r"collections\.abc\..*"),
-                        ("py:class", r"dataclasses\.InitVar")]
+                        ("py:class", r"dataclasses\.InitVar"),
+                        ("py:class", r"hijax\..*\._\w+\.T")]
 
 # --- API reference ------------------------------------------------------------
 # In docstrings, `name` links to the hijax object it names, else is code.

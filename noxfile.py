@@ -540,7 +540,8 @@ def typecheck(session):
   if skip:
     return
   # Not editable: the type checkers read the installed copy as a user's would.
-  session.install(*_fresh_hijax(session), ".", f"jax=={JAX}", "basedpyright", "mypy",
+  # pytest: the plugin's modules (hijax.testing._plugin*) import it.
+  session.install(*_fresh_hijax(session), ".", f"jax=={JAX}", "pytest", "basedpyright", "mypy",
                   "-c", _constraints(session))
   tmp = Path(session.create_tmp()).resolve()
   session.run("basedpyright")  # hijax/ and tests/typecheck/, as configured

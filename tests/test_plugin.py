@@ -65,6 +65,10 @@ round_ste.defvjp(lambda x: (round_ste(x), None), lambda _, g: (g,))
 
 @pytest.fixture
 def rules(pytester):
+  # An ini file of its own: the rootdir (and the paths the table shows) is
+  # the test's directory, also where the temporary directory is inside a
+  # checkout whose pyproject.toml configures pytest (nox's TMPDIR).
+  pytester.makeini("[pytest]\n")
   pytester.makepyfile(rules=RULES)
   pytester.syspathinsert()
   return pytester
