@@ -221,14 +221,39 @@ def test_catches_wrong_transpose():
   assert "transposed in args[1]" in err.inputs
 
 
-def test_transpose_needs_a_linear_argument():
-  # c * x is linear in c too, but Scale.transpose only handles x: detecting
-  # linear arguments numerically finds both, and transposing in c fails
+def test_a_transpose_that_handles_only_some_linear_arguments():
+  # c * x is linear in c too, but Scale.transpose handles only x. Detected
+  # numerically (not declared), transposing in c raises: that is the rule
+  # being partial, not wrong; it is skipped with the reason and the fix, and
+  # the transpose in x is checked (the pytest plugin cannot pass
+  # linear_argnums, and reported correct rules such as Scale as failed).
+  report = check_rules(zoo.scale, jnp.float32(1.5), zoo._vec(1., -2., 0.5),
+                       modes="transpose")
+  assert report.verdict == "passed", report
+  (why,) = [why for mode, why in report.skipped if mode == "transpose"]
+  assert "transposed in args[0]" in why and "raised AttributeError" in why, why
+  assert "linear_argnums=" in why, why
+  assert any("linear map (<ȳ, A ṫ> = <Aᵀ ȳ, ṫ>) (in args[1])" in c
+             for c in report.ran), report.ran
+  # declared, the same failure is the rule's
   err = _fails(zoo.scale, jnp.float32(1.5), zoo._vec(1., -2., 0.5),
-               modes="transpose")
+               modes="transpose", linear_argnums=[0])
   assert err.rule == "Scale.transpose" and "args[0]" in err.inputs
-  assert check_rules(zoo.scale, jnp.float32(1.5), zoo._vec(1., -2., 0.5),
-                     modes="transpose", linear_argnums=[1]).passed
+  assert "raised AttributeError" in err.failures[0].detail
+  # a wrong transpose in the argument it handles still fails, undeclared
+  err = _fails(lambda c, x: BadTranspose(jax.typeof(c), jax.typeof(x))(c, x),
+               jnp.float32(1.5), zoo._vec(1., -2., 0.5), modes="transpose")
+  assert err.rule == "BadTranspose.transpose" and "args[1]" in err.inputs
+
+
+def test_a_transpose_that_raises_in_every_linear_argument_fails():
+  class RaisingTranspose(zoo.Scale):
+    def transpose(self, ct, c, x_acc):
+      raise NotImplementedError("not yet")
+  err = _fails(lambda c, x: RaisingTranspose(jax.typeof(c), jax.typeof(x))(c, x),
+               jnp.float32(1.5), zoo._vec(1., -2., 0.5), modes="transpose")
+  assert err.rule == "RaisingTranspose.transpose"
+  assert "raised NotImplementedError: not yet" in err.failures[0].detail
 
 
 class BadBatch(zoo.MatVec):

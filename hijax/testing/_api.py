@@ -195,7 +195,8 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       ``prim_fn`` is linear, as a list whose entries are an argument index or
       a tuple of indices transposed together. By default each argument is
       tested numerically for linearity and the linear ones are transposed one
-      at a time.
+      at a time; where the rule raises in some of them and works in others,
+      it is taken to handle only those (the others are listed as skipped).
     order: 2 (the default) also checks second derivatives: JAX's derivative
       of the backward pass and of the tangent map against their finite
       differences (which catches a rule that is right at first order but not
