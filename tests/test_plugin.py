@@ -251,18 +251,8 @@ def test_a_rule_that_refuses_differentiation_by_design_passes(rules):
   """equinox's nondifferentiable: a jvp rule that raises saying it cannot be
   differentiated. The rule passes, and the JSON lists those checks as left
   unjudged by intent, for the input they were tried at."""
-  rules.makepyfile(guard='''
-import functools, jax
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def guarded(msg, x):
-  return x
-@guarded.defjvp
-def _(msg, primals, tangents):
-  raise RuntimeError(msg)
-def no_grad(x):
-  return guarded("Unexpected tangent. This operation cannot be "
-                 "autodifferentiated.", x)
-''', test_guard='''
+  rules.makepyfile(guard=(pathlib.Path(__file__).parent
+                          / "refusing_rule.py").read_text(), test_guard='''
 import jax.numpy as jnp
 from guard import no_grad
 def test_calls():
