@@ -17,7 +17,7 @@ The process of each page is forked from one that has imported JAX and the
 pages' libraries (`PRELOAD`) and nothing else, so a page's run skips the
 seconds a fresh import takes: the saving that keeps this cheap enough for
 CI, with the compilation cache the `tests` session shares with nbval.
-`pages`, `visible_cells`, `Runner` and `describe` are used by
+`pages` (tools/notebooks.py's), `visible_cells`, `Runner` and `describe` are used by
 tests/test_visible_cells.py.
 """
 from __future__ import annotations
@@ -32,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT / "tools"))
+from notebooks import pages  # noqa: E402  (the notebook pages, as the build finds them)
 HIDDEN = {"remove-cell", "remove-input"}
 
 # Modules most pages import, imported once by the process each page's process
@@ -102,16 +104,6 @@ for line in sys.stdin:
   out.write(result + "\n")
   out.flush()
 """.replace("PRELOAD", repr(PRELOAD))
-
-
-def pages() -> list[str]:
-  """The notebook pages under docs/ (those with a kernelspec), sorted."""
-  out = []
-  for md in sorted(DOCS.glob("*.md")):
-    text = md.read_text(encoding="utf-8")
-    if text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]:
-      out.append(md.stem)
-  return out
 
 
 def visible_cells(page: str) -> list[dict]:
