@@ -105,11 +105,6 @@ def _raised(report) -> bool:
   return any(f.detail.startswith("raised ") for f in report.failures)
 
 
-def _failure_dict(f) -> dict[str, Any]:
-  return {"rule": f.rule, "check": f.check, "inputs": f.inputs,
-          "detail": f.detail, "max_error": f.max_error}
-
-
 def _not_finite(out: Any) -> bool:
   for leaf in jax.tree.leaves(out):
     a = np.asarray(leaf)
@@ -258,7 +253,7 @@ def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
-  tried.failures = [_failure_dict(f) for f in report.failures]
+  tried.failures = [dataclasses.asdict(f) for f in report.failures]
   if report.failures:
     f = report.failures[0]
     at = f.inputs.splitlines()[0] if f.inputs else ""
