@@ -15,18 +15,6 @@ repeats within one process).
 A cache hit skips only XLA's compilation of an identical program (the key is
 the program, the JAX and jaxlib versions and the compile options): tracing,
 lowering, every rule and every execution happen as without it.
-
-XLA's LLVM code generation runs unoptimized here
-(``jax_disable_most_optimizations``, unless JAX_DISABLE_MOST_OPTIMIZATIONS
-is set, e.g. to 0): it halves the compile time of a larger program (a
-``jacrev`` of a Newton root: 0.86 -> 0.42 s) and cuts the CPU time of a cold
-run of the compile-heavy test files by about a sixth. What the tests check
-is the same program: the flag changes XLA's backend optimization level
-(LLVM's passes), not its HLO passes, so the optimized HLO (fusions, what is
-kept and removed, host calls) is identical with and without it
-(tests/test_compile_options.py). Only these test processes are affected:
-the pages (nbval's kernels, tools/visible_cells.py) run with a reader's
-settings.
 """
 import os
 import shutil
@@ -44,8 +32,6 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", _PRIVATE_DIR)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
-    jax.config.update("jax_disable_most_optimizations", True)
 
 
 def pytest_unconfigure(config):

@@ -695,9 +695,7 @@ def test_custom_derivatives_page_primitives():
       [sys.executable, "-c", _DOCS_RUNNER, json.dumps([str(p) for p in pages]),
        json.dumps(_DOCS_POINTS), json.dumps(_DOCS_OPTIONS)],
       capture_output=True, text=True, timeout=600,
-      # XLA's backend optimizations off, as in this process (conftest.py)
-      env={"JAX_DISABLE_MOST_OPTIMIZATIONS": "1", **os.environ,
-           "JAX_PLATFORMS": "cpu"})
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads(proc.stdout.split("RESULTS", 1)[1])
   assert len(results) >= 20 and "FixedPoint" in results
