@@ -217,7 +217,7 @@ def stub_checks(which):
   if "residual" in which:
     _krylov.residual_status = passed
   if "spd" in which:
-    _krylov.CG._spd_on_probes = staticmethod(lambda A, b: jnp.bool_(True))
+    _krylov.CG._spd_on_probes = staticmethod(lambda *args: jnp.bool_(True))
   if "failure" in which:
     _primitives.raise_if_failed = lambda x, st, where: x
 
