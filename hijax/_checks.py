@@ -222,3 +222,29 @@ def with_advice(e: Exception, advice: str) -> Exception:
     return type(e)(f"{e}\n\n{advice}")
   except Exception:  # an exception type with another signature: keep it as is
     return e
+
+
+# Where an exception raised while a batch rule ran came from: a user's rule
+# refusing (an assert, a ValueError of its own), or hijax's check of what a
+# rule returned. hijax.testing tells the two apart: a rule that refuses some
+# combinations of batched arguments handles only the others, while a rule
+# whose output fails hijax's check is wrong.
+_RAISED_BY = "_hijax_raised_by"
+HIJAX_CHECK = "hijax"
+
+
+def mark_raised_by(e: BaseException, where: str) -> None:
+  """Records that ``e`` was raised by ``where`` (a rule's name, or
+  `HIJAX_CHECK` for hijax's own checks), unless a nearer frame recorded it
+  already (a rule that binds another primitive whose check failed)."""
+  if getattr(e, _RAISED_BY, None) is not None:
+    return
+  try:
+    setattr(e, _RAISED_BY, where)
+  except (AttributeError, TypeError):  # an exception type without a __dict__
+    pass
+
+
+def raised_by(e: BaseException) -> str | None:
+  """What `mark_raised_by` recorded for ``e``, or None."""
+  return getattr(e, _RAISED_BY, None)

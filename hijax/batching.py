@@ -111,8 +111,13 @@ def batch_from_dim_rule(prim: HiPrim, axis_data: Any, args: Any,
                         dims: Any) -> Any:
   """`HiPrim.batch` derived from ``prim.batch_dim_rule``."""
   _check_no_batched_hi_values(prim, dims)
+  try:
+    rule_dims = prim.batch_dim_rule(axis_data, dims)
+  except Exception as e:
+    _checks.mark_raised_by(e, f"{type(prim).__name__}.batch_dim_rule")
+    raise
   out_dim = jax.tree.unflatten(prim.out_tree, _checked_dims(
-      prim, "batch_dim_rule", prim.batch_dim_rule(axis_data, dims)))
+      prim, "batch_dim_rule", rule_dims))
   return Batched(prim, axis_data, dims, out_dim)(*args), out_dim
 
 
@@ -194,14 +199,27 @@ def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
         prim.out_avals_flat)
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   dims = jax.tree.unflatten(prim.in_tree, dims_flat)
-  result = prim.batch(axis_data, args, dims)
-  if not isinstance(result, tuple) or len(result) != 2:
-    raise TypeError(f"{type(prim).__name__}.batch must return a pair "
-                    "(batched_out, out_dim)")
-  out, out_dim = result
-  out_flat = flatten_output(prim, "batch", out)
-  dims_flat = _checked_dims(prim, "batch", out_dim)
-  _check_batched_outputs(prim, axis_data.size, out_flat, dims_flat)
+  # An exception from the rule is marked as the rule's (a refusal, or a
+  # bug), one from the checks of what it returned as hijax's: hijax.testing
+  # reads which (see `_checks.mark_raised_by`).
+  own_rule = type(prim).batch is not HiPrim.batch
+  try:
+    result = prim.batch(axis_data, args, dims)
+  except Exception as e:
+    _checks.mark_raised_by(e, f"{type(prim).__name__}.batch" if own_rule
+                           else _checks.HIJAX_CHECK)
+    raise
+  try:
+    if not isinstance(result, tuple) or len(result) != 2:
+      raise TypeError(f"{type(prim).__name__}.batch must return a pair "
+                      "(batched_out, out_dim)")
+    out, out_dim = result
+    out_flat = flatten_output(prim, "batch", out)
+    dims_flat = _checked_dims(prim, "batch", out_dim)
+    _check_batched_outputs(prim, axis_data.size, out_flat, dims_flat)
+  except Exception as e:
+    _checks.mark_raised_by(e, _checks.HIJAX_CHECK)
+    raise
   return out_flat, dims_flat
 
 

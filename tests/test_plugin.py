@@ -268,6 +268,50 @@ def test_calls():
   assert "guarded (custom_jvp): the jvp rule" in tried["by_intent"], tried
 
 
+def test_a_partial_batch_rule_passes_with_its_refusals_listed(rules):
+  """A batch rule that supports batching x only (and asserts so): the
+  plugin cannot pass batch_in_axes=, so check_rules takes the rule for
+  partial; it passes, and the JSON lists the refused combinations as
+  skipped, with the fix."""
+  rules.makepyfile(xonly='''
+import jax, jax.numpy as jnp
+from hijax import HiPrim
+class ScaleXOnly(HiPrim):
+  def __init__(self, c_aval, x_aval):
+    self.in_avals, self.out_aval, self.params = (c_aval, x_aval), x_aval, {}
+    super().__init__()
+  def expand(self, c, x):
+    return c * x
+  def jvp(self, primals, tangents):
+    (c, x), (dc, dx) = primals, tangents
+    return self(c, x), (jnp.zeros_like(x) if type(dc).__name__ == "Zero"
+                        else dc * x) + (0. if type(dx).__name__ == "Zero"
+                                        else c * dx)
+  def batch(self, axis_data, args, dims):
+    (c, x), (c_dim, x_dim) = args, dims
+    assert c_dim is None, "only x may be batched"
+    return c * jnp.moveaxis(x, x_dim, 0), 0
+def scale(c, x):
+  return ScaleXOnly(jax.typeof(c), jax.typeof(x))(c, x)
+''', test_xonly='''
+import jax.numpy as jnp
+from xonly import scale
+def test_calls():
+  assert float(scale(jnp.float32(2.), jnp.ones(3, jnp.float32))[0]) == 2.
+''')
+  result = _run(rules, "--hijax-check-rules", "--hijax-rules-json",
+                "rules.json")
+  assert result.ret == 0, result.stdout.str()[-3000:]
+  (rule,) = [r for r in _json(rules, result)["rules"]
+             if r["rule"] == "ScaleXOnly"]
+  assert rule["verdict"] == "passed", rule
+  (tried,) = rule["inputs"]
+  refused = [s for s in tried["skipped"] if s.startswith("batch: ")]
+  assert any("in_axes=(0, None)" in s for s in refused), tried["skipped"]
+  assert all("ScaleXOnly.batch raised AssertionError: only x may be batched"
+             in s and "batch_in_axes=" in s for s in refused), refused
+
+
 def test_fail_on_never_only_reports(rules):
   rules.makepyfile(test_bad='''
 from rules import sin_twice

@@ -521,6 +521,10 @@ def test_eager_mode():
 
 
 def test_batch_in_axes_for_a_partial_batch_rule():
+  """A batch rule that raises for some combinations of batched arguments and
+  runs for others supports only those: checked without batch_in_axes, the
+  others are listed as skipped, with the fix; with it, only those run, and a
+  combination it names that the rule refuses fails."""
   class MatVecXOnly(zoo.MatVec):
     def batch(self, axis_data, args, dims):
       A, x = args
@@ -530,10 +534,83 @@ def test_batch_in_axes_for_a_partial_batch_rule():
 
   fn = lambda A, x: MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
   A, x = zoo.BY_NAME["matvec"].args()
-  err = _fails(fn, A, x, modes="batch")
-  assert "only x may be batched" in str(err)
+  report = check_rules(fn, A, x, modes="batch")
+  assert report.verdict == "passed", report
+  skipped = [why for mode, why in report.skipped if mode == "batch"]
+  assert any(why.startswith("vmap with in_axes=(0, None): ") for why in skipped)
+  assert any(why.startswith("jvp of vmap vs a loop: ") for why in skipped)
+  for why in skipped:
+    assert ("MatVecXOnly.batch raised AssertionError: only x may be batched"
+            in why and "batch_in_axes=" in why), why
+  assert {"batch: vmap vs a loop over the batch (in_axes=(None, 0))",
+          "batch: vmap vs a loop over the batch (in_axes=(None, 1))"} <= set(
+              report.ran)
   assert check_rules(fn, A, x, modes="batch",
                      batch_in_axes=[(None, 0), (None, 1)]).passed
+  err = _fails(fn, A, x, modes="batch", batch_in_axes=[(None, 0), (0, None)])
+  assert "only x may be batched" in str(err)
+
+
+def test_a_batch_rule_that_raises_for_every_combination_fails():
+  class MatVecNever(zoo.MatVec):
+    def batch(self, axis_data, args, dims):
+      raise ValueError("no batching here")
+
+  fn = lambda A, x: MatVecNever(jax.typeof(A), jax.typeof(x))(A, x)
+  err = _fails(fn, *zoo.BY_NAME["matvec"].args(), modes="batch")
+  assert "no batching here" in str(err)
+  assert set(_rules(err)) == {"MatVecNever.batch"}
+
+
+def test_a_partial_batch_rule_whose_output_is_wrong_fails():
+  """Where hijax's check of what the rule returned raises (a wrong type for
+  one combination), the rule is wrong there, not partial, though it runs
+  for the others."""
+  class MatVecWrongForA(zoo.MatVec):
+    def batch(self, axis_data, args, dims):
+      if dims[0] is not None:
+        return jnp.zeros(3), 0  # no batch axis
+      return super().batch(axis_data, args, dims)
+
+  fn = lambda A, x: MatVecWrongForA(jax.typeof(A), jax.typeof(x))(A, x)
+  err = _fails(fn, *zoo.BY_NAME["matvec"].args(), modes="batch")
+  assert "MatVecWrongForA.batch" in _rules(err)
+  assert any("in_axes=(0, None)" in f.inputs for f in err.failures)
+
+
+def test_a_partial_batch_dim_rule_is_partial_too():
+  class SinTimesXBatchedOnly(zoo.SinTimesY):
+    def batch_dim_rule(self, axis_data, in_dims):
+      if in_dims[1] is not None:
+        raise NotImplementedError("y must not be batched")
+      return in_dims[0]
+
+  fn = lambda x, y: SinTimesXBatchedOnly(jax.typeof(x), jax.typeof(y))(x, y)
+  report = check_rules(fn, zoo._vec(0.3, -1.2), zoo._vec(2., 0.5),
+                       modes="batch")
+  assert report.verdict == "passed", report
+  skipped = [why for mode, why in report.skipped if mode == "batch"]
+  assert skipped and all(
+      "SinTimesXBatchedOnly.batch_dim_rule raised NotImplementedError" in why
+      for why in skipped), skipped
+  assert "batch: vmap vs a loop over the batch (in_axes=(0, None))" in report.ran
+
+
+def test_a_rule_error_inside_a_batch_rule_is_hijax_s_not_a_refusal():
+  """A batch rule that vmaps a primitive whose batch_dim_rule is wrong: the
+  error is the inner primitive's check, so the outer rule is not taken for
+  partial."""
+  class Outer(zoo.SinTimesY):
+    def batch(self, axis_data, args, dims):
+      x, y = (jnp.moveaxis(a, d, 0) if d is not None else a
+              for a, d in zip(args, dims))
+      inner = lambda x, y: BadBatchDimRule(jax.typeof(x), jax.typeof(y))(x, y)
+      return jax.vmap(inner, in_axes=tuple(None if d is None else 0
+                                           for d in dims))(x, y), 0
+
+  fn = lambda x, y: Outer(jax.typeof(x), jax.typeof(y))(x, y)
+  err = _fails(fn, zoo._vec(0.3, -1.2), zoo._vec(2., 0.5), modes="batch")
+  assert all("in_axes=(None, " in f.inputs for f in err.failures), err
 
 
 def test_pytree_and_integer_inputs():

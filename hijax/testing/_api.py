@@ -190,7 +190,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     batch_in_axes: the ``in_axes`` values to check ``vmap`` with (one per
       entry), instead of every combination of batched (along the first or the
       last axis) and unbatched arguments. Use it for a `batch` rule that
-      supports only some combinations.
+      supports only some combinations. Without it, a rule that raises for
+      some combinations and runs for others is taken to support only those
+      (the others are listed as skipped); one that raises for all fails.
     linear_argnums: for the transpose check, the arguments in which
       ``prim_fn`` is linear, as a list whose entries are an argument index or
       a tuple of indices transposed together. By default each argument is

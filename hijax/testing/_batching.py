@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hijax._checks import HIJAX_CHECK, raised_by
 from hijax.testing._context import CheckContext
 from hijax.testing._numerics import dtype_of, is_float, on_device, to_numpy
 
@@ -117,12 +118,42 @@ def add_batch_parts(ctx: CheckContext):
         tuple(leaves_b()[i] for i in ctx.float_idx), tuple(b())))
 
 
+def _refused(ctx: CheckContext, e: BaseException) -> str | None:
+  """The rule that raised ``e`` itself (a ``batch`` or ``batch_dim_rule``
+  refusing, or failing on, a combination of batched arguments), where the
+  checker chose the combinations; None for an exception from hijax's check
+  of what a rule returned, or from anything else."""
+  if ctx.settings.batch_in_axes is not None:
+    return None
+  rule = raised_by(e)
+  return None if rule == HIJAX_CHECK else rule
+
+
+def _judge_refusals(ctx: CheckContext, refusals: list, handled_some: bool):
+  """A rule that raised for some combinations of batched arguments but ran
+  for another handles only some (a partial ``batch`` rule): those are listed
+  as skipped, with the fix. One that raised for every combination fails."""
+  for check, inputs, rule, e in refusals:
+    if handled_some:
+      first = (str(e).strip().splitlines() or [""])[0]
+      ctx.skip("batch", f"{check}: {rule} raised {type(e).__name__}: "
+               f"{first}; it ran for other combinations of "
+               "batched arguments, so it is taken to support only those: "
+               "pass batch_in_axes= to check the ones it supports")
+    else:
+      ctx.fail_raised("batch", check, inputs, e)
+
+
 def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
   ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given).
-  Their programs are parts that `add_batch_parts` added."""
+  Their programs are parts that `add_batch_parts` added. Where the checker
+  chose the combinations, one for which the rule itself raises is judged by
+  `_judge_refusals`."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
   refs = {}
+  refusals = []  # (check, inputs, rule, exception)
+  handled_some = False
   for in_axes in _batch_combinations(ctx):
     desc = f"vmap with in_axes={in_axes}, batch size {ctx.settings.batch_size}"
     if ctx.out_of_time("batch", desc):
@@ -141,13 +172,19 @@ def check_batch(ctx: CheckContext):
     try:
       got = jax.tree.leaves(ctx.compiled.run(("vmap", repr(in_axes)), args_b))
     except Exception as e:  # pylint: disable=broad-except
-      ctx.fail_raised("batch", check, inputs, e)
+      rule = _refused(ctx, e)
+      if rule is None:
+        ctx.fail_raised("batch", check, inputs, e)
+      else:
+        refusals.append((f"vmap with in_axes={in_axes}", inputs, rule, e))
       continue
+    handled_some = True
     ctx.ran("batch", f"{check} (in_axes={in_axes})")
     ctx.compare("batch", check, inputs, got, refs[batched], ctx.settings.tol,
                 names=ctx.out_names, got_label="vmap", want_label="the loop")
   if ctx.settings.batch_in_axes is None:
-    _check_batched_derivatives(ctx, stacked)
+    _check_batched_derivatives(ctx, stacked, refusals)
+  _judge_refusals(ctx, refusals, handled_some)
 
 
 def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
@@ -166,10 +203,10 @@ def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
   return args_b
 
 
-def _check_batched_derivatives(ctx: CheckContext, stacked):
+def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
   """``vmap`` of ``jvp`` and of ``vjp``, and ``jvp`` and ``vjp`` of ``vmap``
   (where the rules exist), against loops, with every argument batched along
-  axis 0."""
+  axis 0. Where the rule itself raises, the exception joins ``refusals``."""
   direction = tuple(ctx.float_idx)
   if not direction or not ctx.out_float_idx:
     return
@@ -196,7 +233,11 @@ def _check_batched_derivatives(ctx: CheckContext, stacked):
               for k in range(size)]
       want = [np.stack(ys) for ys in zip(*want)]
     except Exception as e:  # pylint: disable=broad-except
-      ctx.fail_raised("batch", check, inputs, e)
+      rule = _refused(ctx, e)
+      if rule is None:
+        ctx.fail_raised("batch", check, inputs, e)
+      else:
+        refusals.append((check, inputs, rule, e))
       continue
     ctx.ran("batch", check)
     names = ([ctx.out_names[i] for i in ctx.out_float_idx]

@@ -193,7 +193,7 @@ class RuleCheckPlugin:
           "inputs": [{"types": t.types, "source": t.source, "test": t.test,
                       "verdict": t.verdict, "detail": t.detail,
                       "seconds": round(t.seconds, 3),
-                      "by_intent": t.by_intent,
+                      "by_intent": t.by_intent, "skipped": t.skipped,
                       "failures": t.failures} for t in r.tried]})
     counts: dict[str, int] = {}
     for r in self.results:

@@ -56,6 +56,9 @@ class Tried:
   surrogate: bool = False  # check_rules checked it as a surrogate
   test: str = ""  # the test that made the call
   by_intent: list[str] = dataclasses.field(default_factory=list)
+  # the checks check_rules listed as skipped ("mode: why"), e.g. the
+  # combinations of batched arguments a partial batch rule refuses
+  skipped: list[str] = dataclasses.field(default_factory=list)
 
   def describe(self) -> str:
     return f"{', '.join(self.types) or 'no arrays'} ({self.source})"
@@ -253,6 +256,7 @@ def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
+  tried.skipped = [f"{mode}: {why}" for mode, why in report.skipped]
   tried.failures = [dataclasses.asdict(f) for f in report.failures]
   if report.failures:
     f = report.failures[0]
