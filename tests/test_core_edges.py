@@ -335,3 +335,51 @@ def test_jaxpr_type_check_passes_with_checks_enabled():
     np.testing.assert_allclose(jax.jit(f)(X), 2 * np.sin(X), rtol=1e-6)
     np.testing.assert_allclose(jax.jit(jax.vmap(f))(X), 2 * np.sin(X),
                                rtol=1e-6)
+
+
+# --- who raised an error under vmap: the rule, or hijax's check of it ---------------
+# (hijax.testing reads the mark: a rule that refuses some combinations of
+# batched arguments is partial, one whose output fails hijax's check is wrong)
+
+class Doubler(UnaryPrim):
+  """2 x, with a batch rule chosen by `form`."""
+
+  def expand(self, x):
+    return 2 * x
+
+  def batch(self, axis_data, args, dims):
+    (x,), (d,) = args, dims
+    if self.form == "refuses":
+      raise ValueError("no batching here")
+    if self.form == "wrong":
+      return jnp.zeros(3), 0  # no batch axis
+    return 2 * jnp.moveaxis(x, d, 0), 0
+
+
+class DoublerByDim(UnaryPrim):
+  def expand(self, x):
+    return 2 * x
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    raise NotImplementedError("refuses")
+
+
+def _raised_under_vmap(fn):
+  from hijax._checks import raised_by
+  with pytest.raises(Exception) as info:
+    jax.vmap(fn)(jnp.ones((2, 3)))
+  return raised_by(info.value)
+
+
+@pytest.mark.parametrize("form, by", [("refuses", "Doubler.batch"),
+                                      ("wrong", "hijax")])
+def test_an_error_under_vmap_is_marked_with_who_raised_it(form, by):
+  assert _raised_under_vmap(unary(Doubler, form=form)) == by
+  assert jax.vmap(unary(Doubler, form="works"))(X[None]).tolist() == [
+      (2 * X).tolist()]
+
+
+def test_a_batch_dim_rule_s_own_error_is_marked_as_its():
+  """The derived batch rule's mark (hijax) does not replace the nearer
+  one."""
+  assert _raised_under_vmap(unary(DoublerByDim)) == "DoublerByDim.batch_dim_rule"
