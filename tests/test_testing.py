@@ -597,9 +597,9 @@ def test_a_partial_batch_dim_rule_is_partial_too():
 
 
 def test_a_rule_error_inside_a_batch_rule_is_hijax_s_not_a_refusal():
-  """A batch rule that vmaps a primitive whose batch_dim_rule is wrong: the
-  error is the inner primitive's check, so the outer rule is not taken for
-  partial."""
+  """A batch rule vmapping a primitive whose batch_dim_rule is wrong: the error
+  is the inner one's (under jit, raised where it is lowered, outside any rule:
+  no rule's mark), so the outer rule is not taken for partial."""
   class Outer(zoo.SinTimesY):
     def batch(self, axis_data, args, dims):
       x, y = (jnp.moveaxis(a, d, 0) if d is not None else a
