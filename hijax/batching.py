@@ -202,10 +202,10 @@ def _batch_rule(axis_data, args_flat, dims_flat, *, prim):
   # An exception from the rule is marked as the rule's (a refusal, or a
   # bug), one from the checks of what it returned as hijax's: hijax.testing
   # reads which (see `_checks.mark_raised_by`).
-  own_rule = type(prim).batch is not HiPrim.batch
   try:
     result = prim.batch(axis_data, args, dims)
-  except Exception as e:
+  except Exception as e:  # the user's batch, or the one derived by hijax
+    own_rule = type(prim).batch is not HiPrim.batch
     _checks.mark_raised_by(e, f"{type(prim).__name__}.batch" if own_rule
                            else _checks.HIJAX_CHECK)
     raise

@@ -118,41 +118,35 @@ def add_batch_parts(ctx: CheckContext):
         tuple(leaves_b()[i] for i in ctx.float_idx), tuple(b())))
 
 
-def _refused(ctx: CheckContext, e: BaseException) -> str | None:
-  """The rule that raised ``e`` itself (a ``batch`` or ``batch_dim_rule``
-  refusing, or failing on, a combination of batched arguments), where the
-  checker chose the combinations; None for an exception from hijax's check
-  of what a rule returned, or from anything else."""
-  if ctx.settings.batch_in_axes is not None:
-    return None
-  rule = raised_by(e)
-  return None if rule == HIJAX_CHECK else rule
-
-
-def _judge_refusals(ctx: CheckContext, refusals: list, handled_some: bool):
-  """A rule that raised for some combinations of batched arguments but ran
-  for another handles only some (a partial ``batch`` rule): those are listed
-  as skipped, with the fix. One that raised for every combination fails."""
-  for check, inputs, rule, e in refusals:
-    if handled_some:
-      first = (str(e).strip().splitlines() or [""])[0]
-      ctx.skip("batch", f"{check}: {rule} raised {type(e).__name__}: "
-               f"{first}; it ran for other combinations of "
-               "batched arguments, so it is taken to support only those: "
-               "pass batch_in_axes= to check the ones it supports")
-    else:
-      ctx.fail_raised("batch", check, inputs, e)
+def _raised(ctx: CheckContext, refusals: list, check: str, inputs: str,
+            e: BaseException, label: str | None = None):
+  """A batching check that raised ``e``: a failure, unless the rule itself
+  raised it (a ``batch`` or ``batch_dim_rule`` refusing, or failing on, a
+  combination of batched arguments, not hijax's check of what it returned)
+  where the checker chose the combinations; that refusal joins
+  ``refusals``, for `CheckContext.judge_refusals` (as ``label``, by default
+  ``check``)."""
+  rule = raised_by(e) if ctx.settings.batch_in_axes is None else None
+  if rule is None or rule == HIJAX_CHECK:
+    ctx.fail_raised("batch", check, inputs, e)
+    return
+  label = label or check
+  first = (str(e).strip().splitlines() or [""])[0]
+  refusals.append((label, inputs, e, (
+      f"{label}: {rule} raised {type(e).__name__}: {first}; it ran for other "
+      "combinations of batched arguments, so it is taken to support only "
+      "those: pass batch_in_axes= to check the ones it supports")))
 
 
 def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
   ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given).
   Their programs are parts that `add_batch_parts` added. Where the checker
-  chose the combinations, one for which the rule itself raises is judged by
-  `_judge_refusals`."""
+  chose the combinations, one for which the rule itself raises is judged
+  with the others by `CheckContext.judge_refusals` (see `_raised`)."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
   refs = {}
-  refusals = []  # (check, inputs, rule, exception)
+  refusals = []  # (check, inputs, exception, why skipped)
   handled_some = False
   for in_axes in _batch_combinations(ctx):
     desc = f"vmap with in_axes={in_axes}, batch size {ctx.settings.batch_size}"
@@ -172,11 +166,8 @@ def check_batch(ctx: CheckContext):
     try:
       got = jax.tree.leaves(ctx.compiled.run(("vmap", repr(in_axes)), args_b))
     except Exception as e:  # pylint: disable=broad-except
-      rule = _refused(ctx, e)
-      if rule is None:
-        ctx.fail_raised("batch", check, inputs, e)
-      else:
-        refusals.append((f"vmap with in_axes={in_axes}", inputs, rule, e))
+      _raised(ctx, refusals, check, inputs, e,
+              label=f"vmap with in_axes={in_axes}")
       continue
     handled_some = True
     ctx.ran("batch", f"{check} (in_axes={in_axes})")
@@ -184,7 +175,7 @@ def check_batch(ctx: CheckContext):
                 names=ctx.out_names, got_label="vmap", want_label="the loop")
   if ctx.settings.batch_in_axes is None:
     _check_batched_derivatives(ctx, stacked, refusals)
-  _judge_refusals(ctx, refusals, handled_some)
+  ctx.judge_refusals("batch", refusals, handled_some)
 
 
 def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
@@ -233,11 +224,7 @@ def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
               for k in range(size)]
       want = [np.stack(ys) for ys in zip(*want)]
     except Exception as e:  # pylint: disable=broad-except
-      rule = _refused(ctx, e)
-      if rule is None:
-        ctx.fail_raised("batch", check, inputs, e)
-      else:
-        refusals.append((check, inputs, rule, e))
+      _raised(ctx, refusals, check, inputs, e)
       continue
     ctx.ran("batch", check)
     names = ([ctx.out_names[i] for i in ctx.out_float_idx]

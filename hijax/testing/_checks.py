@@ -317,7 +317,11 @@ def check_transpose(ctx: CheckContext):
       if how is None:
         ctx.fail_raised("transpose", "linear_transpose", inputs, e)
       else:
-        raised.append((names, inputs, e))
+        raised.append((
+            "linear_transpose", inputs, e,
+            f"transposed in {names}: the rule raised {type(e).__name__}: "
+            f"{e}; {names} was found linear numerically, not declared: pass "
+            "linear_argnums= to check the transpose in it"))
       continue
     transposed = True
     check = "transpose vs the linear map (<ȳ, A ṫ> = <Aᵀ ȳ, ṫ>)"
@@ -340,11 +344,4 @@ def check_transpose(ctx: CheckContext):
                  f"<transpose(ȳ), ṫ> = {rhs:.8g}: error {abs(lhs - rhs):.3g} "
                  f"(tolerance {bound:.3g})", abs(lhs - rhs))
         break
-  for names, inputs, e in raised:
-    if transposed:  # the rule works in another argument: partial, not wrong
-      ctx.skip("transpose", f"transposed in {names}: the rule raised "
-               f"{type(e).__name__}: {e}; {names} was found linear "
-               "numerically, not declared: pass linear_argnums= to check "
-               "the transpose in it")
-    else:
-      ctx.fail_raised("transpose", "linear_transpose", inputs, e)
+  ctx.judge_refusals("transpose", raised, transposed)

@@ -99,6 +99,19 @@ class Recorder:
     detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
     self.fail(mode, check, inputs, detail, float("inf"), rule=rule)
 
+  def judge_refusals(self, mode, refusals, handled_some: bool):
+    """Judges the checks of ``mode`` where the rule itself raised, each
+    ``(check, inputs, exc, why)``: where it ran for another argument to
+    transpose in or combination of batched arguments (``handled_some``), it
+    handles only those, by design, and each is listed as skipped with
+    ``why`` (which names the option that says so); otherwise each fails as
+    it raised."""
+    for check, inputs, exc, why in refusals:
+      if handled_some:
+        self.skip(mode, why)
+      else:
+        self.fail_raised(mode, check, inputs, exc)
+
   def compare(self, mode, check, inputs, got, want, tol, names=None,
               got_label="rule", want_label="reference", rule=None,
               bounds=None, skip=None, floors=None, counts=True,
