@@ -28,7 +28,7 @@ The parts run in this order: the measurements, the tests, the pages, the
 benchmarks.
 
 Pages run as their cells do in a notebook kernel: in order, in one namespace,
-each page in a fresh one; IPython magics are skipped.
+each page in a fresh process; IPython magics are skipped.
 """
 from __future__ import annotations
 
@@ -136,15 +136,20 @@ def page_cells(text):
       if key.strip() == "tags":
         tags = re.findall(r"[\w-]+", value)
       lines = lines[1:]
-    src = "\n".join(l for l in lines
-                    if not l.lstrip().startswith(("%", "!")) or l.lstrip().startswith("!="))
+    if lines and lines[0].startswith("%%writefile "):  # the one cell magic the pages use
+      src = (f"open({lines[0].split(None, 1)[1].strip()!r}, 'w').write("
+             f"{chr(10).join(lines[1:]) + chr(10)!r})")
+    else:
+      src = "\n".join(l for l in lines
+                      if not l.lstrip().startswith(("%", "!")) or l.lstrip().startswith("!="))
     cells.append((src, tags))
   return cells
 
 
 def child_pages(path, pages, deadline):
   os.environ.setdefault("MPLBACKEND", "Agg")
-  _emit(path, {"kind": "environment", **_environment()})
+  path = os.path.abspath(path)
+  os.chdir(ROOT / "docs")  # where the site build runs them: a page may read files beside it
   for page in pages:
     md = ROOT / "docs" / f"{page}.md"
     cells = page_cells(md.read_text())
@@ -174,6 +179,9 @@ def child_pages(path, pages, deadline):
                    "first_line": src.strip().splitlines()[0][:80] if src.strip() else "",
                    "seconds": round(time.time() - c0, 2)})
     _emit(path, {"kind": "page_done", "page": page, "seconds": round(time.time() - t0, 1)})
+    # Only now: asking JAX for its devices before the first cell would keep a
+    # page from configuring them (jax_num_cpu_devices, XLA_FLAGS).
+    _emit(path, {"kind": "environment", **_environment()})
     try:
       import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
       plt.close("all")
@@ -370,8 +378,13 @@ def main():
 
   if tests:
     child_part("tests", tests, a.tests_budget, 30, _summarize_tests)
-  if pages and time.time() < end - 20:
-    child_part("pages", pages, a.pages_budget, 15, _summarize_pages)
+  # Each page in a fresh process, as in a fresh kernel: a page's first cell may
+  # configure JAX (two CPU devices, say), which only works before any use of it.
+  pages_until = time.time() + a.pages_budget
+  for page in pages:
+    if time.time() > min(end - 20, pages_until):
+      break
+    child_part("pages", [page], pages_until - time.time(), 15, _summarize_pages)
   for name in a.bench:
     if time.time() > end - 20:
       break
