@@ -149,9 +149,9 @@ def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
   from hijax.testing import _compiled
   run, half = _compiled.Bundle.run, _device.check_on_device
 
-  def marked(ctx, device, device_ctx, host_run):
+  def marked(ctx, device, device_ctx, host_run, plan=None):
     device_ctx.compiled.bundle.on_the_device = True
-    return half(ctx, device, device_ctx, host_run)
+    return half(ctx, device, device_ctx, host_run, plan)
 
   def refuse_on_the_device(bundle, key, args):
     if key == "points" and getattr(bundle, "on_the_device", False):
@@ -182,3 +182,66 @@ def test_the_devices_half_does_not_make_an_inconclusive_check_pass():
                        + jnp.sin(x), x, x64=False, modes="jvp", device=CPU,
                        accept_inconclusive=True)
   assert report.verdict == "inconclusive", report
+
+
+class _ScaleX(HiPrim):
+  """c * x, with a batch rule of the test's choosing (``kind``)."""
+
+  def __init__(self, c_aval, x_aval, kind):
+    self.in_avals, self.out_aval = (c_aval, x_aval), x_aval
+    self.params = dict(kind=kind)
+    super().__init__()
+
+  def expand(self, c, x):
+    return c * x
+
+  def batch(self, axis_data, args, dims):
+    (c, x), (c_dim, x_dim) = args, dims
+    if c_dim is not None:
+      raise ValueError("c must not be batched")
+    return c * jnp.moveaxis(x, x_dim, 0), 0
+
+
+class _ScaledSin(HiPrim):
+  def __init__(self, x_aval, s_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval, s_aval), x_aval, {}
+    super().__init__()
+
+  def expand(self, x, s):
+    return s * jnp.sin(x)
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    return in_dims[0]  # wrong where only s is batched
+
+
+def test_the_device_half_leaves_a_rules_refusals_to_the_host():
+  """Found on a TPU: a batch rule that refuses to batch c (and asserts so)
+  was skipped for those combinations on the host, then failed on the
+  device, which ran them again."""
+  c, x = jnp.float32(1.5), jnp.array([1., -2., 0.5], jnp.float32)
+  report = check_rules(lambda c, x: _ScaleX(jax.typeof(c), jax.typeof(x), "")(c, x),
+                       c, x, modes="batch", device=CPU)
+  assert report.verdict == "passed" and not report.failures
+  assert any("c must not be batched" in why for _, why in report.skipped)
+  assert any(r.startswith("batch: on cpu: jax.vmap") for r in report.ran)
+
+
+def test_a_rule_the_host_failed_fails_once():
+  """Found on a TPU: a batch_dim_rule wrong for in_axes=(None, 0) failed on
+  the host and again on the device, the second failure without the
+  in_axes in its inputs."""
+  report = check_rules(lambda x, s: _ScaledSin(jax.typeof(x), jax.typeof(s))(x, s),
+                       jnp.array([0.1, 0.2, 0.3]), 2.0, raise_on_failure=False,
+                       device=CPU)
+  assert [f.rule for f in report.failures] == ["_ScaledSin.batch_dim_rule"]
+  assert "in_axes=(None, 0)" in report.failures[0].inputs
+
+
+def test_the_device_half_runs_only_the_modes_asked_for():
+  """Found on a TPU: modes=("jvp",) reported 'expand' run as well (the
+  function's own comparison on the device)."""
+  report = check_rules(f_of("right"), X, modes=("jvp",), device=CPU)
+  assert report.modes_run == ["jvp"]
+  assert any(r.startswith("jvp: on cpu:") for r in report.ran)
+  with_expand = check_rules(f_of("right"), X, modes=("expand", "jvp"), device=CPU)
+  assert any(r.startswith("expand: on cpu: the function") for r in with_expand.ran)
