@@ -96,8 +96,12 @@ def test_a_product_with_a_params_leaf_is_solved_as_that_matrix(name):
 def test_anything_else_stays_a_matvec_and_is_still_right(matvec):
   solve = lambda b, A: linear_solve(matvec, b, A)
   assert type(_solve_prim(solve, B3, A3).matvec).__name__ != "MatrixMatvec"
-  matrix = jax.jacfwd(matvec)(B3, A3)
-  close(jax.jit(solve)(B3, A3), jnp.linalg.solve(matrix, B3))
+  # the reference at full float32 products: a TPU's default rounds them to
+  # bfloat16 (1e-3), where hijax's solve computes its products at "highest"
+  with jax.default_matmul_precision("highest"):
+    matrix = jax.jacfwd(matvec)(B3, A3)
+    want = jnp.linalg.solve(matrix, B3)
+  close(jax.jit(solve)(B3, A3), want)
 
 
 def test_only_dense_uses_the_matrix():

@@ -163,7 +163,10 @@ def test_derivatives_of_a_solve_at_the_default_precision(request, simulate,
     close(jax.jit(jac(solve))(b), inverse, rtol=1e-4, atol=1e-5)
   # and batched over right-hand sides, each checked
   bs = jnp.asarray(np.stack([B, -B, 2 * B]), jnp.float32)
-  close(jax.jit(jax.vmap(solve))(bs), bs @ inverse.T, rtol=1e-4, atol=1e-5)
+  # the reference in NumPy: `bs @ inverse.T` with bs a jax array is a
+  # product on the device, at its default precision (bfloat16's on a TPU)
+  close(jax.jit(jax.vmap(solve))(bs), np.asarray(bs, np.float64) @ inverse.T,
+        rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("simulate", [False, True], ids=["here", "sim-tpu"])
@@ -210,7 +213,7 @@ def test_under_a_chosen_coarse_precision_a_solve_is_still_float32s(
   with jax.default_matmul_precision("bfloat16"):
     xs, st = solve(bs, solver)
     assert all(st.converged.tolist()), st
-    close(xs, bs @ inverse.T, rtol=1e-5, atol=1e-5)
+    close(xs, np.asarray(bs, np.float64) @ inverse.T, rtol=1e-5, atol=1e-5)
     if not isinstance(solver, Dense):
       short = type(solver)(max_iter=1, **({"restart": 1} if isinstance(
           solver, GMRES) else {}))

@@ -91,13 +91,18 @@ class _Collector:
         longrepr = report.longrepr
         detail = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
       elif report.failed:
-        detail = _first_line(getattr(report.longrepr, "reprcrash", None)
-                             and report.longrepr.reprcrash.message
-                             or str(report.longrepr))
+        crash = getattr(report.longrepr, "reprcrash", None)
+        # the whole message (an assert_allclose's first line is empty) and
+        # where it was raised
+        detail = " | ".join(
+            line.strip() for line in (crash.message if crash else str(
+                report.longrepr)).splitlines() if line.strip())
+        if crash:
+          detail += f" | at {Path(crash.path).name}:{crash.lineno}"
         if report.when != "call":
           outcome = "error"
       _emit(self.path, {"kind": "test", "id": report.nodeid, "outcome": outcome,
-                        "detail": detail[:300], "seconds": round(report.duration, 2)})
+                        "detail": detail[:800], "seconds": round(report.duration, 2)})
     if time.time() > self.deadline and self.session is not None:
       self.session.shouldstop = "the accelerator run's deadline"
 
@@ -171,7 +176,8 @@ def child_pages(path, pages, deadline):
       except BaseException as e:  # pylint: disable=broad-except
         if isinstance(e, KeyboardInterrupt):
           raise
-        ok, detail = expect_raise, f"{type(e).__name__}: {_first_line(e)}"
+        ok, detail = expect_raise, f"{type(e).__name__}: " + " | ".join(
+            line.strip() for line in str(e).splitlines() if line.strip())
         if not ok:
           detail += " | " + " ".join(traceback.format_exc().splitlines()[-3:])[:400]
       _emit(path, {"kind": "cell", "page": page, "cell": i,
