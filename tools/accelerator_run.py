@@ -151,12 +151,13 @@ def page_cells(text):
   return cells
 
 
-def child_pages(path, pages, deadline):
+def child_pages(path, pages, deadline, docs):
   os.environ.setdefault("MPLBACKEND", "Agg")
   path = os.path.abspath(path)
-  os.chdir(ROOT / "docs")  # where the site build runs them: a page may read files beside it
+  docs = Path(docs).resolve()
+  os.chdir(docs)  # where the site build runs them: a page may read files beside it
   for page in pages:
-    md = ROOT / "docs" / f"{page}.md"
+    md = docs / f"{page}.md"
     cells = page_cells(md.read_text())
     ns = {"__name__": "__main__"}
     t0 = time.time()
@@ -241,10 +242,12 @@ def _summarize_pages(records):
   for r in records:
     if r["kind"] == "page_start":
       pages[r["page"]] = {"cells": r["cells"], "passed": 0, "failed": 0, "not run": 0,
-                          "failures": [], "seconds": None}
+                          "failures": [], "seconds": None, "cell_seconds": {}}
     elif r["kind"] == "cell":
       p = pages[r["page"]]
       p[r["outcome"]] += 1
+      if "seconds" in r:
+        p["cell_seconds"][str(r["cell"])] = r["seconds"]
       if r["outcome"] == "failed":
         p["failures"].append(f"cell {r['cell']} ({r.get('first_line', '')}): {r['detail']}")
     elif r["kind"] == "page_done":
@@ -315,6 +318,8 @@ def main():
   parser.add_argument("--pages-budget", type=float, default=float("inf"),
                       help="seconds the pages may take (no new cell starts after)")
   parser.add_argument("--merge", help="an earlier results file to add to")
+  parser.add_argument("--docs", default=str(ROOT / "docs"),
+                      help="the folder of the pages (default: docs/)")
   parser.add_argument("--records", help=argparse.SUPPRESS)
   parser.add_argument("--child", choices=("tests", "pages"), help=argparse.SUPPRESS)
   parser.add_argument("--until", type=float, help=argparse.SUPPRESS)
@@ -323,7 +328,7 @@ def main():
   if a.child == "tests":
     return child_tests(a.records, a.tests, a.until)
   if a.child == "pages":
-    return child_pages(a.records, a.pages, a.until)
+    return child_pages(a.records, a.pages, a.until, a.docs)
 
   start = time.time()
   end = start + a.deadline
@@ -340,7 +345,7 @@ def main():
                    if p.name != "test_site.py")
   pages = a.pages
   if pages == ["all"]:
-    pages = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+    pages = sorted(p.stem for p in Path(a.docs).glob("*.md"))
 
   def save():
     (out / RESULTS).write_text(json.dumps(results, indent=1))
@@ -366,13 +371,17 @@ def main():
   def child_part(part, names, budget, margin, summarize):
     """Runs the child of ``part`` ("tests" or "pages") on ``names``, within
     ``budget`` seconds and ``margin`` before the deadline, and records it."""
-    path = out / f"{part}.jsonl"
+    path = out / f"{part}.child.jsonl"  # this child's records
     path.unlink(missing_ok=True)
     until = min(end - margin, time.time() + budget)
     status, tail, secs = _run_child(
-        ["--child", part, f"--{part}", *names, "--until", str(until)],
+        ["--child", part, f"--{part}", *names, "--until", str(until),
+         "--docs", str(a.docs)],
         path, max(min(end, until + margin) - time.time(), 1))
     records = _read(path)
+    with open(out / f"{part}.jsonl", "a") as f:  # every child's, in order
+      f.writelines(json.dumps(r) + "\n" for r in records)
+    path.unlink(missing_ok=True)
     envs = [r for r in records if r["kind"] == "environment"]
     if envs and "environment" not in results:
       results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
@@ -382,6 +391,9 @@ def main():
     print(f"{part}: {status} in {secs} s", flush=True)
     save()
 
+  for part, names in (("tests", tests), ("pages", pages)):
+    if names:
+      (out / f"{part}.jsonl").unlink(missing_ok=True)
   if tests:
     child_part("tests", tests, a.tests_budget, 30, _summarize_tests)
   # Each page in a fresh process, as in a fresh kernel: a page's first cell may

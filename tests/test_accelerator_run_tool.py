@@ -1,0 +1,130 @@
+"""tools/accelerator_run.py, which runs the tests and the pages on a TPU: how
+it reads a page's cells and sums up its records. (Running it needs a device
+machine; tools/accelerator_run.py --pages PAGE runs here too.)"""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool():
+  spec = importlib.util.spec_from_file_location(
+      "accelerator_run", ROOT / "tools" / "accelerator_run.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+PAGE = """# A page
+
+```{code-cell}
+import os
+x = 1
+```
+
+```{code-cell}
+:tags: [remove-cell]
+
+assert x == 1
+```
+
+```{code-cell}
+%%writefile note.txt
+first line
+second line
+```
+
+```{code-cell}
+---
+tags: [raises-exception]
+---
+%matplotlib inline
+raise ValueError("meant to")
+```
+"""
+
+
+def test_cells_their_tags_and_the_one_cell_magic(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  cells = _tool().page_cells(PAGE)
+  assert [tags for _, tags in cells] == [[], ["remove-cell"], [],
+                                         ["raises-exception"]]
+  assert cells[0][0] == "import os\nx = 1"
+  assert "%matplotlib" not in cells[3][0] and "raise ValueError" in cells[3][0]
+  namespace = {}
+  exec(cells[2][0], namespace)  # pylint: disable=exec-used
+  assert Path("note.txt").read_text() == "first line\nsecond line\n"
+
+
+FIRST = """```{code-cell}
+import jax.numpy as jnp
+y = jnp.ones(3).sum()
+```
+"""
+
+SECOND = """```{code-cell}
+import jax
+jax.config.update('jax_num_cpu_devices', 2)  # before any use of JAX
+```
+
+```{code-cell}
+assert len(jax.devices('cpu')) == 2
+```
+
+```{code-cell}
+assert 'y' not in globals()
+```
+
+```{code-cell}
+:tags: [raises-exception]
+
+1 / 0
+```
+"""
+
+
+def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
+    tmp_path):
+  """Each page in a fresh process: a page that configures JAX's devices in
+  its first cell (as vjp-objects asks for two CPU devices) runs after one
+  that used JAX, and sees none of its names; every cell's outcome and time
+  are kept, of every page, and a cell meant to raise passes by raising."""
+  (tmp_path / "first.md").write_text(FIRST)
+  (tmp_path / "second.md").write_text(SECOND)
+  out = tmp_path / "out"
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
+       str(out), "--docs", str(tmp_path), "--pages", "first", "second",
+       "--deadline", "300"], capture_output=True, text=True, check=False,
+      cwd=ROOT)
+  assert run.returncode == 0, run.stderr[-2000:]
+  results = json.loads((out / "accelerator-results.json").read_text())
+  for page, cells in (("first", 1), ("second", 4)):
+    summary = results["pages"][page]
+    assert (summary["cells"], summary["passed"], summary["failed"]) == (
+        cells, cells, 0), summary
+    assert len(summary["cell_seconds"]) == cells
+  records = [json.loads(r) for r in (out / "pages.jsonl").read_text().splitlines()]
+  assert sum(r["kind"] == "cell" for r in records) == 5
+  assert results["environment"]["backend"] == "cpu"
+
+
+def test_a_failures_whole_message_is_kept(tmp_path):
+  """An assert_allclose's message starts with an empty line: the record
+  keeps every line and where it was raised."""
+  test = tmp_path / "test_one.py"
+  test.write_text("import numpy as np\n\ndef test_close():\n"
+                  "  np.testing.assert_allclose(1.0, 1.1)\n")
+  out = tmp_path / "out"
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
+       str(out), "--tests", str(test), "--deadline", "200"],
+      capture_output=True, text=True, check=False, cwd=ROOT)
+  assert run.returncode == 0, run.stderr[-2000:]
+  results = json.loads((out / "accelerator-results.json").read_text())
+  (summary,) = results["tests"].values()  # one file, named as pytest names it
+  (failure,) = summary["failures"]
+  assert "Not equal to tolerance" in failure and "test_one.py:4" in failure
