@@ -83,6 +83,19 @@ assert 'y' not in globals()
 
 1 / 0
 ```
+
+```{code-cell}
+import traceback
+
+def fails():
+  raise ValueError("from this line")
+
+try:
+  fails()
+except ValueError as e:
+  frame = traceback.extract_tb(e.__traceback__)[-1]
+  assert frame.line == 'raise ValueError("from this line")', frame
+```
 """
 
 
@@ -91,7 +104,9 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
   """Each page in a fresh process: a page that configures JAX's devices in
   its first cell (as vjp-objects asks for two CPU devices) runs after one
   that used JAX, and sees none of its names; every cell's outcome and time
-  are kept, of every page, and a cell meant to raise passes by raising."""
+  are kept, of every page, and a cell meant to raise passes by raising. A
+  traceback shows a cell's lines, as in a Jupyter kernel (nan-gradients
+  asserts the line a NaN came from)."""
   (tmp_path / "first.md").write_text(FIRST)
   (tmp_path / "second.md").write_text(SECOND)
   out = tmp_path / "out"
@@ -102,13 +117,13 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
       cwd=ROOT)
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((out / "accelerator-results.json").read_text())
-  for page, cells in (("first", 1), ("second", 4)):
+  for page, cells in (("first", 1), ("second", 5)):
     summary = results["pages"][page]
     assert (summary["cells"], summary["passed"], summary["failed"]) == (
         cells, cells, 0), summary
     assert len(summary["cell_seconds"]) == cells
   records = [json.loads(r) for r in (out / "pages.jsonl").read_text().splitlines()]
-  assert sum(r["kind"] == "cell" for r in records) == 5
+  assert sum(r["kind"] == "cell" for r in records) == 6
   assert results["environment"]["backend"] == "cpu"
 
 

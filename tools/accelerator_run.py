@@ -37,6 +37,7 @@ import contextlib
 import datetime
 import io
 import json
+import linecache
 import os
 import re
 import subprocess
@@ -171,7 +172,10 @@ def child_pages(path, pages, deadline, docs):
       c0 = time.time()
       try:
         with contextlib.redirect_stdout(io.StringIO()):
-          exec(compile(src, f"{page}.md:cell{i}", "exec"), ns)  # pylint: disable=exec-used
+          name = f"{page}.md:cell{i}"
+          # as a Jupyter kernel does: a traceback's frames show the cell's lines
+          linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+          exec(compile(src, name, "exec"), ns)  # pylint: disable=exec-used
         ok, detail = not expect_raise, ("expected an exception, none was raised"
                                         if expect_raise else "")
       except BaseException as e:  # pylint: disable=broad-except
