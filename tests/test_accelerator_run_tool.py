@@ -1,21 +1,16 @@
 """tools/accelerator_run.py, which runs the tests and the pages on a TPU: how
 it reads a page's cells and sums up its records. (Running it needs a device
 machine; tools/accelerator_run.py --pages PAGE runs here too.)"""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools_loader import ROOT, load_tool
 
 
 def _tool():
-  spec = importlib.util.spec_from_file_location(
-      "accelerator_run", ROOT / "tools" / "accelerator_run.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_tool("accelerator_run")
 
 
 PAGE = """# A page

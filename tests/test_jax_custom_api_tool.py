@@ -2,19 +2,13 @@
 hijax's: its substitution, and its list of the tests hijax deliberately does
 not pass, which must be the list the porting page gives (by name). Running
 JAX's tests needs a checkout of JAX and is not part of these tests."""
-import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools_loader import ROOT, load_tool
 
 
 def _tool():
-  spec = importlib.util.spec_from_file_location(
-      "jax_custom_api", ROOT / "tools" / "jax_custom_api.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_tool("jax_custom_api")
 
 
 def test_substitution_replaces_the_decorators_only():
