@@ -23,7 +23,10 @@ So on an accelerator `check_rules` judges twice:
    product that loses what the rule relies on) fails here, named as the
    host run names it. These comparisons add failures, not conclusive
    passes: whether a rule was judged at all is the host's verdict (a rule
-   compared with itself on another device says nothing of the function). The tolerance is the device's *measured* accuracy,
+   compared with itself on another device says nothing of the function).
+   A part that raises on the host as well (a combination a batch rule
+   refuses, a rule the host half already failed) is left to the host's
+   verdict, not failed again. The tolerance is the device's *measured* accuracy,
    not an assumed one: `calibrate` compares a float32 matrix product at the
    current matmul precision and a set of transcendental functions on the
    device with float64 on the host, and the function's own output on the
