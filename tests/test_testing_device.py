@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from compile_count import Lowered
 from hijax import HiPrim
 from hijax.testing import RuleCheckError, _device, check_rules
 
@@ -245,3 +246,21 @@ def test_the_device_half_runs_only_the_modes_asked_for():
   assert any(r.startswith("jvp: on cpu:") for r in report.ran)
   with_expand = check_rules(f_of("right"), X, modes=("expand", "jvp"), device=CPU)
   assert any(r.startswith("expand: on cpu: the function") for r in with_expand.ran)
+
+
+def test_calibration_in_float16_leaves_out_what_float16_cannot_hold():
+  """exp(20) overflows float16: the calibration measured an infinite error
+  there, and so an infinite tolerance, and the device half could fail no
+  float16 rule. It measures where the exact values are representable."""
+  measured = _device.calibrate(CPU, np.float16)
+  assert np.isfinite(measured["transcendental"]) and measured["transcendental"] < 4
+  assert _device.tolerance(measured).ulps < 1e3
+
+
+def test_calibration_is_one_program():
+  """The device's calibration compiles one program (it compiled eight: each
+  costs most on a device, where compiles are slow)."""
+  _device._calibration.cache_clear()
+  with Lowered() as programs:  # a persistent-cache hit is lowered too
+    _device.calibrate(CPU, np.float32)
+  assert len(programs) == 1, programs
