@@ -138,3 +138,40 @@ def test_a_failures_whole_message_is_kept(tmp_path):
   (summary,) = results["tests"].values()  # one file, named as pytest names it
   (failure,) = summary["failures"]
   assert "Not equal to tolerance" in failure and "test_one.py:4" in failure
+
+
+def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
+  """A suite longer than one call on a device (ten minutes there): with
+  --resume, the tests and pages an earlier call recorded are not run again,
+  and the results count them."""
+  for name, body in (("test_a.py", "def test_one():\n  pass\n\n"
+                      "def test_two():\n  assert False\n"),
+                     ("test_b.py", "def test_three():\n  pass\n")):
+    (tmp_path / name).write_text(body)
+  (tmp_path / "first.md").write_text(FIRST)
+  (tmp_path / "second.md").write_text(SECOND)
+
+  def run(out, tests, pages, *resume):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
+         str(out), "--docs", str(tmp_path), "--tests", *tests, "--pages", *pages,
+         "--deadline", "300", *(["--resume", *resume] if resume else [])],
+        capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(r) for r in (out / "tests.jsonl").read_text().splitlines()]
+    return json.loads((out / "accelerator-results.json").read_text()), records
+
+  first, _ = run(tmp_path / "one", [str(tmp_path / "test_a.py")], ["first"])
+  assert [(t["passed"], t["failed"]) for t in first["tests"].values()] == [(1, 1)]
+  second, records = run(
+      tmp_path / "two", [str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py")],
+      ["first", "second"], str(tmp_path / "one" / "tests.jsonl"),
+      str(tmp_path / "one" / "pages.jsonl"))
+  summary = {Path(name).name: (t["passed"], t["failed"])
+             for name, t in second["tests"].items()}
+  assert summary == {"test_a.py": (1, 1), "test_b.py": (1, 0)}, summary
+  # test_a's tests ran once: in the first call
+  assert sum(r["kind"] == "test" and "test_a" in r["id"] for r in records) == 2
+  assert [run_["pages"] for run_ in second["runs"] if run_["part"] == "pages"] == [
+      ["second"]]
+  assert set(second["pages"]) == {"first", "second"}

@@ -3,7 +3,7 @@ finds, and write a results table.
 
   python tools/accelerator_run.py --out DIR [--tests FILE ...] [--pages PAGE ...]
                                   [--bench NAME ...] [--facts] [--deadline SECONDS]
-                                  [--merge RESULTS.json]
+                                  [--merge RESULTS.json] [--resume RECORDS.jsonl ...]
 
 Written for a machine with an accelerator (a TPU or a GPU), where one process at
 a time can hold the device: this process never initialises a JAX backend
@@ -12,6 +12,11 @@ pytest process, the pages in one process, each benchmark, the measurements of
 ``tools/accelerator_facts.py``), each told the time left. A child that runs
 past its share is killed, and what it finished is kept: each child writes its
 results as it goes.
+
+A suite longer than one call (a device machine gives ten minutes a call)
+runs in several: ``--resume`` the ``tests.jsonl`` and ``pages.jsonl`` an
+earlier call wrote, and the tests and pages they recorded are not run again
+and count in this call's results.
 
 Writes ``DIR/accelerator-results.json`` (``--merge`` an earlier file to add to
 it: the same file's results from an earlier call are kept unless run again)
@@ -77,12 +82,19 @@ class _Collector:
   """A pytest plugin that writes one record per test as it ends, and stops
   the session at the deadline."""
 
-  def __init__(self, path, deadline):
-    self.path, self.deadline = path, deadline
+  def __init__(self, path, deadline, skip=()):
+    self.path, self.deadline, self.skip = path, deadline, set(skip)
     self.session = None
 
   def pytest_sessionstart(self, session):
     self.session = session
+
+  def pytest_collection_modifyitems(self, config, items):
+    """Leaves out the tests an earlier call recorded (``--resume``)."""
+    done = [item for item in items if item.nodeid in self.skip]
+    if done:
+      items[:] = [item for item in items if item.nodeid not in self.skip]
+      config.hook.pytest_deselected(items=done)
 
   def pytest_runtest_logreport(self, report):
     if report.when == "call" or report.outcome != "passed":
@@ -113,11 +125,12 @@ def _first_line(s):
   return s.splitlines()[0] if s else ""
 
 
-def child_tests(path, files, deadline):
+def child_tests(path, files, deadline, skip_file=None):
   import pytest  # pylint: disable=import-outside-toplevel
   _emit(path, {"kind": "environment", **_environment()})
   args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", *files]
-  code = pytest.main(args, plugins=[_Collector(path, deadline)])
+  skip = Path(skip_file).read_text().splitlines() if skip_file else ()
+  code = pytest.main(args, plugins=[_Collector(path, deadline, skip)])
   _emit(path, {"kind": "tests_done", "exit": int(code)})
 
 
@@ -322,15 +335,20 @@ def main():
   parser.add_argument("--pages-budget", type=float, default=float("inf"),
                       help="seconds the pages may take (no new cell starts after)")
   parser.add_argument("--merge", help="an earlier results file to add to")
+  parser.add_argument("--resume", nargs="*", default=[],
+                      help="tests.jsonl and pages.jsonl of earlier calls: the tests "
+                      "and pages they recorded are not run again, and count in "
+                      "this call's results (a suite longer than one call)")
   parser.add_argument("--docs", default=str(ROOT / "docs"),
                       help="the folder of the pages (default: docs/)")
   parser.add_argument("--records", help=argparse.SUPPRESS)
+  parser.add_argument("--skip-ids", help=argparse.SUPPRESS)
   parser.add_argument("--child", choices=("tests", "pages"), help=argparse.SUPPRESS)
   parser.add_argument("--until", type=float, help=argparse.SUPPRESS)
   a = parser.parse_args()
 
   if a.child == "tests":
-    return child_tests(a.records, a.tests, a.until)
+    return child_tests(a.records, a.tests, a.until, a.skip_ids)
   if a.child == "pages":
     return child_pages(a.records, a.pages, a.until, a.docs)
 
@@ -380,12 +398,13 @@ def main():
     until = min(end - margin, time.time() + budget)
     status, tail, secs = _run_child(
         ["--child", part, f"--{part}", *names, "--until", str(until),
-         "--docs", str(a.docs)],
+         "--docs", str(a.docs), "--skip-ids", str(out / "tests.done")],
         path, max(min(end, until + margin) - time.time(), 1))
     records = _read(path)
     with open(out / f"{part}.jsonl", "a") as f:  # every child's, in order
       f.writelines(json.dumps(r) + "\n" for r in records)
     path.unlink(missing_ok=True)
+    records = _read(out / f"{part}.jsonl")  # with the earlier calls' (--resume)
     envs = [r for r in records if r["kind"] == "environment"]
     if envs and "environment" not in results:
       results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
@@ -395,9 +414,23 @@ def main():
     print(f"{part}: {status} in {secs} s", flush=True)
     save()
 
-  for part, names in (("tests", tests), ("pages", pages)):
-    if names:
-      (out / f"{part}.jsonl").unlink(missing_ok=True)
+  earlier = {"tests": [], "pages": []}
+  for f in a.resume:
+    for r in _read(f):
+      if r["kind"] == "test":
+        earlier["tests"].append(r)
+      elif r["kind"] in ("page_start", "cell", "page_done"):
+        earlier["pages"].append(r)
+  done_pages = {r["page"] for r in earlier["pages"] if r["kind"] == "page_done"}
+  earlier["pages"] = [r for r in earlier["pages"] if r["page"] in done_pages]
+  pages = [p for p in pages if p not in done_pages]
+  (out / "tests.done").write_text("\n".join(r["id"] for r in earlier["tests"]))
+  for part, summarize in (("tests", _summarize_tests), ("pages", _summarize_pages)):
+    (out / f"{part}.jsonl").unlink(missing_ok=True)
+    if earlier[part]:
+      with open(out / f"{part}.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in earlier[part])
+      results[part].update(summarize(earlier[part]))
   if tests:
     child_part("tests", tests, a.tests_budget, 30, _summarize_tests)
   # Each page in a fresh process, as in a fresh kernel: a page's first cell may
