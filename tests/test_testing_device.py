@@ -150,7 +150,7 @@ def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
   from hijax.testing import _compiled
   run, half = _compiled.Bundle.run, _device.check_on_device
 
-  def marked(ctx, device, device_ctx, host_run, plan=None):
+  def marked(ctx, device, device_ctx, host_run, plan):
     device_ctx.compiled.bundle.on_the_device = True
     return half(ctx, device, device_ctx, host_run, plan)
 

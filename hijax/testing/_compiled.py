@@ -115,6 +115,9 @@ class Bundle:
     # the arguments of each part's calls, the first and the last two (the
     # device check runs the parts again there: hijax.testing._device)
     self.seen: dict[Hashable, list] = {}
+    # the parts that raised here (the device check leaves them to the checks
+    # that ran them)
+    self.raised: set[Hashable] = set()
     self._where: dict[Hashable, _Program] = {}
     self._alone: dict[Hashable, Callable] = {}
 
@@ -124,11 +127,18 @@ class Bundle:
 
   def run(self, key: Hashable, args: tuple):
     """``fn(*args)`` of the part ``key``."""
-    part = self.parts[key]
     calls = self.seen.setdefault(key, [])
     calls.append(jax.tree.map(np.asarray, args))
     if len(calls) > 3:
       del calls[1]
+    try:
+      return self._run(key, args)
+    except Exception:
+      self.raised.add(key)
+      raise
+
+  def _run(self, key: Hashable, args: tuple):
+    part = self.parts[key]
     if not self.jit:
       return part.fn(*args)
     if key not in self._where and key not in self._alone:

@@ -215,18 +215,7 @@ def _values(out) -> list[np.ndarray]:
   return [np.asarray(y) for y in jax.tree.leaves(out)]
 
 
-def _raises_on_host(host_run, key, calls, template) -> bool:
-  """Whether a part raises on the host too, at the inputs the device ran."""
-  try:
-    for call in calls:
-      args = rounded(call, float_dtypes(template))
-      host_run(key, rounded(args, float_dtypes(call)))
-  except Exception:  # pylint: disable=broad-except
-    return True
-  return False
-
-
-def check_on_device(ctx, device, device_ctx, host_run, plan=None) -> None:
+def check_on_device(ctx, device, device_ctx, host_run, plan) -> None:
   """The device half of `check_rules` on an accelerator (see the module
   docstring): each part of ``ctx``'s program (the host's) that the host
   run evaluated is evaluated again in ``device_ctx`` (the same function at
@@ -235,8 +224,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan=None) -> None:
   (``host_run(key, args)`` runs a part of the host's program under its
   dtype settings). Failures and the checks run go to ``ctx``'s report. The
   function itself is always run there (its accuracy sets the tolerance) but
-  compared as a check only where ``plan`` (the modes run; None: all) has
-  ``expand``."""
+  compared as a check only where ``plan`` (the modes run) has ``expand``."""
   host_bundle = ctx.compiled.bundle
   bundle = device_ctx.compiled.bundle
   dtype = np.dtype(device_ctx.report.dtype) if device_ctx.report.dtype in (
@@ -263,7 +251,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan=None) -> None:
           got += _values(bundle.run(key, args))
         want += _values(host_run(key, rounded(args, float_dtypes(call))))
     except Exception as e:  # pylint: disable=broad-except
-      if _raises_on_host(host_run, key, host_bundle.seen[key], template):
+      if key in host_bundle.raised:
         continue  # the host half judged it (a failure, or a rule's refusal)
       if key == "points":  # the function itself does not run there
         ctx.skip(mode, f"{check}: the function does not run on "
@@ -279,7 +267,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan=None) -> None:
       measured["the function"] = max(
           [_ulps(g, w, g.dtype) for g, w in floats] or [0.0])
       tol = tolerance(measured)
-      if plan is not None and "expand" not in plan:
+      if "expand" not in plan:
         continue
     want = [w.astype(g.dtype) if is_float(g) else w
             for g, w in zip(got, want)]
