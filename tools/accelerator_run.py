@@ -105,11 +105,8 @@ class _Collector:
         detail = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
       elif report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
-        # the whole message (an assert_allclose's first line is empty) and
-        # where it was raised
-        detail = " | ".join(
-            line.strip() for line in (crash.message if crash else str(
-                report.longrepr)).splitlines() if line.strip())
+        # the whole message, and where it was raised
+        detail = _one_line(crash.message if crash else report.longrepr)
         if crash:
           detail += f" | at {Path(crash.path).name}:{crash.lineno}"
         if report.when != "call":
@@ -120,9 +117,10 @@ class _Collector:
       self.session.shouldstop = "the accelerator run's deadline"
 
 
-def _first_line(s):
-  s = str(s).strip()
-  return s.splitlines()[0] if s else ""
+def _one_line(text):
+  """A message's non-empty lines on one line (an assert_allclose's first
+  line is empty)."""
+  return " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def child_tests(path, files, deadline, skip_file=None):
@@ -194,8 +192,7 @@ def child_pages(path, pages, deadline, docs):
       except BaseException as e:  # pylint: disable=broad-except
         if isinstance(e, KeyboardInterrupt):
           raise
-        ok, detail = expect_raise, f"{type(e).__name__}: " + " | ".join(
-            line.strip() for line in str(e).splitlines() if line.strip())
+        ok, detail = expect_raise, f"{type(e).__name__}: {_one_line(e)}"
         if not ok:
           detail += " | " + " ".join(traceback.format_exc().splitlines()[-3:])[:400]
       _emit(path, {"kind": "cell", "page": page, "cell": i,
@@ -396,15 +393,17 @@ def main():
     path = out / f"{part}.child.jsonl"  # this child's records
     path.unlink(missing_ok=True)
     until = min(end - margin, time.time() + budget)
+    extra = ["--skip-ids", str(skip_ids)] if part == "tests" else []
     status, tail, secs = _run_child(
         ["--child", part, f"--{part}", *names, "--until", str(until),
-         "--docs", str(a.docs), "--skip-ids", str(out / "tests.done")],
+         "--docs", str(a.docs), *extra],
         path, max(min(end, until + margin) - time.time(), 1))
-    records = _read(path)
-    with open(out / f"{part}.jsonl", "a") as f:  # every child's, in order
-      f.writelines(json.dumps(r) + "\n" for r in records)
+    new = _read(path)
     path.unlink(missing_ok=True)
-    records = _read(out / f"{part}.jsonl")  # with the earlier calls' (--resume)
+    with open(out / f"{part}.jsonl", "a") as f:  # every child's, in order
+      f.writelines(json.dumps(r) + "\n" for r in new)
+    kept[part] += new
+    records = kept[part]  # with the earlier calls' (--resume)
     envs = [r for r in records if r["kind"] == "environment"]
     if envs and "environment" not in results:
       results["environment"] = {k: v for k, v in envs[0].items() if k != "kind"}
@@ -414,23 +413,24 @@ def main():
     print(f"{part}: {status} in {secs} s", flush=True)
     save()
 
-  earlier = {"tests": [], "pages": []}
+  # the records of this part in this call's results: --resume's, then each
+  # child's as it ends
+  kept = {"tests": [], "pages": []}
   for f in a.resume:
     for r in _read(f):
       if r["kind"] == "test":
-        earlier["tests"].append(r)
+        kept["tests"].append(r)
       elif r["kind"] in ("page_start", "cell", "page_done"):
-        earlier["pages"].append(r)
-  done_pages = {r["page"] for r in earlier["pages"] if r["kind"] == "page_done"}
-  earlier["pages"] = [r for r in earlier["pages"] if r["page"] in done_pages]
+        kept["pages"].append(r)
+  done_pages = {r["page"] for r in kept["pages"] if r["kind"] == "page_done"}
+  kept["pages"] = [r for r in kept["pages"] if r["page"] in done_pages]
   pages = [p for p in pages if p not in done_pages]
-  (out / "tests.done").write_text("\n".join(r["id"] for r in earlier["tests"]))
+  skip_ids = out / "tests.done"
+  skip_ids.write_text("\n".join(r["id"] for r in kept["tests"]))
   for part, summarize in (("tests", _summarize_tests), ("pages", _summarize_pages)):
-    (out / f"{part}.jsonl").unlink(missing_ok=True)
-    if earlier[part]:
-      with open(out / f"{part}.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in earlier[part])
-      results[part].update(summarize(earlier[part]))
+    with open(out / f"{part}.jsonl", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept[part])
+    results[part].update(summarize(kept[part]))
   if tests:
     child_part("tests", tests, a.tests_budget, 30, _summarize_tests)
   # Each page in a fresh process, as in a fresh kernel: a page's first cell may
