@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import zoo
 from compile_count import Lowered
 from hijax import HiPrim
 from hijax.testing import RuleCheckError, _device, check_rules
@@ -185,45 +186,30 @@ def test_the_devices_half_does_not_make_an_inconclusive_check_pass():
   assert report.verdict == "inconclusive", report
 
 
-class _ScaleX(HiPrim):
-  """c * x, with a batch rule of the test's choosing (``kind``)."""
-
-  def __init__(self, c_aval, x_aval, kind):
-    self.in_avals, self.out_aval = (c_aval, x_aval), x_aval
-    self.params = dict(kind=kind)
-    super().__init__()
-
-  def expand(self, c, x):
-    return c * x
+class _MatVecXOnly(zoo.MatVec):
+  """A @ x, whose batch rule refuses a batched A."""
 
   def batch(self, axis_data, args, dims):
-    (c, x), (c_dim, x_dim) = args, dims
-    if c_dim is not None:
-      raise ValueError("c must not be batched")
-    return c * jnp.moveaxis(x, x_dim, 0), 0
+    if dims[0] is not None:
+      raise ValueError("A must not be batched")
+    return super().batch(axis_data, args, dims)
 
 
-class _ScaledSin(HiPrim):
-  def __init__(self, x_aval, s_aval):
-    self.in_avals, self.out_aval, self.params = (x_aval, s_aval), x_aval, {}
-    super().__init__()
-
-  def expand(self, x, s):
-    return s * jnp.sin(x)
-
+class _SinTimesYWrongDims(zoo.SinTimesY):
   def batch_dim_rule(self, axis_data, in_dims):
-    return in_dims[0]  # wrong where only s is batched
+    return in_dims[0]  # wrong where only y is batched
 
 
 def test_the_device_half_leaves_a_rules_refusals_to_the_host():
-  """Found on a TPU: a batch rule that refuses to batch c (and asserts so)
+  """Found on a TPU: a batch rule that refuses to batch A (and asserts so)
   was skipped for those combinations on the host, then failed on the
   device, which ran them again."""
-  c, x = jnp.float32(1.5), jnp.array([1., -2., 0.5], jnp.float32)
-  report = check_rules(lambda c, x: _ScaleX(jax.typeof(c), jax.typeof(x), "")(c, x),
-                       c, x, modes="batch", device=CPU)
+  fn = lambda A, x: _MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
+  A, x = zoo.BY_NAME["matvec"].args()
+  report = check_rules(fn, A.astype(np.float32), x.astype(np.float32),
+                       modes="batch", device=CPU)
   assert report.verdict == "passed" and not report.failures
-  assert any("c must not be batched" in why for _, why in report.skipped)
+  assert any("A must not be batched" in why for _, why in report.skipped)
   assert any(r.startswith("batch: on cpu: jax.vmap") for r in report.ran)
 
 
@@ -231,11 +217,15 @@ def test_a_rule_the_host_failed_fails_once():
   """Found on a TPU: a batch_dim_rule wrong for in_axes=(None, 0) failed on
   the host and again on the device, the second failure without the
   in_axes in its inputs."""
-  report = check_rules(lambda x, s: _ScaledSin(jax.typeof(x), jax.typeof(s))(x, s),
-                       jnp.array([0.1, 0.2, 0.3]), 2.0, raise_on_failure=False,
-                       device=CPU)
-  assert [f.rule for f in report.failures] == ["_ScaledSin.batch_dim_rule"]
-  assert "in_axes=(None, 0)" in report.failures[0].inputs
+  fn = lambda x, y: _SinTimesYWrongDims(jax.typeof(x), jax.typeof(y))(x, y)
+  report = check_rules(fn, jnp.array([0.1, 0.2, 0.3]), 2.0, modes="batch",
+                       raise_on_failure=False, device=CPU)
+  assert report.failures and {f.rule for f in report.failures} == {
+      "_SinTimesYWrongDims.batch_dim_rule"}
+  assert not any(f.check.startswith("on cpu") for f in report.failures), [
+      f.check for f in report.failures]  # the host's failures only
+  (plain,) = [f for f in report.failures if f.check == "vmap vs a loop over the batch"]
+  assert "in_axes=(None, 0)" in plain.inputs
 
 
 def test_the_device_half_runs_only_the_modes_asked_for():
