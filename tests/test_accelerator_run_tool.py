@@ -176,3 +176,27 @@ def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
   assert [run_["pages"] for run_ in second["runs"] if run_["part"] == "pages"] == [
       ["second"]]
   assert set(second["pages"]) == {"first", "second"}
+
+
+def test_a_page_the_deadline_cut_short_runs_again_on_resume(tmp_path):
+  """A page whose later cells the deadline left unrun is done only in part:
+  --resume runs it again, whole (on a TPU, porting-custom-vjp's 20 last cells
+  were left unrun and uncounted)."""
+  (tmp_path / "first.md").write_text(FIRST)
+  earlier = tmp_path / "pages.jsonl"
+  earlier.write_text("\n".join(json.dumps(r) for r in (
+      {"kind": "page_start", "page": "first", "cells": 1},
+      {"kind": "cell", "page": "first", "cell": 0, "outcome": "not run",
+       "detail": "the accelerator run's deadline"},
+      {"kind": "page_done", "page": "first", "seconds": 0.1})) + "\n")
+  out = tmp_path / "out"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
+       str(out), "--docs", str(tmp_path), "--pages", "first", "--deadline", "300",
+       "--resume", str(earlier)],
+      capture_output=True, text=True, check=False, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((out / "accelerator-results.json").read_text())
+  assert [r["pages"] for r in results["runs"] if r["part"] == "pages"] == [["first"]]
+  summary = results["pages"]["first"]
+  assert (summary["cells"], summary["passed"], summary["not run"]) == (1, 1, 0), summary

@@ -422,7 +422,11 @@ def main():
         kept["tests"].append(r)
       elif r["kind"] in ("page_start", "cell", "page_done"):
         kept["pages"].append(r)
-  done_pages = {r["page"] for r in kept["pages"] if r["kind"] == "page_done"}
+  # a page is done if it ended and the deadline left none of its cells unrun
+  cut_short = {r["page"] for r in kept["pages"]
+               if r["kind"] == "cell" and r["outcome"] == "not run"}
+  done_pages = {r["page"] for r in kept["pages"]
+                if r["kind"] == "page_done"} - cut_short
   kept["pages"] = [r for r in kept["pages"] if r["page"] in done_pages]
   pages = [p for p in pages if p not in done_pages]
   skip_ids = out / "tests.done"
