@@ -717,9 +717,13 @@ def test_callbacks_in_the_function_and_the_rule(api):
     jax.debug.callback(lambda v: log.append(("bwd", float(v))), g)
     return (2 * g,)
   f.defvjp(lambda x: (f(x), None), bwd)
-  jax.jit(f)(1.)
-  jax.jit(jax.grad(f))(3.)
-  jax.grad(f)(4.)
+  # a debug callback runs when the device gets to it: on an accelerator,
+  # after the call returns. effects_barrier waits for it (without, on a TPU
+  # v5e, the next call's "f" came before the last call's "bwd")
+  for call in (lambda: jax.jit(f)(1.), lambda: jax.jit(jax.grad(f))(3.),
+               lambda: jax.grad(f)(4.)):
+    call()
+    jax.effects_barrier()
   assert log == [("f", 1.), ("f", 3.), ("bwd", 1.), ("f", 4.), ("bwd", 1.)]
 
 

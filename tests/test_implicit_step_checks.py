@@ -92,13 +92,17 @@ def test_under_vmap_the_failing_instance_is_named_and_the_others_solved():
 
 def test_a_step_solve_failing_after_good_ones_names_its_step():
   """The cube root of 3 from 1.3 with `Dense(tol=0)`: the first step's
-  division is exact, the second's is not, and the message names step 2."""
+  division is exact, a later one's is not, and the message names that step
+  (on a CPU step 2; a TPU v5e divides differently, and failed at step 3)."""
   cube = lambda x, a: x * x * x - a
   solver = Newton(linear_solver=Dense(tol=0.))
   _, st = root(cube, 1.3, 3., solver=solver, throw=False)
-  assert (int(st.reason), int(st.steps)) == (LINEAR_FAILED, 2), st
+  step = int(st.steps)
+  assert int(st.reason) == LINEAR_FAILED and step >= 2, st
+  if jax.default_backend() == "cpu":
+    assert step == 2, st
   with pytest.raises(SolveError, match=re.escape(
-      f"{REASONS[LINEAR_FAILED]} (after 2 step(s)")):
+      f"{REASONS[LINEAR_FAILED]} (after {step} step(s)")):
     root(cube, 1.3, 3., solver=solver)
   # with exact divisions every step, the same solver converges
   x, st = root(cube, 1.3, 2., solver=solver, throw=False)
