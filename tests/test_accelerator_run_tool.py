@@ -55,8 +55,10 @@ def test_cells_their_tags_and_the_one_cell_magic(tmp_path, monkeypatch):
 
 
 FIRST = """```{code-cell}
+import jax
 import jax.numpy as jnp
 y = jnp.ones(3).sum()
+jax.config.update('jax_default_matmul_precision', 'highest')  # as pages do
 ```
 """
 
@@ -120,6 +122,8 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
   records = [json.loads(r) for r in (out / "pages.jsonl").read_text().splitlines()]
   assert sum(r["kind"] == "cell" for r in records) == 6
   assert results["environment"]["backend"] == "cpu"
+  # the run's own precision, not what a page set
+  assert results["environment"]["default_matmul_precision"] == "None"
 
 
 def test_a_failures_whole_message_is_kept(tmp_path):

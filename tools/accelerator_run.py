@@ -74,7 +74,10 @@ def _environment():
       "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
       "python": sys.version.split()[0],
       "date": datetime.date.today().isoformat(),
-      "default_matmul_precision": str(jax.config.jax_default_matmul_precision),
+      # as the run was started: read after a page's cells, JAX's config holds
+      # what the page set (spectral-gradients asks for "highest")
+      "default_matmul_precision": os.environ.get("JAX_DEFAULT_MATMUL_PRECISION",
+                                                 "None"),
   }
 
 
