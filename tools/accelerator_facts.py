@@ -176,8 +176,10 @@ def costs():
   return out
 
 
-def checker(cases=("broken", "fixed"), x64s=(None, False)):
-  """check_rules on the checking-rules page's LogCosh, broken and fixed."""
+def checker(cases=("broken", "fixed"), x64s=(None, False), check_device=None):
+  """check_rules on the checking-rules page's LogCosh, broken and fixed, with
+  its default device (or ``check_device``: a CPU shows the device half
+  where there is no accelerator) and on the host only."""
   import hijax  # pylint: disable=import-outside-toplevel
   from hijax.testing import check_rules  # pylint: disable=import-outside-toplevel
 
@@ -208,18 +210,28 @@ def checker(cases=("broken", "fixed"), x64s=(None, False)):
 
   x = jnp.array([-1.5, 0.3, 2.0])
   out = {}
-  runs = [(name, cls, x64, device) for name, cls in (("broken", LogCosh),
-                                                    ("fixed", LogCoshFixed))
-          if name in cases for x64 in x64s for device in (None, False)]
-  for name, cls, x64, device in runs:
+  # each case twice: the second run is a check's steady cost (the first
+  # pays the device's calibration and its first eager compiles)
+  runs = [(name, cls, x64, device, again)
+          for name, cls in (("broken", LogCosh), ("fixed", LogCoshFixed))
+          if name in cases for x64 in x64s for device in (None, False)
+          for again in (False, True)]
+  for name, cls, x64, device, again in runs:
     compiles = []
-    listener = lambda event, duration, **kw: compiles.append(event) if (
-        event == "/jax/core/compile/backend_compile_duration") else None
+    phases: dict[str, float] = {}  # seconds per JAX compile event
+
+    def listener(event, duration, **kw):
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiles.append(event)
+      if event.startswith("/jax/core/compile/"):
+        phase = event.rsplit("/", 1)[-1]
+        phases[phase] = phases.get(phase, 0.0) + duration
     jax.monitoring.register_event_duration_secs_listener(listener)
     t0 = time.perf_counter()
     try:
       report = check_rules(lambda x: cls(jax.typeof(x))(x), x, x64=x64,
-                           raise_on_failure=False, device=device)
+                           raise_on_failure=False,
+                           device=check_device if device is None else device)
       verdict = {"passed": report.passed, "first_line": str(report).splitlines()[0],
                  "failures": [f.rule + ": " + f.check for f in report.failures][:3],
                  "verdict": getattr(report, "verdict", None),
@@ -228,10 +240,14 @@ def checker(cases=("broken", "fixed"), x64s=(None, False)):
       verdict = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     finally:
       jax.monitoring.unregister_event_duration_listener(listener)
-    verdict["seconds"] = round(time.perf_counter() - t0, 1)
+    verdict["seconds"] = round(time.perf_counter() - t0, 2)
     verdict["backend_compiles"] = len(compiles)
+    # where the time went: tracing, lowering and XLA's compiles (the rest
+    # is running the checks); "default" less "host only" is the device's half
+    verdict["compile_phases"] = {k: round(v, 3) for k, v in phases.items()}
     where = "host only" if device is False else "default"
-    out[f"{name} x64={x64} {where}"] = verdict
+    out[f"{name} x64={x64} {where}" + (" again" if again else "")] = verdict
+  return out
   return out
 
 
@@ -242,13 +258,17 @@ def main():
   parser.add_argument("--checker-cases", default="broken,fixed")
   parser.add_argument("--checker-x64", default="none,false",
                       help="x64 settings of the checker cases: none, false")
+  parser.add_argument("--checker-device", choices=("default", "cpu"), default="default",
+                      help="the checker cases' device: the default, or the CPU "
+                      "(to see the device half without an accelerator)")
   a = parser.parse_args()
   parts = {"matmul": matmul_errors, "transcendental": transcendental_errors,
            "gradient": gradient_error, "float64": float64_support, "cost": costs,
            "checker": lambda: checker(
                a.checker_cases.split(","),
                tuple({"none": None, "false": False}[v]
-                     for v in a.checker_x64.split(",")))}
+                     for v in a.checker_x64.split(",")),
+               jax.devices("cpu")[0] if a.checker_device == "cpu" else None)}
   dev = jax.devices()[0]
   facts = {"environment": {"backend": jax.default_backend(), "device_kind": dev.device_kind,
                            "jax": jax.__version__,
