@@ -32,7 +32,9 @@ on two probe vectors, fails: with ``throw=True`` (the default) it raises
 except for a derivative solve of ``grad``'s backward pass, which JAX runs),
 and a JAX runtime error carrying the same message under ``jit`` and in that
 backward pass (one ``lax.cond`` per solve, no host call unless it fails; under
-``vmap`` one failing instance fails the batch). With ``throw=False`` the
+``vmap`` one failing instance fails the batch; on an accelerator the program
+that holds the check costs more per call even so: prefer ``throw=False`` in a
+program called many times there). With ``throw=False`` the
 functions return ``(x, Status)`` and the derivatives of a failed solve are
 NaN. Default tolerances are per leaf dtype (`default_tol`: 1e-12 in float64,
 1e-6 in float32, 10 eps in bfloat16 and float16); narrow floats are
