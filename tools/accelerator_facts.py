@@ -248,7 +248,6 @@ def checker(cases=("broken", "fixed"), x64s=(None, False), check_device=None):
     where = "host only" if device is False else "default"
     out[f"{name} x64={x64} {where}" + (" again" if again else "")] = verdict
   return out
-  return out
 
 
 def main():
