@@ -2,6 +2,8 @@
 the host in float64, then the checks' program again on a device in the
 inputs' dtype, against the host's float64, with a tolerance measured on the
 device. (tools/accelerator_run.py runs the same on a TPU.)"""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -151,9 +153,9 @@ def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
   from hijax.testing import _compiled
   run, half = _compiled.Bundle.run, _device.check_on_device
 
-  def marked(ctx, device, device_ctx, host_run, plan):
+  def marked(ctx, device, device_ctx, host_run, plan, **kwargs):
     device_ctx.compiled.bundle.on_the_device = True
-    return half(ctx, device, device_ctx, host_run, plan)
+    return half(ctx, device, device_ctx, host_run, plan, **kwargs)
 
   def refuse_on_the_device(bundle, key, args):
     if key == "points" and getattr(bundle, "on_the_device", False):
@@ -166,6 +168,19 @@ def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
   assert "not checked, the function does not run there" in (
       report.devices["device check"])
   assert any("does not run on cpu" in why for _, why in report.skipped)
+
+
+def test_a_constant_the_function_makes_has_the_devices_dtype():
+  """``jnp.ones(())`` in the function is float32 on the device as in the
+  user's own float32 run: the device's program is traced without float64
+  (found on a TPU: its vjp was fed a float32 cotangent for a float64 output,
+  and a right rule failed)."""
+  report = check_rules(lambda x: f_of("right")(x)[..., 0] + jnp.ones(()), X,
+                       device=CPU)
+  assert report.passed, report
+  # the function's own error there is a few ulps of float32 (it was 1.9e7
+  # when its output came out in float64)
+  assert re.search(r"the function \d\)", report.devices["device check"])
 
 
 def test_python_floats_are_checked_at_their_rounded_value():

@@ -215,7 +215,8 @@ def _values(out) -> list[np.ndarray]:
   return [np.asarray(y) for y in jax.tree.leaves(out)]
 
 
-def check_on_device(ctx, device, device_ctx, host_run, plan) -> None:
+def check_on_device(ctx, device, device_ctx, host_run, plan,
+                    device_x64: bool = False) -> None:
   """The device half of `check_rules` on an accelerator (see the module
   docstring): each part of ``ctx``'s program (the host's) that the host
   run evaluated is evaluated again in ``device_ctx`` (the same function at
@@ -224,7 +225,10 @@ def check_on_device(ctx, device, device_ctx, host_run, plan) -> None:
   (``host_run(key, args)`` runs a part of the host's program under its
   dtype settings). Failures and the checks run go to ``ctx``'s report. The
   function itself is always run there (its accuracy sets the tolerance) but
-  compared as a check only where ``plan`` (the modes run) has ``expand``."""
+  compared as a check only where ``plan`` (the modes run) has ``expand``.
+  The device's parts run with ``jax.enable_x64(device_x64)``, as its
+  context was made: a constant the function creates (``jnp.ones(())``)
+  has the dtype it has in the user's own run there."""
   host_bundle = ctx.compiled.bundle
   bundle = device_ctx.compiled.bundle
   dtype = np.dtype(device_ctx.report.dtype) if device_ctx.report.dtype in (
@@ -247,7 +251,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan) -> None:
       got, want = [], []
       for call in host_bundle.seen[key]:
         args = rounded(call, float_dtypes(template))
-        with jax.default_device(device):
+        with jax.default_device(device), jax.enable_x64(device_x64):
           got += _values(bundle.run(key, args))
         want += _values(host_run(key, rounded(args, float_dtypes(call))))
     except Exception as e:  # pylint: disable=broad-except
@@ -326,4 +330,4 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
     with host_settings():
       return reference.compiled.bundle.run(key, args)
   with jax.enable_x64(x64 or host64):
-    check_on_device(ctx, accel, device_ctx, host_run, plan)
+    check_on_device(ctx, accel, device_ctx, host_run, plan, device_x64=x64)
