@@ -183,6 +183,31 @@ def test_a_constant_the_function_makes_has_the_devices_dtype():
   assert re.search(r"the function \d\)", report.devices["device check"])
 
 
+SINGULAR = jnp.arange(1., 10.).reshape(3, 3)
+
+
+def test_an_output_zero_to_rounding_is_judged_on_the_floor_of_the_dtype():
+  """det of a singular matrix: the host's float64 gives -9.5e-16, float32
+  on the device 1e-6 (a TPU: 0), both zero to rounding. Compared with the
+  host's absolute floor (its rounding noise and what rounding the inputs
+  changes) scaled to the device's dtype, as the host compares it (found on
+  a TPU: the device half failed JAX's right det, and the function's
+  measured error widened the tolerance of every other part)."""
+  report = check_rules(jnp.linalg.det, SINGULAR, order=1, device=CPU)
+  assert report.passed, report
+  assert "tolerance 256 ulps" in report.devices["device check"], report.devices
+
+
+def test_an_output_zero_to_rounding_still_fails_when_off_in_the_dtype():
+  """The floor is float32's rounding on the output's scale (about 1e-5
+  here), not a licence: 1e-3 more in float32 fails."""
+  def det(a):
+    return jnp.linalg.det(a) + (1e-3 if a.dtype == jnp.float32 else 0.)
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(det, SINGULAR, order=1, device=CPU)
+  assert raised.value.check.startswith("on cpu: the function in float32")
+
+
 def test_python_floats_are_checked_at_their_rounded_value():
   """The device sees 0.1 rounded to float32; the host reference is taken
   at that value, not at float64's 0.1."""

@@ -344,15 +344,18 @@ class CheckContext(Recorder):
     ``direction``, at their values ``xs`` (default: the point)."""
     return self._derivative_at("lin", direction, tangents, xs)
 
-  def primal_floors(self, all_outputs=False) -> list:
+  def primal_floors(self, all_outputs=False, computed_only=False) -> list:
     """Per floating-point output (per output, with ``all_outputs``), the
     absolute error allowed between two evaluations of the function at the
     point: its rounding noise and what rounding the inputs changes, from
-    the finite differences in all inputs (see `FDEstimate.floors`)."""
+    the finite differences in all inputs (see `FDEstimate.floors`; with
+    ``computed_only``, None unless the checks already computed those)."""
     floors = [None] * len(self.out_float_idx)
-    if self.float_idx and self.out_float_idx:
+    direction = tuple(self.float_idx)
+    if direction and self.out_float_idx and not (
+        computed_only and direction not in self._fd):
       try:
-        floors = list(self.fd(tuple(self.float_idx)).floors)
+        floors = list(self.fd(direction).floors)
       except Exception:  # pylint: disable=broad-except  (the checks report it)
         pass
     if not all_outputs:

@@ -26,11 +26,14 @@ So on an accelerator `check_rules` judges twice:
    compared with itself on another device says nothing of the function).
    A part that raises on the host as well (a combination a batch rule
    refuses, a rule the host half already failed) is left to the host's
-   verdict, not failed again. The tolerance is the device's *measured* accuracy,
-   not an assumed one: `calibrate` compares a float32 matrix product at the
-   current matmul precision and a set of transcendental functions on the
-   device with float64 on the host, and the function's own output on the
-   device is compared with the host's; the tolerance allows four times the
+   verdict, not failed again. An output that is zero to rounding (the
+   determinant of a singular matrix) is compared, as on the host, with an
+   absolute floor: the host's, scaled to the device's dtype. The tolerance
+   is the device's *measured* accuracy, not an assumed one: `calibrate`
+   compares a float32 matrix product at the current matmul precision and a
+   set of transcendental functions on the device with float64 on the host,
+   and the function's own output on the device is compared with the
+   host's (less that floor); the tolerance allows four times the
    worst of these (in units in the last place of the dtype, at most 1/16
    relative), and never less than the CPU's 256 units.
 
@@ -97,11 +100,14 @@ def host():
     return None
 
 
-def _ulps(got, want, dtype) -> float:
-  """The largest ``|got - want|`` in units of ``dtype``'s epsilon relative
-  to ``|want| + max |want|`` (the comparisons' scale)."""
+def _ulps(got, want, dtype, floor=None) -> float:
+  """The largest ``|got - want|`` (less ``floor``, an absolute error allowed)
+  in units of ``dtype``'s epsilon relative to ``|want| + max |want|`` (the
+  comparisons' scale)."""
   want = np.asarray(want, np.float64)
   err = np.abs(np.asarray(got, np.float64) - want)
+  if floor is not None:
+    err = np.maximum(err - floor, 0.0)
   scale = np.abs(want) + np.max(np.abs(want), initial=0.0)
   with np.errstate(invalid="ignore", divide="ignore"):
     ratio = np.where(scale > 0, err / scale, 0.0)
@@ -215,6 +221,23 @@ def _values(out) -> list[np.ndarray]:
   return [np.asarray(y) for y in jax.tree.leaves(out)]
 
 
+def function_floors(ctx, dtype, n_values: int) -> list:
+  """For the function's outputs on the device (``n_values`` arrays: its
+  outputs at each call of the part, in order), the absolute errors allowed
+  where an output is zero to rounding (the determinant of a singular
+  matrix): the host's `primal_floors` (its rounding noise and what rounding
+  the inputs changes, both proportional to the epsilon of the dtype) scaled
+  from the host's dtype to ``dtype``; none where the host's checks did not
+  take finite differences in all inputs."""
+  floors = ctx.primal_floors(all_outputs=True, computed_only=True)
+  if not floors or n_values % len(floors):
+    return [None] * n_values
+  ratio = eps_of(dtype) / eps_of(ctx.report.dtype if ctx.report.dtype in (
+      "float16", "bfloat16", "float32", "float64") else np.float64)
+  scaled = [None if f is None else np.asarray(f) * ratio for f in floors]
+  return scaled * (n_values // len(floors))
+
+
 def check_on_device(ctx, device, device_ctx, host_run, plan,
                     device_x64: bool = False) -> None:
   """The device half of `check_rules` on an accelerator (see the module
@@ -266,10 +289,13 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
         return
       ctx.fail_raised(mode, check, inputs, e, rule=rule)
       continue
+    floors = None
     if key == "points":  # the function's own accuracy on the device
-      floats = [(g, w) for g, w in zip(got, want) if is_float(g)]
+      floors = function_floors(ctx, dtype, len(got))
+      floats = [(g, w, f) for g, w, f in zip(got, want, floors)
+                if is_float(g)]
       measured["the function"] = max(
-          [_ulps(g, w, g.dtype) for g, w in floats] or [0.0])
+          [_ulps(g, w, g.dtype, f) for g, w, f in floats] or [0.0])
       tol = tolerance(measured)
       if "expand" not in plan:
         continue
@@ -282,7 +308,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     ctx.compare(mode, check, inputs, got, want, tol,
                 names=[f"output {i}" for i in range(len(got))],
                 got_label=where.split(" (")[0], want_label="the host",
-                rule=rule, counts=False)
+                rule=rule, counts=False, floors=floors)
   ctx.report.devices["device check"] = (
       f"{where}: {len(keys)} part(s) of the checks' program against the "
       "host's float64, tolerance " + f"{tol.ulps:.0f} ulps (measured, in "
