@@ -4,6 +4,7 @@ expected (not blamed on FixedPoint.expand); a failed solve under jit puts its
 reason first; jax.export of a solve with throw=True says to pass
 throw=False."""
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -129,12 +130,40 @@ def test_the_first_line_printed_by_a_failed_jitted_script_is_the_reason():
       jax.jit(lambda p: root(lambda x, p: x * x + p, 1., p,
                              solver=Newton(max_iter=5)))(1.).block_until_ready()
       """)
+  # on a CPU: an accelerator is held by this process (and prints its own
+  # warnings first)
   done = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                        text=True, timeout=300)
+                        text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert done.returncode != 0
   first = done.stderr.lstrip().splitlines()[0]
   assert first.startswith("SolveError: hijax.implicit Root"), done.stderr
   assert "non-finite iterate" in first
+
+
+def test_an_eager_failure_reported_from_the_runtimes_thread_is_not_logged(
+    caplog):
+  """An accelerator's runtime calls the host from a thread of its own: the
+  eager call's silence holds there too (on a TPU an eager failure was
+  logged as well as raised)."""
+  import threading
+  from hijax.implicit import _status
+  raised = []
+
+  def host_call():
+    try:
+      _status._raise_solve_error("hijax.implicit Root", 1 << 24)
+    except SolveError as e:
+      raised.append(e)
+  with caplog.at_level(logging.ERROR, logger="hijax.implicit"):
+    with _status.quiet_solve_errors():
+      thread = threading.Thread(target=host_call)
+      thread.start()
+      thread.join()
+    assert len(raised) == 1
+    assert not [r for r in caplog.records if r.name == "hijax.implicit"]
+    host_call()  # no eager call now: logged
+  assert len([r for r in caplog.records if r.name == "hijax.implicit"]) == 1
 
 
 # --- jax.export --------------------------------------------------------------

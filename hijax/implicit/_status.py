@@ -273,12 +273,16 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
 # do, in words naming hijax and throw=False, instead of JAX's message.
 _failed_p = jax.extend.core.Primitive("hijax_solve_failed")
 _LOG = logging.getLogger("hijax.implicit")
-_QUIET = threading.local()  # set while an eager call turns errors into ours
+# How many eager calls that turn errors into ours are running. Process-wide,
+# not per thread: an accelerator's runtime calls the host from a thread of
+# its own (a thread-local flag logged every eager failure on a TPU).
+_QUIET = {"depth": 0}
+_QUIET_LOCK = threading.Lock()
 
 
 def _raise_solve_error(where: str, worst: Any) -> Any:
   message = _message(where, worst)
-  if not getattr(_QUIET, "depth", 0):
+  if not _QUIET["depth"]:
     # Under jit JAX wraps this error in its own, whose first lines are its
     # callback machinery; the log line puts the reason first.
     _LOG.error("SolveError: %s", message)
@@ -319,13 +323,17 @@ batching.primitive_batchers[_failed_p] = _failed_batch
 
 class quiet_solve_errors:
   """While active (an eager call that raises `SolveError` itself), a failed
-  solve is not logged."""
+  solve is not logged, from whichever thread the host is called (a jitted
+  solve failing in another thread meanwhile is not logged either: its
+  caller still gets JAX's error, which carries the reason)."""
 
   def __enter__(self) -> None:
-    _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
+    with _QUIET_LOCK:
+      _QUIET["depth"] += 1
 
   def __exit__(self, *exc: Any) -> None:
-    _QUIET.depth -= 1
+    with _QUIET_LOCK:
+      _QUIET["depth"] -= 1
 
 
 def all_finite(tree: Any) -> Any:
