@@ -61,9 +61,14 @@ def test_a_call_that_raises_at_run_time_leaves_each_part_alone():
     if state["fail"]:
       raise RuntimeError("fails at run time")
 
+  def host_check(v):
+    maybe_raise()
+    return v
+
   def flaky(v):
-    jax.debug.callback(maybe_raise)
-    return v - 1
+    # its result depends on the callback, so that its error reaches the
+    # caller on an accelerator too (a debug.callback's error did not there)
+    return jax.pure_callback(host_check, jax.typeof(v), v) - 1
   bundle = Bundle()
   x = np.ones(2, np.float32)
   bundle.add("flaky", flaky, lambda: (x,))

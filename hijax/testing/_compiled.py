@@ -132,7 +132,9 @@ class Bundle:
     if len(calls) > 3:
       del calls[1]
     try:
-      return self._run(key, args)
+      # waited for here: an accelerator runs a program asynchronously, and
+      # an error at run time (a host callback's) arrives with its results
+      return jax.block_until_ready(self._run(key, args))
     except Exception:
       self.raised.add(key)
       raise
@@ -152,7 +154,8 @@ class Bundle:
         all_flat = list(program.templates)
         all_flat[k] = flat
         try:
-          outs = program.executable(np.int32(k), all_flat)
+          outs = jax.block_until_ready(
+              program.executable(np.int32(k), all_flat))
         except Exception:  # pylint: disable=broad-except  (alone, each says why)
           program.broken = True
         else:
