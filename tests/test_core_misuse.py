@@ -64,7 +64,8 @@ def test_primitive_pickled_in_another_process_is_equal():
       "p = Square(jax.typeof(1.5)); hash(p); "
       "sys.stdout.buffer.write(pickle.dumps(p))")
   env = dict(os.environ, PYTHONHASHSEED="12345",
-             PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+             PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS),
+                                         os.environ.get("PYTHONPATH", "")]),
              JAX_PLATFORMS="cpu")
   data = subprocess.run([sys.executable, "-c", script], env=env, check=True,
                         capture_output=True, timeout=120).stdout

@@ -11,6 +11,10 @@ from hijax.testing import check_rules
 
 
 def _lowered(fn, *args, **kwargs) -> list[str]:
+  """The programs ``check_rules(fn, *args, **kwargs)`` lowers, on the host
+  alone unless ``device`` is given (on an accelerator the device's half
+  lowers one program more: tested below with a CPU as the device)."""
+  kwargs.setdefault("device", False)
   with Lowered() as names:
     report = check_rules(fn, *args, **kwargs)
   assert report.passed, report
@@ -49,6 +53,20 @@ def test_checking_the_same_function_twice():
   first = _lowered(scaled_sin, *args, **kwargs)
   second = _lowered(scaled_sin, *args, **kwargs)
   assert first == second == ["jit(program)"], (first, second)
+
+
+def test_the_devices_half_is_one_program_more():
+  """On a device (a TPU; here a CPU standing in for one) the checks'
+  program is compiled once more, for the device, and nothing else (once
+  the device's accuracy is measured: its own program, once per device and
+  dtype)."""
+  scaled_sin = _scaled_sin()
+  args = jnp.array([0.3, 1.2]), jnp.array([2., -1.])
+  kwargs = dict(modes=("jvp", "vjp", "lin"), order=1,
+                device=jax.devices("cpu")[0])
+  _lowered(scaled_sin, *args, **kwargs)  # measures the device once
+  names = _lowered(scaled_sin, *args, **kwargs)
+  assert names == ["jit(program)", "jit(program)"], names
 
 
 def test_the_checks_compile_the_program_as_the_user_does():
@@ -233,7 +251,8 @@ def test_a_later_run_loads_every_program_from_jax_s_persistent_cache(tmp_path):
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-             JAX_ENABLE_COMPILATION_CACHE="true")
+             JAX_ENABLE_COMPILATION_CACHE="true",
+             JAX_PLATFORMS="cpu")  # an accelerator is this process's
 
   def run() -> dict:
     out = subprocess.run(
