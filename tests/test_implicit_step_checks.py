@@ -104,10 +104,14 @@ def test_a_step_solve_failing_after_good_ones_names_its_step():
   with pytest.raises(SolveError, match=re.escape(
       f"{REASONS[LINEAR_FAILED]} (after {step} step(s)")):
     root(cube, 1.3, 3., solver=solver)
-  # with exact divisions every step, the same solver converges
+  # with exact divisions every step, the same solver converges; a TPU's
+  # division is not correctly rounded, and tol=0 refuses its step 3 too
   x, st = root(cube, 1.3, 2., solver=solver, throw=False)
-  assert bool(st.converged), st
-  np.testing.assert_allclose(x, 2. ** (1 / 3), rtol=1e-6)
+  if jax.default_backend() == "cpu":
+    assert bool(st.converged), st
+    np.testing.assert_allclose(x, 2. ** (1 / 3), rtol=1e-6)
+  else:
+    assert bool(st.converged) or int(st.reason) == LINEAR_FAILED, st
 
 
 @pytest.mark.parametrize("linear_solver", [Dense(), CG(), GMRES()], ids=repr)

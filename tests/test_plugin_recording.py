@@ -98,8 +98,9 @@ def test_nondiff_arguments_and_functions_are_kept_by_reference(recorder):
   scaled(jnp.tanh, jnp.array([0.5]), scale=2.0)
   (sample,) = _rule(recorder, "scaled").samples.values()
   assert sample.types() == ["f32[1]", "float"]
+  # float32 tanh on the default device (on a TPU 3e-5 off; sin would be 1%)
   assert sample.call([np.array([0.25]), 4.0]) == pytest.approx(
-      4 * np.tanh(0.25))
+      4 * np.tanh(0.25), rel=1e-4)
 
 
 def test_a_custom_jvp_made_per_call_is_one_rule(recorder):
