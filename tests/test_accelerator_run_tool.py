@@ -144,6 +144,45 @@ def test_a_failures_whole_message_is_kept(tmp_path):
   assert "Not equal to tolerance" in failure and "test_one.py:4" in failure
 
 
+LEAVES_AN_ERROR = """import jax
+
+def test_leaves_an_error():
+  # as an accelerator reports a host callback's error that no result
+  # carried: at the next wait for the programs' effects
+  original = jax.effects_barrier
+
+  def barrier():
+    jax.effects_barrier = original
+    raise RuntimeError("a callback failed on the device")
+  jax.effects_barrier = barrier
+
+def test_after():
+  pass
+"""
+
+
+def test_an_error_left_by_a_tests_programs_is_named_after_it(tmp_path):
+  """On a TPU a failed solve's error surfaced at exit, after no test: the
+  tool waits for each test's effects and records what that raises under
+  the test's name, beside its own outcome."""
+  test = tmp_path / "test_async.py"
+  test.write_text(LEAVES_AN_ERROR)
+  out = tmp_path / "out"
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
+       str(out), "--tests", str(test), "--deadline", "200"],
+      capture_output=True, text=True, check=False, cwd=ROOT)
+  assert run.returncode == 0, run.stderr[-2000:]
+  results = json.loads((out / "accelerator-results.json").read_text())
+  (summary,) = results["tests"].values()
+  assert (summary["passed"], summary["failed"]) == (2, 0)
+  (line,) = summary["async_errors"]
+  assert line.endswith("::test_leaves_an_error: RuntimeError: a callback "
+                       "failed on the device"), line
+  assert "error after the test (its programs' effects): " in (
+      out / "accelerator-results.md").read_text()
+
+
 def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
   """A suite longer than one call on a device (ten minutes there): with
   --resume, the tests and pages an earlier call recorded are not run again,

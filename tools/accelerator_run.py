@@ -99,6 +99,19 @@ class _Collector:
       items[:] = [item for item in items if item.nodeid not in self.skip]
       config.hook.pytest_deselected(items=done)
 
+  def pytest_runtest_teardown(self, item):
+    """Waits for the test's programs' effects (``jax.effects_barrier``): an
+    accelerator runs them asynchronously, and an error a host callback
+    raised there that no result carried would otherwise surface at exit,
+    named after no test (on a TPU: a failed solve's error). Recorded as
+    the test's ``async_error``."""
+    import jax  # pylint: disable=import-outside-toplevel
+    try:
+      jax.effects_barrier()
+    except Exception as e:  # pylint: disable=broad-except
+      _emit(self.path, {"kind": "async_error", "id": item.nodeid,
+                        "detail": _one_line(f"{type(e).__name__}: {e}")[:800]})
+
   def pytest_runtest_logreport(self, report):
     if report.when == "call" or report.outcome != "passed":
       outcome = report.outcome
@@ -242,10 +255,13 @@ def _read(path):
 def _summarize_tests(records):
   files = {}
   for r in records:
-    if r["kind"] != "test":
+    if r["kind"] not in ("test", "async_error"):
       continue
     f = files.setdefault(r["id"].split("::")[0], {"passed": 0, "failed": 0, "skipped": 0,
                                                   "error": 0, "failures": [], "skips": []})
+    if r["kind"] == "async_error":  # after the test's own outcome
+      f.setdefault("async_errors", []).append(f"{r['id']}: {r['detail']}")
+      continue
     f[r["outcome"]] = f.get(r["outcome"], 0) + 1
     if r["outcome"] in ("failed", "error"):
       f["failures"].append(f"{r['id']}: {r['detail']}")
@@ -291,6 +307,8 @@ def to_markdown(results):
         out.append(f"- failed: {line}")
       for line in f["skips"]:
         out.append(f"- skipped: {line}")
+      for line in f.get("async_errors", []):
+        out.append(f"- error after the test (its programs' effects): {line}")
     out.append("")
   if results.get("pages"):
     out += ["| page | cells | passed | failed | not run | seconds |",
