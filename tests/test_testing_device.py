@@ -183,6 +183,23 @@ def test_a_constant_the_function_makes_has_the_devices_dtype():
   assert re.search(r"the function \d\)", report.devices["device check"])
 
 
+def test_an_integer_output_is_compared_by_value():
+  """``argmax`` is int32 on the device in float32 and int64 on the host in
+  float64: the same values, not a rule's error."""
+  report = check_rules(lambda x: (f_of("right")(x), jnp.argmax(x)), X,
+                       device=CPU)
+  assert report.passed, report
+
+
+def test_a_wrong_integer_output_on_the_device_still_fails():
+  def f(x):
+    index = jnp.argmax(x)
+    return f_of("right")(x), index + (x.dtype == jnp.float32)
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(f, X, device=CPU)
+  assert raised.value.check.startswith("on cpu: the function in float32")
+
+
 SINGULAR = jnp.arange(1., 10.).reshape(3, 3)
 
 

@@ -217,6 +217,12 @@ def _rank(key) -> int:
   return _ORDER.index(kind) if kind in _ORDER else len(_ORDER)
 
 
+def _same_kind(got, want) -> bool:
+  """Whether ``got`` and ``want`` are both signed integers, both unsigned,
+  or both booleans (of any widths)."""
+  return got.dtype.kind == want.dtype.kind and got.dtype.kind in "iub"
+
+
 def _values(out) -> list[np.ndarray]:
   return [np.asarray(y) for y in jax.tree.leaves(out)]
 
@@ -299,7 +305,10 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
       tol = tolerance(measured)
       if "expand" not in plan:
         continue
-    want = [w.astype(g.dtype) if is_float(g) else w
+    # the host's values in the device's dtypes: float64 rounded to the
+    # dtype, and an integer of the host's width (int64 where float64 is on)
+    # as the device's (int32), compared by value
+    want = [w.astype(g.dtype) if is_float(g) or _same_kind(g, w) else w
             for g, w in zip(got, want)]
     ctx.ran(mode, check)
     # the host's verdict says whether a rule was judged: the device's half
