@@ -168,9 +168,18 @@ def check_tangents(prim: Any, method: Any, tangent_avals: Any,
 
 # --- linearization and reverse mode ---------------------------------------------
 
+def _skips_without_tangents(prim, is_vjp) -> bool:
+  """Whether the forward rule is skipped where no tangent flows in: asked for
+  (`HiPrim.skip_linearization_on_zero_tangents`), or a derived rule
+  (`hijax.derived`), which has nothing to compute there."""
+  forward = type(prim).vjp_fwd if is_vjp else type(prim).lin
+  return prim.skip_linearization_on_zero_tangents or getattr(
+      forward, "skipped_without_tangents", False)
+
+
 def _linearize_rule(is_vjp, nzs_in_flat, *args_flat, prim):
   name = type(prim).__name__
-  if prim.skip_linearization_on_zero_tangents and not any(nzs_in_flat) and not any(
+  if not any(nzs_in_flat) and _skips_without_tangents(prim, is_vjp) and not any(
       isinstance(core.typeof(x), AbstractRef) for x in args_flat):
     # No tangent flows in: apply the primitive, without its forward rule.
     out_flat = prim._primitive.bind(*args_flat, _prim=prim)

@@ -413,6 +413,11 @@ class VjpFromLin(_Pair, _VjpFields):
   targets = "vjp_fwd, vjp_bwd_retval"
 
 
+# Where no tangent flows in, a derived forward rule has nothing to compute:
+# hijax.autodiff applies the primitive instead (JAX's own module runs it).
+for _forward in (_lin_from_jvp, _vjp_fwd_from_lin, _vjp_fwd_from_jvp):
+  _forward.skipped_without_tangents = True  # type: ignore[attr-defined]
+
 RulePair: tuple[type, ...] = (LinearizeFromJvp, VjpFromJvp, VjpFromLin)
 """The classes of the derived pairs (named tuples of two methods, with JAX's
 field names), for ``isinstance``."""

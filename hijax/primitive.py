@@ -379,7 +379,9 @@ class HiPrim:
   skip_linearization_on_zero_tangents: bool = False
   """Set to True to skip `vjp_fwd` (and `lin`) when no input has a nonzero
   tangent: the primitive is then applied as it is and its output tangents
-  are zeros (as in JAX's own ``HiPrim``)."""
+  are zeros (as in JAX's own ``HiPrim``). A derived rule
+  (`linearize_from_jvp`, `vjp_from_lin`, `vjp_from_jvp`) is skipped there
+  whatever this says (JAX's own module runs it)."""
 
   jet_from_expand: bool = False
   """Set to True to let ``jax.experimental.jet`` (Taylor mode) differentiate

@@ -101,6 +101,46 @@ def test_vjp_from_jvp_saves_only_primals():
                              [jnp.cos(x) * y, jnp.sin(x)], rtol=1e-6)
 
 
+class NaiveJvp(Base):
+  """A jvp rule written for array tangents, as most are."""
+  calls = []
+
+  def jvp(self, primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    NaiveJvp.calls.append(1)
+    return self(x, y), jnp.cos(x) * y * dx + jnp.sin(x) * dy
+
+  lin, linearized = linearize_from_jvp
+  vjp_fwd, vjp_bwd_retval = vjp_from_lin
+
+
+class NaiveVjpFromJvp(NaiveJvp):
+  vjp_fwd, vjp_bwd_retval = vjp_from_jvp
+
+
+@pytest.mark.parametrize("cls", [NaiveJvp, NaiveVjpFromJvp])
+def test_derived_rules_do_not_run_where_no_tangent_flows_in(cls):
+  """The primitive applied to constants inside grad or linearize of
+  something else: JAX's own module runs the derived rule there, which calls
+  jvp with nothing but Zero tangents (a TypeError in a rule written for
+  arrays); a derived rule has nothing to compute, so hijax applies the
+  primitive and its tangent is zero."""
+  x, y = jnp.array([0.4, -1.]), jnp.array([1.7, 2.])
+  f = lambda s: (bind(cls)(x, y) * s).sum()
+  want = jnp.sum(jnp.sin(x) * y)
+  NaiveJvp.calls.clear()
+  np.testing.assert_allclose(jax.grad(f)(2.), want, rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(jax.grad(f))(2.), want, rtol=1e-6)
+  _, f_lin = jax.linearize(f, 2.)
+  np.testing.assert_allclose(f_lin(3.), 3 * want, rtol=1e-6)
+  assert NaiveJvp.calls == []
+  # with tangents flowing in, the rule runs as before
+  gx, gy = jax.grad(lambda x, y: bind(cls)(x, y).sum(), (0, 1))(x, y)
+  np.testing.assert_allclose(gx, jnp.cos(x) * y, rtol=1e-6)
+  np.testing.assert_allclose(gy, jnp.sin(x), rtol=1e-6)
+  assert NaiveJvp.calls
+
+
 def test_deriving_in_a_circle_is_an_error():
   with pytest.raises(TypeError, match=r"Circular sets both `jvp = jvp_from_lin` "
                      r"and `lin, linearized = linearize_from_jvp`"):
