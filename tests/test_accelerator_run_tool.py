@@ -126,12 +126,11 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
   assert results["environment"]["default_matmul_precision"] == "None"
 
 
-def test_a_failures_whole_message_is_kept(tmp_path):
-  """An assert_allclose's message starts with an empty line: the record
-  keeps every line and where it was raised."""
-  test = tmp_path / "test_one.py"
-  test.write_text("import numpy as np\n\ndef test_close():\n"
-                  "  np.testing.assert_allclose(1.0, 1.1)\n")
+def _run_one_test_file(tmp_path, name, source):
+  """The tool run on one test file written from ``source``: the file's
+  summary (named as pytest names it) and the Markdown table."""
+  test = tmp_path / name
+  test.write_text(source)
   out = tmp_path / "out"
   run = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
@@ -139,7 +138,16 @@ def test_a_failures_whole_message_is_kept(tmp_path):
       capture_output=True, text=True, check=False, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((out / "accelerator-results.json").read_text())
-  (summary,) = results["tests"].values()  # one file, named as pytest names it
+  (summary,) = results["tests"].values()
+  return summary, (out / "accelerator-results.md").read_text()
+
+
+def test_a_failures_whole_message_is_kept(tmp_path):
+  """An assert_allclose's message starts with an empty line: the record
+  keeps every line and where it was raised."""
+  summary, _ = _run_one_test_file(
+      tmp_path, "test_one.py", "import numpy as np\n\ndef test_close():\n"
+      "  np.testing.assert_allclose(1.0, 1.1)\n")
   (failure,) = summary["failures"]
   assert "Not equal to tolerance" in failure and "test_one.py:4" in failure
 
@@ -165,22 +173,13 @@ def test_an_error_left_by_a_tests_programs_is_named_after_it(tmp_path):
   """On a TPU a failed solve's error surfaced at exit, after no test: the
   tool waits for each test's effects and records what that raises under
   the test's name, beside its own outcome."""
-  test = tmp_path / "test_async.py"
-  test.write_text(LEAVES_AN_ERROR)
-  out = tmp_path / "out"
-  run = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
-       str(out), "--tests", str(test), "--deadline", "200"],
-      capture_output=True, text=True, check=False, cwd=ROOT)
-  assert run.returncode == 0, run.stderr[-2000:]
-  results = json.loads((out / "accelerator-results.json").read_text())
-  (summary,) = results["tests"].values()
+  summary, table = _run_one_test_file(tmp_path, "test_async.py",
+                                      LEAVES_AN_ERROR)
   assert (summary["passed"], summary["failed"]) == (2, 0)
   (line,) = summary["async_errors"]
   assert line.endswith("::test_leaves_an_error: RuntimeError: a callback "
                        "failed on the device"), line
-  assert "error after the test (its programs' effects): " in (
-      out / "accelerator-results.md").read_text()
+  assert "error after the test (its programs' effects): " in table
 
 
 def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
