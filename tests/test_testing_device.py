@@ -3,6 +3,7 @@ the host in float64, then the checks' program again on a device in the
 inputs' dtype, against the host's float64, with a tolerance measured on the
 device. (tools/accelerator_run.py runs the same on a TPU.)"""
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -198,6 +199,48 @@ def test_a_wrong_integer_output_on_the_device_still_fails():
   with pytest.raises(RuleCheckError) as raised:
     check_rules(f, X, device=CPU)
   assert raised.value.check.startswith("on cpu: the function in float32")
+
+
+def test_a_complex_outputs_error_counts_its_imaginary_part():
+  """The function's own error on the device (which sets the tolerance) of
+  a complex output: both parts (its imaginary part was cast away)."""
+  got = np.array([1 + 1j, 2 - 1j], np.complex64)
+  want = np.array([1 + 1.001j, 2 - 1j], np.complex128)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no ComplexWarning
+    measured = _device._ulps(got, want, np.complex64)
+  assert 1e3 < measured < 1e5, measured
+
+
+@jax.custom_jvp
+def _csin(z):
+  return jnp.sin(z)
+
+
+_csin.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+
+
+@pytest.mark.parametrize("z", [0.1 + 0.2j, np.array([0.3 - 0.7j, 1.1 + 0.1j])],
+                         ids=["python-complex", "complex128"])
+def test_complex_inputs_rounded_for_the_device_keep_their_imaginary_part(z):
+  """A complex input the device rounds to complex64: the host's reference
+  is taken at the rounded value, imaginary part included (it was cast to
+  float64, which dropped it)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", np.exceptions.ComplexWarning)
+    report = check_rules(_csin, z, device=CPU)
+  assert report.passed, report
+
+
+def test_the_functions_measured_error_leaves_out_what_is_not_finite():
+  """inf on both sides, or one side's NaN: the comparisons judge those; the
+  measurement (which sets the tolerance) would have been NaN or inf."""
+  got = np.array([np.inf, 1.0, np.nan, 2.0], np.float32)
+  want = np.array([np.inf, 1.0, 3.0, 2.0 + 2e-7])
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    measured = _device._ulps(got, want, np.float32)
+  assert 0 <= measured < 4, measured
 
 
 SINGULAR = jnp.arange(1., 10.).reshape(3, 3)

@@ -103,9 +103,13 @@ def host():
 def _ulps(got, want, dtype, floor=None) -> float:
   """The largest ``|got - want|`` (less ``floor``, an absolute error allowed)
   in units of ``dtype``'s epsilon relative to ``|want| + max |want|`` (the
-  comparisons' scale)."""
-  want = np.asarray(want, np.float64)
-  err = np.abs(np.asarray(got, np.float64) - want)
+  comparisons' scale), over the elements finite on both sides (an infinite
+  or NaN one is the comparisons' to judge: measured, it would make the
+  device's tolerance infinite or NaN)."""
+  got, want = _wide(got), _wide(want)  # a complex error counts both parts
+  finite = np.isfinite(got) & np.isfinite(want)
+  want = np.where(finite, want, 0.0)
+  err = np.abs(np.where(finite, got, 0.0) - want)
   if floor is not None:
     err = np.maximum(err - floor, 0.0)
   scale = np.abs(want) + np.max(np.abs(want), initial=0.0)
@@ -325,10 +329,15 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
           f"{k} {v:.0f}" for k, v in measured.items()) + ")")
 
 
+def _wide(x) -> np.ndarray:
+  """``x`` in float64, or complex128 if complex (both parts kept)."""
+  x = np.asarray(x)
+  return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
+
+
 def _upcast(args):
-  return jax.tree.map(
-      lambda x: np.asarray(x).astype(np.float64) if is_float(x)
-      else np.asarray(x), args)
+  return jax.tree.map(lambda x: _wide(x) if is_float(x) else np.asarray(x),
+                      args)
 
 
 def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
@@ -352,8 +361,7 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
     device_ctx, _ = context_at(own, own_dtype)
     add_parts(device_ctx, plan)
   reference = ctx
-  same = all(np.array_equal(np.asarray(a).astype(np.float64),
-                            np.asarray(b).astype(np.float64))
+  same = all(np.array_equal(_wide(a), _wide(b))
              for a, b in zip(jax.tree.leaves(own), ctx.leaves))
   if host64 and not same:
     with host_settings():
