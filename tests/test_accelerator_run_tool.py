@@ -126,15 +126,16 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
   assert results["environment"]["default_matmul_precision"] == "None"
 
 
-def _run_one_test_file(tmp_path, name, source):
-  """The tool run on one test file written from ``source``: the file's
-  summary (named as pytest names it) and the Markdown table."""
+def _run_one_test_file(tmp_path, name, source, out_name="out", extra=()):
+  """The tool run on one test file written from ``source`` (with ``extra``
+  arguments, its output in ``tmp_path / out_name``): the file's summary
+  (named as pytest names it) and the Markdown table."""
   test = tmp_path / name
   test.write_text(source)
-  out = tmp_path / "out"
+  out = tmp_path / out_name
   run = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
-       str(out), "--tests", str(test), "--deadline", "200"],
+       str(out), "--tests", str(test), "--deadline", "200", *extra],
       capture_output=True, text=True, check=False, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((out / "accelerator-results.json").read_text())
@@ -180,6 +181,12 @@ def test_an_error_left_by_a_tests_programs_is_named_after_it(tmp_path):
   assert line.endswith("::test_leaves_an_error: RuntimeError: a callback "
                        "failed on the device"), line
   assert "error after the test (its programs' effects): " in table
+  # a later call that resumes from this one keeps it
+  resumed, _ = _run_one_test_file(
+      tmp_path, "test_async.py", LEAVES_AN_ERROR, "resumed",
+      ["--resume", str(tmp_path / "out" / "tests.jsonl")])
+  assert resumed["async_errors"] == [line]
+  assert (resumed["passed"], resumed["failed"]) == (2, 0)
 
 
 def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):

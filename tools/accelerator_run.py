@@ -439,7 +439,7 @@ def main():
   kept = {"tests": [], "pages": []}
   for f in a.resume:
     for r in _read(f):
-      if r["kind"] == "test":
+      if r["kind"] in ("test", "async_error"):
         kept["tests"].append(r)
       elif r["kind"] in ("page_start", "cell", "page_done"):
         kept["pages"].append(r)
@@ -451,7 +451,8 @@ def main():
   kept["pages"] = [r for r in kept["pages"] if r["page"] in done_pages]
   pages = [p for p in pages if p not in done_pages]
   skip_ids = out / "tests.done"
-  skip_ids.write_text("\n".join(r["id"] for r in kept["tests"]))
+  skip_ids.write_text("\n".join(r["id"] for r in kept["tests"]
+                                if r["kind"] == "test"))
   for part, summarize in (("tests", _summarize_tests), ("pages", _summarize_pages)):
     with open(out / f"{part}.jsonl", "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in kept[part])
