@@ -221,6 +221,15 @@ def _rank(key) -> int:
   return _ORDER.index(kind) if kind in _ORDER else len(_ORDER)
 
 
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _float_dtype(name, default):
+  """The dtype ``name`` (a report's dtype: a string) names where it is a
+  floating one, else ``default``."""
+  return np.dtype(name) if name in _FLOATS else default
+
+
 def _same_kind(got, want) -> bool:
   """Whether ``got`` and ``want`` are both signed integers, both unsigned,
   or both booleans (of any widths)."""
@@ -242,8 +251,7 @@ def function_floors(ctx, dtype, n_values: int) -> list:
   floors = ctx.primal_floors(all_outputs=True, computed_only=True)
   if not floors or n_values % len(floors):
     return [None] * n_values
-  ratio = eps_of(dtype) / eps_of(ctx.report.dtype if ctx.report.dtype in (
-      "float16", "bfloat16", "float32", "float64") else np.float64)
+  ratio = eps_of(dtype) / eps_of(_float_dtype(ctx.report.dtype, np.float64))
   scaled = [None if f is None else np.asarray(f) * ratio for f in floors]
   return scaled * (n_values // len(floors))
 
@@ -264,8 +272,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
   has the dtype it has in the user's own run there."""
   host_bundle = ctx.compiled.bundle
   bundle = device_ctx.compiled.bundle
-  dtype = np.dtype(device_ctx.report.dtype) if device_ctx.report.dtype in (
-      "float16", "bfloat16", "float32", "float64") else np.dtype(np.float32)
+  dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
   where = describe(device, dtype)
   keys = [k for k in host_bundle.seen if k in bundle.parts]
   keys.sort(key=_rank)  # the function first, a rule before its batching
@@ -347,8 +354,7 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
   where the host ran at other values than ``own`` (a Python float rounded
   to float32 on the device), a host context at ``own`` in float64 as the
   reference. ``context_at`` and ``add_parts`` are `check_rules`'s."""
-  x64 = np.dtype(own_dtype) == np.float64 if own_dtype in (
-      "float16", "bfloat16", "float32", "float64") else False
+  x64 = _float_dtype(own_dtype, None) == np.float64
   host64 = ctx.report.dtype == "float64"
 
   def host_settings():
