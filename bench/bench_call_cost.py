@@ -28,13 +28,13 @@ and the ratios that say where a call's time goes.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+import _timing
 from hijax.implicit import Dense, linear_solve, root
 
 try:
@@ -47,17 +47,7 @@ def per_call(fn, *args, repeat=5):
   """Best seconds per call of the jitted ``fn(*args)``, blocking on each result
   (so that a callback's round trip, which happens while the result is made,
   is counted as a user who reads every result pays it)."""
-  jax.block_until_ready(fn(*args))
-  t = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  number = max(1, int(0.05 / max(time.perf_counter() - t, 1e-6)))
-  times = []
-  for _ in range(repeat):
-    t = time.perf_counter()
-    for _ in range(number):
-      jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - t) / number)
-  return min(times)
+  return _timing.best(fn, *args, repeat=repeat, wait_each=True)
 
 
 def _true(x):

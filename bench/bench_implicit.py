@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import _timing
 from hijax.implicit import (CG, Dense, MatMul, fixed_point, linear_solve,
                             root)
 
@@ -53,20 +54,9 @@ clock = time.perf_counter
 
 
 def best(fn, *args, repeat=5, number=None):
-  """Best seconds per call of ``fn(*args)`` (blocking on the result)."""
-  jax.block_until_ready(fn(*args))
-  if number is None:
-    t = clock()
-    jax.block_until_ready(fn(*args))
-    number = max(1, int(0.05 / max(clock() - t, 1e-6)))
-  times = []
-  for _ in range(repeat):
-    t = clock()
-    for _ in range(number):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((clock() - t) / number)
-  return min(times)
+  """Best seconds per call of ``fn(*args)`` (blocking on the result), on
+  this script's clock (`_timing.best`)."""
+  return _timing.best(fn, *args, repeat=repeat, number=number, clock=clock)
 
 
 def compile_time(fn, *args, repeat=3):
