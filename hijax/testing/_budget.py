@@ -53,8 +53,10 @@ def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
 
 
-# Abandoned compiles, still running: the process waits for them at exit (a
-# thread ended while in XLA's compiler aborts the process).
+# Compiles in threads of their own that nobody waits for any more (abandoned
+# at the time limit, or started ahead for a check that did not run): the
+# process waits for them at exit (a thread ended while in XLA's compiler
+# aborts the process).
 _ABANDONED: list[threading.Thread] = []
 
 
@@ -124,9 +126,15 @@ class Budget:
     ends (a compile cannot be interrupted; its result is dropped)."""
     if self.seconds is None:
       return fn()
-    left = HARD_LIMIT * self.seconds - self.elapsed
-    if left <= 0:
+    if HARD_LIMIT * self.seconds - self.elapsed <= 0:
       raise BudgetSpent(what, self.elapsed)
+    return self.begin(what, fn)()
+
+  def begin(self, what: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Starts ``fn()`` in a thread of its own (with this thread's JAX
+    settings) and returns a function that waits for its result, as
+    `within` does (`BudgetSpent` at `HARD_LIMIT` times the budget). Work
+    started and never waited for is waited for at the process's exit."""
     box: dict[str, Any] = {}
     settings = _thread_settings()
 
@@ -138,14 +146,23 @@ class Budget:
         box["error"] = e
     worker = threading.Thread(target=work, daemon=True,
                               name=f"check_rules: {what}")
+    _ABANDONED.append(worker)  # until it is waited for
     worker.start()
-    worker.join(left)
-    if worker.is_alive():
-      _ABANDONED.append(worker)
-      raise BudgetSpent(what, self.elapsed)
-    if "error" in box:
-      raise box["error"]
-    return box["value"]
+
+    def wait():
+      left = (None if self.seconds is None
+              else HARD_LIMIT * self.seconds - self.elapsed)
+      if left is not None and left <= 0 and worker.is_alive():
+        raise BudgetSpent(what, self.elapsed)
+      worker.join(left)
+      if worker.is_alive():
+        raise BudgetSpent(what, self.elapsed)
+      if worker in _ABANDONED:
+        _ABANDONED.remove(worker)
+      if "error" in box:
+        raise box["error"]
+      return box["value"]
+    return wait
 
   def starting(self, what: str) -> None:
     """Shows that the check ``what`` starts, if progress is shown now."""

@@ -103,6 +103,19 @@ class _Program:
   broken: bool = False
 
 
+class _Ahead:
+  """An executable being compiled in another thread: a call waits for it."""
+
+  def __init__(self, wait: Callable[[], Callable]):
+    self._wait = wait
+    self._executable: Callable | None = None
+
+  def __call__(self, *args):
+    if self._executable is None:
+      self._executable = self._wait()
+    return self._executable(*args)
+
+
 class Bundle:
   """Parts, each a function of a tuple of arguments, compiled as one program
   on the first call of one of them (see the module docstring). Parts added
@@ -164,14 +177,26 @@ class Bundle:
       self._compile_alone(key)
     return self._alone[key](*args)
 
+  def compile_ahead(self) -> None:
+    """Traces and lowers the parts added so far as one program now, and
+    compiles it in a thread of its own (`Budget.begin`), to be waited for
+    at the first call of one of its parts. The device's half of the checks
+    on an accelerator starts its program's compile so, while the host's
+    half runs (hijax.testing._device)."""
+    if self.jit:
+      self._build([k for k in self.parts
+                   if k not in self._where and k not in self._alone],
+                  ahead=True)
+
   def _compile_alone(self, key):
     """Runs the part ``key`` in a program of its own from now on."""
     self._alone[key] = compiled_within(self.parts[key].fn, self.budget,
                                        f"compiling {key!r}")
 
-  def _build(self, keys):
+  def _build(self, keys, ahead=False):
     """Compiles the parts ``keys`` as one program (those that cannot be
-    traced, or a single one, alone)."""
+    traced, or a single one, alone); ``ahead``: in the background (see
+    `compile_ahead`)."""
     templates, trees = {}, {}
     for key in keys:
       try:
@@ -180,10 +205,12 @@ class Bundle:
       except Exception:  # pylint: disable=broad-except  (alone, it raises where its check reports it)
         self._compile_alone(key)
     keys = list(templates)
-    built = self._program(keys, templates, trees) if len(keys) > 1 else None
+    built = (self._program(keys, templates, trees, ahead) if len(keys) > 1
+             else None)
     if built is None and len(keys) > 1:  # leave out what cannot be traced
       keys = [k for k in keys if self._traces(k, templates[k], trees[k])]
-      built = self._program(keys, templates, trees) if len(keys) > 1 else None
+      built = (self._program(keys, templates, trees, ahead) if len(keys) > 1
+               else None)
     for key in keys:
       if built is None:
         self._compile_alone(key)
@@ -199,10 +226,12 @@ class Bundle:
       self._compile_alone(key)
       return False
 
-  def _program(self, keys, templates, trees) -> _Program | None:
+  def _program(self, keys, templates, trees, ahead=False) -> _Program | None:
     """The parts ``keys`` compiled as one program, each traced once (in its
     branch); None if one of them cannot be traced or the program cannot be
-    compiled."""
+    compiled. ``ahead``: compiled in the background, its executable waiting
+    for the compile at its first call (where a failed compile raises, and
+    the parts are then compiled alone, as `_run` does for a failed call)."""
     out_trees: list = [None] * len(keys)
 
     def program(which, all_flat):
@@ -222,11 +251,13 @@ class Bundle:
         outs.append(jax.lax.cond(which == k, run, zeros))
       return outs
     flats = [templates[k] for k in keys]
+    what = f"compiling the checks' program ({len(keys)} parts)"
     try:
       lowered = jax.jit(program).lower(np.int32(0), flats)
-      executable = self.budget.within(
-          f"compiling the checks' program ({len(keys)} parts)",
-          lowered.compile)
+      if ahead:
+        executable = _Ahead(self.budget.begin(what, lowered.compile))
+      else:
+        executable = self.budget.within(what, lowered.compile)
     except Exception:  # pylint: disable=broad-except
       return None
     return _Program({key: k for k, key in enumerate(keys)}, flats,

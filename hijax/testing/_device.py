@@ -347,14 +347,33 @@ def _upcast(args):
                       args)
 
 
+def _x64(own_dtype) -> bool:
+  """Whether the device's half runs with float64 enabled: only for float64
+  inputs (else a constant the function makes would come out float64)."""
+  return _float_dtype(own_dtype, None) == np.float64
+
+
+def device_context(plan, own, own_dtype, accel, context_at, add_parts):
+  """The device's context of the checks of ``plan`` at ``own`` (the inputs
+  in their own dtypes) on ``accel``, its program traced and its compile
+  started in the background (`Bundle.compile_ahead`): `check_rules` makes
+  it before the host's half runs, so that the two compile at once."""
+  with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
+    device_ctx, _ = context_at(own, own_dtype)
+    add_parts(device_ctx, plan)
+    device_ctx.compiled.bundle.compile_ahead()
+  return device_ctx
+
+
 def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
-                add_parts) -> None:
+                add_parts, device_ctx=None) -> None:
   """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``):
-  the device's context at ``own`` (the inputs in their own dtypes), and,
+  the device's context at ``own`` (the inputs in their own dtypes;
+  ``device_ctx`` if made ahead by `device_context` for ``plan``), and,
   where the host ran at other values than ``own`` (a Python float rounded
   to float32 on the device), a host context at ``own`` in float64 as the
   reference. ``context_at`` and ``add_parts`` are `check_rules`'s."""
-  x64 = _float_dtype(own_dtype, None) == np.float64
+  x64 = _x64(own_dtype)
   host64 = ctx.report.dtype == "float64"
 
   def host_settings():
@@ -363,9 +382,10 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
     if host_device is not None:
       stack.enter_context(jax.default_device(host_device))
     return stack
-  with jax.default_device(accel), jax.enable_x64(x64):
-    device_ctx, _ = context_at(own, own_dtype)
-    add_parts(device_ctx, plan)
+  if device_ctx is None:
+    with jax.default_device(accel), jax.enable_x64(x64):
+      device_ctx, _ = context_at(own, own_dtype)
+      add_parts(device_ctx, plan)
   reference = ctx
   same = all(np.array_equal(_wide(a), _wide(b))
              for a, b in zip(jax.tree.leaves(own), ctx.leaves))
