@@ -2,11 +2,18 @@
 it reads a page's cells and sums up its records. (Running it needs a device
 machine; tools/accelerator_run.py --pages PAGE runs here too.)"""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from tools_loader import ROOT, load_tool
+
+
+# The tool's own children on a CPU: on a device machine this test's process
+# holds the accelerator (one process at a time can): the tool's children
+# failed on a TPU, unable to take it
+ON_A_CPU = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
 def _tool():
@@ -111,7 +118,7 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
       [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
        str(out), "--docs", str(tmp_path), "--pages", "first", "second",
        "--deadline", "300"], capture_output=True, text=True, check=False,
-      cwd=ROOT)
+      env=ON_A_CPU, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((out / "accelerator-results.json").read_text())
   for page, cells in (("first", 1), ("second", 5)):
@@ -136,7 +143,7 @@ def _run_one_test_file(tmp_path, name, source, out_name="out", extra=()):
   run = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
        str(out), "--tests", str(test), "--deadline", "200", *extra],
-      capture_output=True, text=True, check=False, cwd=ROOT)
+      capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((out / "accelerator-results.json").read_text())
   (summary,) = results["tests"].values()
@@ -205,7 +212,7 @@ def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
         [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
          str(out), "--docs", str(tmp_path), "--tests", *tests, "--pages", *pages,
          "--deadline", "300", *(["--resume", *resume] if resume else [])],
-        capture_output=True, text=True, check=False, cwd=ROOT)
+        capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(r) for r in (out / "tests.jsonl").read_text().splitlines()]
     return json.loads((out / "accelerator-results.json").read_text()), records
@@ -243,7 +250,7 @@ def test_a_page_the_deadline_cut_short_runs_again_on_resume(tmp_path):
       [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
        str(out), "--docs", str(tmp_path), "--pages", "first", "--deadline", "300",
        "--resume", str(earlier)],
-      capture_output=True, text=True, check=False, cwd=ROOT)
+      capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((out / "accelerator-results.json").read_text())
   assert [r["pages"] for r in results["runs"] if r["part"] == "pages"] == [["first"]]
