@@ -21,7 +21,10 @@ computation in float64 by NumPy on the host:
 - ``cost``: compile time of a small program, one eager operation's latency,
   and a loop of many tiny steps, on the device and on the host CPU;
 - ``checker``: `hijax.testing.check_rules` on the checking-rules page's
-  broken and fixed LogCosh: its verdict, time and the programs it compiled.
+  broken and fixed LogCosh: its verdict, time and the programs it compiled;
+- ``callback_errors``: where a host callback's error reaches the caller (a
+  solve with ``throw=True`` raises so): with the call's result, and again
+  at each later ``jax.effects_barrier()``? Plain JAX, no hijax.
 """
 from __future__ import annotations
 
@@ -250,6 +253,31 @@ def checker(cases=("broken", "fixed"), x64s=(None, False), check_device=None):
   return out
 
 
+def callback_errors():
+  """A jitted program whose `io_callback` raises: what raises at the result,
+  then at two ``jax.effects_barrier()`` calls after it (the class and last
+  line of each error, or None)."""
+  from jax.experimental import io_callback  # pylint: disable=import-outside-toplevel
+
+  def fails(x):
+    raise RuntimeError("raised in the callback")
+
+  @jax.jit
+  def program(x):
+    io_callback(fails, jax.ShapeDtypeStruct((), jnp.float32), x)
+    return x + 1
+
+  def error_of(fn):
+    try:
+      fn()
+    except Exception as e:  # pylint: disable=broad-except
+      return f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+    return None
+  return {"at_the_result": error_of(lambda: program(1.0).block_until_ready()),
+          "at_the_next_barrier": error_of(jax.effects_barrier),
+          "at_a_second_barrier": error_of(jax.effects_barrier)}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
@@ -263,6 +291,7 @@ def main():
   a = parser.parse_args()
   parts = {"matmul": matmul_errors, "transcendental": transcendental_errors,
            "gradient": gradient_error, "float64": float64_support, "cost": costs,
+           "callback_errors": callback_errors,
            "checker": lambda: checker(
                a.checker_cases.split(","),
                tuple({"none": None, "false": False}[v]
