@@ -256,3 +256,44 @@ def test_a_page_the_deadline_cut_short_runs_again_on_resume(tmp_path):
   assert [r["pages"] for r in results["runs"] if r["part"] == "pages"] == [["first"]]
   summary = results["pages"]["first"]
   assert (summary["cells"], summary["passed"], summary["not run"]) == (1, 1, 0), summary
+
+
+def test_what_is_left_to_run_is_what_no_run_shows_passing():
+  """--todo: a file that failed and passed later is done; one never run, one
+  whose latest run failed, and one that skipped a test for a package the
+  machine lacked are left; so are a page never run and one a deadline cut."""
+  def counts(passed, failed=0, skips=()):
+    return {"passed": passed, "failed": failed, "skipped": len(skips),
+            "skips": list(skips), "failures": []}
+  results = {
+      "about": "two runs",
+      "facts": {"matmul": {}},
+      "first": {"tests": {"a.py": counts(1, 1), "b.py": counts(2), "c.py": counts(2)},
+                "pages": {"p": {"cells": 2, "passed": 1, "failed": 1, "not run": 0},
+                          "q": {"cells": 2, "passed": 2, "failed": 0, "not run": 0}}},
+      "second": {"tests": {
+          "a.py": counts(2),
+          "b.py": counts(1, 1),
+          "c.py": counts(1, skips=["c.py::t: Skipped: could not import 'jupytext': "
+                                   "No module named 'jupytext'"]),
+          "e.py": counts(1, skips=["e.py::t: Skipped: a TPU has no float64 LU"])},
+          "pages": {"p": {"cells": 2, "passed": 2, "failed": 0, "not run": 0},
+                    "q": {"cells": 2, "passed": 1, "failed": 0, "not run": 1}}},
+  }
+  tests, pages = _tool().todo(results, ["a.py", "b.py", "c.py", "d.py", "e.py"],
+                              ["p", "q", "r"])
+  assert tests == ["b.py", "c.py", "d.py"]
+  assert pages == ["q", "r"]
+
+
+def test_todo_prints_the_files_and_pages_left(tmp_path):
+  (tmp_path / "page.md").write_text(FIRST)
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"run": {"tests": {}, "pages": {}}}))
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--todo",
+       str(results), "--docs", str(tmp_path)], capture_output=True, text=True,
+      check=True, env=ON_A_CPU, cwd=ROOT)
+  tests_line, pages_line = run.stdout.splitlines()
+  assert "tests/test_accelerator_run_tool.py" in tests_line.split()
+  assert pages_line == "pages: page"

@@ -4,6 +4,7 @@ finds, and write a results table.
   python tools/accelerator_run.py --out DIR [--tests FILE ...] [--pages PAGE ...]
                                   [--bench NAME ...] [--facts] [--deadline SECONDS]
                                   [--merge RESULTS.json] [--resume RECORDS.jsonl ...]
+  python tools/accelerator_run.py --todo RESULTS.json
 
 Written for a machine with an accelerator (a TPU or a GPU), where one process at
 a time can hold the device: this process never initialises a JAX backend
@@ -31,6 +32,13 @@ and ``DIR/accelerator-results.md``, a table per part:
 
 The parts run in this order: the measurements, the tests, the pages, the
 benchmarks.
+
+``--todo`` reads a results file holding several runs (each a top-level
+entry with its ``tests`` and ``pages``, in the order they ran, as
+``docs/accelerator-results.json`` does) and prints what no run has shown
+passing: the test files and pages that no run recorded, or whose latest
+record has a failure, a cell not run, or a skip for a package the machine
+lacked (not a limit of the backend). The next device session runs those.
 
 Pages run as their cells do in a notebook kernel: in order, in one namespace,
 each page in a fresh process; IPython magics are skipped.
@@ -330,6 +338,34 @@ def to_markdown(results):
   return "\n".join(out)
 
 
+MISSING_PACKAGE = "Skipped: could not import"
+
+
+def todo(results: dict, test_files: list[str], pages: list[str]) -> tuple[list, list]:
+  """The test files of ``test_files`` and the pages of ``pages`` that no run
+  in ``results`` (its top-level entries holding ``tests`` or ``pages``, in
+  order) shows passing: unrecorded, or their latest record failed, left
+  cells unrun, or skipped a test for a missing package."""
+  runs = [r for r in results.values()
+          if isinstance(r, dict) and ("tests" in r or "pages" in r)]
+  latest_tests: dict = {}
+  latest_pages: dict = {}
+  for run in runs:
+    latest_tests.update(run.get("tests", {}))
+    latest_pages.update(run.get("pages", {}))
+
+  def test_done(name):
+    t = latest_tests.get(name)
+    return t is not None and not (t["failed"] or t.get("error", 0)) and not any(
+        MISSING_PACKAGE in skip for skip in t.get("skips", []))
+
+  def page_done(name):
+    p = latest_pages.get(name)
+    return p is not None and not p["failed"] and not p.get("not run", 0)
+  return ([t for t in test_files if not test_done(t)],
+          [p for p in pages if not page_done(p)])
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=".")
@@ -357,6 +393,9 @@ def main():
                       help="tests.jsonl and pages.jsonl of earlier calls: the tests "
                       "and pages they recorded are not run again, and count in "
                       "this call's results (a suite longer than one call)")
+  parser.add_argument("--todo", metavar="RESULTS.json",
+                      help="print the test files and pages no run in RESULTS.json "
+                      "shows passing, and exit")
   parser.add_argument("--docs", default=str(ROOT / "docs"),
                       help="the folder of the pages (default: docs/)")
   parser.add_argument("--records", help=argparse.SUPPRESS)
@@ -369,6 +408,15 @@ def main():
     return child_tests(a.records, a.tests, a.until, a.skip_ids)
   if a.child == "pages":
     return child_pages(a.records, a.pages, a.until, a.docs)
+
+  if a.todo:
+    every_test = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    every_page = sorted(p.stem for p in Path(a.docs).glob("*.md"))
+    tests_left, pages_left = todo(json.loads(Path(a.todo).read_text()), every_test,
+                                  every_page)
+    print("tests:", " ".join(tests_left))
+    print("pages:", " ".join(pages_left))
+    return 0
 
   start = time.time()
   end = start + a.deadline
