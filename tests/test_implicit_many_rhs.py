@@ -177,3 +177,37 @@ def test_where_the_sketch_applies():
   # the miss probability of the docstring, for a column at its bound
   bound = (np.sqrt(2 / np.pi) * 1.5 * SKETCH_BOUND) ** SKETCH_VECTORS
   assert 2e-7 < bound < 3e-7
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2 ** 16), st.sampled_from([(3, 5), (50, 50), (20, 80), (1, 1)]),
+       st.floats(0., 4.), st.booleans(), st.booleans())
+def test_many_columns_of_a_small_matrix_get_each_columns_own_verdict(
+    seed, shape, log_cond, transpose, spoil):
+  """Columns of one matrix under 64x64 are checked together (one reduction
+  over the batch), with each column's verdict, finiteness and error as its
+  own check gives them (the products summed in another order: the errors
+  agree to rounding, the verdicts where not decided by it): right columns,
+  wrong ones, non-finite ones, zero ones."""
+  from hijax.implicit._backward_error import _columns, _one
+  n, m = shape
+  A, B, rng = system(seed, n, m, log_cond)
+  X = (B @ np.linalg.inv(A.T if transpose else A).T).astype(np.float32)
+  # each column off by its own amount, 1e-7 to 1e-2 relative: some fail
+  off = 10. ** rng.uniform(-7, -2, (m, 1))
+  X = (X * (1 + off * rng.standard_normal(X.shape))).astype(np.float32)
+  if spoil:
+    X[rng.integers(m)] = 0.
+    X[rng.integers(m), rng.integers(n)] = np.nan
+    B[rng.integers(m)] = 0.
+    X[rng.integers(m), rng.integers(n)] = np.inf
+  A, X, B = (jnp.asarray(v) for v in (A, X, B))
+  ok, finite, error = (np.asarray(v) for v in jax.jit(
+      lambda A, X, B: _columns(A, X, B, TOL, transpose))(A, X, B))
+  ok1, finite1, error1 = (np.asarray(v) for v in jax.jit(jax.vmap(
+      lambda x, b: _one(A, x, b, TOL, transpose)))(X, B))
+  np.testing.assert_array_equal(finite, finite1)
+  np.testing.assert_allclose(error, error1, rtol=1e-5)
+  decided = np.abs(error1 / TOL - 1) > 1e-4
+  np.testing.assert_array_equal(ok[decided], ok1[decided])
+  assert ok.shape == finite.shape == error.shape == (m,)
