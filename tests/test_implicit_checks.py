@@ -6,6 +6,7 @@ instances that need |A| beside ones that do not."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -114,3 +115,49 @@ def test_the_pass_over_the_matrix_is_only_in_the_branch_that_needs_it():
   assert matrix_abs, main
   assert all(len(line) - len(line.lstrip()) > top_indent for line in matrix_abs), (
       matrix_abs)
+
+
+def _verdict_of(r, x_max, b_max, *, norm=None, ax_max=None):
+  """`_verdict` at given maxima (exact binary numbers), tol 2**-10, with a
+  matrix whose largest row sum of |M| is 2."""
+  from hijax.implicit._backward_error import _verdict
+  matrix = jnp.array([[2., 0.], [0., 1.]])
+  ok, finite, error = _verdict(matrix, *(jnp.float32(v) for v in (r, x_max, b_max)),
+                               2. ** -10, False, norm=norm, ax_max=ax_max)
+  return bool(ok), bool(finite), float(error)
+
+
+def test_the_bound_at_its_edges_on_both_paths():
+  """|b - M x| <= tol (|M| |x| + |b|), equality passing, on the path that has
+  |M|'s norm and on the lazy one (which reads |M| only when the residual is
+  not within tol (|M x| + |b|)); the error is the residual over the bound's
+  scale, and 0 for a zero column (nothing to divide)."""
+  tol = 2. ** -10
+  x_max, b_max = 4., 8.  # scale = 2 * 4 + 8 = 16
+  for path in (dict(norm=jnp.float32(2.)), dict(ax_max=jnp.float32(0.))):
+    # ax_max 0: the cheap bound (tol * 8) fails, so the lazy path reads |M|
+    assert _verdict_of(tol * 16, x_max, b_max, **path) == (True, True, tol)
+    assert not _verdict_of(tol * 17, x_max, b_max, **path)[0]
+    # within the bound only thanks to |b|
+    assert _verdict_of(tol * 12, x_max, b_max, **path)[0]
+    assert _verdict_of(0., 0., 0., **path) == (True, True, 0.)
+    # a scale under 1: the error is still residual / scale
+    assert _verdict_of(tol / 8, 2. ** -4, 2. ** -3, **path)[2] == tol / 2
+    assert _verdict_of(float("nan"), x_max, b_max, **path)[:2] == (False, False)
+
+
+@pytest.mark.parametrize("n", [50, N])
+def test_right_hand_sides_batched_beside_one_solution(n):
+  """vmap over b alone (x and the matrix the same for every instance), on
+  both paths (under 64x64 and not): each instance's verdict and error are
+  its own check's."""
+  from hijax.implicit._backward_error import backward_error
+  A, x, b = system(1, 1., n)
+  tol = float(jnp.finfo(jnp.float32).eps) ** 0.5
+  bs = jnp.stack([b, b + 1e-8, b + 1e-1, 0 * b])
+  got = jax.jit(jax.vmap(lambda b: backward_error(A, x, b, tol)))(bs)
+  for i, bi in enumerate(bs):
+    ok, finite, error = backward_error(A, x, bi, tol)
+    assert (bool(got[0][i]), bool(got[1][i])) == (bool(ok), bool(finite))
+    np.testing.assert_allclose(got[2][i], error, rtol=1e-5, atol=1e-6)  # rounding
+  assert [bool(v) for v in got[0]] == [True, True, False, False]

@@ -118,7 +118,9 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
   vectors = [jnp.abs(b - ax), jnp.abs(x), jnp.abs(b),
              _row_sums(matrix, transpose) if small else jnp.abs(ax)]
   r, x_max, b_max, fourth = jnp.max(jnp.stack(vectors), axis=1, initial=0.)
-  return _verdict(matrix, r, x_max, b_max, fourth, tol, transpose)
+  if small:
+    return _verdict(matrix, r, x_max, b_max, tol, transpose, norm=fourth)
+  return _verdict(matrix, r, x_max, b_max, tol, transpose, ax_max=fourth)
 
 
 def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
@@ -133,17 +135,18 @@ def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
   r, x_max, b_max, norm = jnp.max(
       jnp.stack([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B), row_sums]), axis=2,
       initial=0.)
-  return _verdict(matrix, r, x_max, b_max, norm, tol, transpose)
+  return _verdict(matrix, r, x_max, b_max, tol, transpose, norm=norm)
 
 
-def _verdict(matrix: Any, r: Any, x_max: Any, b_max: Any, fourth: Any,
-             tol: float, transpose: bool) -> Any:
+def _verdict(matrix: Any, r: Any, x_max: Any, b_max: Any, tol: float,
+             transpose: bool, *, norm: Any = None, ax_max: Any = None) -> Any:
   """(ok, finite, error) from the maxima of the residual ``r``, of ``x`` and
-  of ``b``, and ``fourth``: the largest row sum of ``|M|`` for a matrix of
-  fewer than `LAZY_NORM` entries, else the largest entry of ``|M x|``."""
+  of ``b``, and either ``norm``, the largest row sum of ``|M|``, or, for the
+  lazy bound of a large matrix, ``ax_max``, the largest entry of ``|M x|``
+  (``|M|`` then read only if needed)."""
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
-  if matrix.size < LAZY_NORM:
-    scale = fourth * x_max + b_max
+  if norm is not None:
+    scale = norm * x_max + b_max
     ok = finite & (r <= tol * scale)
   else:
     # |M x| <= |M| |x|, so a residual within tol (|M x| + |b|) meets the
@@ -151,7 +154,6 @@ def _verdict(matrix: Any, r: Any, x_max: Any, b_max: Any, fourth: Any,
     # itself) is made only when some instance of a batch needs it. The
     # verdict is the same; `scale` is computed for the error, which XLA
     # drops when nothing reads it.
-    ax_max = fourth
     scale = _norm_inf(matrix, transpose) * x_max + b_max
     easy = finite & (r <= tol * (ax_max + b_max))
     ok = easy | jax.lax.cond(  # |M| read inside: only when needed
