@@ -353,15 +353,18 @@ def _x64(own_dtype) -> bool:
   return _float_dtype(own_dtype, None) == np.float64
 
 
-def device_context(plan, own, own_dtype, accel, context_at, add_parts):
+def device_context(plan, own, own_dtype, accel, context_at, add_parts,
+                   ahead=True):
   """The device's context of the checks of ``plan`` at ``own`` (the inputs
-  in their own dtypes) on ``accel``, its program traced and its compile
-  started in the background (`Bundle.compile_ahead`): `check_rules` makes
-  it before the host's half runs, so that the two compile at once."""
+  in their own dtypes) on ``accel``; with ``ahead``, its program traced and
+  its compile started in the background (`Bundle.compile_ahead`):
+  `check_rules` makes it so before the host's half runs, so that the two
+  compile at once."""
   with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
     device_ctx, _ = context_at(own, own_dtype)
     add_parts(device_ctx, plan)
-    device_ctx.compiled.bundle.compile_ahead()
+    if ahead:
+      device_ctx.compiled.bundle.compile_ahead()
   return device_ctx
 
 
@@ -383,9 +386,8 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
       stack.enter_context(jax.default_device(host_device))
     return stack
   if device_ctx is None:
-    with jax.default_device(accel), jax.enable_x64(x64):
-      device_ctx, _ = context_at(own, own_dtype)
-      add_parts(device_ctx, plan)
+    device_ctx = device_context(plan, own, own_dtype, accel, context_at,
+                                add_parts, ahead=False)
   reference = ctx
   same = all(np.array_equal(_wide(a), _wide(b))
              for a, b in zip(jax.tree.leaves(own), ctx.leaves))
