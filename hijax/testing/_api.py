@@ -38,6 +38,15 @@ def _to_dtype(x, dtype):
   return on_device(np.asarray(x), own)
 
 
+def _in_own_dtypes(args):
+  """``args`` each in its own dtype, without weak types (`_to_dtype`, on the
+  default device), and the name of the first floating dtype among them
+  (None if there is none)."""
+  own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
+  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
+  return own, str(floats[0]) if floats else None
+
+
 def _runs(prim_fn, args) -> bool:
   """Whether ``prim_fn`` can be traced and run (compiled) on ``args``."""
   try:
@@ -81,9 +90,8 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
   compiled program); a function that fails in both is checked in float64
   (and the checks report why it fails). ``context_at(args, dtype)`` makes
   a context. ``ahead`` is `_prepared_if_runs`'s."""
-  own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
-  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
-  own_dtype = str(floats[0]) if floats else "no floating-point inputs"
+  own, own_float = _in_own_dtypes(args)
+  own_dtype = own_float or "no floating-point inputs"
   if x64 is False:
     return context_at(own, own_dtype)
   prepared = None
@@ -327,9 +335,9 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   # on an accelerator the checks themselves run on the host, in float64
   # (device=False too: it only leaves out the device's half)
   host_device = host() if accel is not None or on_accelerator() else None
-  own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
-  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
-  own_dtype = str(floats[0]) if floats else "float32"
+  # the device's half runs the inputs in their own dtypes
+  own, own_float = _in_own_dtypes(args) if accel is not None else (None, None)
+  own_dtype = own_float or "float32"
   devices_ahead: dict = {}  # plan -> the device's context, compiling
 
   def ahead(plan):
