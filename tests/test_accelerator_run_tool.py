@@ -20,6 +20,16 @@ def _tool():
   return load_tool("accelerator_run")
 
 
+def _run_tool(*args):
+  """tools/accelerator_run.py run with ``args`` from the checkout, its
+  children on a CPU; it must succeed."""
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), *map(str, args)],
+      capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
+  assert run.returncode == 0, run.stderr[-2000:]
+  return run
+
+
 PAGE = """# A page
 
 ```{code-cell}
@@ -114,12 +124,8 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
   (tmp_path / "first.md").write_text(FIRST)
   (tmp_path / "second.md").write_text(SECOND)
   out = tmp_path / "out"
-  run = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
-       str(out), "--docs", str(tmp_path), "--pages", "first", "second",
-       "--deadline", "300"], capture_output=True, text=True, check=False,
-      env=ON_A_CPU, cwd=ROOT)
-  assert run.returncode == 0, run.stderr[-2000:]
+  _run_tool("--out", out, "--docs", tmp_path, "--pages", "first", "second",
+            "--deadline", "300")
   results = json.loads((out / "accelerator-results.json").read_text())
   for page, cells in (("first", 1), ("second", 5)):
     summary = results["pages"][page]
@@ -140,11 +146,7 @@ def _run_one_test_file(tmp_path, name, source, out_name="out", extra=()):
   test = tmp_path / name
   test.write_text(source)
   out = tmp_path / out_name
-  run = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
-       str(out), "--tests", str(test), "--deadline", "200", *extra],
-      capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
-  assert run.returncode == 0, run.stderr[-2000:]
+  _run_tool("--out", out, "--tests", test, "--deadline", "200", *extra)
   results = json.loads((out / "accelerator-results.json").read_text())
   (summary,) = results["tests"].values()
   return summary, (out / "accelerator-results.md").read_text()
@@ -208,12 +210,8 @@ def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
   (tmp_path / "second.md").write_text(SECOND)
 
   def run(out, tests, pages, *resume):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
-         str(out), "--docs", str(tmp_path), "--tests", *tests, "--pages", *pages,
-         "--deadline", "300", *(["--resume", *resume] if resume else [])],
-        capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _run_tool("--out", out, "--docs", tmp_path, "--tests", *tests, "--pages", *pages,
+              "--deadline", "300", *(["--resume", *resume] if resume else []))
     records = [json.loads(r) for r in (out / "tests.jsonl").read_text().splitlines()]
     return json.loads((out / "accelerator-results.json").read_text()), records
 
@@ -246,12 +244,8 @@ def test_a_page_the_deadline_cut_short_runs_again_on_resume(tmp_path):
        "detail": "the accelerator run's deadline"},
       {"kind": "page_done", "page": "first", "seconds": 0.1})) + "\n")
   out = tmp_path / "out"
-  proc = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--out",
-       str(out), "--docs", str(tmp_path), "--pages", "first", "--deadline", "300",
-       "--resume", str(earlier)],
-      capture_output=True, text=True, check=False, env=ON_A_CPU, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  _run_tool("--out", out, "--docs", tmp_path, "--pages", "first", "--deadline", "300",
+            "--resume", earlier)
   results = json.loads((out / "accelerator-results.json").read_text())
   assert [r["pages"] for r in results["runs"] if r["part"] == "pages"] == [["first"]]
   summary = results["pages"]["first"]
@@ -290,10 +284,7 @@ def test_todo_prints_the_files_and_pages_left(tmp_path):
   (tmp_path / "page.md").write_text(FIRST)
   results = tmp_path / "results.json"
   results.write_text(json.dumps({"run": {"tests": {}, "pages": {}}}))
-  run = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "accelerator_run.py"), "--todo",
-       str(results), "--docs", str(tmp_path)], capture_output=True, text=True,
-      check=True, env=ON_A_CPU, cwd=ROOT)
+  run = _run_tool("--todo", results, "--docs", tmp_path)
   tests_line, pages_line = run.stdout.splitlines()
   assert "tests/test_accelerator_run_tool.py" in tests_line.split()
   assert pages_line == "pages: page"
