@@ -23,8 +23,8 @@ computation in float64 by NumPy on the host:
 - ``checker``: `hijax.testing.check_rules` on the checking-rules page's
   broken and fixed LogCosh: its verdict, time and the programs it compiled;
 - ``callback_errors``: where a host callback's error reaches the caller (a
-  solve with ``throw=True`` raises so): with the call's result, and again
-  at each later ``jax.effects_barrier()``? Plain JAX, no hijax.
+  solve with ``throw=True`` raises so): with the call's result, at the next
+  ``jax.effects_barrier()``, at the one after it. Plain JAX, no hijax.
 """
 from __future__ import annotations
 

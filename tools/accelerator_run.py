@@ -108,11 +108,11 @@ class _Collector:
       config.hook.pytest_deselected(items=done)
 
   def pytest_runtest_teardown(self, item):
-    """Waits for the test's programs' effects (``jax.effects_barrier``): an
-    accelerator runs them asynchronously, and an error a host callback
-    raised there that no result carried would otherwise surface at exit,
-    named after no test (on a TPU: a failed solve's error). Recorded as
-    the test's ``async_error``."""
+    """Waits for the test's programs' effects (``jax.effects_barrier``) and
+    records what that raises as the test's ``async_error``: on a TPU, JAX
+    raises a host callback's error with the program's result and again at
+    the next barrier, which it also calls at exit, where the error would be
+    named after no test (a failed solve's error surfaced so in a TPU run)."""
     import jax  # pylint: disable=import-outside-toplevel
     try:
       jax.effects_barrier()
