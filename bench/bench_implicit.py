@@ -179,7 +179,7 @@ CHECKS = {
               "a scalar root)",
     "residual": "the residual check of CG and GMRES",
     "spd": "CG's symmetry and positivity test",
-    "failure": "the failure check of throw=True (a reduction and a cond)",
+    "failure": "the failure check of throw=True (a count over the batch and a cond)",
 }
 
 

@@ -136,6 +136,24 @@ def test_one_failing_instance_under_vmap_fails_the_batch():
                              [2., 4 / 3], rtol=1e-5)
 
 
+def test_one_failing_instance_anywhere_in_a_long_batch_fails_it():
+  """The batch's "did any instance fail" is a count (a product with ones):
+  one failure among 20,000, first, in the middle or last, under one vmap or
+  two, raises; none does not, nor does an empty batch."""
+  one = lambda a: fixed_point(lambda x, a: a * x + 1., 0., a)
+  solve = jax.jit(jax.vmap(one))
+  nested = jax.jit(jax.vmap(jax.vmap(one)))
+  a = np.full(20_000, 0.5, np.float32)
+  np.testing.assert_allclose(solve(a), 2., rtol=1e-5)
+  np.testing.assert_allclose(nested(a.reshape(100, 200)), 2., rtol=1e-5)
+  for i in (0, 12_345, 19_999):
+    bad = a.copy()
+    bad[i] = 2.  # diverges
+    _raises_solve_error(solve, bad)
+    _raises_solve_error(nested, bad.reshape(100, 200))
+  assert solve(np.zeros(0, np.float32)).shape == (0,)
+
+
 def test_status_under_vmap_says_which_instance_failed():
   solve = jax.vmap(lambda a: fixed_point(lambda x, a: a * x + 1., 0., a,
                                          throw=False))

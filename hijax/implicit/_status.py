@@ -30,6 +30,7 @@ from jax.experimental import io_callback
 from jax.interpreters import batching, mlir
 
 from hijax._internals.core import ShapedArray
+from hijax.implicit._precision import check_precision
 from hijax.primitive import HiPrim
 
 __all__ = ["Status", "SolveError", "REASONS", "default_tol",
@@ -215,7 +216,18 @@ class _AcrossBatch(HiPrim):
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     (x,), (d,) = args, dims
-    # an empty batch reduces to the identity: nothing failed, reason 0
+    if self.reduce == "any":
+      # a count by a product with ones: XLA's CPU reduction over a long
+      # batch is a chain of partial reductions, the product one call. A sum
+      # of zeros and ones is positive when one term is, rounded or not, at
+      # any precision (set as the checks' products are)
+      count = jnp.tensordot(x.astype(jnp.float32),
+                            jnp.ones(x.shape[d], jnp.float32), axes=([d], [0]),
+                            precision=check_precision(jnp.float32))
+      out = count > 0
+      return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
+    # max: of the codes of a failed batch (the branch that reads it is
+    # traced over an empty batch too, where max needs an initial value)
     initial = {"initial": 0} if self.reduce == "max" else {}
     out = getattr(jnp, self.reduce)(x, axis=d, **initial)
     return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
@@ -244,8 +256,9 @@ def _message(where: Any, worst: Any) -> Any:
 def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   """``x``, or a `SolveError` at run time if ``st`` says the solve failed.
 
-  The check is one ``lax.cond`` on the largest reason (over a batch: one
-  ``max``, 0 where every instance converged), whose failing branch packs
+  The check is one ``lax.cond`` on whether the reason is not "converged"
+  (over a batch: whether any instance's is not, by a count), whose failing
+  branch packs
   each instance's reason and step count into one integer (the reason in the
   high bits), reduces them to the worst instance's and calls the host. ``x``
   does not pass through the ``cond`` (which would copy it and split the
@@ -263,7 +276,7 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
     worst = _across_batch((reason << _STEP_BITS) | steps, "max")
     return _failed_p.bind(worst, where=where)
 
-  raised = jax.lax.cond(_across_batch(st.reason, "max") != CONVERGED, failed,
+  raised = jax.lax.cond(_across_batch(st.reason != CONVERGED, "any"), failed,
                         lambda *_: jnp.bool_(False), st.reason, st.steps)
   return jax.lax.optimization_barrier((x, raised))[0]
 
