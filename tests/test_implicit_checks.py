@@ -122,8 +122,10 @@ def _verdict_of(r, x_max, b_max, *, norm=None, ax_max=None):
   matrix whose largest row sum of |M| is 2."""
   from hijax.implicit._backward_error import _verdict
   matrix = jnp.array([[2., 0.], [0., 1.]])
-  ok, finite, error = _verdict(matrix, *(jnp.float32(v) for v in (r, x_max, b_max)),
-                               2. ** -10, False, norm=norm, ax_max=ax_max)
+  fourth = norm if norm is not None else ax_max
+  maxima = jnp.array([r, x_max, b_max, fourth], jnp.float32)
+  ok, finite, error = _verdict(matrix, maxima, 2. ** -10, False,
+                               lazy=norm is None)
   return bool(ok), bool(finite), float(error)
 
 

@@ -106,7 +106,7 @@ def _row_sums(matrix: Any, transpose: bool) -> Any:
 
 def _norm_inf(matrix: Any, transpose: bool) -> Any:
   """``|M|_inf``, the largest row sum of ``|M|`` (`_row_sums`)."""
-  return jnp.max(_row_sums(matrix, transpose), initial=0.)
+  return jnp.max(_row_sums(matrix, transpose))  # of 2 or more rows
 
 
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
@@ -117,10 +117,9 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
   # the row sums of |M| where small, else |M x| (for the lazy bound below)
   vectors = [jnp.abs(b - ax), jnp.abs(x), jnp.abs(b),
              _row_sums(matrix, transpose) if small else jnp.abs(ax)]
-  r, x_max, b_max, fourth = jnp.max(jnp.stack(vectors), axis=1, initial=0.)
-  if small:
-    return _verdict(matrix, r, x_max, b_max, tol, transpose, norm=fourth)
-  return _verdict(matrix, r, x_max, b_max, tol, transpose, ax_max=fourth)
+  # (no `initial`: x has 2 or more entries, and it was one more kernel)
+  maxima = jnp.max(jnp.stack(vectors), axis=1)
+  return _verdict(matrix, maxima, tol, transpose, lazy=not small)
 
 
 def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
@@ -132,21 +131,21 @@ def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
   check of ``jacrev``'s cotangent systems of a 50-unknown root.)"""
   AX = _dot(X, matrix) if transpose else _dot(X, matrix.T)
   row_sums = jnp.broadcast_to(_row_sums(matrix, transpose), X.shape)
-  r, x_max, b_max, norm = jnp.max(
-      jnp.stack([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B), row_sums]), axis=2,
-      initial=0.)
-  return _verdict(matrix, r, x_max, b_max, tol, transpose, norm=norm)
+  maxima = jnp.max(
+      jnp.stack([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B), row_sums]), axis=2)
+  return _verdict(matrix, maxima, tol, transpose, lazy=False)
 
 
-def _verdict(matrix: Any, r: Any, x_max: Any, b_max: Any, tol: float,
-             transpose: bool, *, norm: Any = None, ax_max: Any = None) -> Any:
-  """(ok, finite, error) from the maxima of the residual ``r``, of ``x`` and
-  of ``b``, and either ``norm``, the largest row sum of ``|M|``, or, for the
-  lazy bound of a large matrix, ``ax_max``, the largest entry of ``|M x|``
-  (``|M|`` then read only if needed)."""
+def _verdict(matrix: Any, maxima: Any, tol: float, transpose: bool, *,
+             lazy: bool) -> Any:
+  """(ok, finite, error) from ``maxima``, the maxima of the residual ``r``,
+  of ``x``, of ``b`` and a fourth: the largest row sum of ``|M|``, or, for
+  the lazy bound of a large matrix (``lazy``), the largest entry of
+  ``|M x|`` (``|M|`` then read only if needed)."""
+  r, x_max, b_max, fourth = maxima
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
-  if norm is not None:
-    scale = norm * x_max + b_max
+  if not lazy:
+    scale = fourth * x_max + b_max
     ok = finite & (r <= tol * scale)
   else:
     # |M x| <= |M| |x|, so a residual within tol (|M x| + |b|) meets the
@@ -154,12 +153,18 @@ def _verdict(matrix: Any, r: Any, x_max: Any, b_max: Any, tol: float,
     # itself) is made only when some instance of a batch needs it. The
     # verdict is the same; `scale` is computed for the error, which XLA
     # drops when nothing reads it.
+    ax_max = fourth
     scale = _norm_inf(matrix, transpose) * x_max + b_max
     easy = finite & (r <= tol * (ax_max + b_max))
+
+    def full_bound() -> Any:
+      # from the maxima as one operand of the cond (three scalars were
+      # three more kernels for XLA to compile, each slicing one out)
+      r, x_max, b_max, _ = maxima
+      return (jnp.isfinite(x_max) & jnp.isfinite(r)
+              & (r <= tol * (_norm_inf(matrix, transpose) * x_max + b_max)))
     ok = easy | jax.lax.cond(  # |M| read inside: only when needed
-        _across_batch(~easy, "any"),
-        lambda: finite & (r <= tol * (_norm_inf(matrix, transpose) * x_max
-                                      + b_max)),
+        _across_batch(~easy, "any"), full_bound,
         lambda: jnp.zeros_like(easy))
   return ok, finite, (r / jnp.where(scale > 0, scale, 1.)).astype(jnp.float32)
 
