@@ -203,8 +203,8 @@ def default_tol(dtype: Any) -> float:
 
 class _AcrossBatch(HiPrim):
   """The identity on an array, except under ``vmap``, where it reduces over the
-  batch (``any``, or ``max`` of non-negative codes) and returns an unbatched
-  result."""
+  batch (``any``, by a count, or ``max`` of non-negative codes) and returns
+  an unbatched result."""
 
   def __init__(self, aval: Any, *, reduce: Any):
     self.in_avals, self.out_aval = (aval,), aval
@@ -258,9 +258,9 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
 
   The check is one ``lax.cond`` on whether the reason is not "converged"
   (over a batch: whether any instance's is not, by a count), whose failing
-  branch packs
-  each instance's reason and step count into one integer (the reason in the
-  high bits), reduces them to the worst instance's and calls the host. ``x``
+  branch packs each instance's reason and step count into one integer (the
+  reason in the high bits), reduces them to the worst instance's and calls
+  the host. ``x``
   does not pass through the ``cond`` (which would copy it and split the
   fused computations around it): the ``cond`` returns a flag, and ``x`` is
   returned through an ``optimization_barrier`` with that flag, which ties
