@@ -260,12 +260,12 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   (over a batch: whether any instance's is not, by a count), whose failing
   branch packs each instance's reason and step count into one integer (the
   reason in the high bits), reduces them to the worst instance's and calls
-  the host. ``x``
-  does not pass through the ``cond`` (which would copy it and split the
-  fused computations around it): the ``cond`` returns a flag, and ``x`` is
-  returned through an ``optimization_barrier`` with that flag, which ties
-  it to the check at no cost (JAX does not remove an operand of a barrier
-  whose output is used; XLA keeps the host call, which has a side effect).
+  the host. ``x`` does not pass through the ``cond`` (which would copy it
+  and split the fused computations around it): the ``cond`` returns a flag,
+  and ``x`` is returned through an ``optimization_barrier`` with that flag,
+  which ties it to the check at no cost (JAX does not remove an operand of
+  a barrier whose output is used; XLA keeps the host call, which has a side
+  effect).
   It was read through a select on the flag, a pass over ``x``, which cost
   5 to 10% of a vmapped scalar root's time. The Status's error is not part
   of it: the ``cond`` would need it computed first, and for an iteration
