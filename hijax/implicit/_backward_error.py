@@ -159,7 +159,9 @@ def _verdict(matrix: Any, maxima: Any, tol: float, transpose: bool, *,
 
     def full_bound() -> Any:
       # from the maxima as one operand of the cond (three scalars were
-      # three more kernels for XLA to compile, each slicing one out)
+      # three more kernels for XLA to compile, each slicing one out); the
+      # finiteness again here, since `finite & cond(...)` outside it was
+      # one more kernel
       r, x_max, b_max, _ = maxima
       return (jnp.isfinite(x_max) & jnp.isfinite(r)
               & (r <= tol * (_norm_inf(matrix, transpose) * x_max + b_max)))
