@@ -225,11 +225,10 @@ class _AcrossBatch(HiPrim):
                             jnp.ones(x.shape[d], jnp.float32), axes=([d], [0]),
                             precision=check_precision(jnp.float32))
       out = count > 0
-      return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
-    # max: of the codes of a failed batch (the branch that reads it is
-    # traced over an empty batch too, where max needs an initial value)
-    initial = {"initial": 0} if self.reduce == "max" else {}
-    out = getattr(jnp, self.reduce)(x, axis=d, **initial)
+    else:
+      # max: of the codes of a failed batch (the branch that reads it is
+      # traced over an empty batch too, where max needs an initial value)
+      out = jnp.max(x, axis=d, initial=0)
     return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
 
 
