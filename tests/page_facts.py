@@ -239,8 +239,11 @@ def probe_custom_vmap_reverse_mode():
 
   softplus.def_vmap(lambda n, batched, x: (jnp.logaddexp(x, 0.) * 1., batched[0]))
   xs = jnp.array([-2., 0., 3.])
+  # rtol: a TPU's float32 exp and log1p are tens to thousands of units in the
+  # last place off (docs/accelerator-results.json, "transcendental"); there
+  # the two paths to sigmoid(-2) differ by 4.9e-6, a wrong rule by far more
   np.testing.assert_allclose(jax.grad(lambda v: jax.vmap(softplus)(v).sum())(xs),
-                             jax.nn.sigmoid(xs), rtol=1e-6)
+                             jax.nn.sigmoid(xs), rtol=1e-4)
   assert _raises(lambda: jax.grad(softplus)(1.))
   assert _raises(lambda: jax.vmap(jax.grad(softplus))(xs))
 

@@ -287,4 +287,22 @@ def test_todo_prints_the_files_and_pages_left(tmp_path):
   run = _run_tool("--todo", results, "--docs", tmp_path)
   tests_line, pages_line = run.stdout.splitlines()
   assert "tests/test_accelerator_run_tool.py" in tests_line.split()
+  # the site's test drives a browser over the built HTML, no JAX backend
+  assert "tests/test_site.py" not in tests_line.split()
   assert pages_line == "pages: page"
+
+
+def test_the_tests_find_no_backend_taken_and_the_record_still_names_it(tmp_path):
+  """A test that starts a fresh process using JAX (a page's visible cells)
+  needs the TPU free: the tool's child must not take the devices before its
+  tests run (on a TPU the pages' fresh processes failed with "Unable to
+  initialize backend 'tpu': ABORTED" while it held them); it reads the
+  environment after them."""
+  summary, _ = _run_one_test_file(
+      tmp_path, "test_untaken.py",
+      "from jax._src import xla_bridge\n\n"
+      "def test_no_backend_is_initialized_yet():\n"
+      "  assert not xla_bridge.backends_are_initialized()\n")
+  assert (summary["passed"], summary["failed"]) == (1, 0), summary
+  results = json.loads((tmp_path / "out" / "accelerator-results.json").read_text())
+  assert results["environment"]["backend"] == "cpu"

@@ -149,10 +149,13 @@ def _one_line(text):
 
 def child_tests(path, files, deadline, skip_file=None):
   import pytest  # pylint: disable=import-outside-toplevel
-  _emit(path, {"kind": "environment", **_environment()})
   args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", *files]
   skip = Path(skip_file).read_text().splitlines() if skip_file else ()
   code = pytest.main(args, plugins=[_Collector(path, deadline, skip)])
+  # Read after the tests: asking for the devices takes a TPU for this process,
+  # and a test that starts a fresh process using JAX (a page's visible cells)
+  # gets the chip only while no other process holds it.
+  _emit(path, {"kind": "environment", **_environment()})
   _emit(path, {"kind": "tests_done", "exit": int(code)})
 
 
@@ -366,6 +369,13 @@ def todo(results: dict, test_files: list[str], pages: list[str]) -> tuple[list, 
           [p for p in pages if not page_done(p)])
 
 
+def _every_test_file() -> list[str]:
+  """tests/test_*.py but the site's test (a browser on the built HTML site,
+  which involves no JAX backend)."""
+  return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                if p.name != "test_site.py")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=".")
@@ -410,7 +420,7 @@ def main():
     return child_pages(a.records, a.pages, a.until, a.docs)
 
   if a.todo:
-    every_test = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    every_test = _every_test_file()
     every_page = sorted(p.stem for p in Path(a.docs).glob("*.md"))
     tests_left, pages_left = todo(json.loads(Path(a.todo).read_text()), every_test,
                                   every_page)
@@ -429,8 +439,7 @@ def main():
   results.setdefault("runs", [])
   tests = a.tests
   if tests == ["all"]:
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
-                   if p.name != "test_site.py")
+    tests = _every_test_file()
   pages = a.pages
   if pages == ["all"]:
     pages = sorted(p.stem for p in Path(a.docs).glob("*.md"))
