@@ -298,7 +298,7 @@ def test_the_tests_find_no_backend_taken_and_the_record_still_names_it(tmp_path)
   tests run (on a TPU the pages' fresh processes failed with "Unable to
   initialize backend 'tpu': ABORTED" while it held them); it reads the
   environment after them."""
-  summary, _ = _run_one_test_file(
+  summary, table = _run_one_test_file(
       tmp_path, "test_untaken.py",
       "from jax._src import xla_bridge\n\n"
       "def test_no_backend_is_initialized_yet():\n"
@@ -306,3 +306,11 @@ def test_the_tests_find_no_backend_taken_and_the_record_still_names_it(tmp_path)
   assert (summary["passed"], summary["failed"]) == (1, 0), summary
   results = json.loads((tmp_path / "out" / "accelerator-results.json").read_text())
   assert results["environment"]["backend"] == "cpu"
+  # and the code that ran: the checkout's commit, marked where it was changed
+  head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                        capture_output=True, text=True, check=False)
+  if head.returncode == 0:
+    assert results["environment"]["commit"].split("+")[0] == head.stdout.strip()
+    assert results["environment"]["commit"] in (head.stdout.strip(),
+                                                head.stdout.strip() + "+changes")
+    assert f"| {results['environment']['commit']} |" in table.splitlines()[2]

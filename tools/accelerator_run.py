@@ -23,7 +23,8 @@ Writes ``DIR/accelerator-results.json`` (``--merge`` an earlier file to add to
 it: the same file's results from an earlier call are kept unless run again)
 and ``DIR/accelerator-results.md``, a table per part:
 
-- the environment: backend, device kind, JAX version, Python, date;
+- the environment: backend, device kind, JAX version, Python, date, and the
+  checkout's commit (``+changes`` where tracked files differed from it);
 - per test file: passed / failed / skipped, each failure's test id and first
   line, each skip's reason;
 - per page: cells passed / failed (a cell tagged ``raises-exception`` passes
@@ -71,10 +72,24 @@ def _emit(path, record):
     f.write(json.dumps(record) + "\n")
 
 
+def _commit():
+  """The checkout's commit, "+changes" where its tracked files differ from
+  it; "" where git cannot tell (a copy without its history)."""
+  def git(*args):
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
+                          text=True, check=False)
+  head = git("rev-parse", "--short", "HEAD")
+  if head.returncode:
+    return ""
+  changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+  return head.stdout.strip() + ("+changes" if changed else "")
+
+
 def _environment():
   import jax  # pylint: disable=import-outside-toplevel
   dev = jax.devices()[0]
   return {
+      "commit": _commit(),
       "backend": jax.default_backend(),
       "device_kind": dev.device_kind,
       "device_count": jax.device_count(),
@@ -304,9 +319,10 @@ def to_markdown(results):
   out = []
   env = results.get("environment", {})
   if env:
-    out += ["| backend | device | JAX | Python | date |", "| --- | --- | --- | --- | --- |",
+    out += ["| backend | device | JAX | Python | date | commit |",
+            "| --- | --- | --- | --- | --- | --- |",
             f"| {env.get('backend')} | {env.get('device_kind')} | {env.get('jax')} | "
-            f"{env.get('python')} | {env.get('date')} |", ""]
+            f"{env.get('python')} | {env.get('date')} | {env.get('commit', '')} |", ""]
   if results.get("tests"):
     out += ["| test file | passed | failed | skipped |", "| --- | --- | --- | --- |"]
     for name, f in sorted(results["tests"].items()):
