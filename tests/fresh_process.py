@@ -5,10 +5,10 @@ On a TPU the process running the tests holds the chip once it has used JAX,
 and a second process then cannot start JAX there: its first use of the
 devices raises (seen on a TPU v5e: "Unable to initialize backend 'tpu':
 ABORTED: Internal error when accessing libtpu multi-process lockfile").
-Such a test skips, quoting that error, instead of failing; its subject then
-runs on the accelerator in a process of its own (tools/accelerator_run.py
-runs each page so, and runs these tests before any test takes the chip
-where they come first).
+Such a test skips, quoting that error, instead of failing. Its subject still
+runs on the accelerator in a process of its own: tools/accelerator_run.py
+runs each page so, and its tests child reads the devices only after its
+tests, so these tests, run first in a call of their own, get the chip.
 """
 import re
 
