@@ -1,4 +1,4 @@
-"""Overhead of hijax.HiPrim against plain JAX, jax.custom_vjp and JAX's own HiPrim.
+"""Overhead of hijax.HiPrim and hijax.custom_vjp against plain JAX, jax.custom_vjp and JAX's own HiPrim.
 
 Run: python bench/bench_hiprim.py [--chain 200] [--repeat 5]
 
@@ -12,7 +12,8 @@ times, taking the best of ``--repeat`` runs (7):
   (d) for the two HiPrims only: constructing an instance, and constructing
       and hashing one,
 
-then prints hijax's time divided by JAX's own HiPrim's (target: <= 1.1). It also
+then prints hijax's time divided by JAX's own HiPrim's (target: <= 1.1), and
+``hijax.custom_vjp``'s divided by ``jax.custom_vjp``'s. It also
 checks that the optimized HLO of ``jit(f)`` for a HiPrim equals that of its
 ``expand`` written as a plain function: the primitive costs nothing once lowered.
 """
@@ -78,6 +79,18 @@ def _bwd(res, g):
 
 
 with_custom_vjp.defvjp(_fwd, _bwd)
+
+
+@hijax.custom_vjp
+def with_hijax_custom_vjp(x, y):
+  return jnp.sin(x) * y
+
+
+def _hijax_fwd(x, y):
+  return with_hijax_custom_vjp(x, y), (jnp.cos(x), jnp.sin(x), y)
+
+
+with_hijax_custom_vjp.defvjp(_hijax_fwd, _bwd)
 
 
 def chain(f, n):
@@ -168,15 +181,20 @@ def main():
   if jax_hijax is not None:
     classes = {"jax HiPrim": make_class(jax_hijax), **classes}
   impls = {"jax.numpy": plain, "jax.custom_vjp": with_custom_vjp,
+           "hijax.custom_vjp": with_hijax_custom_vjp,
            **{name: applying(cls) for name, cls in classes.items()}}
 
   print(f"jax {jax.__version__}, chain of {args.chain}, best of {args.repeat}")
-  header = f"{'implementation':<16}{'eager call':>14}{'eager grad':>14}{'jit(grad) compile':>20}"
+  header = f"{'implementation':<18}{'eager call':>14}{'eager grad':>14}{'jit(grad) compile':>20}"
   print(header)
   results = measure(impls, args.chain, args.repeat)
   for name, (e, g, c) in results.items():
-    print(f"{name:<16}{e * 1e6:>11.1f} us{g * 1e6:>11.1f} us{c * 1e3:>17.1f} ms")
+    print(f"{name:<18}{e * 1e6:>11.1f} us{g * 1e6:>11.1f} us{c * 1e3:>17.1f} ms")
 
+  print("hijax.custom_vjp / jax.custom_vjp: " + ", ".join(
+      f"{label} {a / b:.2f}" for label, a, b in
+      zip(("eager call", "eager grad", "jit(grad) compile"),
+          results["hijax.custom_vjp"], results["jax.custom_vjp"])))
   if "jax HiPrim" in results:
     ours, theirs = results["hijax HiPrim"], results["jax HiPrim"]
     ratios = [a / b for a, b in zip(ours, theirs)]

@@ -16,8 +16,8 @@ non-differentiable arguments apart and then:
   handed to JAX's own decorator, which runs it on concrete values under an
   eager ``grad`` or ``jvp``, as it would have run without hijax.
 
-Imports: `hijax.autodiff`, `hijax._util`, the decorators' private modules,
-jax.
+Imports: `hijax.autodiff`, `hijax.primitive`, `hijax._util`, the
+decorators' private modules, jax.
 """
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ from jax.custom_derivatives import SymbolicZero
 from hijax._decorators import _tracing
 from hijax._decorators._arguments import (Signature, function_name,
                                           nondiff_positions, resolve)
+from hijax._decorators._batching import BatchRules
+from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import RuleOwner
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import instantiate_zeros
+from hijax.primitive import HiPrim
 
 __all__ = ["Decorated", "Call", "KeepsPythonScalars", "example_of",
            "to_rule_zeros"]
@@ -75,6 +78,31 @@ class KeepsPythonScalars:
     given = args if self._args_are_leaves else jax.tree.leaves(args)  # pyright: ignore[reportAttributeAccessIssue]
     return [x if type(x) in _PYTHON_SCALARS else c
             for x, c in zip(given, checked)]
+
+
+class CallPrimitive[C: Call](KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
+  """The primitive of one call signature of a decorated function: the base
+  of `custom_jvp`'s and `custom_vjp`'s, which add their rules.
+
+  Its inputs are the function's differentiable arguments and, last, the
+  tuple of traced values it (or a rule) closes over; ``expand`` runs the
+  traced function.
+  """
+
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+  _call: C
+
+  def __init__(self, call: C, in_avals: tuple[Any, ...], out_aval: Any) -> None:
+    self.in_avals, self.out_aval = in_avals, out_aval
+    self.params = dict(fun=call.name, _call=call)
+    self.effects = call.effects
+    super().__init__()
+
+  def expand(self, *args: Any) -> Any:
+    *xs, hvals = args
+    return self._call.primal.as_call(hvals, *xs)
 
 
 class Call:

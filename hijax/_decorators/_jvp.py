@@ -8,7 +8,7 @@ is what `hijax.custom_vjp` adds besides forward mode: closed-over traced
 values hoisted into inputs, ``vmap`` by a batch rule with derivatives by the
 jvp rule, checked rule outputs, and what every `HiPrim` has.
 
-Imports: `hijax.primitive`, `hijax.derived`, `hijax.autodiff`, the
+Imports: `hijax.derived`, `hijax.autodiff`, the
 decorators' private modules, jax.
 """
 from __future__ import annotations
@@ -24,17 +24,14 @@ from jax.custom_derivatives import zero_from_primal
 from hijax import _linearity
 from hijax._decorators import _jax_words, _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import (BatchRules,
-                                          install_named_axis_batching)
-from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
+from hijax._decorators._batching import install_named_axis_batching
+from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import pair, primal_out, tangent_out
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import GradAccum, instantiate_zeros
 from hijax.derived import linearize_from_jvp, vjp_from_lin
-from hijax.primitive import HiPrim
 
 __all__ = ["custom_jvp", "CustomJVPCall"]
 
@@ -96,28 +93,9 @@ def _nonzero(t) -> bool:
   return not (t is None or is_zero(t) or is_float0(t))
 
 
-class CustomJVPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
-  """The primitive of one call signature of a `custom_jvp` function.
-
-  Its inputs are the function's differentiable arguments and, last, the
-  tuple of traced values it (or its rule) closes over.
-  """
-
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
-  _call: JVPCall
-
-  def __init__(self, call: JVPCall, in_avals: tuple[Any, ...],
-               out_aval: Any) -> None:
-    self.in_avals, self.out_aval = in_avals, out_aval
-    self.params = dict(fun=call.name, _call=call)
-    self.effects = call.effects
-    super().__init__()
-
-  def expand(self, *args: Any) -> Any:
-    *xs, hvals = args
-    return self._call.primal.as_call(hvals, *xs)
+class CustomJVPCall(CallPrimitive[JVPCall]):
+  """The primitive of one call signature of a `custom_jvp` function
+  (see `CallPrimitive`), with its rules."""
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     call = self._call

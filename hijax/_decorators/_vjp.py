@@ -16,7 +16,7 @@ adds what ``jax.custom_vjp`` lacks:
   (`hijax._decorators._outputs`), and what a primitive has: residual reports,
   ``jax.checkpoint``, `hijax.testing.check_rules`.
 
-Imports: `hijax.primitive`, `hijax.derived`, `hijax.autodiff`, the
+Imports: `hijax.derived`, `hijax.autodiff`, the
 decorators' private modules, jax.
 """
 from __future__ import annotations
@@ -30,18 +30,15 @@ from jax.custom_derivatives import CustomVJPPrimal
 
 from hijax._decorators import _forward, _jax_words, _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import (BatchRules,
-                                          install_named_axis_batching)
-from hijax._decorators._common import (Call, Decorated, KeepsPythonScalars,
+from hijax._decorators._batching import install_named_axis_batching
+from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
                             linearize_from_jvp)
-from hijax.primitive import HiPrim
 
 __all__ = ["custom_vjp", "CustomVJPCall"]
 
@@ -153,28 +150,9 @@ class VJPCall(Call):
     return cotangents(self.owner, rule, result), logs
 
 
-class CustomVJPCall(KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
-  """The primitive of one call signature of a `custom_vjp` function.
-
-  Its inputs are the function's differentiable arguments and, last, the
-  tuple of traced values it (or a rule) closes over.
-  """
-
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
-  _call: VJPCall
-
-  def __init__(self, call: VJPCall, in_avals: tuple[Any, ...],
-               out_aval: Any) -> None:
-    self.in_avals, self.out_aval = in_avals, out_aval
-    self.params = dict(fun=call.name, _call=call)
-    self.effects = call.effects
-    super().__init__()
-
-  def expand(self, *args: Any) -> Any:
-    *xs, hvals = args
-    return self._call.primal.as_call(hvals, *xs)
+class CustomVJPCall(CallPrimitive[VJPCall]):
+  """The primitive of one call signature of a `custom_vjp` function
+  (see `CallPrimitive`), with its rules."""
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     call = self._call
