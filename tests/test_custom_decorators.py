@@ -290,6 +290,51 @@ def test_jvp_integer_input_has_float0_tangent(api):
   close(jax.grad(f)(2., 3), 3.)
 
 
+def test_a_rule_reading_a_value_traced_by_jit_works_under_jvp_of_that_jit():
+  """``jax.jvp`` of a jitted function that defines a `custom_jvp` closing
+  over one of the jit's traced values: the rule runs after the jit's
+  tracing ended, so hijax traced it ahead with stand-in tangents (an
+  integer input's is a float0 array, whose dtype and shape the rule reads)
+  and the traced value as an input. Run directly instead, the rule would
+  read a tracer of a trace that has ended."""
+  def g(x, w):
+    @hijax.custom_jvp
+    def f(x, n):
+      return jnp.sin(x) * w * n
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+      (x, n), (tx, tn) = primals, tangents
+      assert tn.dtype == jax.dtypes.float0 and tn.shape == jnp.shape(n)
+      return f(x, n), jnp.cos(x) * w * n * tx
+    return f(x, 3)
+  out, t = jax.jvp(jax.jit(g), (0.5, 2.), (1., 0.))
+  close(out, np.sin(0.5) * 6.)
+  close(t, np.cos(0.5) * 6.)
+
+
+def test_a_broken_rule_of_a_function_reading_a_jit_value_raises_its_own_error():
+  """The function closes over a value of the jit, so hijax tries its rules
+  ahead; ``fwd`` raises there. The call itself works, and differentiating
+  it raises ``fwd``'s own error, when the rule is used, as with JAX."""
+  @jax.jit
+  def loss(x, w):
+    @hijax.custom_vjp
+    def f(x):
+      return jnp.sin(x) * w
+
+    def fwd(x):
+      raise ValueError("fwd is broken")
+
+    def bwd(res, g):
+      return (g,)
+    f.defvjp(fwd, bwd)
+    return f(x)
+  close(loss(0.5, 2.), np.sin(0.5) * 2.)
+  with pytest.raises(ValueError, match="^fwd is broken"):
+    jax.grad(loss)(0.5, 2.)
+
+
 def test_jvp_under_scan_and_checkpoint(api):
   f = sin_jvp(api)
 

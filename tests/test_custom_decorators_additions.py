@@ -428,5 +428,7 @@ def test_defbatch_returns_the_rule_and_def_methods_forward():
   inner = jax.custom_batching.custom_vmap(jnp.cos)
   outer = custom_jvp(inner)
   assert outer.def_vmap == inner.def_vmap
-  with pytest.raises(AttributeError):
+  # any other name is the decorator's own missing attribute, not the inner one's
+  with pytest.raises(AttributeError,
+                     match="^'custom_jvp' object has no attribute 'not_a_method'$"):
     outer.not_a_method  # noqa: B018

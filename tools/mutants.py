@@ -20,7 +20,8 @@ listed with the reason in ``tools/mutants_equivalent.txt``.
   python tools/mutants.py --quick ...           only the fast core test files
 
 Run with ``PYTHONPATH`` unset: the mutants run in a scratch copy of
-``hijax/`` and ``tests/`` (the checkout is never modified). jax, pytest and
+``hijax/``, ``tests/`` and the pages some tests read, ``docs/*.md`` (the
+checkout is never modified). jax, pytest and
 the test dependencies are imported once, and each mutant's tests run in a
 forked child, so a mutant costs its tests' time, not JAX's import.
 ``nox -s mutants`` runs this script (not part of the default sessions).
@@ -83,6 +84,17 @@ MODULE_TESTS.update({
     "testing/_finite_diff.py": TESTING,
     "testing/_checks.py": TESTING,
 })
+# hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
+DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",
+              "tests/test_custom_decorators_gaps.py",
+              "tests/test_custom_decorators_additions.py",
+              "tests/test_custom_decorators_dce.py",
+              "tests/test_custom_decorators_jax_words.py",
+              "tests/test_custom_decorators_review.py", "tests/test_dropin.py",
+              "tests/test_dropin_hooks.py", "tests/test_dropin_remat.py"]
+MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
+    "_arguments", "_batching", "_common", "_dce", "_forward", "_jax_words",
+    "_jvp", "_outputs", "_tracing", "_vjp")})
 
 _SWAPS = {
     "<": ["<="], "<=": ["<"], ">": [">="], ">=": [">"], "==": ["!="],
@@ -188,6 +200,9 @@ def _workspace() -> Path:
   shutil.copytree(ROOT / "tests", ws / "tests",
                   ignore=shutil.ignore_patterns("__pycache__"))
   shutil.copy(ROOT / "pyproject.toml", ws / "pyproject.toml")
+  (ws / "docs").mkdir()  # the pages some tests read (the API page's lists)
+  for page in (ROOT / "docs").glob("*.md"):
+    shutil.copy(page, ws / "docs" / page.name)
   return ws
 
 
