@@ -313,6 +313,26 @@ def test_a_rule_reading_a_value_traced_by_jit_works_under_jvp_of_that_jit():
   close(t, np.cos(0.5) * 6.)
 
 
+def test_a_rule_alone_reading_a_value_traced_by_jit_works_under_jvp_of_that_jit():
+  """As above, but only the rule reads the jit's value (the function does
+  not): it is still traced ahead, and a tangent that is a symbolic zero
+  (``y`` is a constant) reaches it as a zero array, as at a direct call."""
+  def g(x, w):
+    @hijax.custom_jvp
+    def f(x, y):
+      return jnp.sin(x) * y
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+      (x, y), (tx, ty) = primals, tangents
+      # a deliberately odd rule: its tangent is scaled by the jit's w
+      return f(x, y), jnp.cos(x) * y * tx * w + jnp.sin(x) * ty
+    return f(x, 3.)
+  out, t = jax.jvp(jax.jit(g), (0.5, 2.), (1., 0.))
+  close(out, np.sin(0.5) * 3.)
+  close(t, np.cos(0.5) * 6.)
+
+
 def test_a_broken_rule_of_a_function_reading_a_jit_value_raises_its_own_error():
   """The function closes over a value of the jit, so hijax tries its rules
   ahead; ``fwd`` raises there. The call itself works, and differentiating
