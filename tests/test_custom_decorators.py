@@ -128,6 +128,22 @@ def test_defjvps_one_rule_per_argument_and_none(api):
   close(jax.grad(g, (0, 1))(2., 3.), (0., 2.))
 
 
+def test_defjvps_with_no_rule_at_all_gives_zero_tangents():
+  """Every argument's rule None: the output depends on none of them, so its
+  tangent is zero, and so is the gradient (JAX's own ``defjvps`` raises
+  here, its zero tangent a symbolic one of another tree structure)."""
+  f = hijax.custom_jvp(lambda x, y: jnp.sin(x) * y)
+  f.defjvps(None, None)
+  out, t = jax.jvp(f, (0.5, 2.), (1., 1.))
+  close(out, np.sin(0.5) * 2.)
+  close(t, 0.)
+  close(jax.grad(f, (0, 1))(0.5, 2.), (0., 0.))
+  g = jax.custom_jvp(lambda x, y: jnp.sin(x) * y)
+  g.defjvps(None, None)
+  with pytest.raises(TypeError, match="equal container"):
+    jax.jvp(g, (0.5, 2.), (1., 1.))
+
+
 def test_defjvps_rejects_nondiff_argnums(api):
   f = api.custom_jvp(lambda n, x: x * n, nondiff_argnums=(0,))
   with pytest.raises(TypeError, match="nondiff_argnums"):
