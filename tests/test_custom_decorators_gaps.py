@@ -258,9 +258,12 @@ def test_defvjp_with_accums():
   close(jax.jvp(lambda a: f({"a": a}, y), (1.,), (1.,))[1], np.cos(1.) * 2)
   f.defvjp_with_accums(lambda p, y: (f(p, y), None),
                        lambda res, g, p_acc, y_acc: ["not", "a", "dict"])
-  with pytest.raises(TypeError, match="registered with defvjp_with_accums, "
-                     "and so must return None or a dict"):
+  with pytest.raises(TypeError, match="^Custom VJP bwd rule was registered with "
+                     "defvjp_with_accums, and so must return None or a dict") as info:
     jax.grad(f)(p, y)
+  # and hijax's detail: which rule, defined how, and what it returned
+  assert ("was defined with defvjp_with_accums, so it must return None or a "
+          "dict of backward-pass logs, but returned a list") in str(info.value)
 
 
 @pytest.mark.parametrize("method", ["defremat", "defremat_with_logs"])
