@@ -349,6 +349,19 @@ def test_a_rule_alone_reading_a_value_traced_by_jit_works_under_jvp_of_that_jit(
   close(t, np.cos(0.5) * 6.)
 
 
+def test_a_function_that_needs_concrete_values_runs_under_jaxs_decorator():
+  """Python control flow on a value cannot be traced abstractly: under an
+  eager ``grad`` such a function (and its rules) is handed to JAX's own
+  ``custom_vjp``, which runs it on concrete values, as without hijax."""
+  @hijax.custom_vjp
+  def f(x):
+    return jnp.sin(x) if x > 0 else jnp.cos(x)
+  f.defvjp(lambda x: (f(x), x),
+           lambda x, g: ((jnp.cos(x) if x > 0 else -jnp.sin(x)) * g,))
+  close(jax.grad(f)(0.5), np.cos(0.5))
+  close(jax.grad(f)(-0.5), -np.sin(-0.5))
+
+
 def test_a_broken_rule_of_a_function_reading_a_jit_value_raises_its_own_error():
   """The function closes over a value of the jit, so hijax tries its rules
   ahead; ``fwd`` raises there. The call itself works, and differentiating

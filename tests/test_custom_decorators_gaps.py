@@ -266,6 +266,28 @@ def test_defvjp_with_accums():
           "dict of backward-pass logs, but returned a list") in str(info.value)
 
 
+@pytest.mark.parametrize("kind", ["defvjp_with_logs", "defvjp_with_accums"])
+def test_by_default_fwd_gives_the_output_in_both_modes(kind):
+  """Without ``optimize_remat`` (the default of every ``defvjp...``), the
+  output of a differentiated call is ``fwd``'s, in reverse mode as in the
+  forward mode hijax derives; here ``fwd``'s differs from the function's
+  on purpose, so the two are told apart."""
+  @hijax.custom_vjp
+  def g(x):
+    return jnp.sin(x)
+
+  def fwd(x):
+    return jnp.sin(x) + 1., x
+  if kind == "defvjp_with_logs":
+    g.defvjp_with_logs(fwd, lambda x, ct: ((jnp.cos(x) * ct,), None))
+  else:
+    def bwd(x, ct, acc):
+      acc.accum(jnp.cos(x) * ct)
+    g.defvjp_with_accums(fwd, bwd)
+  close(jax.vjp(g, 0.5)[0], np.sin(0.5) + 1.)
+  close(jax.jvp(g, (0.5,), (1.,))[0], np.sin(0.5) + 1.)
+
+
 @pytest.mark.parametrize("method", ["defremat", "defremat_with_logs"])
 def test_defremat_is_refused_naming_the_alternatives(method):
   f = hijax.custom_vjp(jnp.sin)
