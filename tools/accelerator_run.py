@@ -392,6 +392,11 @@ def _every_test_file() -> list[str]:
                 if p.name != "test_site.py")
 
 
+def _every_page(docs: str) -> list[str]:
+  """The names of the pages under ``docs``."""
+  return sorted(p.stem for p in Path(docs).glob("*.md"))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=".")
@@ -437,7 +442,7 @@ def main():
 
   if a.todo:
     every_test = _every_test_file()
-    every_page = sorted(p.stem for p in Path(a.docs).glob("*.md"))
+    every_page = _every_page(a.docs)
     tests_left, pages_left = todo(json.loads(Path(a.todo).read_text()), every_test,
                                   every_page)
     print("tests:", " ".join(tests_left))
@@ -458,7 +463,7 @@ def main():
     tests = _every_test_file()
   pages = a.pages
   if pages == ["all"]:
-    pages = sorted(p.stem for p in Path(a.docs).glob("*.md"))
+    pages = _every_page(a.docs)
 
   def save():
     (out / RESULTS).write_text(json.dumps(results, indent=1))
