@@ -1,0 +1,116 @@
+"""The recorded results a page shows, carried inside the page.
+
+A page that shows figures from a committed record (benchmark results, runs on
+an accelerator, the pytest plugin's runs on libraries) holds just those
+figures in one hidden code cell tagged ``page-data``, which binds ``RECORD``.
+So its notebook runs when downloaded alone, with no checkout beside it, and
+the site shows what the record says. The record files stay the source: this
+tool writes each page's cell from them, and ``check`` fails where a page's
+cell is not what its record gives (``tests/test_page_data.py``).
+
+  python tools/page_data.py write [PAGE ...]   rewrite the pages' cells
+  python tools/page_data.py check              exit 1 where a cell is stale
+
+After ``write``, regenerate the changed pages' notebooks
+(``nox -s notebooks -- PAGE``).
+
+A page takes part by having an entry in ``EXTRACTORS``: its name, mapped to a
+function that reads the records (paths relative to the checkout) and returns
+a small value of plain Python literals (dicts, lists, str, int, float, bool,
+None): what the page shows and asserts, nothing more.
+"""
+from __future__ import annotations
+
+import json
+import pprint
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+TAG = "page-data"
+
+
+def read_json(relative: str):
+  """A record file of the checkout, parsed."""
+  return json.loads((ROOT / relative).read_text())
+
+
+# page name -> the function that picks what the page shows from the records.
+EXTRACTORS: dict[str, Callable[[], object]] = {}
+
+
+def extractor(page: str, sources: str):
+  """Register the decorated function as the extractor of `page`; `sources`
+  names the record files it reads, for the cell's first line."""
+  def register(fn):
+    fn.sources = sources
+    EXTRACTORS[page] = fn
+    return fn
+  return register
+
+
+_CELL = re.compile(
+    r"(```\{code-cell\}[^\n]*\n:tags: \[[^\]\n]*\b" + re.escape(TAG)
+    + r"\b[^\]\n]*\]\n\n)(.*?)(^```)", re.S | re.M)
+
+
+def cell_source(value: object, sources: str) -> str:
+  """The body of a page-data cell holding `value`."""
+  literal = pprint.pformat(value, width=88, sort_dicts=False)
+  return (f"# The recorded results this page shows, from {sources}\n"
+          f"# (written by tools/page_data.py; edit the record, not this cell).\n"
+          f"RECORD = {literal}\n")
+
+
+def expected(page: str) -> str:
+  fn = EXTRACTORS[page]
+  return cell_source(fn(), fn.sources)
+
+
+def current(page: str) -> str | None:
+  """The body of the page's page-data cell, or None if it has none."""
+  match = _CELL.search((DOCS / f"{page}.md").read_text())
+  return match.group(2) if match else None
+
+
+def write(page: str) -> bool:
+  """Rewrite the page's cell from its record; True if the page changed."""
+  path = DOCS / f"{page}.md"
+  text = path.read_text()
+  if not _CELL.search(text):
+    raise SystemExit(
+        f"docs/{page}.md has no code cell tagged {TAG!r}: add one "
+        f"(```{{code-cell}}, then ':tags: [remove-cell, {TAG}]') where the "
+        f"page first needs RECORD, then run this again")
+  new = _CELL.sub(lambda m: m.group(1) + expected(page) + m.group(3), text, count=1)
+  if new != text:
+    path.write_text(new)
+  return new != text
+
+
+def stale() -> list[str]:
+  """Pages whose page-data cell differs from what their records give."""
+  return [page for page in EXTRACTORS if current(page) != expected(page)]
+
+
+def main(argv: list[str]) -> int:
+  if not argv or argv[0] not in ("write", "check"):
+    print(__doc__)
+    return 2
+  if argv[0] == "write":
+    for page in argv[1:] or list(EXTRACTORS):
+      if write(page):
+        print(f"docs/{page}.md: page-data cell rewritten; regenerate its notebook")
+    return 0
+  bad = stale()
+  for page in bad:
+    print(f"docs/{page}.md: its page-data cell is not what its record gives: "
+          f"run `python tools/page_data.py write {page}`")
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
