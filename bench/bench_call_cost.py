@@ -83,6 +83,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeat", type=int, default=5)
   parser.add_argument("--n", type=int, default=3)
+  _timing.add_save_option(parser)
   options = parser.parse_args()
   r = options.repeat
   key = jax.random.key(0)
@@ -138,6 +139,7 @@ def main():
     print(f"optx root throw=True / False    {times['optx root throw=True'] / times['optx root throw=False']:8.2f}")
     print(f"optx / hijax root, throw=True   {times['optx root throw=True'] / times['root throw=True']:8.2f}")
     print(f"optx / hijax root, throw=False  {times['optx root throw=False'] / times['root throw=False']:8.2f}")
+  _timing.save(options, "bench_call_cost", {"seconds": times})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+import _timing
+
 CASES = {
     "i0": "lambda: (jax.scipy.special.i0, jnp.array([-2., .5, 3.]), {})",
     "xlogy": "lambda: (jax.scipy.special.xlogy, (jnp.array([.5, 2., 3.]), "
@@ -167,6 +169,7 @@ def main():
   parser.add_argument("--repeat", type=int, default=2)
   parser.add_argument("--timeout", type=float, default=300.0)
   parser.add_argument("--cases", default=",".join(CASES))
+  _timing.add_save_option(parser)
   args = parser.parse_args()
   print(f"check_rules, one call per case, fresh process, no compilation "
         f"cache; best of {args.repeat}")
@@ -174,6 +177,7 @@ def main():
   if args.before:
     header += f" {'before':>22} {'before/now':>11}"
   print(header)
+  figures = {}
   for case in args.cases.split(","):
     now, before = [], []
     for _ in range(args.repeat):  # interleaved
@@ -191,6 +195,11 @@ def main():
       line += f" {_fmt(b, args.timeout):>22} {shown:>11}"
     errors = [r["error"] for r in now + before if r.get("error")]
     print(line + (f"  ({errors[0]})" if errors else ""), flush=True)
+    n = best(now)
+    if n["seconds"] == n["seconds"] and n["seconds"] != float("inf"):
+      figures[case] = {"seconds": n["seconds"], "failures": n["failures"],
+                       "runs": [r["seconds"] for r in now]}
+  _timing.save(args, "bench_checker", {"check_rules seconds": figures})
 
 
 if __name__ == "__main__":

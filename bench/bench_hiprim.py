@@ -26,6 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+import _timing
 import hijax
 
 try:
@@ -175,6 +176,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--chain", type=int, default=200)
   parser.add_argument("--repeat", type=int, default=7)
+  _timing.add_save_option(parser)
   args = parser.parse_args()
 
   classes = {"hijax HiPrim": make_class(hijax)}
@@ -212,6 +214,12 @@ def main():
     ratios += build_ratios
     print("target <= 1.1: " + ("met" if max(ratios) <= 1.1 else "NOT met"))
   ok = check_zero_lowering_overhead()
+  workloads_ = ("eager call", "eager grad", "jit(grad) compile")
+  figures = {name: dict(zip(workloads_, times)) for name, times in results.items()}
+  if "jax HiPrim" in results:
+    for name, times in build.items():
+      figures[name].update(zip(("construct", "construct and hash"), times))
+  _timing.save(args, "bench_hiprim", {"seconds": figures, "same HLO": ok})
   raise SystemExit(0 if ok else 1)
 
 

@@ -222,6 +222,7 @@ def main():
   parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                       help="wall time, or this process's CPU time (steadier "
                       "on a shared machine; pin to one core with taskset)")
+  _timing.add_save_option(parser)
   options = parser.parse_args()
   global clock
   clock = time.process_time if options.clock == "cpu" else time.perf_counter
@@ -320,6 +321,14 @@ def main():
   print(f"eager / jitted call of hijax fixed_point: "
         f"{eager_ours / jitted_blocked:.2f} (each call waited for), "
         f"{eager_ours / jitted_ours:.2f} (jitted calls queued)")
+  _timing.save(options, "bench_implicit", {
+      "stubbed": stubbed,
+      "rows": {name: {"ratio": r, "compile ratio": cr, "hijax seconds": t}
+               for name, r, cr, e1, e2, t in rows},
+      "eager fixed_point": {"ratio": eager_peer / eager_ours,
+                            "hijax seconds": eager_ours},
+      "eager-lambda root": {"ratio": lambda_peer / lambda_ours,
+                            "hijax seconds": lambda_ours}}, options.clock)
 
 
 if __name__ == "__main__":
