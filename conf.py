@@ -44,7 +44,7 @@ BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
 # The API reference, last (a third toctree), so that "Next" leads from one
 # page to the next and not into the long reference halfway.
 # tests/test_docs.py checks that docs/index.md lists all of these in order.
-REFERENCE = ["portability", "api"]
+REFERENCE = ["portability", "performance", "api"]
 # Pages that continue one of the above: each is in a hidden toctree at the end
 # of the page it continues, not in docs/index.md (tests/test_docs.py checks).
 SUBPAGES = ["custom-derivatives-advanced", "accelerator-runs"]

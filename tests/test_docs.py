@@ -152,6 +152,24 @@ def test_readme_example():
     assert proc.stdout.split() == ["1.0", "nan"], proc.stdout
 
 
+def test_the_readme_is_short_and_links_what_it_names():
+    """The README stays a front door (200 lines at most) whose links resolve:
+    the site (pyproject.toml's Documentation URL), the performance page,
+    ARCHITECTURE.md, CONTRIBUTING.md and CHANGELOG.md."""
+    import tomllib
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, len(readme.splitlines())
+    links = re.findall(r"\]\(([^)#\s]+)\)", readme)
+    for link in links:
+        if not link.startswith("http"):
+            assert (ROOT / link).exists(), f"README links {link}, which is absent"
+    for needed in ("docs/performance.md", "ARCHITECTURE.md", "CONTRIBUTING.md",
+                   "CHANGELOG.md", "bench/README.md"):
+        assert needed in links, f"README does not link {needed}"
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"] in readme
+
+
 def test_pages_use_only_public_jax_api():
     """Readers copy the pages' code: no page imports JAX internals."""
     offenders = [

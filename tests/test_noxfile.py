@@ -6,6 +6,7 @@ return the functions), so these run without nox installed.
 """
 import importlib.util
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -114,3 +115,34 @@ def test_options_and_the_ci_lanes(noxfile):
   assert sorted(lanes) == sorted(options.sessions) and len(set(lanes)) == len(lanes)
   # the browser test starts once `docs`, first in its lane, has built the site
   assert noxfile.CI_AFTER_DOCS == "site" and noxfile.CI_LANES["B"][0] == "docs"
+
+
+def _sessions() -> list[str]:
+  """Every nox session's name, read from noxfile.py's decorators."""
+  source = (ROOT / "noxfile.py").read_text()
+  return [name or fn for name, fn in re.findall(
+      r'^@nox\.session\((?:name="([\w-]+)")?[^)]*\)\n(?:@\w+\n)*def (\w+)', source, re.M)]
+
+
+def test_the_readme_states_the_versions_ci_tests(noxfile):
+  """README "Versions": the JAX range is pyproject.toml's and the versions
+  tested in CI are the noxfile's pins."""
+  import tomllib
+  deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+  (jax_range,) = [d.removeprefix("jax") for d in deps if re.match(r"jax\W", d)]
+  readme = (ROOT / "README.md").read_text()
+  row = f"| 0.1.x | `{jax_range}` | {noxfile.JAX_OLD} and {noxfile.JAX} |"
+  assert row in readme, row
+  assert f"`jax{jax_range}`" in readme
+
+
+def test_the_readme_and_contributing_state_what_ci_runs(noxfile):
+  """The README's test command is the one .ci/run runs; CONTRIBUTING.md
+  lists the sessions `ci` runs and has a row for every nox session."""
+  command = "python3.12 -m pip install nox uv && python3.12 -m nox -s ci"
+  assert command in (ROOT / ".ci" / "run").read_text()
+  assert f"```sh\n{command}\n```" in (ROOT / "README.md").read_text()
+  contributing = (ROOT / "CONTRIBUTING.md").read_text()
+  assert f"`{' '.join(noxfile.nox.options.sessions)}`" in " ".join(contributing.split())
+  rows = re.findall(r"^\| `([\w-]+)` \|", contributing, re.M)
+  assert sorted(rows) == sorted(_sessions()), rows

@@ -112,5 +112,110 @@ def main(argv: list[str]) -> int:
   return 1 if bad else 0
 
 
+# --- performance (docs/performance.md): the benchmarks' runs -----------------
+# bench/results.json (each bench's --save) and the benchmark outputs of the TPU
+# runs in docs/accelerator-results.json. Every ratio is hijax's time over its
+# anchor's (below 1: hijax takes less time).
+
+def _sig(x: float) -> float:
+  return float(f"{x:.3g}")
+
+
+HIPRIM_ROWS = ("eager call", "eager grad", "jit(grad) compile", "construct",
+               "construct and hash")
+
+
+def _hiprim(seconds: dict) -> dict:
+  ratios = {}
+  for ours, anchor, label in (("hijax HiPrim", "jax HiPrim", "HiPrim"),
+                              ("hijax.custom_vjp", "jax.custom_vjp", "custom_vjp")):
+    if ours in seconds and anchor in seconds:
+      for row in HIPRIM_ROWS:
+        if row in seconds[ours] and row in seconds[anchor]:
+          ratios[f"{label}: {row}"] = _sig(seconds[ours][row] / seconds[anchor][row])
+  return {"ratios": ratios}
+
+
+def _implicit(figures: dict) -> dict:
+  rows = figures["rows"]
+  return {"ratios": {**{name: _sig(1 / r["ratio"]) for name, r in rows.items()},
+                     **{name: _sig(1 / figures[name]["ratio"])
+                        for name in ("eager fixed_point", "eager-lambda root")}},
+          "compile": {name: _sig(1 / r["compile ratio"]) for name, r in rows.items()}}
+
+
+def _per_run(run: dict) -> dict:
+  bench, figures = run["bench"], run["figures"]
+  if bench == "bench_hiprim":
+    return _hiprim(figures["seconds"])
+  if bench == "bench_implicit":
+    return _implicit(figures)
+  if bench == "bench_jvp_from_vjp":
+    return {"ratios": {name: _sig(r["ratio"]) for name, r in figures.items()}}
+  if bench == "bench_call_cost":
+    return {"seconds": {name: _sig(s) for name, s in figures["seconds"].items()}}
+  if bench == "bench_checker":
+    return {"seconds": {name: _sig(c["seconds"])
+                        for name, c in figures["check_rules seconds"].items()}}
+  raise ValueError(f"bench/results.json: no plot for {bench}")
+
+
+def _machine(m: dict) -> str:
+  if m["backend"] != "cpu":
+    return f"{m['device']} ({m['backend']})"
+  return f"{m['cpu']}, {m['cores used']} of {m['cores']} cores"
+
+
+def _tpu_runs(record: dict) -> list[dict]:
+  """The benchmark outputs of the TPU runs, parsed as the benches print them."""
+  runs = []
+  for part in record.values():
+    if not isinstance(part, dict) or "bench" not in part or "environment" not in part:
+      continue
+    env = part["environment"]
+    for bench, result in part["bench"].items():
+      if result["status"] != 0:
+        continue
+      out = result["output"]
+      if bench == "bench_hiprim":
+        seconds = {}
+        for name, e, g, c in re.findall(
+            r"^(\S+(?: HiPrim)?)\s+([\d.]+) us\s+([\d.]+) us\s+([\d.]+) ms$", out, re.M):
+          seconds[name] = {"eager call": float(e) * 1e-6, "eager grad": float(g) * 1e-6,
+                           "jit(grad) compile": float(c) * 1e-3}
+        for name, c, h in re.findall(
+            r"^(\S+ HiPrim)\s+construct ([\d.]+) us, construct and hash ([\d.]+) us$",
+            out, re.M):
+          seconds[name].update({"construct": float(c) * 1e-6,
+                                "construct and hash": float(h) * 1e-6})
+        figures = _hiprim(seconds)
+      elif bench == "bench_implicit":
+        rows = re.findall(r"^([\w-]+ (?:value|grad|jacrev|hvp))\s+([\d.]+)\s+([\d.]+)\s",
+                          out, re.M)
+        eager = dict(re.findall(r"^(eager fixed_point|eager-lambda root)\s+([\d.]+)\s",
+                                out, re.M))
+        figures = {"ratios": {**{n: _sig(1 / float(r)) for n, r, _ in rows},
+                              **{n: _sig(1 / float(r)) for n, r in eager.items()}},
+                   "compile": {n: _sig(1 / float(c)) for n, _, c in rows}}
+      elif bench == "bench_call_cost":
+        figures = {"seconds": {n: _sig(float(t) * 1e-6) for n, t in re.findall(
+            r"^(\S+(?: \S+)*?)\s{2,}([\d.]+) us$", out, re.M)}}
+      else:
+        continue
+      runs.append({"bench": bench, "date": env["date"], "jax": env["jax"],
+                   "machine": f"{env['device_kind']} ({env['backend']})",
+                   "clock": "wall", **figures})
+  return runs
+
+
+@extractor("performance", "bench/results.json and docs/accelerator-results.json")
+def performance():
+  cpu = [{"bench": run["bench"], "date": run["date"], "jax": run["jax"],
+          "machine": _machine(run["machine"]), "clock": run["clock"], **_per_run(run)}
+         for run in read_json("bench/results.json")
+         if not run["figures"].get("stubbed")]
+  return {"runs": cpu + _tpu_runs(read_json("docs/accelerator-results.json"))}
+
+
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))
