@@ -1,6 +1,6 @@
 """The fixed cost of one jitted call, and what a host callback adds to it.
 
-Run: python bench/bench_call_cost.py [--repeat 5] [--n 3]
+Run: python bench/bench_call_cost.py [--repeat 5] [--n 3] [--clock cpu]
 
 A solve with ``throw=True`` (hijax's default, and optimistix's) holds a host
 callback that raises if the solve failed; with ``throw=False`` it holds
@@ -28,6 +28,7 @@ and the ratios that say where a call's time goes.
 from __future__ import annotations
 
 import argparse
+import time
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +48,10 @@ def per_call(fn, *args, repeat=5):
   """Best seconds per call of the jitted ``fn(*args)``, blocking on each result
   (so that a callback's round trip, which happens while the result is made,
   is counted as a user who reads every result pays it)."""
-  return _timing.best(fn, *args, repeat=repeat, wait_each=True)
+  return _timing.best(fn, *args, repeat=repeat, wait_each=True, clock=clock)
+
+
+clock = time.perf_counter  # --clock cpu: this process's CPU time instead
 
 
 def _true(x):
@@ -83,8 +87,11 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeat", type=int, default=5)
   parser.add_argument("--n", type=int, default=3)
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
   _timing.add_save_option(parser)
   options = parser.parse_args()
+  global clock
+  clock = time.process_time if options.clock == "cpu" else time.perf_counter
   r = options.repeat
   key = jax.random.key(0)
   n = options.n
@@ -139,7 +146,7 @@ def main():
     print(f"optx root throw=True / False    {times['optx root throw=True'] / times['optx root throw=False']:8.2f}")
     print(f"optx / hijax root, throw=True   {times['optx root throw=True'] / times['root throw=True']:8.2f}")
     print(f"optx / hijax root, throw=False  {times['optx root throw=False'] / times['root throw=False']:8.2f}")
-  _timing.save(options, "bench_call_cost", {"seconds": times})
+  _timing.save(options, "bench_call_cost", {"seconds": times}, options.clock)
 
 
 if __name__ == "__main__":

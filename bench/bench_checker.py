@@ -1,7 +1,7 @@
 """How long `hijax.testing.check_rules` takes on real rules, old against new.
 
 Run: python bench/bench_checker.py [--before DIR] [--repeat 2] [--timeout 300]
-                                   [--cases i0,sici,...]
+                                   [--cases i0,sici,...] [--clock cpu]
 
 Each case is one ``check_rules`` call with the default options (every mode,
 second order included), in a fresh Python process with JAX's persistent
@@ -123,23 +123,25 @@ import hijax
 fn, x, kw = ({case})()
 if "time_budget" in inspect.signature(check_rules).parameters:
   kw["time_budget"] = None
-start = time.perf_counter()
+start = time.{clock}()
 args = x if isinstance(x, tuple) else (x,)
 report = check_rules(fn, *args, raise_on_failure=False, **kw)
-print(json.dumps(dict(seconds=time.perf_counter() - start,
+print(json.dumps(dict(seconds=time.{clock}() - start,
                       failures=len(report.failures),
                       hijax=hijax.__file__)))
 """
 
 
-def run(case: str, source: str | None, timeout: float) -> dict:
+def run(case: str, source: str | None, timeout: float,
+        clock: str = "wall") -> dict:
   """Runs one case in a fresh process, on the hijax in ``source`` (None:
   the installed one)."""
   env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   if source:
     env["BENCH_CHECKER_HIJAX"] = source
-  code = CHILD.format(prelude=PRELUDE, case=CASES[case])
+  code = CHILD.format(prelude=PRELUDE, case=CASES[case], clock={
+      "wall": "perf_counter", "cpu": "process_time"}[clock])
   start = time.perf_counter()
   try:
     out = subprocess.run([sys.executable, "-c", code], env=env, timeout=timeout,
@@ -169,6 +171,9 @@ def main():
   parser.add_argument("--repeat", type=int, default=2)
   parser.add_argument("--timeout", type=float, default=300.0)
   parser.add_argument("--cases", default=",".join(CASES))
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="the check's wall time, or its process's CPU time "
+                      "(steadier on a shared machine)")
   _timing.add_save_option(parser)
   args = parser.parse_args()
   print(f"check_rules, one call per case, fresh process, no compilation "
@@ -182,8 +187,8 @@ def main():
     now, before = [], []
     for _ in range(args.repeat):  # interleaved
       if args.before:
-        before.append(run(case, args.before, args.timeout))
-      now.append(run(case, None, args.timeout))
+        before.append(run(case, args.before, args.timeout, args.clock))
+      now.append(run(case, None, args.timeout, args.clock))
     best = lambda rs: min(rs, key=lambda r: (r["seconds"] != r["seconds"],
                                              r["seconds"]))
     line = f"{case:<10} {_fmt(best(now), args.timeout):>22}"
@@ -199,7 +204,8 @@ def main():
     if n["seconds"] == n["seconds"] and n["seconds"] != float("inf"):
       figures[case] = {"seconds": n["seconds"], "failures": n["failures"],
                        "runs": [r["seconds"] for r in now]}
-  _timing.save(args, "bench_checker", {"check_rules seconds": figures})
+  _timing.save(args, "bench_checker", {"check_rules seconds": figures},
+               args.clock)
 
 
 if __name__ == "__main__":
