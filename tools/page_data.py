@@ -141,13 +141,14 @@ def _implicit(figures: dict) -> dict:
   return {"ratios": {**{name: _sig(1 / r["ratio"]) for name, r in rows.items()},
                      **{name: _sig(1 / figures[name]["ratio"])
                         for name in ("eager fixed_point", "eager-lambda root")}},
-          "compile": {name: _sig(1 / r["compile ratio"]) for name, r in rows.items()}}
+          "compile": {name: _sig(1 / r["compile ratio"]) for name, r in rows.items()},
+          "seconds": {name: _sig(r["hijax seconds"]) for name, r in rows.items()}}
 
 
 def _per_run(run: dict) -> dict:
   bench, figures = run["bench"], run["figures"]
   if bench == "bench_hiprim":
-    return _hiprim(figures["seconds"])
+    return {**_hiprim(figures["seconds"]), "same HLO": figures["same HLO"]}
   if bench == "bench_implicit":
     return _implicit(figures)
   if bench == "bench_jvp_from_vjp":
@@ -188,15 +189,17 @@ def _tpu_runs(record: dict) -> list[dict]:
             out, re.M):
           seconds[name].update({"construct": float(c) * 1e-6,
                                 "construct and hash": float(h) * 1e-6})
-        figures = _hiprim(seconds)
+        figures = {**_hiprim(seconds), "same HLO": bool(re.search(
+            r"== jit\(expand as a plain function\): True$", out, re.M))}
       elif bench == "bench_implicit":
-        rows = re.findall(r"^([\w-]+ (?:value|grad|jacrev|hvp))\s+([\d.]+)\s+([\d.]+)\s",
-                          out, re.M)
+        rows = re.findall(r"^([\w-]+ (?:value|grad|jacrev|hvp))\s+([\d.]+)\s+([\d.]+)\s.*"
+                          r"\s(\d+)us$", out, re.M)
         eager = dict(re.findall(r"^(eager fixed_point|eager-lambda root)\s+([\d.]+)\s",
                                 out, re.M))
-        figures = {"ratios": {**{n: _sig(1 / float(r)) for n, r, _ in rows},
+        figures = {"ratios": {**{n: _sig(1 / float(r)) for n, r, _, _ in rows},
                               **{n: _sig(1 / float(r)) for n, r in eager.items()}},
-                   "compile": {n: _sig(1 / float(c)) for n, _, c in rows}}
+                   "compile": {n: _sig(1 / float(c)) for n, _, c, _ in rows},
+                   "seconds": {n: _sig(float(t) * 1e-6) for n, _, _, t in rows}}
       elif bench == "bench_call_cost":
         figures = {"seconds": {n: _sig(float(t) * 1e-6) for n, t in re.findall(
             r"^(\S+(?: \S+)*?)\s{2,}([\d.]+) us$", out, re.M)}}
