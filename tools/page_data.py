@@ -96,6 +96,96 @@ def stale() -> list[str]:
   return [page for page in EXTRACTORS if current(page) != expected(page)]
 
 
+# --- Pages that state figures of the TPU runs or of the pytest plugin's runs:
+# checking-rules, cookbook, custom-derivatives, hijax-types, implicit,
+# porting-custom-vjp, sparse-jacobians, spectral-gradients, vjp-objects,
+# pytest-plugin. Each carries the parts of the record its cells read, nested
+# as in the record, so the cells index RECORD as they would the file.
+ACCELERATOR_RESULTS = "docs/accelerator-results.json"
+
+
+def pick(record, *paths: tuple):
+  """The parts of `record` at `paths` (each a tuple of keys), nested as in
+  the record."""
+  out: dict = {}
+  for path in paths:
+    source, target = record, out
+    for key in path[:-1]:
+      source = source[key]
+      target = target.setdefault(key, {})
+    target[path[-1]] = source[path[-1]]
+  return out
+
+
+def _accelerator_page(page: str, *paths: tuple):
+  extractor(page, ACCELERATOR_RESULTS)(
+      lambda: pick(read_json(ACCELERATOR_RESULTS), *paths))
+
+
+_MATMUL_DEFAULT = ("facts", "matmul", "default", "matmul_eps")
+_CALL_COST = ("fourth", "bench", "bench_call_cost", "output")
+
+
+def _ulps(*names: str) -> list[tuple]:
+  return [("facts", "transcendental", name) for name in names]
+
+
+_accelerator_page("checking-rules", ("facts", "checker", "broken x64=None"),
+                  *[("facts", "float64", op) for op in ("solve", "fft", "slogdet")],
+                  _MATMUL_DEFAULT)
+_accelerator_page("cookbook", _MATMUL_DEFAULT, ("facts", "matmul", "highest", "matmul_eps"),
+                  *_ulps("log", "log1p"))
+_accelerator_page("custom-derivatives", _MATMUL_DEFAULT, *_ulps("exp", "log", "log1p"),
+                  ("third", "pages", "custom-derivatives", "failures"))
+_accelerator_page("hijax-types", _MATMUL_DEFAULT)
+_accelerator_page("implicit", _MATMUL_DEFAULT, ("facts", "float64", "solve"),
+                  ("third", "pages", "implicit", "failures"),
+                  ("fourth", "pages", "implicit", "failures"),
+                  ("sixth", "pages", "implicit", "failures"), _CALL_COST)
+_accelerator_page("porting-custom-vjp", *_ulps("exp", "log1p", "logistic"))
+_accelerator_page("sparse-jacobians", ("third", "pages", "sparse-jacobians", "failures"),
+                  _CALL_COST)
+_accelerator_page("spectral-gradients", _MATMUL_DEFAULT, *_ulps("exp"))
+_accelerator_page("vjp-objects", _MATMUL_DEFAULT, *_ulps("tanh"))
+
+
+def _plugin_rules(rules: list, input_keys: tuple, batch_refusals: bool = False) -> list:
+  """What the pytest-plugin page shows and asserts of each rule of a plugin
+  report: its name, where defined, verdict, detail, and of each input the
+  `input_keys` it has (and, with `batch_refusals`, its skipped batch
+  combinations)."""
+  out = []
+  for r in rules:
+    inputs = []
+    for i in r["inputs"]:
+      kept = {k: i[k] for k in input_keys if k in i}
+      if batch_refusals:
+        kept["skipped"] = [s for s in i.get("skipped", []) if s.startswith("batch: ")]
+      inputs.append(kept)
+    out.append({k: r[k] for k in ("rule", "defined_at", "in_test_file", "verdict",
+                                  "detail")} | {"inputs": inputs})
+  return out
+
+
+@extractor("pytest-plugin", "tools/plugin_on_own_examples.json, "
+           "tools/plugin_on_library_equinox.json and " + ACCELERATOR_RESULTS)
+def _pytest_plugin():
+  own = read_json("tools/plugin_on_own_examples.json")
+  equinox = read_json("tools/plugin_on_library_equinox.json")
+  report = equinox["report"]
+  return {
+      "own_examples": {"rules": _plugin_rules(own["rules"], (), batch_refusals=True),
+                       "counts": own["counts"]},
+      "equinox": {"version": equinox["version"], "tests_run": equinox["tests_run"],
+                  "report": {"recording": {k: report["recording"][k]
+                                           for k in ("calls", "errors")},
+                             "rules": _plugin_rules(report["rules"], (
+                                 "test", "verdict", "skipped", "by_intent"))}},
+      "tpu": pick(read_json(ACCELERATOR_RESULTS), *_ulps("log", "tanh"),
+                  ("third", "pages", "pytest-plugin", "failures")),
+  }
+
+
 def main(argv: list[str]) -> int:
   if not argv or argv[0] not in ("write", "check"):
     print(__doc__)
