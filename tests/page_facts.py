@@ -295,6 +295,22 @@ def probe_debug_nans_cause():
     raise AssertionError("jax_debug_nans did not raise")
 
 
+def probe_platforms_limit_backends():
+  """JAX has only the backends JAX_PLATFORMS names: with it set to one
+  platform, asking for another's devices raises. (On a CPU-only machine the
+  mirror of JAX_PLATFORMS=tpu, which leaves out the CPU.)"""
+  import os
+  import subprocess
+  import sys
+  code = ("import jax\n"
+          "try:\n  jax.devices('tpu')\nexcept RuntimeError as e:\n  print('refused:', e)\n"
+          "print(sorted({d.platform for d in jax.devices()}))\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, check=True).stdout
+  assert "refused:" in out and "['cpu']" in out, out
+
+
 # --- the facts ---------------------------------------------------------------------
 
 # JAX's decorator, not hijax's (whose forward mode always works)
@@ -467,5 +483,24 @@ FACTS = [
         forbids=r".",
         wrong=("It names the primitive and gives a traceback into JAX's own "
                "differentiation code rather than a position in yours.",),
+    ),
+    Fact(
+        name="host-cpu-needs-jax_platforms",
+        statement="JAX has a host CPU backend beside an accelerator only where "
+                  "JAX_PLATFORMS is unset or names cpu: with JAX_PLATFORMS=tpu "
+                  "(or gpu) there is none, and check_rules' float64 half runs on "
+                  "the accelerator",
+        home="jax-301-checking-on-an-accelerator",
+        probe=probe_platforms_limit_backends,
+        claim=r"\bhost\b[^.]{0,60}\b(beside|alongside|next to|with) every "
+              r"accelerator|\bevery accelerator\b[^.]{0,40}\bhost\b|"
+              r"\balways (has|have)\b[^.]{0,20}\b(host|CPU)\b",
+        forbids=r".",
+        wrong=("1. on the host CPU, which JAX has beside every accelerator, "
+               "everything as above, in float64: the sharp verdict on the rules' "
+               "logic;",
+               "JAX always has a host CPU, so the float64 checks run there."),
+        right=("JAX has a CPU backend beside the accelerator unless "
+               "`JAX_PLATFORMS` leaves it out.",),
     ),
 ]

@@ -164,6 +164,8 @@ static arguments (close over them, or pass them as ordinary arguments).
 over some of its values. That is fine as long as the differentiation that
 meets the rule is not also differentiating the closed-over value. Here the
 factory makes $c \\sin x$ with a rule, closing over `c`:
+""",    "checking-rules": """1. on the host CPU, which JAX has beside every accelerator, everything as
+   above, in float64: the sharp verdict on the rules' logic;
 """,
 }
 
