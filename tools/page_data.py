@@ -167,8 +167,7 @@ def _plugin_rules(rules: list, input_keys: tuple, batch_refusals: bool = False) 
   return out
 
 
-@extractor("pytest-plugin", "tools/plugin_on_own_examples.json, "
-           "tools/plugin_on_library_equinox.json and " + ACCELERATOR_RESULTS)
+@extractor("pytest-plugin", "tools/plugin_on_*.json and " + ACCELERATOR_RESULTS)
 def _pytest_plugin():
   own = read_json("tools/plugin_on_own_examples.json")
   equinox = read_json("tools/plugin_on_library_equinox.json")
@@ -177,8 +176,11 @@ def _pytest_plugin():
       "own_examples": {"rules": _plugin_rules(own["rules"], (), batch_refusals=True),
                        "counts": own["counts"]},
       "equinox": {"version": equinox["version"], "tests_run": equinox["tests_run"],
+                  "runs": equinox["runs"],
+                  "table": [line for line in equinox["table"] if line.startswith("FAILED")],
                   "report": {"recording": {k: report["recording"][k]
-                                           for k in ("calls", "errors")},
+                                           for k in ("calls", "seconds", "errors")},
+                             "checks": {k: report["checks"][k] for k in ("seconds", "budget")},
                              "rules": _plugin_rules(report["rules"], (
                                  "test", "verdict", "skipped", "by_intent"))}},
       "tpu": pick(read_json(ACCELERATOR_RESULTS), *_ulps("log", "tanh"),
