@@ -285,7 +285,11 @@ def tests(session):
   _install(session, "tests", JAX)
   alone = tempfile.mkdtemp(prefix="hijax-notebooks-alone-")
   try:
-    paths = ["tests", *notebooks_alone("notebooks", alone)]
+    notebooks_alone("notebooks", alone)
+    # the folder, not each copy: a file named on the command line outside the
+    # checkout gets the test ids "::Cell N", the same in every notebook, and
+    # xdist runs one item per id; under the folder they are "PAGE/PAGE.ipynb::Cell N"
+    paths = ["tests", alone]
     session.run("pytest", *XDIST_ARGS, *paths, "--ignore", "tests/test_site.py",
                 "-c", "pyproject.toml", *NBVAL_ARGS, *session.posargs,
                 env={**READER_ENV, **_compile_cache_env(session, JAX)})

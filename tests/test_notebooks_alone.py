@@ -129,5 +129,7 @@ def test_nbval_runs_each_notebook_alone_in_an_empty_folder(noxfile, tmp_path):
   body = re.search(r"^def tests\(session\):(.*?)^(?:def|@)",
                    (ROOT / "noxfile.py").read_text(), re.S | re.M).group(1)
   assert 'notebooks_alone("notebooks", alone)' in body
+  # nbval is given the folder (each cell's id then names its notebook)
+  assert 'paths = ["tests", alone]' in body
   assert "tempfile.mkdtemp(" in body  # outside the checkout
   assert "Path(\"notebooks\").glob" not in body  # not the checkout's own copies
