@@ -127,6 +127,8 @@ def _accelerators():
                         "backend_compiles": float64_check["backend_compiles"]},
       "callback_errors": record["seventh"]["facts"]["callback_errors"],
       "runs": rows,
+      "visible cells, run 8": {k: record["eighth"]["tests"]["tests/test_visible_cells.py"][k]
+                               for k in ("passed", "failed")},
       "latest": {"test files": len(latest), "pages": len(latest_page_runs),
                  "failed": sum(t["failed"] + t.get("error", 0) for t in latest)
                            + sum(p["failed"] + p["not run"] for p in latest_page_runs),
