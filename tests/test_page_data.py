@@ -15,7 +15,7 @@ def test_a_cell_is_written_from_its_extractor(tmp_path, monkeypatch):
   page.write_text("# P\n\n```{code-cell}\n:tags: [remove-cell, page-data]\n\nRECORD = 0\n```\n"
                   "\nText.\n")
   monkeypatch.setattr(page_data, "DOCS", tmp_path)
-  monkeypatch.setattr(page_data, "EXTRACTORS", {})  # the real pages are not in tmp_path
+  monkeypatch.setattr(page_data, "EXTRACTORS", {})  # the real pages' are not in tmp_path
   monkeypatch.setitem(page_data.EXTRACTORS, "p", page_data.extractor("p", "x.json")(
       lambda: {"a": [1, 2.5], "b": None}))
   assert page_data.stale() == ["p"]

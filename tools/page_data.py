@@ -52,6 +52,91 @@ def extractor(page: str, sources: str):
   return register
 
 
+# --- accelerators (docs/accelerators.md): the runs on a TPU ----------------------
+
+# The runs in docs/accelerator-results.json, in the order they ran.
+_TPU_RUNS = ("before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def _tpu_run_commits(record: dict, label: str) -> list[str]:
+  """The hijax commits a run ran at: its runs' own ``at``, else the one the
+  record's ``about`` names for it ("'fourth' ran at 9338683")."""
+  own = [r["at"] for r in record[label]["runs"] if "at" in r]
+  if own:
+    return list(dict.fromkeys(own))
+  about = record["about"]
+  start = about.index(f"'{label}' ran")
+  return [re.compile(r"\bat ([0-9a-f]{7})\b").search(about, start)[1]]
+
+
+def _tpu_call_cost(output: str) -> dict[str, float]:
+  """bench/bench_call_cost.py's lines "NAME  123.4 us": microseconds a call."""
+  return {m[1]: float(m[2]) for m in re.finditer(
+      r"^(\S.*?\S)\s+([\d.]+) us$", output, re.M)}
+
+
+@extractor("accelerators", "docs/accelerator-results.json")
+def _accelerators():
+  record = read_json("docs/accelerator-results.json")
+  facts, env = record["facts"], record["environment"]
+  rows, latest_tests, latest_pages = [], {}, {}
+  for label in _TPU_RUNS:
+    run = record[label]
+    tests, pages = run.get("tests", {}), run.get("pages", {})
+    latest_tests.update(dict.fromkeys(tests, label))
+    latest_pages.update(dict.fromkeys(pages, label))
+    rows.append({
+        "run": label,
+        "date": run.get("environment", env)["date"],
+        "jax": run.get("environment", env)["jax"],
+        "commits": _tpu_run_commits(record, label),
+        "test files": len(tests),
+        "tests": [sum(t[k] + (t.get("error", 0) if k == "failed" else 0)
+                      for t in tests.values()) for k in ("passed", "failed", "skipped")],
+        "pages": len(pages),
+        "cells": [sum(p[k] for p in pages.values()) for k in ("cells", "failed", "not run")],
+        "cut short": any(r["status"] == "killed at the deadline" for r in run["runs"]),
+    })
+  for row in rows:
+    row["latest for"] = [sum(v == row["run"] for v in latest_tests.values()),
+                         sum(v == row["run"] for v in latest_pages.values())]
+  latest = [record[label]["tests"][name] for name, label in latest_tests.items()]
+  latest_page_runs = [record[label]["pages"][name] for name, label in latest_pages.items()]
+  checker = record["seventh"]["facts"]["checker"]
+  float64_check = facts["checker"]["broken x64=None"]
+  return {
+      "backends": sorted({r["environment"]["backend"] for r in record.values()
+                          if isinstance(r, dict) and "environment" in r}),
+      "device": {k: env[k] for k in ("device_kind", "backend", "device_count", "jax",
+                                     "python")},
+      "matmul": {p: {k: round(v, 2) for k, v in r.items()}
+                 for p, r in facts["matmul"].items()},
+      "transcendental": {f: {"max_ulp": round(r["max_ulp"], 1), "at": round(r["at"], 4),
+                             "median_ulp": round(r["median_ulp"], 1)}
+                         for f, r in facts["transcendental"].items()},
+      "float64": {op: True if r["ok"] else r["error"].split(":     @")[0]
+                  for op, r in facts["float64"].items()},
+      "cost": {what: {k: float(f"{v:.3g}") for k, v in r.items()}
+               for what, r in facts["cost"].items()},
+      "call_cost_us": _tpu_call_cost(record["fourth"]["bench"]["bench_call_cost"]["output"]),
+      "checker_seconds": {case[:-len(" default again")]: {
+          "verdict": r["verdict"], "with device": r["seconds"],
+          "host only": checker[case.replace("default", "host only")]["seconds"]}
+          for case, r in checker.items() if case.endswith("default again")},
+      "float64_check": {"seconds": float64_check["seconds"],
+                        "backend_compiles": float64_check["backend_compiles"]},
+      "callback_errors": record["seventh"]["facts"]["callback_errors"],
+      "runs": rows,
+      "visible cells, run 8": {k: record["eighth"]["tests"]["tests/test_visible_cells.py"][k]
+                               for k in ("passed", "failed")},
+      "latest": {"test files": len(latest), "pages": len(latest_page_runs),
+                 "failed": sum(t["failed"] + t.get("error", 0) for t in latest)
+                           + sum(p["failed"] + p["not run"] for p in latest_page_runs),
+                 "skips": sorted(s.split(": Skipped: ", 1)[1].split(": /")[0]  # no paths
+                                 for t in latest for s in t["skips"])},
+  }
+
+
 _CELL = re.compile(
     r"(```\{code-cell\}[^\n]*\n:tags: \[[^\]\n]*\b" + re.escape(TAG)
     + r"\b[^\]\n]*\]\n\n)(.*?)(^```)", re.S | re.M)
