@@ -47,7 +47,7 @@ BEYOND = ["nan-gradients", "integer-inputs", "custom-batching",
 REFERENCE = ["portability", "performance", "api"]
 # Pages that continue one of the above: each is in a hidden toctree at the end
 # of the page it continues, not in docs/index.md (tests/test_docs.py checks).
-SUBPAGES = ["custom-derivatives-advanced", "accelerator-runs"]
+SUBPAGES = ["custom-derivatives-advanced"]
 
 extensions = [
     "myst_nb",

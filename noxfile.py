@@ -257,21 +257,44 @@ def notebooks(session):
   session.run("python", "tools/notebooks.py", "check")
 
 
+def notebooks_alone(notebooks, folder):
+  """Copy each notebook into an empty folder of its own under ``folder``, as a
+  reader who downloads one page has it (nbval starts a notebook's kernel in
+  the notebook's folder), and notebooks/conftest.py (nbval's settings, which
+  no kernel sees) into ``folder``. Returns the copies' paths."""
+  folder = Path(folder)
+  shutil.copy(Path(notebooks) / "conftest.py", folder / "conftest.py")
+  copies = []
+  for notebook in sorted(Path(notebooks).glob("*.ipynb")):
+    (folder / notebook.stem).mkdir()
+    copies.append(str(shutil.copy(notebook, folder / notebook.stem / notebook.name)))
+  return copies
+
+
 @nox.session(python=PYTHON)
 @_timed
 def tests(session):
   """Unit tests, the notebook sync and spec-page checks, and nbval on
-  notebooks/ (each page executed once, in a fresh kernel with a reader's
-  environment and the kept compilation cache). The browser test is `site`.
+  notebooks/ (each page executed once, copied alone into an empty folder
+  outside the checkout, in a fresh kernel with a reader's environment and
+  the kept compilation cache). The browser test is `site`.
   """
   skip, key = _unchanged_since_last_pass(session, JAX)
   if skip:
     return
   _install(session, "tests", JAX)
-  paths = ["tests", *sorted(str(p) for p in Path("notebooks").glob("*.ipynb"))]
-  session.run("pytest", *XDIST_ARGS, *paths, "--ignore", "tests/test_site.py",
-              *NBVAL_ARGS, *session.posargs,
-              env={**READER_ENV, **_compile_cache_env(session, JAX)})
+  alone = tempfile.mkdtemp(prefix="hijax-notebooks-alone-")
+  try:
+    notebooks_alone("notebooks", alone)
+    # the folder, not each copy: a file named on the command line outside the
+    # checkout gets the test ids "::Cell N", the same in every notebook, and
+    # xdist runs one item per id; under the folder they are "PAGE/PAGE.ipynb::Cell N"
+    paths = ["tests", alone]
+    session.run("pytest", *XDIST_ARGS, *paths, "--ignore", "tests/test_site.py",
+                "-c", "pyproject.toml", *NBVAL_ARGS, *session.posargs,
+                env={**READER_ENV, **_compile_cache_env(session, JAX)})
+  finally:
+    shutil.rmtree(alone, ignore_errors=True)
   _record_pass(session, key)
 
 

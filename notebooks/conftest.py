@@ -10,8 +10,9 @@ A page that hangs is still stopped by --nbval-cell-timeout. And XLA writes a
 "slow operation" alarm to the kernel's stderr when constant folding takes
 over a second, which load alone can cause; and JAX warns, then compiles
 again, when it reads an entry of the compilation cache that another process
-is still writing (the `tests` session shares one cache among the kernels):
-such a stderr output, in a cell whose stored outputs have none, is not
+is still writing (the `tests` session shares one cache among the kernels);
+and `check_rules` says what it is doing once a run has taken 10 s: such a
+stderr output, in a cell whose stored outputs have none, is not
 compared.
 """
 import re
@@ -38,7 +39,8 @@ def pytest_collection_modifyitems(items):
 # What the machine, not the page, writes to stderr (see the docstring).
 _MACHINE_STDERR = re.compile(r"slow_operation_alarm\.cc|Constant folding an "
                              r"instruction is taking|Error reading persistent "
-                             r"compilation cache entry")
+                             r"compilation cache entry|"
+                             r"^check_rules: [\d.]+ s of [\d.]+ s: ", re.M)
 
 
 def _is_machine_stderr(output) -> bool:

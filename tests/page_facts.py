@@ -295,6 +295,64 @@ def probe_debug_nans_cause():
     raise AssertionError("jax_debug_nans did not raise")
 
 
+def probe_platforms_limit_backends():
+  """JAX has only the backends JAX_PLATFORMS names: with it set to one
+  platform, asking for another's devices raises. (On a CPU-only machine the
+  mirror of JAX_PLATFORMS=tpu, which leaves out the CPU.)"""
+  import os
+  import subprocess
+  import sys
+  code = ("import jax\n"
+          "try:\n  jax.devices('tpu')\nexcept RuntimeError as e:\n  print('refused:', e)\n"
+          "print(sorted({d.platform for d in jax.devices()}))\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, check=True).stdout
+  assert "refused:" in out and "['cpu']" in out, out
+
+
+def _tpu_record():
+  """docs/accelerator-results.json: the runs on a TPU v5e."""
+  import json
+  from pathlib import Path
+  path = Path(__file__).resolve().parent.parent / "docs" / "accelerator-results.json"
+  return json.loads(path.read_text())
+
+
+_TPU_RUNS = ("before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def probe_tpu_call_cost():
+  import re
+  output = _tpu_record()["fourth"]["bench"]["bench_call_cost"]["output"]
+  us = {m[1]: float(m[2]) for m in re.finditer(r"^(\S.*?\S)\s+([\d.]+) us$", output, re.M)}
+  # a call: about half a millisecond, whatever it computes
+  assert all(400 < us[k] < 700 for k in ("add", "jnp.solve", "hijax throw=False",
+                                         "root throw=False", "optx root throw=False"))
+  # a host callback in the program, even in a branch never taken: about 2 ms more
+  assert 1500 < us["add+cond(io_callback)"] - us["add"] < 2500
+  for solve in ("hijax", "root", "optx root"):
+    assert 1500 < us[f"{solve} throw=True"] - us[f"{solve} throw=False"] < 2500
+
+
+def probe_tpu_latest_runs():
+  record = _tpu_record()
+  latest = {}
+  for label in _TPU_RUNS:
+    for part in ("tests", "pages"):
+      for name, result in record[label].get(part, {}).items():
+        latest[part, name] = label, result
+  # each file's and page's latest result passed ...
+  assert not [k for k, (_, r) in latest.items()
+              if r["failed"] or r.get("error", 0) or r.get("not run", 0)]
+  # ... in runs of different commits: 19 pages' latest is the fourth's, and
+  # runs after it found failures that were fixed
+  assert sum(label == "fourth" for (part, _), (label, _) in latest.items()
+             if part == "pages") == 19
+  assert "'fourth' ran at 9338683" in record["about"]
+  assert sum(t["failed"] for t in record["fifth"]["tests"].values()) > 0
+
+
 # --- the facts ---------------------------------------------------------------------
 
 # JAX's decorator, not hijax's (whose forward mode always works)
@@ -467,5 +525,60 @@ FACTS = [
         forbids=r".",
         wrong=("It names the primitive and gives a traceback into JAX's own "
                "differentiation code rather than a position in yours.",),
+    ),    Fact(
+        name="tpu-call-cost",
+        statement="on a TPU v5e a jitted call costs about half a millisecond, "
+                  "whatever it computes; a program that holds a host callback "
+                  "(a solve with throw=True) costs about 2 ms more a call",
+        home="jax-301-accelerator-call-cost",
+        probe=probe_tpu_call_cost,
+        context=(r"\bTPU\b|\baccelerator",),
+        claim=r"(?=.*\bcalls?\b)(?=.*(?<![\w.])(2|two)(\.\d+)?\s?(ms|milliseconds?)\b)",
+        requires=r"callback|throw=True",
+        wrong=("Every jitted hijax call took about 2 ms on the TPU, whatever the "
+               "problem, and the peers' calls as long (the ratios are near 1): a "
+               "fixed cost per call, not the arithmetic.",
+               "On a TPU a call costs about 2 ms, whatever it computes."),
+        right=("On a TPU a jitted call costs about half a millisecond. A call of a "
+               "program that holds a host callback costs about 2 ms more.",
+               "On a TPU a small solve costs about 2.4 ms a call with `throw=True`.",
+               "On a TPU v5e the same solves took 0.8 to 1.2 ms each: about half "
+               "a millisecond of each is what any call costs there."),
+    ),
+    Fact(
+        name="tpu-latest-runs",
+        statement="each test file's and page's latest result on the TPU passed, at "
+                  "the commit of its run; the runs span commits, so a latest "
+                  "result can predate later changes (19 pages last ran in full "
+                  "at 9338683, before failures found after it were fixed)",
+        home="jax-301-accelerator-results",
+        probe=probe_tpu_latest_runs,
+        claim=r"\blatest (run|result)s?\b[^.;]*\bpassed\b",
+        requires=r"\bcommits?\b|\bpredates?\b",
+        requires_scope="unit",
+        wrong=("Every test file of the unit suite and every page have run on a TPU "
+               "v5e, in eight calls, and each file's and page's latest run there "
+               "passed.",),
+        right=("The latest result of each of the 66 test files and 24 pages "
+               "passed, at the commit of its run.",),
+    ),
+    Fact(
+        name="host-cpu-needs-jax_platforms",
+        statement="JAX has a host CPU backend beside an accelerator only where "
+                  "JAX_PLATFORMS is unset or names cpu: with JAX_PLATFORMS=tpu "
+                  "(or gpu) there is none, and check_rules' float64 half runs on "
+                  "the accelerator",
+        home="jax-301-checking-on-an-accelerator",
+        probe=probe_platforms_limit_backends,
+        claim=r"\bhost\b[^.]{0,60}\b(beside|alongside|next to|with) every "
+              r"accelerator|\bevery accelerator\b[^.]{0,40}\bhost\b|"
+              r"\balways (has|have)\b[^.]{0,20}\b(host|CPU)\b",
+        forbids=r".",
+        wrong=("1. on the host CPU, which JAX has beside every accelerator, "
+               "everything as above, in float64: the sharp verdict on the rules' "
+               "logic;",
+               "JAX always has a host CPU, so the float64 checks run there."),
+        right=("JAX has a CPU backend beside the accelerator unless "
+               "`JAX_PLATFORMS` leaves it out.",),
     ),
 ]

@@ -381,6 +381,10 @@ def test_nbval_skips_only_the_machine_s_own_stderr_messages():
   assert nb_conftest._is_machine_stderr(stderr(
       "UserWarning: Error reading persistent compilation cache entry for 'jit_f': "
       "ValueError: truncated"))
+  # check_rules' progress, printed once a run has taken 10 s (load alone can)
+  assert nb_conftest._is_machine_stderr(stderr(
+      "check_rules: 10.3 s of 30 s: batch: vmap of vjp vs a loop\n"))
+  assert not nb_conftest._is_machine_stderr(stderr("see check_rules: 10 s of 30 s: x"))
   assert not nb_conftest._is_machine_stderr(stderr("UserWarning: something else"))
   assert not nb_conftest._is_machine_stderr(
       {"output_type": "stream", "name": "stdout",

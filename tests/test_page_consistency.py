@@ -145,9 +145,21 @@ def test_each_fact_flags_its_wrong_sentences_and_passes_right_ones(fact):
     assert not _flags(fact, text), f"{fact.name} flags: {text}"
 
 
-# The sentences of the three contradictions the facts table was made for,
-# as the pages had them, each in its page's context.
+# The sentences of the contradictions the facts table was made for, as the
+# pages had them, each in its page's context (the accelerators page's two
+# once stood on it and on its subpage, accelerator-runs).
 OLD_SENTENCES = {
+    "accelerators": """Every jitted hijax call took about 2 ms on the TPU, whatever the
+problem, and the peers' calls as long (the ratios are near 1): a fixed cost
+per call, not the arithmetic, so these ratios say only that hijax costs no
+more than its peers there.
+
+Every test file of the unit suite (but the site's browser test, which
+involves no JAX backend) and every page (but {doc}`accelerator-runs`, which
+only reads the record) have run on a TPU v5e, in eight calls, and each
+file's and page's latest run there passed. {doc}`accelerator-runs` has what
+each call ran, what failed there and what was fixed:
+""",
     "remat": """JAX itself had a `custom_remat` for a while: jax 0.11.2 exports
 `jax.custom_remat(f, f_fwd, f_rem, f_bwd, *, static_argnums=(),
 static_argnames=())`, with the same four functions and the same
@@ -164,6 +176,8 @@ static arguments (close over them, or pass them as ordinary arguments).
 over some of its values. That is fine as long as the differentiation that
 meets the rule is not also differentiating the closed-over value. Here the
 factory makes $c \\sin x$ with a rule, closing over `c`:
+""",    "checking-rules": """1. on the host CPU, which JAX has beside every accelerator, everything as
+   above, in float64: the sharp verdict on the rules' logic;
 """,
 }
 

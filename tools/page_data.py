@@ -52,6 +52,91 @@ def extractor(page: str, sources: str):
   return register
 
 
+# --- accelerators (docs/accelerators.md): the runs on a TPU ----------------------
+
+# The runs in docs/accelerator-results.json, in the order they ran.
+_TPU_RUNS = ("before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def _tpu_run_commits(record: dict, label: str) -> list[str]:
+  """The hijax commits a run ran at: its runs' own ``at``, else the one the
+  record's ``about`` names for it ("'fourth' ran at 9338683")."""
+  own = [r["at"] for r in record[label]["runs"] if "at" in r]
+  if own:
+    return list(dict.fromkeys(own))
+  about = record["about"]
+  start = about.index(f"'{label}' ran")
+  return [re.compile(r"\bat ([0-9a-f]{7})\b").search(about, start)[1]]
+
+
+def _tpu_call_cost(output: str) -> dict[str, float]:
+  """bench/bench_call_cost.py's lines "NAME  123.4 us": microseconds a call."""
+  return {m[1]: float(m[2]) for m in re.finditer(
+      r"^(\S.*?\S)\s+([\d.]+) us$", output, re.M)}
+
+
+@extractor("accelerators", "docs/accelerator-results.json")
+def _accelerators():
+  record = read_json("docs/accelerator-results.json")
+  facts, env = record["facts"], record["environment"]
+  rows, latest_tests, latest_pages = [], {}, {}
+  for label in _TPU_RUNS:
+    run = record[label]
+    tests, pages = run.get("tests", {}), run.get("pages", {})
+    latest_tests.update(dict.fromkeys(tests, label))
+    latest_pages.update(dict.fromkeys(pages, label))
+    rows.append({
+        "run": label,
+        "date": run.get("environment", env)["date"],
+        "jax": run.get("environment", env)["jax"],
+        "commits": _tpu_run_commits(record, label),
+        "test files": len(tests),
+        "tests": [sum(t[k] + (t.get("error", 0) if k == "failed" else 0)
+                      for t in tests.values()) for k in ("passed", "failed", "skipped")],
+        "pages": len(pages),
+        "cells": [sum(p[k] for p in pages.values()) for k in ("cells", "failed", "not run")],
+        "cut short": any(r["status"] == "killed at the deadline" for r in run["runs"]),
+    })
+  for row in rows:
+    row["latest for"] = [sum(v == row["run"] for v in latest_tests.values()),
+                         sum(v == row["run"] for v in latest_pages.values())]
+  latest = [record[label]["tests"][name] for name, label in latest_tests.items()]
+  latest_page_runs = [record[label]["pages"][name] for name, label in latest_pages.items()]
+  checker = record["seventh"]["facts"]["checker"]
+  float64_check = facts["checker"]["broken x64=None"]
+  return {
+      "backends": sorted({r["environment"]["backend"] for r in record.values()
+                          if isinstance(r, dict) and "environment" in r}),
+      "device": {k: env[k] for k in ("device_kind", "backend", "device_count", "jax",
+                                     "python")},
+      "matmul": {p: {k: round(v, 2) for k, v in r.items()}
+                 for p, r in facts["matmul"].items()},
+      "transcendental": {f: {"max_ulp": round(r["max_ulp"], 1), "at": round(r["at"], 4),
+                             "median_ulp": round(r["median_ulp"], 1)}
+                         for f, r in facts["transcendental"].items()},
+      "float64": {op: True if r["ok"] else r["error"].split(":     @")[0]
+                  for op, r in facts["float64"].items()},
+      "cost": {what: {k: float(f"{v:.3g}") for k, v in r.items()}
+               for what, r in facts["cost"].items()},
+      "call_cost_us": _tpu_call_cost(record["fourth"]["bench"]["bench_call_cost"]["output"]),
+      "checker_seconds": {case[:-len(" default again")]: {
+          "verdict": r["verdict"], "with device": r["seconds"],
+          "host only": checker[case.replace("default", "host only")]["seconds"]}
+          for case, r in checker.items() if case.endswith("default again")},
+      "float64_check": {"seconds": float64_check["seconds"],
+                        "backend_compiles": float64_check["backend_compiles"]},
+      "callback_errors": record["seventh"]["facts"]["callback_errors"],
+      "runs": rows,
+      "visible cells, run 8": {k: record["eighth"]["tests"]["tests/test_visible_cells.py"][k]
+                               for k in ("passed", "failed")},
+      "latest": {"test files": len(latest), "pages": len(latest_page_runs),
+                 "failed": sum(t["failed"] + t.get("error", 0) for t in latest)
+                           + sum(p["failed"] + p["not run"] for p in latest_page_runs),
+                 "skips": sorted(s.split(": Skipped: ", 1)[1].split(": /")[0]  # no paths
+                                 for t in latest for s in t["skips"])},
+  }
+
+
 _CELL = re.compile(
     r"(```\{code-cell\}[^\n]*\n:tags: \[[^\]\n]*\b" + re.escape(TAG)
     + r"\b[^\]\n]*\]\n\n)(.*?)(^```)", re.S | re.M)
@@ -94,6 +179,98 @@ def write(page: str) -> bool:
 def stale() -> list[str]:
   """Pages whose page-data cell differs from what their records give."""
   return [page for page in EXTRACTORS if current(page) != expected(page)]
+
+
+# --- Pages that state figures of the TPU runs or of the pytest plugin's runs:
+# checking-rules, cookbook, custom-derivatives, hijax-types, implicit,
+# porting-custom-vjp, sparse-jacobians, spectral-gradients, vjp-objects,
+# pytest-plugin. Each carries the parts of the record its cells read, nested
+# as in the record, so the cells index RECORD as they would the file.
+ACCELERATOR_RESULTS = "docs/accelerator-results.json"
+
+
+def pick(record, *paths: tuple):
+  """The parts of `record` at `paths` (each a tuple of keys), nested as in
+  the record."""
+  out: dict = {}
+  for path in paths:
+    source, target = record, out
+    for key in path[:-1]:
+      source = source[key]
+      target = target.setdefault(key, {})
+    target[path[-1]] = source[path[-1]]
+  return out
+
+
+def _accelerator_page(page: str, *paths: tuple):
+  extractor(page, ACCELERATOR_RESULTS)(
+      lambda: pick(read_json(ACCELERATOR_RESULTS), *paths))
+
+
+_MATMUL_DEFAULT = ("facts", "matmul", "default", "matmul_eps")
+_CALL_COST = ("fourth", "bench", "bench_call_cost", "output")
+
+
+def _ulps(*names: str) -> list[tuple]:
+  return [("facts", "transcendental", name) for name in names]
+
+
+_accelerator_page("checking-rules", ("facts", "checker", "broken x64=None"),
+                  *[("facts", "float64", op) for op in ("solve", "fft", "slogdet")],
+                  _MATMUL_DEFAULT)
+_accelerator_page("cookbook", _MATMUL_DEFAULT, ("facts", "matmul", "highest", "matmul_eps"),
+                  *_ulps("log", "log1p"))
+_accelerator_page("custom-derivatives", _MATMUL_DEFAULT, *_ulps("exp", "log", "log1p"),
+                  ("third", "pages", "custom-derivatives", "failures"))
+_accelerator_page("hijax-types", _MATMUL_DEFAULT)
+_accelerator_page("implicit", _MATMUL_DEFAULT, ("facts", "float64", "solve"),
+                  ("third", "pages", "implicit", "failures"),
+                  ("fourth", "pages", "implicit", "failures"),
+                  ("sixth", "pages", "implicit", "failures"), _CALL_COST)
+_accelerator_page("porting-custom-vjp", *_ulps("exp", "log1p", "logistic"))
+_accelerator_page("sparse-jacobians", ("third", "pages", "sparse-jacobians", "failures"),
+                  _CALL_COST)
+_accelerator_page("spectral-gradients", _MATMUL_DEFAULT, *_ulps("exp"))
+_accelerator_page("vjp-objects", _MATMUL_DEFAULT, *_ulps("tanh"))
+
+
+def _plugin_rules(rules: list, input_keys: tuple, batch_refusals: bool = False) -> list:
+  """What the pytest-plugin page shows and asserts of each rule of a plugin
+  report: its name, where defined, verdict, detail, and of each input the
+  `input_keys` it has (and, with `batch_refusals`, its skipped batch
+  combinations)."""
+  out = []
+  for r in rules:
+    inputs = []
+    for i in r["inputs"]:
+      kept = {k: i[k] for k in input_keys if k in i}
+      if batch_refusals:
+        kept["skipped"] = [s for s in i.get("skipped", []) if s.startswith("batch: ")]
+      inputs.append(kept)
+    out.append({k: r[k] for k in ("rule", "defined_at", "in_test_file", "verdict",
+                                  "detail")} | {"inputs": inputs})
+  return out
+
+
+@extractor("pytest-plugin", "tools/plugin_on_*.json and " + ACCELERATOR_RESULTS)
+def _pytest_plugin():
+  own = read_json("tools/plugin_on_own_examples.json")
+  equinox = read_json("tools/plugin_on_library_equinox.json")
+  report = equinox["report"]
+  return {
+      "own_examples": {"rules": _plugin_rules(own["rules"], (), batch_refusals=True),
+                       "counts": own["counts"]},
+      "equinox": {"version": equinox["version"], "tests_run": equinox["tests_run"],
+                  "runs": equinox["runs"],
+                  "table": [line for line in equinox["table"] if line.startswith("FAILED")],
+                  "report": {"recording": {k: report["recording"][k]
+                                           for k in ("calls", "seconds", "errors")},
+                             "checks": {k: report["checks"][k] for k in ("seconds", "budget")},
+                             "rules": _plugin_rules(report["rules"], (
+                                 "test", "verdict", "skipped", "by_intent"))}},
+      "tpu": pick(read_json(ACCELERATOR_RESULTS), *_ulps("log", "tanh"),
+                  ("third", "pages", "pytest-plugin", "failures")),
+  }
 
 
 def main(argv: list[str]) -> int:

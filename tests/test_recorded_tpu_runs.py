@@ -1,0 +1,73 @@
+"""What pages say happens on a TPU, held to the runs recorded there
+(docs/accelerator-results.json, written on a TPU v5e by
+tools/accelerator_run.py).
+
+The pages mention these behaviours without showing figures, so the record
+is read here rather than carried in the page (figures a page shows travel
+with it: tools/page_data.py). Each test names the page and the sentence.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pages
+
+RECORD = Path(__file__).resolve().parent.parent / "docs" / "accelerator-results.json"
+
+
+@pytest.fixture(scope="module")
+def runs():
+  if not RECORD.exists():
+    pytest.skip("no docs/accelerator-results.json (an sdist)")
+  return json.loads(RECORD.read_text())
+
+
+def test_custom_batching_the_float32_device_check_fails_the_first_call_on_a_tpu(runs):
+  """custom-batching: "on a GPU or TPU, `check_rules` also runs its checks on
+  that device in the inputs' own dtype, float32 here, so there the first
+  call fails too": the third run, before the calls passed device=False."""
+  failed = [f for f in runs["third"]["pages"]["custom-batching"]["failures"]
+            if "RuleCheckError" in f]
+  assert len(failed) == 1 and "(from hijax.testing import check_rules)" in failed[0]
+  assert "on TPU v5 lite: " in failed[0] and "in float32 vs the host's float64" in failed[0]
+
+
+def test_portability_offloading_differs_from_saving_on_a_tpu(runs):
+  """portability: "On a TPU, whose own memory is not the host's, the two
+  analyses differ": the third run failed the cell asserting them equal on
+  every backend; the fourth, on a TPU, passed the page."""
+  (failed,) = runs["third"]["pages"]["portability"]["failures"]
+  assert failed.startswith("cell ") and "(from jax.ad_checkpoint import checkpoint_name)" in failed
+  assert "AssertionError" in failed, failed
+  fourth = runs["fourth"]["pages"]["portability"]
+  assert fourth["failed"] == fourth["not run"] == 0, fourth
+  assert runs["fourth"]["environment"]["backend"] == "tpu"
+
+
+def test_remat_a_tpu_s_compiler_makes_its_own_choices(runs):
+  """remat: the compiled costs are the CPU's ("a TPU's compiler fuses
+  differently"): the third run failed `costs['no checkpoint'] == (7000, 0)`
+  there; the fourth, asserting it on a CPU only, passed the page."""
+  (failed,) = runs["third"]["pages"]["remat"]["failures"]
+  assert "costs['no checkpoint'] == (7000, 0)" in failed, failed
+  assert "AssertionError" in failed, failed
+  assert runs["fourth"]["pages"]["remat"]["failed"] == 0
+
+
+def test_spectral_gradients_eigh_s_gradient_came_out_nan_on_a_tpu(runs):
+  """spectral-gradients: "A solver that returns them as the same float (a
+  TPU's can) gives `nan`": in the third run a nan error reached the page's
+  `magnitude`, which did not yet allow for one."""
+  (nan_on_tpu,) = [f for f in runs["third"]["pages"]["spectral-gradients"]["failures"]
+                   if "cannot convert float NaN to integer" in f]
+  assert "in magnitude" in nan_on_tpu, nan_on_tpu
+
+
+def test_pytest_plugin_one_process_at_a_time_holds_the_tpu(runs):
+  """pytest-plugin: "On a TPU only one process at a time can hold the chip":
+  in the fifth run a test's child process, started while the test's own
+  process held the TPU, failed making its TPU client."""
+  failures = runs["fifth"]["tests"]["tests/test_implicit_errors.py"]["failures"]
+  assert any("test_the_first_line_printed" in f and "make_tpu_client(" in f
+             for f in failures), failures
