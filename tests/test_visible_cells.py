@@ -76,6 +76,22 @@ def test_a_name_only_a_hidden_cell_defines_fails(runner, visible_cells, tmp_path
   assert failure["error"] == "tagged raises-exception but ran", failure
 
 
+def test_a_page_data_cell_runs_with_the_visible_cells(runner, visible_cells, tmp_path,
+                                                     monkeypatch):
+  """A page's recorded figures (its page-data cell, hidden on the site) come
+  with its downloaded notebook, so its visible cells may read them."""
+  page = tmp_path / "made-up.md"
+  page.write_text(
+      "---\nkernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n"
+      "```{code-cell}\n:tags: [remove-cell, page-data]\n\nRECORD = {'x': 2}\n```\n\n"
+      "```{code-cell}\n:tags: [remove-cell]\n\nhidden = 1\n```\n\n"
+      "```{code-cell}\nassert RECORD['x'] == 2\n```\n")
+  monkeypatch.setattr(visible_cells, "DOCS", tmp_path)
+  assert [c["index"] for c in visible_cells.visible_cells("made-up")] == [0, 2]
+  failure, _ = runner.run("made-up")
+  assert failure is None, failure
+
+
 def test_a_writefile_cell_writes_its_file(runner, visible_cells, tmp_path, monkeypatch):
   """``%%writefile`` (IPython's cell magic, run by a reader's Jupyter) writes
   its body to the file; any other magic fails as the Python it is not."""

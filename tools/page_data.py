@@ -145,7 +145,10 @@ _CELL = re.compile(
 def cell_source(value: object, sources: str) -> str:
   """The body of a page-data cell holding `value`."""
   literal = pprint.pformat(value, width=88, sort_dicts=False)
-  return (f"# The recorded results this page shows, from {sources}\n"
+  head = f"# The recorded results this page shows, from {sources}"
+  if len(head) > 88:  # wider than a code block on the site
+    head = f"# The recorded results this page shows, from\n# {sources}"
+  return (f"{head}\n"
           f"# (written by tools/page_data.py; edit the record, not this cell).\n"
           f"RECORD = {literal}\n")
 

@@ -6,7 +6,9 @@ alone, in order, in a fresh Python process.
 
 A page's visible cells are its code cells the site shows: those tagged
 ``remove-cell`` (checks and setup) or ``remove-input`` (only the output is
-shown) are dropped. Each page runs in a process of its own, in docs/ as the
+shown) are dropped, but for a ``page-data`` cell (tools/page_data.py): the
+recorded figures the page shows, which its downloaded notebook holds and
+which its visible cells may read. Each page runs in a process of its own, in docs/ as the
 notebook build runs it, with matplotlib drawing off screen and none of a
 test run's XLA flags; a cell tagged ``raises-exception`` must raise, any
 other must not. A visible cell that reads a name only a hidden cell
@@ -115,7 +117,7 @@ def visible_cells(page: str) -> list[dict]:
   cells = []
   for i, cell in enumerate(nb.cells):
     tags = set(cell.metadata.get("tags", []))
-    if cell.cell_type != "code" or tags & HIDDEN:
+    if cell.cell_type != "code" or (tags & HIDDEN and "page-data" not in tags):
       continue
     cells.append({"page": page, "index": i, "source": _as_python(cell.source),
                   "raises": "raises-exception" in tags})
