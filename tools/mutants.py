@@ -83,6 +83,9 @@ MODULE_TESTS.update({
     "testing/_numerics.py": TESTING,
     "testing/_finite_diff.py": TESTING,
     "testing/_checks.py": TESTING,
+    "testing/_discovery.py": ["tests/test_testing_walk.py",
+                              "tests/test_testing_jax_rules.py", *TESTING],
+    "testing/_verdict.py": ["tests/test_testing_jax_rules.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
 DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",
