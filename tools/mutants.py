@@ -86,6 +86,10 @@ MODULE_TESTS.update({
     "testing/_discovery.py": ["tests/test_testing_walk.py",
                               "tests/test_testing_jax_rules.py", *TESTING],
     "testing/_verdict.py": ["tests/test_testing_jax_rules.py", *TESTING],
+    "testing/_foreign_words.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/_report.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/_budget.py": ["tests/test_testing_import.py",
+                           "tests/test_testing_verdicts.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
 DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",

@@ -105,7 +105,7 @@ def _quiet():
 
 
 def _raised(report) -> bool:
-  return any(f.detail.startswith("raised ") for f in report.failures)
+  return any(f.error is not None for f in report.failures)
 
 
 def _not_finite(out: Any) -> bool:
@@ -257,7 +257,8 @@ def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
   tried.skipped = [f"{mode}: {why}" for mode, why in report.skipped]
-  tried.failures = [dataclasses.asdict(f) for f in report.failures]
+  tried.failures = [{k.name: getattr(f, k.name) for k in dataclasses.fields(f)
+                     if k.name != "error"} for f in report.failures]
   if report.failures:
     f = report.failures[0]
     at = f.inputs.splitlines()[0] if f.inputs else ""

@@ -88,7 +88,7 @@ def function_raises(ctx: CheckContext, prim_fn, plan) -> bool:
            "the inputs' dtypes)", ctx.describe_inputs(),
            f"{detail}\nno rule was checked: check the function at an input "
            "where it runs", float("inf"),
-           rule=f"{name} (the function checked)")
+           rule=f"{name} (the function checked)", error=ctx.function_error)
   ctx.report.skipped += [(mode, "the function raises at this input")
                          for mode in plan]
   return True
