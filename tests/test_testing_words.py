@@ -16,7 +16,7 @@ from hijax.testing._report import declared_limit
 _BY_PATTERN = {w.pattern: w for w in DECLARED_LIMITS}
 
 
-def _raised(fn):
+def _error_of(fn):
   with pytest.raises(Exception) as info:
     fn()
   return info.value
@@ -47,7 +47,7 @@ REPRODUCED = {
 @pytest.mark.parametrize("pattern", list(REPRODUCED))
 def test_each_reproduced_error_matches_its_pattern_on_the_releases_listed(
     pattern):
-  e = _raised(REPRODUCED[pattern])
+  e = _error_of(REPRODUCED[pattern])
   assert re.search(pattern, str(e)), str(e)
   assert declares_limit(e) and declared_limit(e, strict=True)
   words = _BY_PATTERN[pattern]

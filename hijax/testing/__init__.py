@@ -98,7 +98,7 @@ from __future__ import annotations
 #   _record      Recorder: what checks record (runs, skips, comparisons,
 #                failures), a mixin of CheckContext
 #   _context     CheckContext (the point, settings, shared helpers of checks)
-#   _identity    the inner-product identity that checks backward rules
+#   _inner_product  the inner-product identity that checks backward rules
 #   _nzs_out     the check of the nzs_out that vjp_fwd and lin return
 #   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
 #   _batching    check_batch
