@@ -100,7 +100,8 @@ def test_custom_functions_are_taken_out_where_they_run_in_place(where):
   """custom_calls: each custom function that runs once at the program's top
   level, alone, with the inputs of its first call (the program's own)."""
   wrap = (IN_PLACE | ELSEWHERE)[where]
-  calls = custom_calls(lambda x: wrap(lambda y: good(2. * y))(x) + good(x), (X,))
+  calls = custom_calls(
+      lambda x: wrap(lambda y: good(2. * y))(x) + good(x), (X,))
   # the call at the top level is found in any case; the one inside `wrap`
   # (called first) only where it runs in place
   rules = [repr(r) for r, _, _ in calls]
