@@ -4,6 +4,9 @@ Subclass `HiPrim`, declare the argument and result types, give an `expand`
 implementation in ordinary JAX, and add the rules the transformations you use
 need (see the JAX 301 pages, "Custom derivative rules with hijax primitives").
 """
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jax.core import ShapedArray
 # Names of jax.experimental.hijax that hijax's rules need nothing new for:
 # JAX's own objects (types, effects, the transpose helper).
@@ -40,7 +43,6 @@ from hijax.residuals import (Residual, ResidualReport, assert_residual_bytes,
 from hijax._decorators import custom_jvp, custom_vjp
 from hijax._checks import RuleTypeError
 from hijax._decorators._outputs import CotangentTypeError
-from hijax import testing  # noqa: F401  (hijax.testing.check_rules)
 from hijax import implicit  # noqa: F401  (hijax.implicit.fixed_point, ...)
 from hijax import debug  # noqa: F401  (hijax.debug.CotangentWatch)
 
@@ -61,5 +63,17 @@ __all__ = [
     "custom_vjp", "custom_jvp",
     "RuleTypeError", "CotangentTypeError", "NonlinearBackwardError",
 ]
+if TYPE_CHECKING:
+  from hijax import testing  # noqa: F401  (loaded when first used: below)
+
+
+def __getattr__(name: str) -> Any:
+  """``hijax.testing`` (the rule checker) is imported when first used, so
+  that ``import hijax`` loads no checker."""
+  if name == "testing":
+    return importlib.import_module("hijax.testing")
+  raise AttributeError(f"module 'hijax' has no attribute {name!r}")
+
+
 __version__: str = _metadata.installed_version()
 _metadata.warn_on_clash()

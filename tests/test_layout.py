@@ -232,3 +232,17 @@ def test_each_internal_is_named_with_why(name):
                   if isinstance(node, ast.Assign)
                   and getattr(node.targets[0], "id", "") == "__all__")
   assert set(exported) == imported
+
+
+def test_the_plugin_reaches_the_checker_only_through_its_public_names():
+  """hijax.testing.plugin imports hijax.testing itself, never one of the
+  checker's private modules; and the checker does not import the plugin."""
+  graph = import_graph()
+  plugin = {m for m in graph if m.startswith("hijax.testing.plugin")}
+  assert plugin, sorted(graph)
+  for name in plugin:
+    private = {m for m in graph[name] if m.startswith("hijax.testing.")
+               and m not in plugin}
+    assert not private, (name, private)
+  for name in set(graph) - plugin:
+    assert not graph[name] & plugin, name

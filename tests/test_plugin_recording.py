@@ -1,5 +1,5 @@
-"""What ``pytest --hijax-check-rules`` records (hijax.testing._recorder and
-_rule_identity) and the inputs it checks at (_plugin_inputs), without
+"""What ``pytest --hijax-check-rules`` records (hijax.testing.plugin._recorder and
+_rule_identity) and the inputs it checks at (plugin._inputs), without
 running pytest."""
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import hijax
-from hijax.testing import _plugin_inputs, _recorder
+from hijax.testing.plugin import _inputs as _plugin_inputs
+from hijax.testing.plugin import _recorder
 
 import zoo
 
@@ -39,7 +40,7 @@ cube.defvjp(lambda x: (cube(x), x), lambda x, g: (3 * x * x * g,))
 
 @pytest.fixture
 def recorder():
-  rec = _recorder.Recorder(samples=2)
+  rec = _recorder.CallRecorder(samples=2)
   rec.install()
   try:
     yield rec
@@ -125,7 +126,7 @@ def test_hijax_decorators_and_primitives_are_recorded_once(recorder):
 def test_rules_of_jax_are_counted_not_recorded(recorder):
   jax.nn.relu(jnp.ones(2))
   assert not recorder.rules and len(recorder.skipped_rules) == 1
-  with_jax = _recorder.Recorder(include_jax=True)
+  with_jax = _recorder.CallRecorder(include_jax=True)
   with_jax.install()
   try:
     jax.nn.relu(jnp.ones(2))

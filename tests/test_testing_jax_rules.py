@@ -387,3 +387,32 @@ def test_no_check_starts_once_the_budget_is_spent(monkeypatch):
   started = [float(line.split()[1]) for line in lines]
   assert started == [0., 1., 2., 3.], lines
   assert report.seconds == 4.
+
+
+def test_a_checkpointed_rule_at_fault_is_named_alone():
+  """A custom function called under jax.checkpoint (JAX's `remat2`
+  primitive) is taken out and checked alone as one under jit is: the wrong
+  one is named, not the right one beside it."""
+  x = jnp.array([0.3, 1.2, -0.7])
+  for wrap in (jax.checkpoint, lambda f: jax.checkpoint(
+      f, policy=jax.checkpoint_policies.nothing_saveable)):
+    report = _report(lambda x: wrap(bad)(x) + good(x), x)
+    assert {f.rule for f in report.failures} == {"bad (custom_vjp): fwd/bwd"}
+    assert any(r.startswith("jvp: good (custom_jvp) alone:")
+               for r in report.ran), report
+
+
+def test_the_checks_alone_keep_their_cost_and_their_rules_left_by_intent():
+  """What the functions checked alone cost and leave unjudged by intent is
+  in the report (it was dropped: blame_alone copied fields one by one)."""
+  from refusing_rule import no_grad
+  x = jnp.array([0.3, 1.2, -0.7])
+  report = _report(lambda x: bad(x) + no_grad(jax.lax.stop_gradient(x)), x,
+                   accept_inconclusive=True)
+  assert {f.rule for f in report.failures} == {"bad (custom_vjp): fwd/bwd"}
+  # guarded, called with a stopped tangent, refuses only when checked alone
+  assert "guarded (custom_jvp): the jvp rule" in report.by_intent, report
+  report = _report(lambda x: bad(x) + good(x), x)
+  key = "second-order evaluations"
+  alone = _report(good, x).cost[key] + _report(bad, x).cost[key]
+  assert report.cost[key] > alone, (report.cost, alone)  # and the program's

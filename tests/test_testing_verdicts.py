@@ -351,3 +351,123 @@ def test_a_function_that_raises_at_the_input_is_named():
   assert raised.value.rule == "outer (the function checked)"
   assert "x out of range" in str(raised.value)
   assert all(not f.rule.startswith("inner") for f in raised.value.failures)
+
+
+# --- behaviours no test held before (issue 61) ----------------------------------------
+
+def test_a_run_whose_modes_require_no_rule_does_not_pass():
+  """modes="expand" of a custom function under jit (its types alone), or
+  second order alone (no first-order mode runs): nothing is compared, so
+  the report is inconclusive, never passed."""
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+  sin.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+  for modes in ("expand", ("second_order",)):
+    report = check_rules(sin, X, modes=modes, accept_inconclusive=True)
+    assert report.required == [] and report.conclusive == 0, report
+    assert report.verdict == "inconclusive", report
+    with pytest.raises(InconclusiveCheckError):
+      check_rules(sin, X, modes=modes)
+
+
+class _SinOfInt(hijax.HiPrim):
+  """sin(n) of an integer n: a float output whose jvp (a zero tangent,
+  right) finite differences cannot judge."""
+
+  def __init__(self, n_aval):
+    self.in_avals = (n_aval,)
+    self.out_aval = hijax.ShapedArray(n_aval.shape, jnp.dtype("float32"))
+    self.params = {}
+    super().__init__()
+
+  def expand(self, n):
+    return jnp.sin(n.astype(jnp.float32))
+
+  def jvp(self, primals, tangents):
+    return self(*primals), jnp.zeros(primals[0].shape, jnp.float32)
+
+
+def test_the_jvp_of_a_primitive_of_integers_is_not_required():
+  n = jnp.array([1, 2, 3], jnp.int32)
+  report = check_rules(lambda n: _SinOfInt(jax.typeof(n))(n), n,
+                       x64=False)
+  assert report.passed, report
+  assert report.required == ["_SinOfInt.expand"], report.required
+
+
+class _DoubledLog1pExp(hijax.HiPrim):
+  """log(1 + e^x) with twice its derivative in jvp and vjp: right for a
+  surrogate, wrong for a derivative."""
+
+  def __init__(self, x_aval):
+    self.in_avals, self.out_aval, self.params = (x_aval,), x_aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.log1p(jnp.exp(x))
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), 2 * jax.nn.sigmoid(x) * t
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x
+
+  def vjp_bwd_retval(self, x, g):
+    return (2 * jax.nn.sigmoid(x) * g,)
+
+
+@surrogate
+class _MarkedDoubled(_DoubledLog1pExp):
+  pass
+
+
+class _UnmarkedSubclass(_MarkedDoubled):
+  pass
+
+
+def test_a_hiprim_class_marked_surrogate_is_honoured_and_not_its_subclass():
+  report = check_rules(lambda x: _MarkedDoubled(jax.typeof(x))(x), X,
+                       modes=("jvp", "vjp"), accept_inconclusive=True)
+  assert not report.failures and report.surrogates, report
+  report = check_rules(lambda x: _UnmarkedSubclass(jax.typeof(x))(x), X,
+                       modes=("jvp", "vjp"), raise_on_failure=False)
+  assert report.failures and not report.surrogates, report
+
+
+@jax.custom_jvp
+def _good(x):
+  return jnp.sin(x)
+
+
+_good.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+
+
+@jax.custom_vjp
+def _bad(x):
+  return x ** 2
+
+
+_bad.defvjp(lambda x: (x ** 2, x), lambda x, g: (3 * x * g,))
+
+
+def test_a_function_inside_jit_is_checked_alone_at_its_first_inputs():
+  """Beside another, inside jit, called twice: checked alone (named, not
+  the other) at the inputs of its first call, 2 x."""
+  program = jax.jit(lambda x: _bad(2. * x) + _bad(x) + _good(x))
+  report = check_rules(program, X, raise_on_failure=False)
+  assert {f.rule for f in report.failures} == {"_bad (custom_vjp): fwd/bwd"}
+  assert all("_bad (custom_vjp) alone" in f.check for f in report.failures)
+  assert all("[0.6,3.4,-4.4]" in "".join(f.inputs.split())
+             for f in report.failures), [
+      f.inputs for f in report.failures]
+
+
+def test_a_function_called_twice_is_one_rule_named_once_with_one_budget():
+  lines = []
+  report = check_rules(lambda x: _good(_good(x)) + _good(2. * x), X,
+                       progress=lines.append, modes=("jvp",))
+  assert report.primitives == ["_good (custom_jvp)"], report.primitives
+  assert report.required == ["_good (custom_jvp): the jvp rule"]
+  assert lines and all(" of 30 s: " in line for line in lines), lines

@@ -70,6 +70,7 @@ IMPLICIT = ["tests/test_implicit_failure.py", "tests/test_implicit_solvers.py",
 TESTING = ["tests/test_testing_gaps.py", "tests/test_testing_scale.py",
            "tests/test_testing_properties.py", "tests/test_testing_decorators.py",
            "tests/test_testing.py"]
+PLUGIN = ["tests/test_plugin_recording.py", "tests/test_plugin.py"]
 MODULE_TESTS.update({
     "implicit/_linear.py": IMPLICIT,
     "implicit/_dense.py": IMPLICIT,
@@ -83,6 +84,19 @@ MODULE_TESTS.update({
     "testing/_numerics.py": TESTING,
     "testing/_finite_diff.py": TESTING,
     "testing/_checks.py": TESTING,
+    "testing/_discovery.py": ["tests/test_testing_walk.py",
+                              "tests/test_testing_jax_rules.py", *TESTING],
+    "testing/_verdict.py": ["tests/test_testing_jax_rules.py", *TESTING],
+    "testing/_foreign_words.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/_report.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/plugin/_check.py": PLUGIN,
+    "testing/plugin/_inputs.py": PLUGIN,
+    "testing/plugin/_recorder.py": PLUGIN,
+    "testing/plugin/_rule_identity.py": PLUGIN,
+    "testing/plugin/_table.py": PLUGIN,
+    "testing/plugin/_pytest.py": PLUGIN,
+    "testing/_budget.py": ["tests/test_testing_import.py",
+                           "tests/test_testing_verdicts.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
 DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",

@@ -81,20 +81,24 @@ rule, the input and the largest error. In a pytest suite, call
 from __future__ import annotations
 
 # The modules of this package, each importing only those listed before it:
+#   _foreign_words  the words of others' errors (JAX's, equinox's) that the
+#                checker recognizes, each with the releases it was seen in
 #   _report      RuleFailure, RuleReport, RuleCheckError, the list of modes
 #   _numerics    default tolerances, comparing arrays, inner products
 #   _steps       where finite differences evaluate: tangents, exact steps,
 #                the wider dtype
 #   _finite_diff finite differences with error bounds and a verdict per
 #                element
-#   _discovery   which primitives a function binds and which rules they define
+#   _discovery   the one walk over a jaxpr: which primitives and custom
+#                functions a function holds, which rules they define,
+#                evaluation in place of calls (expand, custom calls alone)
 #   _surrogate   rules declared not the derivative (surrogate, Surrogates)
 #   _compiled    compiled evaluations shared by the checks
 #   _budget      the time a run may take, and its progress
 #   _record      Recorder: what checks record (runs, skips, comparisons,
 #                failures), a mixin of CheckContext
 #   _context     CheckContext (the point, settings, shared helpers of checks)
-#   _identity    the inner-product identity that checks backward rules
+#   _inner_product  the inner-product identity that checks backward rules
 #   _nzs_out     the check of the nzs_out that vjp_fwd and lin return
 #   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
 #   _batching    check_batch

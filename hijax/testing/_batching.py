@@ -118,8 +118,9 @@ def add_batch_parts(ctx: CheckContext):
         tuple(leaves_b()[i] for i in ctx.float_idx), tuple(b())))
 
 
-def _raised(ctx: CheckContext, refusals: list, check: str, inputs: str,
-            e: BaseException, label: str | None = None):
+def _refused_or_failed(ctx: CheckContext, refusals: list, check: str,
+                       inputs: str, e: BaseException,
+                       label: str | None = None):
   """A batching check that raised ``e``: a failure, unless the rule itself
   raised it (a ``batch`` or ``batch_dim_rule`` refusing, or failing on, a
   combination of batched arguments, not hijax's check of what it returned)
@@ -143,7 +144,8 @@ def check_batch(ctx: CheckContext):
   ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given).
   Their programs are parts that `add_batch_parts` added. Where the checker
   chose the combinations, one for which the rule itself raises is judged
-  with the others by `CheckContext.judge_refusals` (see `_raised`)."""
+  with the others by `CheckContext.judge_refusals` (see
+  `_refused_or_failed`)."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
   refs = {}
   refusals = []  # (check, inputs, exception, why skipped)
@@ -166,7 +168,7 @@ def check_batch(ctx: CheckContext):
     try:
       got = jax.tree.leaves(ctx.compiled.run(("vmap", repr(in_axes)), args_b))
     except Exception as e:  # pylint: disable=broad-except
-      _raised(ctx, refusals, check, inputs, e,
+      _refused_or_failed(ctx, refusals, check, inputs, e,
               label=f"vmap with in_axes={in_axes}")
       continue
     handled_some = True
@@ -224,7 +226,7 @@ def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
               for k in range(size)]
       want = [np.stack(ys) for ys in zip(*want)]
     except Exception as e:  # pylint: disable=broad-except
-      _raised(ctx, refusals, check, inputs, e)
+      _refused_or_failed(ctx, refusals, check, inputs, e)
       continue
     ctx.ran("batch", check)
     names = ([ctx.out_names[i] for i in ctx.out_float_idx]

@@ -13,7 +13,6 @@ is reported skipped for time). A run that takes long prints where it is to
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import sys
@@ -51,19 +50,6 @@ class BudgetSpent(BaseException):
 
 def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
-
-
-# Compiles in threads of their own that nobody waits for any more (abandoned
-# at the time limit, or started ahead for a check that did not run): the
-# process waits for them at exit (a thread ended while in XLA's compiler
-# aborts the process).
-_ABANDONED: list[threading.Thread] = []
-
-
-@atexit.register
-def _wait_for_abandoned() -> None:
-  for worker in _ABANDONED:
-    worker.join()
 
 
 def _thread_settings() -> contextlib.ExitStack:
@@ -134,7 +120,9 @@ class Budget:
     """Starts ``fn()`` in a thread of its own (with this thread's JAX
     settings) and returns a function that waits for its result, as
     `within` does (`BudgetSpent` at `HARD_LIMIT` times the budget). Work
-    started and never waited for is waited for at the process's exit."""
+    started and never waited for is waited for at the process's exit (the
+    thread is not a daemon: one ended while in XLA's compiler aborts the
+    process), with no exit hook of ours."""
     box: dict[str, Any] = {}
     settings = _thread_settings()
 
@@ -144,9 +132,8 @@ class Budget:
           box["value"] = fn()
       except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
         box["error"] = e
-    worker = threading.Thread(target=work, daemon=True,
+    worker = threading.Thread(target=work, daemon=False,
                               name=f"check_rules: {what}")
-    _ABANDONED.append(worker)  # until it is waited for
     worker.start()
 
     def wait():
@@ -157,8 +144,6 @@ class Budget:
       worker.join(left)
       if worker.is_alive():
         raise BudgetSpent(what, self.elapsed)
-      if worker in _ABANDONED:
-        _ABANDONED.remove(worker)
       if "error" in box:
         raise box["error"]
       return box["value"]

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._numerics import (RULE_ULPS, Tol, eps_of, is_float,
-                                     on_device)
+                                     on_device, wide)
 
 # The device tolerance allows this many times the worst measured error.
 SAFETY = 4.0
@@ -106,7 +106,7 @@ def _ulps(got, want, dtype, floor=None) -> float:
   comparisons' scale), over the elements finite on both sides (an infinite
   or NaN one is the comparisons' to judge: measured, it would make the
   device's tolerance infinite or NaN)."""
-  got, want = _wide(got), _wide(want)  # a complex error counts both parts
+  got, want = wide(got), wide(want)  # a complex error counts both parts
   finite = np.isfinite(got) & np.isfinite(want)
   want = np.where(finite, want, 0.0)
   err = np.abs(np.where(finite, got, 0.0) - want)
@@ -336,14 +336,8 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
           f"{k} {v:.0f}" for k, v in measured.items()) + ")")
 
 
-def _wide(x) -> np.ndarray:
-  """``x`` in float64, or complex128 if complex (both parts kept)."""
-  x = np.asarray(x)
-  return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
-
-
 def _upcast(args):
-  return jax.tree.map(lambda x: _wide(x) if is_float(x) else np.asarray(x),
+  return jax.tree.map(lambda x: wide(x) if is_float(x) else np.asarray(x),
                       args)
 
 
@@ -389,7 +383,7 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
     device_ctx = device_context(plan, own, own_dtype, accel, context_at,
                                 add_parts, ahead=False)
   reference = ctx
-  same = all(np.array_equal(_wide(a), _wide(b))
+  same = all(np.array_equal(wide(a), wide(b))
              for a, b in zip(jax.tree.leaves(own), ctx.leaves))
   if host64 and not same:
     with host_settings():

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import jax
+from jax.extend.core import primitives
 
 from hijax import derived
 from hijax._internals import core as _core
@@ -16,12 +17,6 @@ from hijax.primitive import HiPrim
 _JAXPR_TYPES = tuple(t for t in (getattr(_core, "ClosedJaxpr", None),
                                  _core.Jaxpr) if t is not None)
 
-# Call primitives whose inner jaxpr is evaluated in place (so that the hijax
-# primitives inside are expanded too).
-_INLINED_CALLS = ("pjit", "jit", "closed_call", "core_call", "checkpoint",
-                  "remat")
-
-
 def is_hiprim(x) -> bool:
   """Whether ``x`` is a constructed `HiPrim` instance (not a class)."""
   return isinstance(x, HiPrim) and hasattr(x, "in_avals")
@@ -29,11 +24,6 @@ def is_hiprim(x) -> bool:
 
 def _overrides(cls, name) -> bool:
   return getattr(cls, name, None) is not getattr(HiPrim, name, None)
-
-
-# JAX's primitives for calls of jax.custom_jvp and jax.custom_vjp functions
-# (the same names in 0.11 and 0.12).
-_CUSTOM_CALLS = {"custom_jvp_call": "custom_jvp", "custom_vjp_call": "custom_vjp"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,15 +79,10 @@ def _custom_rules(eqn, kind) -> CustomRules:
 def find_custom_rules(jaxpr, found: list) -> list:
   """Appends a `CustomRules` for each distinct ``jax.custom_jvp`` /
   ``jax.custom_vjp`` function called in ``jaxpr`` (not inside another)."""
-  for eqn in jaxpr.eqns:
-    kind = _CUSTOM_CALLS.get(eqn.primitive.name)
-    if kind is not None:
-      rules = _custom_rules(eqn, kind)
-      if rules not in found:
-        found.append(rules)
-      continue
-    for sub in _sub_jaxprs(eqn.params):
-      find_custom_rules(sub, found)
+  for eqn in equations(jaxpr, into=lambda e: custom_kind(e) is None):
+    kind = custom_kind(eqn)
+    if kind is not None and _custom_rules(eqn, kind) not in found:
+      found.append(_custom_rules(eqn, kind))
   return found
 
 
@@ -168,17 +153,65 @@ def _sub_jaxprs(params):
   for val in params.values():
     for v in (val if isinstance(val, (tuple, list)) else (val,)):
       if isinstance(v, _JAXPR_TYPES):
-        yield _open_jaxpr(v)[0]
+        yield v
+
+
+# The primitives of calls of jax.custom_jvp and jax.custom_vjp functions.
+_CUSTOM_CALLS = {primitives.custom_jvp_call_p: "custom_jvp",
+                 primitives.custom_vjp_call_p: "custom_vjp"}
+
+# The primitives of calls that evaluate their jaxpr once, in place: jax.jit,
+# jax.checkpoint (named `remat2` in JAX 0.11 and 0.12) and closed calls
+# (`eval_jaxpr` in 0.12): recognized as objects, whatever their names.
+_CALLS = (primitives.jit_p, primitives.remat_p, primitives.closed_call_p,
+          primitives.call_p)
+
+
+def custom_kind(eqn) -> str | None:
+  """``"custom_jvp"`` or ``"custom_vjp"`` for a call of such a function."""
+  return _CUSTOM_CALLS.get(eqn.primitive)
+
+
+def _everywhere(eqn) -> bool:
+  del eqn
+  return True
+
+
+def equations(jaxpr, into=_everywhere):
+  """Each equation of ``jaxpr``, depth first, and those of the jaxprs an
+  equation holds (a call's, a loop's, a branch's, a custom function's)
+  where ``into(eqn)``: the package's one walk over a jaxpr's equations."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    if into(eqn):
+      for sub in _sub_jaxprs(eqn.params):
+        yield from equations(_open_jaxpr(sub)[0], into)
+
+
+def call_body(eqn):
+  """``(jaxpr, consts)`` of a call (``jit``, ``jax.checkpoint``, a closed
+  call) that evaluates its one jaxpr once on its own inputs, which can then
+  be evaluated in place; None for any other equation (a loop, a branch, a
+  custom function, ``shard_map``). A call is recognized by its primitive
+  object and by what it holds: exactly one jaxpr whose inputs and outputs
+  have the equation's types, one for one."""
+  subs = list(_sub_jaxprs(eqn.params))
+  if not any(eqn.primitive is p for p in _CALLS) or len(subs) != 1:
+    return None
+  jaxpr, consts = _open_jaxpr(subs[0])
+  same = lambda xs, ys: len(xs) == len(ys) and all(
+      _core.typematch(x.aval, y.aval) for x, y in zip(xs, ys))
+  if not (same(jaxpr.invars, eqn.invars) and same(jaxpr.outvars, eqn.outvars)):
+    return None
+  return jaxpr, consts
 
 
 def find_hiprims(jaxpr, found: list) -> list:
   """Appends the distinct hijax primitive instances bound in ``jaxpr``."""
-  for eqn in jaxpr.eqns:
+  for eqn in equations(jaxpr):
     prim = prim_of(eqn)
     if prim is not None and not any(prim is p for p in found):
       found.append(prim)
-    for sub in _sub_jaxprs(eqn.params):
-      find_hiprims(sub, found)
   return found
 
 
@@ -208,9 +241,11 @@ def _rebind(eqn, invals):
   return outs if eqn.primitive.multiple_results else [outs]
 
 
-def _evaluate(jaxpr, consts, args, apply):
-  """Evaluates ``jaxpr`` on ``consts`` and ``args``; ``apply(eqn, invals)``
-  gives the output values (a list) of each equation."""
+def evaluate(jaxpr, consts, args, apply):
+  """Evaluates ``jaxpr`` on ``consts`` and ``args``, each call (`call_body`)
+  in place, so that ``apply(eqn, invals)`` sees the equations inside calls
+  too: it gives an equation's output values (a list), or None to bind the
+  equation again."""
   env = dict(zip(jaxpr.constvars, consts))
   env.update(zip(jaxpr.invars, args))
 
@@ -218,39 +253,35 @@ def _evaluate(jaxpr, consts, args, apply):
     return v.val if isinstance(v, _core.Literal) else env[v]
 
   for eqn in jaxpr.eqns:
-    env.update(zip(eqn.outvars, apply(eqn, [read(v) for v in eqn.invars])))
+    invals = [read(v) for v in eqn.invars]
+    outs = apply(eqn, invals)
+    if outs is None:
+      body = call_body(eqn)
+      outs = (_rebind(eqn, invals) if body is None
+              else evaluate(*body, invals, apply))
+    env.update(zip(eqn.outvars, outs))
   return [read(v) for v in jaxpr.outvars]
-
-
-def _inlined_body(eqn):
-  """The jaxpr of ``eqn`` if it is a call evaluated in place, else None."""
-  sub = eqn.params.get("jaxpr")
-  if eqn.primitive.name in _INLINED_CALLS and isinstance(sub, _JAXPR_TYPES):
-    return sub
-  return None
 
 
 def eval_expanded(jaxpr, consts, args, applications):
   """Evaluates ``jaxpr`` with each hijax primitive replaced by its `expand`.
 
-  Records ``(prim, args, out, out_tree)`` for each top-level application in
+  Records ``(prim, args, out, out_tree)`` for each application outside
+  loops and branches (at the top level or inside calls) in
   ``applications``.
   """
   def apply(eqn, invals):
     prim = prim_of(eqn)
-    if prim is not None:
-      p_args = jax.tree.unflatten(prim.in_tree, invals)
-      out = prim.expand(*p_args)
-      outs, tree = jax.tree.flatten(out)
-      applications.append((prim, p_args, out, tree))
-      if tree != prim.out_tree:
-        raise ExpandStructureError(prim, tree)
-      return outs
-    sub = _inlined_body(eqn)
-    if sub is not None:
-      return eval_expanded(*_open_jaxpr(sub), invals, [])
-    return _rebind(eqn, invals)
-  return _evaluate(jaxpr, consts, args, apply)
+    if prim is None:
+      return None
+    p_args = jax.tree.unflatten(prim.in_tree, invals)
+    out = prim.expand(*p_args)
+    outs, tree = jax.tree.flatten(out)
+    applications.append((prim, p_args, out, tree))
+    if tree != prim.out_tree:
+      raise ExpandStructureError(prim, tree)
+    return outs
+  return evaluate(jaxpr, consts, args, apply)
 
 
 def application_types(prim_fn, args) -> list[tuple]:
@@ -279,19 +310,6 @@ def applications(prim_fn, args) -> list[tuple]:
   return [(prim, p_args) for prim, p_args, _, _ in found]
 
 
-def _interpret(jaxpr, consts, args, targets, found):
-  """Evaluates ``jaxpr`` (inside ``jit`` calls too), recording the inputs of
-  each equation in ``targets`` (by identity) in ``found``."""
-  def apply(eqn, invals):
-    if any(eqn is t for t in targets) and id(eqn) not in found:
-      found[id(eqn)] = list(invals)
-    sub = _inlined_body(eqn)
-    if sub is not None:
-      return _interpret(*_open_jaxpr(sub), invals, targets, found)
-    return _rebind(eqn, invals)
-  return _evaluate(jaxpr, consts, args, apply)
-
-
 def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
   """``(rules, fn, inputs)`` for each distinct ``jax.custom_jvp`` /
   ``jax.custom_vjp`` function that ``prim_fn`` calls outside loops and
@@ -301,21 +319,18 @@ def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
   only inside a loop or a branch are not listed."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   targets: dict[CustomRules, Any] = {}
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      kind = _CUSTOM_CALLS.get(eqn.primitive.name)
-      sub = _inlined_body(eqn)
-      if kind is not None:
-        targets.setdefault(_custom_rules(eqn, kind), eqn)
-      elif sub is not None:
-        walk(_open_jaxpr(sub)[0])
-  walk(closed.jaxpr)
+  for eqn in equations(closed.jaxpr, into=lambda e: call_body(e) is not None):
+    if custom_kind(eqn) is not None:
+      targets.setdefault(_custom_rules(eqn, custom_kind(eqn)), eqn)
   eqns = list(targets.values())
 
   def inputs(*leaves):
     found = {}
-    _interpret(closed.jaxpr, closed.consts, leaves, eqns, found)
+
+    def record(eqn, invals):
+      if any(eqn is t for t in eqns) and id(eqn) not in found:
+        found[id(eqn)] = list(invals)
+    evaluate(closed.jaxpr, closed.consts, leaves, record)
     return [found[id(e)] for e in eqns]
   values = jax.jit(inputs)(*jax.tree.leaves(args)) if eqns else []
 

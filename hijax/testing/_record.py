@@ -78,10 +78,11 @@ class Recorder:
     name = rule or self.rule_name(mode)
     self.report.compared[name] = self.report.compared.get(name, 0) + 1
 
-  def fail(self, mode, check, inputs, detail, max_error=None, rule=None):
+  def fail(self, mode, check, inputs, detail, max_error=None, rule=None,
+           error=None):
     self.report.failures.append(RuleFailure(
         rule=rule or self.rule_name(mode), check=self.label + check,
-        inputs=inputs, detail=detail, max_error=max_error))
+        inputs=inputs, detail=detail, max_error=max_error, error=error))
 
   def fail_raised(self, mode, check, inputs, exc, rule=None):
     why = None
@@ -97,7 +98,8 @@ class Recorder:
                           f"({short})", rule)
       return
     detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
-    self.fail(mode, check, inputs, detail, float("inf"), rule=rule)
+    self.fail(mode, check, inputs, detail, float("inf"), rule=rule,
+              error=exc)
 
   def judge_refusals(self, mode, refusals, handled_some: bool):
     """Judges the checks of ``mode`` where the rule itself raised, each

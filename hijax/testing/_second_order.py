@@ -21,7 +21,7 @@ import numpy as np
 
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext
-from hijax.testing._identity import check_identity
+from hijax.testing._inner_product import check_identity
 from hijax.testing._report import declared_limit
 
 def _backward_pass(f, ybar):

@@ -123,13 +123,6 @@ def shifted(xs, ts, h):
   return out
 
 
-def low_precision(dtype) -> bool:
-  """bfloat16 and float16 (and narrower): too few bits for finite
-  differences of their own."""
-  return (jnp.issubdtype(dtype, jnp.inexact)
-          and _bits(_real_dtype(dtype)) < 16)
-
-
 def wider(dtype) -> np.dtype | None:
   """The dtype a function of ``dtype`` inputs is differenced in, where it
   accepts it: float32 for bfloat16 and float16, float64 for float32 (and

@@ -4,6 +4,8 @@ failures to list first, and functions checked alone where a program of
 several failed."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from hijax.testing._budget import HARD_LIMIT, BudgetSpent
@@ -86,7 +88,7 @@ def function_raises(ctx: CheckContext, prim_fn, plan) -> bool:
            "the inputs' dtypes)", ctx.describe_inputs(),
            f"{detail}\nno rule was checked: check the function at an input "
            "where it runs", float("inf"),
-           rule=f"{name} (the function checked)")
+           rule=f"{name} (the function checked)", error=ctx.function_error)
   ctx.report.skipped += [(mode, "the function raises at this input")
                          for mode in plan]
   return True
@@ -121,6 +123,25 @@ def inner_first(ctx: CheckContext, report: RuleReport):
                                 key=[f.rule for f in inner].index)
 
 
+def _absorb(report: RuleReport, alone: RuleReport):
+  """Adds to the program's report all that the checks alone ran, skipped,
+  counted and left unjudged by intent, but their failures (which replace
+  the program's only where there are any) and the rules they require."""
+  for field in dataclasses.fields(RuleReport):
+    mine, theirs = getattr(report, field.name), getattr(alone, field.name)
+    if field.name in ("failures", "required", "primitives", "dtype",
+                      "seconds", "inner_first", "devices"):
+      continue
+    if isinstance(mine, list):
+      mine += [x for x in theirs if not (
+          field.name in ("by_intent", "surrogates") and x in mine)]
+    elif isinstance(mine, dict):
+      for key, n in theirs.items():
+        mine[key] = mine.get(key, 0) + n
+    else:
+      setattr(report, field.name, mine + theirs)
+
+
 def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
   """Where the program as a whole failed and calls several
   ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
@@ -145,14 +166,7 @@ def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
         len(inputs))], settings, rng, alone, [rules],
                        label=f"{rules!r} alone: ", requested=modes)
     run(ctx, plan_modes(ctx, modes, explicit=False))
-  report.ran += alone.ran
-  report.skipped += alone.skipped
-  report.inconclusive += alone.inconclusive
-  report.first_order_only += alone.first_order_only
-  report.skipped_for_time += alone.skipped_for_time
-  report.unjudged += alone.unjudged
-  for rule, n in alone.compared.items():
-    report.compared[rule] = report.compared.get(rule, 0) + n
+  _absorb(report, alone)
   if alone.failures:
     named = sorted({f.rule for f in report.failures})
     report.failures[:] = alone.failures

@@ -1,8 +1,8 @@
-"""Checking the rules a test suite called (`hijax.testing._recorder`) with
-`check_rules`, at the inputs recorded, within a time budget; one verdict
+"""Checking the rules a test suite called (`._recorder`) with `check_rules`,
+at the inputs recorded, within a time budget; one verdict
 per rule.
 
-Inputs: `hijax.testing._plugin_inputs`. A sample whose function raises, or
+Inputs: `hijax.testing.plugin._inputs`. A sample whose function raises, or
 returns a value that is not finite, at its inputs is not checked (finite
 differences mean nothing there; a test may call a function where it raises
 on purpose): it is reported, and the rule is inconclusive if no other
@@ -37,10 +37,10 @@ import jax
 import numpy as np
 
 from hijax import testing
-from hijax._checks import RuleTypeError
-from hijax.testing._plugin_inputs import as_jax, candidates, ordered
-from hijax.testing._recorder import RecordedRule, Sample
-from hijax.testing._rule_identity import named_function, unwrap
+from hijax import RuleTypeError
+from hijax.testing.plugin._inputs import as_jax, candidates, ordered
+from hijax.testing.plugin._recorder import RecordedRule, Sample
+from hijax.testing.plugin._rule_identity import named_function, unwrap
 
 
 @dataclasses.dataclass
@@ -104,8 +104,8 @@ def _quiet():
     yield
 
 
-def _raised(report) -> bool:
-  return any(f.detail.startswith("raised ") for f in report.failures)
+def _a_rule_raised(report) -> bool:
+  return any(f.error is not None for f in report.failures)
 
 
 def _not_finite(out: Any) -> bool:
@@ -242,10 +242,10 @@ def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
   names = surrogate_arguments(rule, sample) if surrogate else []
   try:
     report = _check_rules(fn, arrays, seconds, progress, names)
-    if _raised(report) and deadline > time.monotonic():
+    if _a_rule_raised(report) and deadline > time.monotonic():
       again = _check_rules(fn, arrays, deadline - time.monotonic(), progress,
                            names, x64=False)
-      if not _raised(again):
+      if not _a_rule_raised(again):
         tried.source += "; in its own dtypes (its rules raise in float64)"
         report = again
   except Exception as e:  # pylint: disable=broad-except  (reported)
@@ -257,7 +257,8 @@ def _check_sample_at(rule, sample, tries, tried, seconds, surrogate,
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
   tried.skipped = [f"{mode}: {why}" for mode, why in report.skipped]
-  tried.failures = [dataclasses.asdict(f) for f in report.failures]
+  tried.failures = [{k.name: getattr(f, k.name) for k in dataclasses.fields(f)
+                     if k.name != "error"} for f in report.failures]
   if report.failures:
     f = report.failures[0]
     at = f.inputs.splitlines()[0] if f.inputs else ""

@@ -1,11 +1,11 @@
 """Recording the calls of custom derivative rules while a test suite runs
-(for ``pytest --hijax-check-rules``, `hijax.testing._plugin`).
+(for ``pytest --hijax-check-rules``, `hijax.testing.plugin`).
 
-`Recorder.install` wraps the ``__call__`` of ``jax.custom_jvp``,
+`CallRecorder.install` wraps the ``__call__`` of ``jax.custom_jvp``,
 ``jax.custom_vjp``, hijax's decorators and `HiPrim` (so a subclass that
-overrides ``__call__`` itself is not seen), and `Recorder.remove` puts them
-back. Each call is attributed to a rule, found once per decorated object
-or primitive class (`hijax.testing._rule_identity`), and the rule keeps a
+overrides ``__call__`` itself is not seen), and `CallRecorder.remove` puts
+them back. Each call is attributed to a rule, found once per decorated
+object or primitive class (`._rule_identity`), and the rule keeps a
 bounded sample of its inputs: one `Sample` per distinct input signature
 (pytree structure, shapes and dtypes), at most ``samples`` of them.
 
@@ -42,8 +42,8 @@ import numpy as np
 from hijax import primitive
 from hijax._decorators import _common
 from hijax._internals import core
-from hijax.testing import _rule_identity
-from hijax.testing._rule_identity import RuleIdentity
+from hijax.testing.plugin import _rule_identity
+from hijax.testing.plugin._rule_identity import RuleIdentity
 
 # A sample with more elements than this keeps only its types (checking it
 # would take long; a smaller one of the same rule is preferred).
@@ -156,7 +156,7 @@ def _leaf_of(x: Any) -> tuple[Any, str]:
   return None, "static"
 
 
-class Recorder:
+class CallRecorder:
   """Records the calls of custom rules while installed (see the module
   docstring).
 

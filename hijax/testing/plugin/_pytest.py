@@ -4,9 +4,8 @@ fail the run and write a JSON report.
 
 Registered by the light entry module ``_hijax_pytestplugin`` (which declares
 the options) only when the option is given. While the tests run, a
-`hijax.testing._recorder.Recorder` is installed; at the end of the session
-it is removed, and each rule is checked by
-`hijax.testing._plugin_check.check_rule`, in the order the tests first
+`._recorder.CallRecorder` is installed; at the end of the session it is
+removed, and each rule is checked by `._check.check_rule`, in the order the tests first
 called them, until the total budget is spent.
 """
 from __future__ import annotations
@@ -19,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from hijax.testing._plugin_check import RuleResult, check_rule, is_surrogate
-from hijax.testing._plugin_table import summary, table
-from hijax.testing._recorder import Recorder
-from hijax.testing._rule_identity import short_path
+from hijax.testing.plugin._check import RuleResult, check_rule, is_surrogate
+from hijax.testing.plugin._table import summary, table
+from hijax.testing.plugin._recorder import CallRecorder
+from hijax.testing.plugin._rule_identity import short_path
 
 PLUGIN_NAME = "hijax-check-rules"
 
@@ -63,7 +62,7 @@ class RuleCheckPlugin:
     self.rule_budget = float(opt("hijax_rule_budget"))
     self.fail_on = str(opt("hijax_rules_fail_on"))
     self.json_path = opt("hijax_rules_json")
-    self.recorder = Recorder(int(opt("hijax_rules_samples")),
+    self.recorder = CallRecorder(int(opt("hijax_rules_samples")),
                              bool(opt("hijax_rules_include_jax")))
     self.results: list[RuleResult] = []
     self.unresolved: list[str] = []
