@@ -225,6 +225,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     """
     self.jvp = jvp
     self.symbolic_zeros = symbolic_zeros
+    self._rules_defined()
     return jvp
 
   def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
