@@ -13,7 +13,14 @@ times, taking the best of ``--repeat`` runs (7):
       and hashing one,
 
 then prints hijax's time divided by JAX's own HiPrim's (target: <= 1.1), and
-``hijax.custom_vjp``'s divided by ``jax.custom_vjp``'s. It also
+``hijax.custom_vjp``'s divided by ``jax.custom_vjp``'s. The decorators are
+then timed pairwise (``hijax.custom_vjp`` against ``jax.custom_vjp``,
+``hijax.custom_jvp`` against ``jax.custom_jvp``, the same function and rules
+under each, rounds interleaved): eager call, eager ``grad``, eager ``jvp``
+(``custom_jvp`` only: JAX's ``custom_vjp`` has no forward mode) and
+``jit(grad)`` compile, printed as hijax/JAX ratios (target: <= 1.0).
+``--clock cpu`` times with the process's CPU time, which other processes on
+a shared machine disturb less than the wall clock. It also
 checks that the optimized HLO of ``jit(f)`` for a HiPrim equals that of its
 ``expand`` written as a plain function: the primitive costs nothing once lowered.
 """
@@ -94,6 +101,22 @@ def _hijax_fwd(x, y):
 with_hijax_custom_vjp.defvjp(_hijax_fwd, _bwd)
 
 
+def _sin_times_y_jvp(f):
+  """``f`` (sin(x) * y) with its jvp rule, for either decorator."""
+  @f.defjvp
+  def _(primals, tangents):
+    x, y = primals
+    tx, ty = tangents
+    return f(x, y), jnp.cos(x) * tx * y + jnp.sin(x) * ty
+  return f
+
+
+with_custom_jvp = _sin_times_y_jvp(jax.custom_jvp(plain))
+with_hijax_custom_jvp = _sin_times_y_jvp(hijax.custom_jvp(plain))
+
+CLOCK = time.perf_counter
+
+
 def chain(f, n):
   def g(x):
     for _ in range(n):
@@ -105,12 +128,12 @@ def chain(f, n):
 def time_once(thunk, number=1, wait=True):
   """Seconds per call of ``thunk``, over ``number`` calls; ``wait``: block
   until each result is ready (for JAX values; not for Python objects)."""
-  t0 = time.perf_counter()
+  t0 = CLOCK()
   for _ in range(number):
     out = thunk()
     if wait:
       jax.block_until_ready(out)
-  return (time.perf_counter() - t0) / number
+  return (CLOCK() - t0) / number
 
 
 def workloads(f, n):
@@ -125,6 +148,49 @@ def workloads(f, n):
       # A new function each time, so that no tracing or compilation cache helps.
       (lambda: jax.jit(jax.grad(chain(f, n))).lower(x).compile() and x, 1),
   ]
+
+
+DECORATOR_PAIRS = {
+    "custom_vjp": (with_hijax_custom_vjp, with_custom_vjp),
+    "custom_jvp": (with_hijax_custom_jvp, with_custom_jvp),
+}
+DECORATOR_FIGURES = ("eager call", "eager grad", "eager jvp",
+                     "jit(grad) compile")
+
+
+def decorator_workloads(f, n, forward):
+  """`workloads` and, with ``forward``, an eager ``jax.jvp`` (third)."""
+  loads = workloads(f, n)
+  if forward:
+    x = jnp.linspace(0.1, 1.0, 16)
+    jvp = lambda: jax.jvp(lambda x: f(x, x), (x,), (x,))  # noqa: E731
+    jvp()  # warm up
+    loads.insert(2, (jvp, 5))
+  return loads
+
+
+def measure_decorators(n, repeat):
+  """``{decorator: {figure: hijax time / JAX time}}``, each figure the best
+  of ``repeat`` interleaved rounds."""
+  ratios = {}
+  for kind, (ours, theirs) in DECORATOR_PAIRS.items():
+    forward = kind == "custom_jvp"
+    best = best_times({"hijax": decorator_workloads(ours, n, forward),
+                       "jax": decorator_workloads(theirs, n, forward)},
+                      repeat)
+    figures = [f for f in DECORATOR_FIGURES if forward or f != "eager jvp"]
+    ratios[kind] = {f: a / b for f, a, b in
+                    zip(figures, best["hijax"], best["jax"])}
+  return ratios
+
+
+def print_decorator_ratios(ratios):
+  for kind, figures in ratios.items():
+    print(f"hijax.{kind} / jax.{kind}: " + ", ".join(
+        f"{f} {r:.2f}" for f, r in figures.items()))
+  worst = max(r for figures in ratios.values() for r in figures.values())
+  print("decorators, target <= 1.0 (1.05 noise): "
+        + ("met" if worst <= 1.05 else "NOT met"))
 
 
 def best_times(loads, repeat, wait=True):
@@ -176,8 +242,12 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--chain", type=int, default=200)
   parser.add_argument("--repeat", type=int, default=7)
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="wall clock, or this process's CPU time")
   _timing.add_save_option(parser)
   args = parser.parse_args()
+  global CLOCK
+  CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
   classes = {"hijax HiPrim": make_class(hijax)}
   if jax_hijax is not None:
@@ -197,6 +267,8 @@ def main():
       f"{label} {a / b:.2f}" for label, a, b in
       zip(("eager call", "eager grad", "jit(grad) compile"),
           results["hijax.custom_vjp"], results["jax.custom_vjp"])))
+  decorator_ratios = measure_decorators(args.chain, args.repeat)
+  print_decorator_ratios(decorator_ratios)
   if "jax HiPrim" in results:
     ours, theirs = results["hijax HiPrim"], results["jax HiPrim"]
     ratios = [a / b for a, b in zip(ours, theirs)]
@@ -219,7 +291,9 @@ def main():
   if "jax HiPrim" in results:
     for name, times in build.items():
       figures[name].update(zip(("construct", "construct and hash"), times))
-  _timing.save(args, "bench_hiprim", {"seconds": figures, "same HLO": ok})
+  _timing.save(args, "bench_hiprim", {"seconds": figures, "same HLO": ok,
+                                      "decorator ratios": decorator_ratios},
+               clock=args.clock)
   raise SystemExit(0 if ok else 1)
 
 

@@ -41,11 +41,17 @@ class Static:
 
   def __init__(self, value):
     self.value = value
+    self._memo = None
 
   def _key(self):
-    leaves, tree = jax.tree.flatten(self.value, is_leaf=is_none)
-    return tree, tuple(x if isinstance(x, (bool, int, type(None))) else id(x)
-                       for x in leaves)
+    # (computed once: JAX hashes and compares the params that hold it at
+    # every abstract evaluation; the value is never changed in place)
+    if self._memo is None:
+      leaves, tree = jax.tree.flatten(self.value, is_leaf=is_none)
+      self._memo = tree, tuple(
+          x if isinstance(x, (bool, int, type(None))) else id(x)
+          for x in leaves)
+    return self._memo
 
   def __hash__(self):
     return hash(self._key())

@@ -179,6 +179,12 @@ def _skips_without_tangents(prim, is_vjp) -> bool:
 
 def _linearize_rule(is_vjp, nzs_in_flat, *args_flat, prim):
   name = type(prim).__name__
+  if is_vjp and getattr(type(prim), "_grad_by_lin", False):
+    # (a class whose reverse mode is `vjp_from_lin`, the decorators'
+    # custom_jvp: `linearized` records its equations in ``grad``'s linear
+    # program, which JAX's backward pass transposes, as for jax.custom_jvp,
+    # instead of a linearized equation whose transpose traces it again)
+    is_vjp = False
   if not any(nzs_in_flat) and _skips_without_tangents(prim, is_vjp) and not any(
       isinstance(core.typeof(x), AbstractRef) for x in args_flat):
     # No tangent flows in: apply the primitive, without its forward rule.

@@ -17,7 +17,8 @@ from typing import Any
 
 from hijax._decorators import _jax_words
 
-__all__ = ["nondiff_positions", "resolve", "Signature", "function_name"]
+__all__ = ["nondiff_positions", "resolve", "plain_arity", "Signature",
+           "function_name"]
 
 
 def function_name(fn: Any) -> str:
@@ -64,6 +65,18 @@ def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
     raise ValueError(f"{decorator}: nondiff_argnums must be non-negative, got "
                      f"{sorted(positions)}")
   return tuple(sorted(positions))
+
+
+def plain_arity(fun: Callable) -> int | None:
+  """The number of parameters of ``fun`` when they are all positional and
+  have no default (a call with that many positional arguments and no
+  keyword is then resolved as it is), else None."""
+  params = _parameters(fun)
+  if params is None or any(
+      p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+      or p.default is not p.empty for p in params):
+    return None
+  return len(params)
 
 
 def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str

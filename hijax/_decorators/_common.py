@@ -32,12 +32,14 @@ from jax.custom_derivatives import SymbolicZero
 
 from hijax._decorators import _tracing
 from hijax._decorators._arguments import (Signature, function_name,
-                                          nondiff_positions, resolve)
+                                          nondiff_positions, plain_arity,
+                                          resolve)
 from hijax._decorators._batching import BatchRules
 from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import RuleOwner
-from hijax._internals import core
-from hijax._util import is_float0, is_zero
+from hijax._function_key import Uncacheable, by_value
+from hijax._internals import config, core
+from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import instantiate_zeros
 from hijax.primitive import HiPrim
 
@@ -243,8 +245,23 @@ class Call:
         f"them) and return their cotangents from the rule.")
 
 
+_CALLS_KEPT = 64
+"""Calls kept per decorated function (its argument types and statics)."""
+
+_rules_version = [0]
+"""Bumped whenever a decorated function's rules are (re)defined: a kept call
+of another function whose code calls this one then stops being found."""
+
+
 class Decorated:
-  """The part of `hijax.custom_vjp` and `hijax.custom_jvp` that is the same."""
+  """The part of `hijax.custom_vjp` and `hijax.custom_jvp` that is the same.
+
+  A `Call` is kept for the next call with the same key (`_calls_key`): the
+  function's code and what it reads (`hijax._function_key.by_value`), the
+  static arguments, the argument types, JAX's trace context and the rules'
+  version; a call whose function or rules close over traced values is not
+  kept (those values belong to one trace).
+  """
 
   kind: str = ""
   _call_class: type[Call]
@@ -259,6 +276,19 @@ class Decorated:
     self.fun = fun
     self.nondiff_argnums = nondiff_positions(
         fun, nondiff_argnums, nondiff_argnames, f"hijax.{self.kind}")
+    self._calls: dict[Any, Call] = {}
+    self._arity = plain_arity(fun)
+    self._signatures: dict[int, Signature] = {}
+
+  # Keyed by identity in what a function reads (`hijax._function_key`): the
+  # rules are read when they run, and redefining them changes the version.
+  def __eq__(self, other: object) -> bool:
+    return self is other
+
+  __hash__ = object.__hash__
+
+  def _rules_defined(self) -> None:
+    _rules_version[0] += 1
 
   def __getattr__(self, name: str) -> Any:
     # As JAX's decorators do: a `def...` method of a decorated decorated
@@ -286,6 +316,7 @@ class Decorated:
     decorator.
     """
     self.batch_rule = rule
+    self._rules_defined()
     return rule
 
   def _has_rules(self) -> bool:
@@ -297,10 +328,14 @@ class Decorated:
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if not self._has_rules():
       raise self._missing_rules_error()
-    args = resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
+    if kwargs or len(args) != self._arity:
+      args = resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
     if core.trace_state_clean():
       return self.fun(*args)  # eagerly, as JAX's decorators do
-    signature = Signature(self.fun, self.nondiff_argnums, len(args))
+    signature = self._signatures.get(len(args))
+    if signature is None:
+      signature = self._signatures[len(args)] = Signature(
+          self.fun, self.nondiff_argnums, len(args))
     statics, diff_args = signature.split(args)
     key = _tracing.signature_key(statics, diff_args)
     entry = _tracing.find(self, key)
@@ -309,14 +344,30 @@ class Decorated:
       if entry.mode == "inline":
         return entry.call.primal(entry.hoisted_values, *diff_args)
       return entry.call.bind(diff_args, entry.hoisted_values)
-    try:
-      call = self._call_class(self, signature, statics, diff_args, key)
-    except jax.errors.ConcretizationTypeError:
-      # The function branches in Python on the values of its arguments, so
-      # it cannot be traced once for all values of their types. JAX's own
-      # decorator runs it on concrete values under eager autodiff; do that.
-      return self.as_jax()(*args)
+    calls_key = self._calls_key(statics, key)
+    call = self._calls.get(calls_key) if calls_key is not None else None
+    if call is None:
+      try:
+        call = self._call_class(self, signature, statics, diff_args, key)
+      except jax.errors.ConcretizationTypeError:
+        # The function branches in Python on the values of its arguments, so
+        # it cannot be traced once for all values of their types. JAX's own
+        # decorator runs it on concrete values under eager autodiff; do that.
+        return self.as_jax()(*args)
+      if calls_key is not None and not len(call.hoisted) and not call.rules:
+        store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
     return call.bind(diff_args, call.hoisted.values)
+
+  def _calls_key(self, statics: list[Any], key: Any) -> Any:
+    """The key of the kept calls (see the class), None where the function
+    or a static argument reaches a traced value (or too many values)."""
+    try:
+      spec = by_value(self.fun, *statics)
+    except Uncacheable:
+      return None
+    _, tree, avals = key
+    return (spec, tree, tuple(avals), config.trace_context(),
+            _rules_version[0])
 
   def as_jax(self) -> Callable[..., Any]:
     """The same function and rules under JAX's own decorator."""

@@ -124,6 +124,10 @@ class CustomJVPCall(CallPrimitive[JVPCall]):
 
   linearized = linearize_from_jvp.second
   vjp_fwd, vjp_bwd_retval = vjp_from_lin
+  # Under grad, `lin` and `linearized` are used and JAX's backward pass
+  # transposes what `linearized` records (hijax.autodiff), as it does for
+  # jax.custom_jvp; vjp_from_lin serves where the rules are called directly.
+  _grad_by_lin = True
 
 
 class LinearCustomJVPCall(CustomJVPCall):
@@ -225,6 +229,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     """
     self.jvp = jvp
     self.symbolic_zeros = symbolic_zeros
+    self._rules_defined()
     return jvp
 
   def defjvps(self, *jvps: Callable[..., Any] | None) -> None:

@@ -344,6 +344,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     self.symbolic_zeros, self.optimize_remat = symbolic_zeros, optimize_remat
     self.generic_batching = generic_batching
     self.with_logs = False
+    self._rules_defined()
 
   def defvjp_with_logs(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
                        symbolic_zeros: bool = False,

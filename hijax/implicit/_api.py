@@ -3,7 +3,7 @@
 
 Called on concrete values (eagerly, as in a notebook), each function runs a
 ``jax.jit`` of itself whose static arguments are the keys of the functions,
-the solvers and ``throw`` (`hijax.implicit._function_key`: code and the values
+the solvers and ``throw`` (`hijax._function_key`: code and the values
 read, not the objects), and whose inputs include the arrays the function
 captures: the second call of the same code with the same argument types,
 even of a new lambda, compiles and traces nothing. Under ``grad``, ``jvp``, ``jacfwd`` or ``vmap``
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from hijax._internals import ad, batching, core
 from hijax._util import store_bounded
 from hijax.closure import closure_convert_params
-from hijax.implicit._function_key import Uncacheable, by_identity, split
+from hijax._function_key import Uncacheable, by_identity, split
 from hijax.implicit._dense import Dense
 from hijax.implicit._linear import MatMul
 from hijax.implicit._matrix import matrix_matvec

@@ -1,7 +1,11 @@
-"""What the program an eager call compiles depends on, as a hashable key.
+"""What a function computes, as a hashable key: the one function-identity
+module of hijax.
 
-The eager cache of `hijax.implicit` (``_api._eager_cached``) compiles a solve
-once per function and argument types. A function written inline (a lambda
+Two caches key on it: the eager cache of `hijax.implicit`
+(``_api._eager_cached``), which compiles a solve once per function and
+argument types, and the trace cache of `hijax.custom_vjp` and
+`hijax.custom_jvp` (`by_value`), which traces a decorated function into its
+primitive once per function, static arguments and argument types. A function written inline (a lambda
 in a loop or in a notebook cell) is a new object at each call, so the object
 cannot be the key. `split` cuts a function in two:
 
@@ -52,7 +56,7 @@ import numpy as np
 from hijax._internals import core
 from hijax._util import store_bounded
 
-__all__ = ["FunctionSpec", "Uncacheable", "split", "by_identity"]
+__all__ = ["FunctionSpec", "Uncacheable", "split", "by_identity", "by_value"]
 
 _BUDGET = 2000  # values looked at per split before giving up
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
@@ -158,6 +162,17 @@ def _value_spec(v: Any) -> FunctionSpec | None:
     return spec
   except Exception:  # an unhashable field, an __eq__ returning arrays
     return None
+
+
+def by_value(*values: Any) -> FunctionSpec:
+  """The spec of ``values`` (a function and its static arguments, say), each
+  walked as `split` walks a function with ``dynamic=False``: JAX arrays by
+  identity, functions by their code and what they read (never by their own
+  equality, which is identity). Raises `Uncacheable` where a traced value
+  is reached, or too many values."""
+  s = _Splitter()
+  key, _ = s.part(values, False)
+  return FunctionSpec(key, lambda it: values, "values")
 
 
 def by_identity(fn: Any) -> FunctionSpec:
