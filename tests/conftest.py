@@ -16,11 +16,16 @@ A cache hit skips only XLA's compilation of an identical program (the key is
 the program, the JAX and jaxlib versions and the compile options): tracing,
 lowering, every rule and every execution happen as without it.
 """
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+import types
+from pathlib import Path
 
 import jax
+import pytest
 
 _PRIVATE_DIR = None
 
@@ -37,3 +42,24 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
   if _PRIVATE_DIR:
     shutil.rmtree(_PRIVATE_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def noxfile(monkeypatch):
+  """noxfile.py loaded as a module, nox stubbed (its sessions plain functions)."""
+  path = Path(__file__).resolve().parent.parent / "noxfile.py"
+  if not path.exists():
+    pytest.skip("no noxfile.py (an sdist)")
+  stub = types.ModuleType("nox")
+  stub.options = types.SimpleNamespace()
+  stub.session = lambda *args, **kwargs: (lambda fn: fn)
+  monkeypatch.setitem(sys.modules, "nox", stub)
+  saved = dict(os.environ)  # loading it changes os.environ (bytecode)
+  try:
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+  return module

@@ -11,14 +11,10 @@ its `page-data` cell (tools/page_data.py), which holds data, not paths, and
 is left out here.
 """
 import ast
-import importlib.util
 import io
 import json
-import os
 import re
-import sys
 import tokenize
-import types
 from pathlib import Path
 
 import pytest
@@ -89,23 +85,6 @@ def test_a_path_outside_is_found_and_a_comment_is_not():
   assert paths_outside('open("rules.json", "w"); t.startswith("tests/zoo.py")') == []
 
 
-@pytest.fixture
-def noxfile(monkeypatch):
-  if not (ROOT / "noxfile.py").exists():
-    pytest.skip("no noxfile.py (an sdist)")
-  stub = types.ModuleType("nox")
-  stub.options = types.SimpleNamespace()
-  stub.session = lambda *args, **kwargs: (lambda fn: fn)
-  monkeypatch.setitem(sys.modules, "nox", stub)
-  saved = dict(os.environ)  # loading it changes os.environ (bytecode)
-  try:
-    spec = importlib.util.spec_from_file_location("noxfile_alone", ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-  finally:
-    os.environ.clear()
-    os.environ.update(saved)
-  return module
 
 
 def test_nbval_runs_each_notebook_alone_in_an_empty_folder(noxfile, tmp_path):

@@ -4,11 +4,8 @@ folder per JAX version, pruned oldest first) and how the unit tests use it.
 noxfile.py is loaded with a stand-in for the `nox` module (its decorators
 return the functions), so these run without nox installed.
 """
-import importlib.util
 import os
 import re
-import sys
-import types
 from pathlib import Path
 
 import jax
@@ -27,23 +24,6 @@ class _Session:
     self.lines.append(line)
 
 
-@pytest.fixture
-def noxfile(monkeypatch):
-  if not (ROOT / "noxfile.py").exists():
-    pytest.skip("no noxfile.py (an sdist)")
-  stub = types.ModuleType("nox")
-  stub.options = types.SimpleNamespace()
-  stub.session = lambda *args, **kwargs: (lambda fn: fn)
-  monkeypatch.setitem(sys.modules, "nox", stub)
-  saved = dict(os.environ)  # loading it changes os.environ (bytecode)
-  try:
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-  finally:
-    os.environ.clear()
-    os.environ.update(saved)
-  return module
 
 
 def test_each_jax_version_gets_its_own_kept_folder(noxfile, monkeypatch, tmp_path):
