@@ -70,20 +70,20 @@ def _programs():
 # name: (fusions, conditionals), at most; on a CPU, jax 0.12 and 0.11 (the
 # same counts)
 HELD = {
-    'scalar-root value': (20, 1),
-    'scalar-root grad': (28, 2),
-    'dense-200 value': (25, 2),
-    'dense-200 grad': (41, 4),
-    'dense-20 value': (20, 1),
-    'dense-20 grad': (29, 2),
-    'dense-natural value': (25, 2),
-    'dense-natural grad': (41, 4),
-    'cg-200 value': (31, 1),
-    'cg-200 grad': (51, 2),
-    'newton-50 jacrev': (68, 2),
-    'newton-50 hvp': (84, 4),
-    'fixed-point value': (13, 1),
-    'fixed-point grad': (21, 1),
+    'scalar-root value': (17, 1),
+    'scalar-root grad': (22, 2),
+    'dense-200 value': (24, 2),
+    'dense-200 grad': (39, 4),
+    'dense-20 value': (19, 1),
+    'dense-20 grad': (27, 2),
+    'dense-natural value': (24, 2),
+    'dense-natural grad': (39, 4),
+    'cg-200 value': (27, 1),
+    'cg-200 grad': (46, 2),
+    'newton-50 jacrev': (61, 2),
+    'newton-50 hvp': (77, 4),
+    'fixed-point value': (12, 1),
+    'fixed-point grad': (17, 1),
 }
 
 
