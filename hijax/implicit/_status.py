@@ -207,7 +207,7 @@ class _AcrossBatch(HiPrim):
 
   def __init__(self, aval: Any):
     self.in_avals, self.out_aval = (aval,), aval
-    self.params = {}
+    self.params = dict[str, Any]()
     super().__init__()
 
   def expand(self, x: Any) -> Any:
