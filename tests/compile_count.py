@@ -1,10 +1,14 @@
-"""`Compiles`, the counter of compilations shared by the cache tests, and
-`Lowered`, the names of the programs lowered.
+"""`Compiles`, the counter of compilations shared by the cache tests,
+`Lowered`, the names of the programs lowered, and `opcodes`, the
+instructions of a compiled program by opcode (its kernels: fusions).
 
 A test of a cache asserts that a second call compiles nothing; JAX reports
 each trace of a jaxpr, each lowering and each XLA compilation as an event
 of `jax.monitoring`, which these count while active.
 """
+import collections
+import re
+
 import jax
 import jax.monitoring
 
@@ -49,3 +53,17 @@ class Lowered:
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+# An instruction of compiled HLO text: `%name = TYPE opcode(operands), ...`
+# (the type may be a tuple, in parentheses; the opcode is the first word
+# followed by a parenthesis after it).
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = .*?([a-z][a-z\-]*)\(", re.M)
+
+
+def opcodes(fn, *args) -> collections.Counter:
+  """How many instructions of each opcode ``jax.jit(fn)`` compiled at
+  ``args`` holds, in every computation of its optimized HLO (the kernels
+  XLA's CPU backend compiles one by one are its ``fusion`` instructions)."""
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  return collections.Counter(_INSTRUCTION.findall(text))

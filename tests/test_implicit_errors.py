@@ -154,7 +154,7 @@ def test_an_eager_failure_reported_from_the_runtimes_thread_is_not_logged(
 
   def host_call():
     try:
-      _status._raise_solve_error("hijax.implicit Root", 1 << 24)
+      _status._raise_solve_error("hijax.implicit Root", 1, 0)
     except SolveError as e:
       raised.append(e)
   with caplog.at_level(logging.ERROR, logger="hijax.implicit"):
@@ -190,10 +190,17 @@ def test_export_with_throw_false_runs_and_returns_the_status():
 
 
 def test_the_failure_primitive_reduces_a_batch_to_its_worst_instance():
-  """Its batching rule (reached only when the packed reason arrives batched)
-  raises for the worst instance: reason 2 after 5 steps, beside reason 1."""
-  from hijax.implicit._status import _STEP_BITS, _failed_p
-  worst = jnp.array([(1 << _STEP_BITS) | 9, (2 << _STEP_BITS) | 5],
-                    jnp.int32)
+  """Its batching rule (the reasons and step counts arriving batched, or the
+  step count unbatched) raises for the worst instance: reason 2 after 5
+  steps, beside reason 1 after 9; under two vmaps, reason 2 after 4 steps
+  beside reason 1 after 7."""
+  from hijax.implicit._status import _failed_p
+  fail = lambda r, s: _failed_p.bind(r, s, where="here")
+  reasons = jnp.array([1, 2], jnp.int32)
   with pytest.raises(SolveError, match=r"non-finite iterate .*after 5 step"):
-    jax.vmap(lambda w: _failed_p.bind(w, where="here"))(worst)
+    jax.vmap(fail)(reasons, jnp.array([9, 5], jnp.int32))
+  with pytest.raises(SolveError, match=r"non-finite iterate .*after 3 step"):
+    jax.vmap(fail, (0, None))(reasons, jnp.int32(3))
+  with pytest.raises(SolveError, match=r"non-finite iterate .*after 4 step"):
+    jax.vmap(jax.vmap(fail), (1, 1))(jnp.array([[1], [2]], jnp.int32),
+                                     jnp.array([[7], [4]], jnp.int32))

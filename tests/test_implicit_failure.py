@@ -381,3 +381,76 @@ def test_a_failed_derivative_solve_in_an_eager_backward_pass_carries_the_message
   assert not isinstance(e.value, SolveError)
   with pytest.raises(SolveError, match="LinearSolve"):  # forward mode: ours
     jax.jvp(solve, (0.,), (1.,))
+
+
+# --- a Status's verdict: not converged is a failure, whatever its reason -------
+
+def test_a_users_status_not_converged_with_reason_0_raises():
+  """A solver of one's own whose Status says ``converged=False`` with reason
+  0 ("converged") failed: ``throw=True`` raises SolveError (eagerly, under
+  ``jit``), and with ``throw=False`` the Status says not converged with a
+  failure's reason, for `fixed_point`'s solver, `linear_solve`'s and the
+  linear solver of a Newton step."""
+  def gave_up(f, x0, p):
+    return x0, Status(False, 3, 0.5, 0)
+
+  def gave_up_linear(matvec, b):
+    return b, Status(jnp.bool_(False), 1, 0.25, jnp.int32(0))
+
+  f = lambda x, p: 0.5 * x + p
+  calls = {
+      "fixed_point": lambda p, throw: fixed_point(f, jnp.ones(2), p,
+                                                  solver=gave_up,
+                                                  throw=throw),
+      "linear_solve": lambda p, throw: linear_solve(
+          matvec, jnp.ones(2), p * jnp.eye(2), solver=gave_up_linear,
+          throw=throw),
+      "Newton's step": lambda p, throw: root(
+          square_minus, jnp.ones(2), p, throw=throw,
+          solver=Newton(linear_solver=gave_up_linear)),
+  }
+  p = jnp.full(2, 2.)
+  for name, call in calls.items():
+    _, st = call(p, False)
+    assert not bool(st.converged), (name, st)
+    assert int(st.reason) != 0, (name, st)
+    with pytest.raises(SolveError, match=re.escape(FAILED)):
+      call(p, True)
+    _raises_solve_error(jax.jit(lambda p: call(p, True)), p)
+
+
+def test_one_non_finite_leaf_among_finite_ones_is_not_converged():
+  """A pytree unknown with one non-finite leaf among finite ones is a
+  non-finite iterate, not a converged solution: from a solver of one's own
+  that returns ``x`` alone, from `FixedPointIteration` (at the start, and
+  when one leaf's step turns to NaN) and from `Newton`."""
+  def one_nan(f, x0, p):  # the middle leaf of three
+    return {"a": jnp.ones(2), "b": jnp.array([1., jnp.nan]),
+            "c": jnp.float32(2.)}
+
+  x0 = {"a": jnp.zeros(2), "b": jnp.zeros(2), "c": jnp.float32(0.)}
+  half = lambda x, p: jax.tree.map(lambda v: 0.5 * v + p, x)
+  nan_b = lambda x, p: {"a": 0.5 * x["a"] + p, "b": x["b"] * jnp.nan + p,
+                        "c": 0.5 * x["c"] + p}
+  started_nan = dict(x0, c=jnp.float32(jnp.inf))
+  # b: no real root, and a singular first Newton step from b = 0
+  root_b = lambda x, p: {"a": x["a"] - p, "b": x["b"] ** 2 + p,
+                         "c": x["c"] - p}
+  cases = {
+      "x alone": lambda throw: fixed_point(half, x0, 1., solver=one_nan,
+                                           throw=throw),
+      "FixedPointIteration, a NaN step": lambda throw: fixed_point(
+          nan_b, x0, 1., throw=throw),
+      "FixedPointIteration, a start with inf": lambda throw: fixed_point(
+          half, started_nan, 1., throw=throw),
+      "Newton": lambda throw: root(root_b, x0, 1., throw=throw),
+  }
+  for name, call in cases.items():
+    x, st = call(False)
+    assert not bool(st.converged), (name, st)
+    assert REASONS[int(st.reason)].startswith("non-finite"), (name, st)
+    assert not all(np.all(np.isfinite(v)) for v in jax.tree.leaves(x)), name
+    if name in ("x alone", "FixedPointIteration, a NaN step"):
+      assert np.all(np.isfinite(x["a"])) and np.isfinite(x["c"]), (name, x)
+    with pytest.raises(SolveError, match=re.escape(REASONS[2])):
+      call(True)

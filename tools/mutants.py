@@ -65,7 +65,8 @@ MODULE_TESTS = {
 }
 # hijax.implicit and hijax.testing: their own test files, fastest first (a
 # survivor runs them all).
-IMPLICIT = ["tests/test_implicit_failure.py", "tests/test_implicit_solvers.py",
+IMPLICIT = ["tests/test_implicit_failure.py", "tests/test_implicit_errors.py",
+            "tests/test_implicit_solvers.py",
             "tests/test_implicit.py"]
 TESTING = ["tests/test_testing_gaps.py", "tests/test_testing_scale.py",
            "tests/test_testing_properties.py", "tests/test_testing_decorators.py",

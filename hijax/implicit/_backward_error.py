@@ -100,7 +100,8 @@ def _row_sums(matrix: Any, transpose: bool) -> Any:
   matrix costs more than the rest of the check together, the product a
   fraction of it."""
   abs_matrix = jnp.abs(matrix)
-  ones = jnp.ones(matrix.shape[0], abs_matrix.dtype)
+  # a NumPy constant: jnp.ones is one more kernel for XLA to compile
+  ones = np.ones(matrix.shape[0], abs_matrix.dtype)
   return _dot(ones, abs_matrix) if transpose else _dot(abs_matrix, ones)
 
 
@@ -166,7 +167,7 @@ def _verdict(matrix: Any, maxima: Any, tol: float, transpose: bool, *,
       return (jnp.isfinite(x_max) & jnp.isfinite(r)
               & (r <= tol * (_norm_inf(matrix, transpose) * x_max + b_max)))
     ok = easy | jax.lax.cond(  # |M| read inside: only when needed
-        _across_batch(~easy, "any"), full_bound,
+        _across_batch(~easy), full_bound,
         lambda: jnp.zeros_like(easy))
   return ok, finite, (r / jnp.where(scale > 0, scale, 1.)).astype(jnp.float32)
 
@@ -214,7 +215,7 @@ def _many(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
   def each_column() -> Any:
     return jax.vmap(lambda x, b: _one(matrix, x, b, tol, transpose)[:2])(
         X, B)
-  ok, finite = jax.lax.cond(_across_batch(flagged, "any"), each_column,
+  ok, finite = jax.lax.cond(_across_batch(flagged), each_column,
                             lambda: (finite, finite))
   # the error of each column, for a Status that is read (XLA drops it
   # otherwise): from its own residual

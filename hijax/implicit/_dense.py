@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg  # noqa: F401  (lu_factor, lu_solve)
+import numpy as np
 
 from hijax.implicit._backward_error import backward_error
 from hijax.implicit._linear import (empty_solution, flat_problem,
@@ -27,7 +28,8 @@ def _matrix(flat_matvec: Callable, b_flat: Any) -> Any:
   n = b_flat.size
   if n == 1:
     return flat_matvec(jnp.ones_like(b_flat)).reshape(1, 1)
-  eye = jnp.eye(n, dtype=b_flat.dtype)
+  # a NumPy constant: jnp.eye is a kernel of its own for XLA to compile
+  eye = np.eye(n, dtype=b_flat.dtype)
   return jax.vmap(flat_matvec, out_axes=1)(eye)
 
 

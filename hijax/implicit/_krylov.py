@@ -85,26 +85,39 @@ class CG:
 
   def _status(self, matvec: Callable, b: Any, x: Any, steps: Any) -> Status:
     b_flat, A, _ = flat_problem(matvec, b, "check")
-    reason = jnp.int32(CONVERGED)
     tol = _tol(self.tol, b_flat)
-    if self.check:
-      reason = jnp.where(self._spd_on_probes(A, b_flat, tol), CONVERGED,
-                         NOT_SPD)
-    return residual_status(A, x, b_flat, tol, self.atol, steps, reason)
+    if not self.check:
+      return residual_status(A, x, b_flat, tol, self.atol, steps)
+    probes, images, gram = self._probe_products(A, b_flat)
+
+    def reason(probe_norms: Any) -> Any:
+      spd = self._spd_on_probes(gram, probe_norms, tol, b_flat.dtype)
+      return jnp.where(spd, CONVERGED, NOT_SPD)
+    # the probes' norms in the residual check's one reduction (a reduction
+    # of its own was three more kernels for XLA to compile)
+    return residual_status(A, x, b_flat, tol, self.atol, steps, reason,
+                           more=(*probes, *images))
 
   @staticmethod
-  def _spd_on_probes(A: Any, b: Any, tol: float = 0.) -> Any:
+  def _probe_products(A: Any, b: Any) -> Any:
+    """The probes (``b`` normalized, and a fixed vector), their images and
+    their Gram matrix, ``gram[i, j] = <probe_i, A probe_j>``: one batched
+    matvec and one 2x2 product, instead of two matvecs and four inner
+    products."""
     u = b / jnp.where(norm(b) > 0, norm(b), 1.).astype(b.dtype)
     u = jnp.where(norm(b) > 0, u, _probe(b) * 0.5)
     probes = jnp.stack([u, _probe(b)])
-    # one batched matvec, a 2x2 Gram matrix and one reduction for the four
-    # norms, instead of two matvecs and six vector reductions:
-    # gram[i, j] = <probe_i, A probe_j>
     images = jax.vmap(A)(probes)
     gram = jnp.matmul(jnp.conj(probes), images.T,
                       precision=check_precision(b.dtype))
-    probe_norms = norms(*probes, *images)  # |u|, |v|, |Au|, |Av|
-    eps = float(jnp.finfo(b.dtype).eps)
+    return probes, images, gram
+
+  @staticmethod
+  def _spd_on_probes(gram: Any, probe_norms: Any, tol: float,
+                     dtype: Any) -> Any:
+    """Whether the matrix is symmetric and positive on the probes, from
+    their Gram matrix and the norms ``|u|, |v|, |Au|, |Av|``."""
+    eps = float(jnp.finfo(dtype).eps)
     scale = probe_norms[0] * probe_norms[3] + probe_norms[1] * probe_norms[2]
     # to the square root of eps, or to the solve's tolerance where looser
     symmetric = jnp.abs(gram[0, 1] - jnp.conj(gram[1, 0])) <= max(

@@ -89,13 +89,18 @@ def norms(*vectors: Any) -> Any:
 
 
 def residual_status(flat_matvec: Any, x: Any, b: Any, tol: Any, atol: Any,
-                    steps: Any, reason: Any = None) -> Any:
+                    steps: Any, reason: Any = None, more: Any = ()) -> Any:
   """The Status of ``x`` for ``A x = b``: converged when finite and
   ``|b - A x|_2 <= max(tol |b|_2, atol)``; ``error`` is the relative
   residual ``|b - A x|_2 / |b|_2``. ``flat_matvec`` is traced at the
-  checks' precision (`flat_problem`'s "check")."""
+  checks' precision (`flat_problem`'s "check"). ``reason``: a reason code
+  that overrides a converged one, or, with ``more`` (vectors as long as
+  ``b``, whose 2-norms are computed in the residual's one reduction), a
+  function of their norms returning it."""
   # xn is NaN or inf when x is not finite
-  r, bn, xn = norms(b - flat_matvec(x), b, x)
+  r, bn, xn, *more_norms = norms(b - flat_matvec(x), b, x, *more)
+  if more:
+    reason = reason(more_norms)
   ok = jnp.isfinite(r) & jnp.isfinite(xn) & (
       r <= jnp.maximum(tol * bn, atol))
   code = jnp.where(ok, CONVERGED, jnp.where(jnp.isfinite(r), MAX_ITER,

@@ -202,13 +202,12 @@ def default_tol(dtype: Any) -> float:
 # --- reducing over a batch ----------------------------------------------------
 
 class _AcrossBatch(HiPrim):
-  """The identity on an array, except under ``vmap``, where it reduces over the
-  batch (``any``, by a count, or ``max`` of non-negative codes) and returns
-  an unbatched result."""
+  """The identity on a boolean array, except under ``vmap``, where it says
+  whether any instance of the batch is True, unbatched."""
 
-  def __init__(self, aval: Any, *, reduce: Any):
+  def __init__(self, aval: Any):
     self.in_avals, self.out_aval = (aval,), aval
-    self.params = dict(reduce=reduce)
+    self.params = dict[str, Any]()
     super().__init__()
 
   def expand(self, x: Any) -> Any:
@@ -216,24 +215,21 @@ class _AcrossBatch(HiPrim):
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     (x,), (d,) = args, dims
-    if self.reduce == "any":
-      # a count by a product with ones: XLA's CPU reduction over a long
-      # batch is a chain of partial reductions, the product one call. A sum
-      # of zeros and ones is positive when one term is, rounded or not, at
-      # any precision (set as the checks' products are)
-      count = jnp.tensordot(x.astype(jnp.float32),
-                            jnp.ones(x.shape[d], jnp.float32), axes=([d], [0]),
-                            precision=check_precision(jnp.float32))
-      out = count > 0
-    else:
-      # max: of the codes of a failed batch (the branch that reads it is
-      # traced over an empty batch too, where max needs an initial value)
-      out = jnp.max(x, axis=d, initial=0)
-    return _AcrossBatch(jax.typeof(out), reduce=self.reduce)(out), None
+    # a count by a product with ones: XLA's CPU reduction over a long
+    # batch is a chain of partial reductions, the product one call. A sum
+    # of zeros and ones is positive when one term is, rounded or not, at
+    # any precision (set as the checks' products are). The ones are a
+    # NumPy constant: jnp.ones is a kernel of its own to compile
+    count = jnp.tensordot(x.astype(jnp.float32),
+                          np.ones(x.shape[d], np.float32), axes=([d], [0]),
+                          precision=check_precision(jnp.float32))
+    out = count > 0
+    return _AcrossBatch(jax.typeof(out))(out), None
 
 
-def _across_batch(x: Any, reduce: Any) -> Any:
-  return _AcrossBatch(jax.typeof(x), reduce=reduce)(x)
+def _across_batch(x: Any) -> Any:
+  """Whether ``x`` is True, or under ``vmap`` whether any instance's is."""
+  return _AcrossBatch(jax.typeof(x))(x)
 
 
 # --- raising ------------------------------------------------------------------
@@ -241,9 +237,23 @@ def _across_batch(x: Any, reduce: Any) -> Any:
 _STEP_BITS = 24  # a step count above 2**24 - 1 is reported as that
 
 
+def _worst(reason: Any, steps: Any) -> int:
+  """The worst instance's reason and step count, packed in one integer (the
+  reason in the high bits), from arrays of either (under ``vmap``, of a
+  batch; a step count unbatched beside batched reasons applies to all)."""
+  reason, steps = np.asarray(reason), np.asarray(steps)
+  if steps.shape != reason.shape:
+    try:
+      steps = np.broadcast_to(steps, reason.shape)
+    except ValueError:  # batched differently: the largest count of all
+      steps = np.full(reason.shape, steps.max(initial=0))
+  steps = np.minimum(steps.astype(np.int64), (1 << _STEP_BITS) - 1)
+  packed = (reason.astype(np.int64) << _STEP_BITS) | steps
+  return int(packed.max(initial=0))
+
+
 def _message(where: Any, worst: Any) -> Any:
-  # Under vmap the (already reduced) value arrives broadcast to the batch.
-  worst = int(np.max(worst))
+  worst = int(worst)
   reason, steps = worst >> _STEP_BITS, worst & ((1 << _STEP_BITS) - 1)
   text = REASONS[reason] if 0 <= reason < len(REASONS) else f"code {reason}"
   return (f"{where} failed: {text} (after {steps} step(s); under vmap, the "
@@ -257,9 +267,11 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
 
   The check is one ``lax.cond`` on whether the reason is not "converged"
   (over a batch: whether any instance's is not, by a count), whose failing
-  branch packs each instance's reason and step count into one integer (the
-  reason in the high bits), reduces them to the worst instance's and calls
-  the host. ``x`` does not pass through the ``cond`` (which would copy it
+  branch hands each instance's reason and step count to the host, which
+  finds the worst instance (`_worst`) and raises: the branch holds the host
+  call alone, no kernel of its own for XLA to compile (it packed and
+  reduced them itself: one or two kernels per checked solve). ``x`` does
+  not pass through the ``cond`` (which would copy it
   and split the fused computations around it): the ``cond`` returns a flag,
   and ``x`` is returned through an ``optimization_barrier`` with that flag,
   which ties it to the check at no cost (JAX does not remove an operand of
@@ -271,11 +283,9 @@ def raise_if_failed(x: Any, st: Status, where: str) -> Any:
   that costs (an HVP of a Newton root: 84 -> 150 us).
   """
   def failed(reason: Any, steps: Any) -> Any:
-    steps = jnp.minimum(steps, (1 << _STEP_BITS) - 1)
-    worst = _across_batch((reason << _STEP_BITS) | steps, "max")
-    return _failed_p.bind(worst, where=where)
+    return _failed_p.bind(reason, steps, where=where)
 
-  raised = jax.lax.cond(_across_batch(st.reason != CONVERGED, "any"), failed,
+  raised = jax.lax.cond(_across_batch(st.reason != CONVERGED), failed,
                         lambda *_: jnp.bool_(False), st.reason, st.steps)
   return jax.lax.optimization_barrier((x, raised))[0]
 
@@ -292,8 +302,8 @@ _QUIET = {"depth": 0}
 _QUIET_LOCK = threading.Lock()
 
 
-def _raise_solve_error(where: str, worst: Any) -> Any:
-  message = _message(where, worst)
+def _raise_solve_error(where: str, reason: Any, steps: Any) -> Any:
+  message = _message(where, _worst(reason, steps))
   if not _QUIET["depth"]:
     # Under jit JAX wraps this error in its own, whose first lines are its
     # callback machinery; the log line puts the reason first.
@@ -301,7 +311,7 @@ def _raise_solve_error(where: str, worst: Any) -> Any:
   raise SolveError(message)
 
 
-def _failed_lowering(ctx: Any, worst: Any, *, where: str) -> Any:
+def _failed_lowering(ctx: Any, reason: Any, steps: Any, *, where: str) -> Any:
   parameters = getattr(ctx.module_context, "lowering_parameters", None)
   if getattr(parameters, "for_export", False):
     raise ValueError(
@@ -315,20 +325,24 @@ def _failed_lowering(ctx: Any, worst: Any, *, where: str) -> Any:
   # flag it returns (`raise_if_failed` returns x through an
   # optimization_barrier with the flag, which keeps the cond from JAX's DCE,
   # not from XLA's). Unordered: it needs no token.
-  return mlir.lower_fun(lambda w: io_callback(
-      callback, jax.ShapeDtypeStruct((), jnp.bool_), w, ordered=False),
-      multiple_results=False)(ctx, worst)
+  return mlir.lower_fun(lambda r, s: io_callback(
+      callback, jax.ShapeDtypeStruct((), jnp.bool_), r, s, ordered=False),
+      multiple_results=False)(ctx, reason, steps)
 
 
 def _failed_batch(args: Any, dims: Any, *, where: str) -> Any:
-  (worst,), (d,) = args, dims
-  # an unbatched flag (None: JAX's "not mapped")
-  return _failed_p.bind(jnp.max(worst, axis=d), where=where), None
+  # the batched reasons and step counts go to the host as they are (it
+  # finds the worst instance: `_worst`), with the batch axis first; the
+  # flag is unbatched (None: JAX's "not mapped")
+  args = [a if d is None else jnp.moveaxis(a, d, 0)
+          for a, d in zip(args, dims)]
+  return _failed_p.bind(*args, where=where), None
 
 
-_failed_p.def_impl(lambda worst, *, where: _raise_solve_error(where, worst))
+_failed_p.def_impl(lambda reason, steps, *, where: _raise_solve_error(
+    where, reason, steps))
 _failed_p.def_abstract_eval(
-    lambda worst, *, where: ShapedArray((), jnp.bool_))
+    lambda reason, steps, *, where: ShapedArray((), jnp.bool_))
 mlir.register_lowering(_failed_p, _failed_lowering)
 batching.primitive_batchers[_failed_p] = _failed_batch
 
