@@ -114,6 +114,23 @@ def _table(output):
   return lines[start + 1:end]
 
 
+def summarize(report):
+  """Per verdict, the rules the report gives it; for the failed and
+  inconclusive ones, where they are defined and why (the detail's first
+  line)."""
+  out = {"counts": dict(report.get("counts", {}))}
+  for verdict in ("failed", "inconclusive"):
+    out[verdict] = [{"rule": r["rule"], "via": r.get("via"),
+                     "defined_at": r["defined_at"],
+                     "reason": (r.get("detail") or "").strip()
+                     .splitlines()[0:1]}
+                    for r in report.get("rules", [])
+                    if r["verdict"] == verdict]
+    for row in out[verdict]:
+      row["reason"] = row["reason"][0] if row["reason"] else ""
+  return out
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--python", required=True,
@@ -166,10 +183,12 @@ def main(argv=None):
                        "cpu": round(r["cpu"], 2),
                        "failed": r.get("failed")} for r in ons]},
       "overhead": {k: round(v, 4) for k, v in overhead.items()},
+      "summary": summarize(final["report"]),
       "report": final["report"],
       "table": _table(final["output"]),
   }
   out_path.write_text(json.dumps(results, indent=1) + "\n")
+  print(json.dumps(results["summary"], indent=1))
   print(f"overhead: wall {overhead['wall']:+.1%}, CPU {overhead['cpu']:+.1%}; "
         f"wrote {out_path}")
 

@@ -1,0 +1,109 @@
+"""The pure parts of tools/plugin_trials.py and tools/plugin_on_library.py
+(no library suite needed)."""
+import pytest
+
+from tools_loader import load_tool
+
+trials = load_tool("plugin_trials")
+on_library = load_tool("plugin_on_library")
+
+
+def _report(*rows):
+  return {"rules": [{"rule": r, "via": v, "defined_at": "x.py:1",
+                     "verdict": verdict, "detail": detail}
+                    for r, v, verdict, detail in rows],
+          "counts": {}}
+
+
+def test_only_selects_trials_by_name_or_library():
+  args = trials.parse(["--python", "p", "--src", "s", "--only", "lineax",
+                       "optax_simplex_vmap"])
+  names = [t.name for t in trials.chosen(args.only)]
+  assert "optax_simplex_vmap" in names and "lineax_two_norm_large" in names
+  assert not any(n.startswith("optimistix") for n in names)
+  assert trials.chosen(None) == trials.TRIALS
+
+
+def test_an_unknown_trial_is_refused_with_the_known_names(capsys):
+  with pytest.raises(SystemExit):
+    trials.parse(["--python", "p", "--src", "s", "--only", "nope"])
+  err = capsys.readouterr().err
+  assert "unknown trials ['nope']" in err and "optax_simplex_vmap" in err
+
+
+def test_every_trial_targets_a_library_with_a_selection():
+  assert len(trials.TRIALS) >= 8
+  assert {t.library for t in trials.TRIALS} <= set(trials.SELECTIONS)
+  assert len(trials.BY_NAME) == len(trials.TRIALS)
+  for t in trials.TRIALS:
+    compile(trials._PRELUDE + t.patch, t.name, "exec")
+
+
+def test_the_rule_is_found_by_name_or_by_the_function_it_was_made_by():
+  report = _report(("fn_wrapper", "optimistix._ad._implicit_impl (x.py:3)",
+                    "passed", ""), ("_two_norm", None, "failed", "jvp"))
+  assert trials.rule_verdict(report, "_implicit_impl") == "passed"
+  assert trials.rule_verdict(report, "_two_norm") == "failed"
+  assert trials.rule_verdict(report, "other") is None
+
+
+def test_the_worst_verdict_of_a_rules_rows_counts():
+  report = _report(("r", None, "passed", ""), ("r", None, "failed", ""),
+                   ("r", None, "inconclusive", ""))
+  assert trials.rule_verdict(report, "r") == "failed"
+
+
+def _base(failed_tests, verdict):
+  return {"off": {"failed": failed_tests},
+          "on": {"report": _report(("r", None, verdict, ""))}}
+
+
+def test_judge_counts_only_new_test_failures_and_new_rule_failures():
+  base = _base(["t::old"], "passed")
+  got = trials.judge(base, {"failed": ["t::old", "t::new"]},
+                     {"report": _report(("r", None, "failed", "x"))}, "r")
+  assert got["tests_caught"] and got["tests_failing"] == ["t::new"]
+  assert got["plugin"] == "caught" and got["plugin_caught"]
+  got = trials.judge(base, {"failed": ["t::old"]},
+                     {"report": _report(("r", None, "passed", ""))}, "r")
+  assert not got["tests_caught"] and got["plugin"] == "missed (passed)"
+
+
+def test_a_rule_failed_without_the_defect_is_not_a_catch():
+  got = trials.judge(_base([], "failed"), {"failed": []},
+                     {"report": _report(("r", None, "failed", ""))}, "r")
+  assert got["plugin"].startswith("masked") and not got["plugin_caught"]
+  got = trials.judge(_base([], "passed"), {"failed": []},
+                     {"report": {}}, "r")
+  assert got["plugin"] == "not recorded"
+
+
+def test_merge_replaces_the_trials_run_and_keeps_the_others():
+  old = {"baselines": {"a": 1, "b": 2}, "trials": {"x": 1, "y": 2},
+         "python": ["0.1"]}
+  new = {"baselines": {"b": 3}, "trials": {"y": 4, "z": 5},
+         "python": ["0.2"]}
+  assert trials.merge(old, new) == {
+      "baselines": {"a": 1, "b": 3}, "trials": {"x": 1, "y": 4, "z": 5},
+      "python": ["0.2"]}
+  assert trials.merge({}, new)["trials"] == {"y": 4, "z": 5}
+
+
+def test_summary_has_a_row_per_trial():
+  results = {"trials": {"x": {"kind": "dtype", "tests_caught": True,
+                              "plugin": "missed (passed)"}}}
+  assert trials.summary(results) == ["trial | kind | tests | plugin",
+                                     "x | dtype | caught | missed (passed)"]
+
+
+def test_on_library_summarizes_failed_and_inconclusive_rules_with_reasons():
+  report = _report(("a", None, "failed", "vmap: wrong\nTraceback ..."),
+                   ("b", "m.f (x.py:2)", "inconclusive", ""),
+                   ("c", None, "passed", ""))
+  report["counts"] = {"failed": 1, "inconclusive": 1, "passed": 1}
+  got = on_library.summarize(report)
+  assert got["counts"] == {"failed": 1, "inconclusive": 1, "passed": 1}
+  assert got["failed"] == [{"rule": "a", "via": None,
+                            "defined_at": "x.py:1", "reason": "vmap: wrong"}]
+  assert [r["rule"] for r in got["inconclusive"]] == ["b"]
+  assert got["inconclusive"][0]["reason"] == ""
