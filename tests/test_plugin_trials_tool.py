@@ -107,3 +107,15 @@ def test_on_library_summarizes_failed_and_inconclusive_rules_with_reasons():
                             "defined_at": "x.py:1", "reason": "vmap: wrong"}]
   assert [r["rule"] for r in got["inconclusive"]] == ["b"]
   assert got["inconclusive"][0]["reason"] == ""
+
+
+def test_on_library_overhead_is_the_median_ratio_and_the_final_total():
+  offs = [{"wall": 10, "cpu": 10, "cpu_total": 20},
+          {"wall": 10, "cpu": 10, "cpu_total": 20}]
+  ons = [{"wall": 11, "cpu": 12, "cpu_total": 21},
+         {"wall": 13, "cpu": 12, "cpu_total": 30}]
+  got = on_library.overheads(offs, ons)
+  assert got["wall"] == pytest.approx(0.2) and got["cpu"] == pytest.approx(0.2)
+  assert got["cpu_total"] == pytest.approx(0.5)  # the final pair's
+  assert "cpu_total" not in on_library.overheads(
+      [{"wall": 1, "cpu": 1}], [{"wall": 1, "cpu": 1}])
