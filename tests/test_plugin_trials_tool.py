@@ -119,3 +119,19 @@ def test_on_library_overhead_is_the_median_ratio_and_the_final_total():
   assert got["cpu_total"] == pytest.approx(0.5)  # the final pair's
   assert "cpu_total" not in on_library.overheads(
       [{"wall": 1, "cpu": 1}], [{"wall": 1, "cpu": 1}])
+
+
+def test_a_masked_rule_says_whether_its_reason_changed():
+  on = {"report": _report(("r", None, "failed", "new"))}
+  got = trials.judge(_base([], "failed"), {"failed": []}, on, "r")
+  assert got["plugin"].endswith("the reason changed)")
+
+
+def test_rejudge_recomputes_a_trial_from_what_it_holds():
+  results = {"baselines": {"lib": _base([], "passed")},
+             "trials": {"x": {"library": "lib", "rule": "r", "kind": "k",
+                              "off_failed": ["t::a"], "tests_caught": False,
+                              "plugin": "?",
+                              "report": _report(("r", None, "failed", ""))}}}
+  got = trials.rejudge(results)["trials"]["x"]
+  assert got["tests_caught"] and got["plugin"] == "caught"
