@@ -135,3 +135,14 @@ def test_rejudge_recomputes_a_trial_from_what_it_holds():
                               "report": _report(("r", None, "failed", ""))}}}
   got = trials.rejudge(results)["trials"]["x"]
   assert got["tests_caught"] and got["plugin"] == "caught"
+
+
+def test_failed_tests_are_read_from_the_short_summary_subtests_included():
+  out = ("x\n=== short test summary info ===\n"
+         "SUBFAILED[Check a b] m_test.py::T::test_a\n"
+         "SUBFAILED[Check c] m_test.py::T::test_a\n"
+         "FAILED m_test.py::test_b[1-2] - AssertionError: x\n"
+         "ERROR m_test.py::test_c\n1 failed, 3 passed\n")
+  assert trials.failed_tests(out) == ["m_test.py::T::test_a",
+                                      "m_test.py::test_b[1-2]",
+                                      "m_test.py::test_c"]

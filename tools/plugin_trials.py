@@ -276,6 +276,20 @@ def summary(results):
   return lines
 
 
+def failed_tests(output):
+  """The tests pytest's short summary (-rf) names as failed or in error,
+  failed unittest subtests (``SUBFAILED[message] id``) included."""
+  failed = set()
+  for line in output.splitlines():
+    for head in ("FAILED ", "ERROR ", "SUBFAILED"):
+      if line.startswith(head):
+        rest = line[len(head):]
+        if head == "SUBFAILED":
+          rest = rest.split("] ", 1)[-1] if rest.startswith("[") else rest
+        failed.add(rest.strip().split(" ")[0])
+  return sorted(failed)
+
+
 def _run(args, library, patch, on, workdir):
   """One pytest run of the library's selection, with the trial's patch (if
   any) loaded first: failing tests, time, and the plugin's report."""
@@ -294,8 +308,7 @@ def _run(args, library, patch, on, workdir):
   proc = subprocess.run(cmd, cwd=Path(args.src) / library, env=env,
                         capture_output=True, text=True)
   out = proc.stdout + proc.stderr
-  failed = sorted({line.split(" ")[1] for line in out.splitlines()
-                   if line.startswith(("FAILED ", "ERROR "))})
+  failed = failed_tests(out)
   result = {"failed": failed, "returncode": proc.returncode,
             "seconds": round(time.perf_counter() - start, 1),
             "last_line": out.strip().splitlines()[-1] if out.strip() else ""}
