@@ -45,7 +45,7 @@ SELECTIONS = {
     "optimistix": ["tests/test_root_find.py", "-k",
                    "test_root_find_jvp and solver0"],
     "lineax": ["tests/test_jvp.py", "-k",
-               "construct_matrix and make_matrix_operator and "
+               "float64 and construct_matrix and make_matrix_operator and "
                "(solver12- or solver13- or solver14-)"],
     "diffrax": ["test/test_adjoint.py", "-k",
                 "test_sde_against or test_adjoint_seminorm"],
