@@ -313,6 +313,8 @@ def _run(args, library, patch, on, workdir):
   result = {"failed": failed, "returncode": proc.returncode,
             "seconds": round(time.perf_counter() - start, 1),
             "last_line": out.strip().splitlines()[-1] if out.strip() else ""}
+  if on and not (workdir / "rules.json").exists():
+    result["tail"] = out.strip().splitlines()[-15:]  # why no report
   if on:
     path = workdir / "rules.json"
     result["report"] = json.loads(path.read_text()) if path.exists() else {}
@@ -378,6 +380,8 @@ def main(argv=None):
             "defect": trial.what, **verdict,
             "seconds": {"off": off["seconds"], "on": on["seconds"]},
             "off_failed": off["failed"],
+            "last_line": {"off": off["last_line"], "on": on["last_line"]},
+            **({"on_tail": on["tail"]} if "tail" in on else {}),
             "report": _slim(on.get("report") or {})}
         print(f"{trial.name}: tests {'caught' if verdict['tests_caught'] else 'missed'}, "
               f"plugin {verdict['plugin']}", flush=True)
