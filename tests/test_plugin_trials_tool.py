@@ -36,7 +36,9 @@ def test_every_trial_targets_a_library_with_a_selection():
   assert {t.library for t in trials.TRIALS} <= set(trials.SELECTIONS)
   assert len(trials.BY_NAME) == len(trials.TRIALS)
   for t in trials.TRIALS:
-    compile(trials._PRELUDE + t.patch, t.name, "exec")
+    namespace = {}
+    exec(compile(trials.patch_module(t.patch), t.name, "exec"), namespace)
+    assert callable(namespace["pytest_configure"])  # nothing ran yet
 
 
 def test_the_rule_is_found_by_name_or_by_the_function_it_was_made_by():
@@ -146,3 +148,9 @@ def test_failed_tests_are_read_from_the_short_summary_subtests_included():
   assert trials.failed_tests(out) == ["m_test.py::T::test_a",
                                       "m_test.py::test_b[1-2]",
                                       "m_test.py::test_c"]
+
+
+def test_a_run_where_pytest_itself_failed_is_no_catch():
+  got = trials.judge(_base([], "passed"), {"failed": [], "returncode": 3},
+                     {"report": {}}, "r")
+  assert got["tests_caught"] is None and got["plugin"] == "no run"

@@ -234,6 +234,10 @@ def judge(baseline, off, on, rule):
   whether the tests caught the defect (a test that passes on the unbroken
   library fails), and whether the plugin did (the rule is failed where
   the baseline did not fail it)."""
+  if off.get("returncode") not in (None, 0, 1):  # no tests ran
+    return {"tests_caught": None, "tests_failing": [], "plugin": "no run",
+            "plugin_caught": None, "rule_verdict": None,
+            "rule_verdict_baseline": None}
   new_failures = sorted(set(off["failed"]) - set(baseline["off"]["failed"]))
   before = rule_verdict(baseline["on"]["report"], rule)
   after = rule_verdict(on["report"], rule) if on.get("report") else None
@@ -277,6 +281,16 @@ def summary(results):
   return lines
 
 
+def patch_module(patch):
+  """The -p module's source: the patch runs in ``pytest_configure``, after
+  the initial conftests, so that a library is first imported after
+  jaxtyping's ``--jaxtyping-packages`` hook (it refuses packages already
+  imported)."""
+  body = "".join(f"  {line}\n" if line.strip() else "\n"
+                 for line in (patch or "pass").strip("\n").splitlines())
+  return _PRELUDE + "\n\ndef pytest_configure(config):\n" + body
+
+
 def failed_tests(output):
   """The tests pytest's short summary (-rf) names as failed or in error,
   failed unittest subtests (``SUBFAILED[message] id``) included."""
@@ -295,7 +309,7 @@ def _run(args, library, patch, on, workdir):
   """One pytest run of the library's selection, with the trial's patch (if
   any) loaded first: failing tests, time, and the plugin's report."""
   workdir.mkdir(parents=True)
-  (workdir / "_hijax_trial.py").write_text(_PRELUDE + (patch or ""))
+  (workdir / "_hijax_trial.py").write_text(patch_module(patch))
   cmd = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "-p", "_hijax_trial", "-rf", *SELECTIONS[library]]
   if on:
@@ -343,7 +357,8 @@ def rejudge(results):
   for trial in results.get("trials", {}).values():
     if "off_failed" in trial:
       trial.update(judge(results["baselines"][trial["library"]],
-                         {"failed": trial["off_failed"]},
+                         {"failed": trial["off_failed"],
+                          "returncode": trial.get("off_returncode")},
                          {"report": trial["report"]}, trial["rule"]))
   return results
 
@@ -379,7 +394,7 @@ def main(argv=None):
             "library": library, "kind": trial.kind, "rule": trial.rule,
             "defect": trial.what, **verdict,
             "seconds": {"off": off["seconds"], "on": on["seconds"]},
-            "off_failed": off["failed"],
+            "off_failed": off["failed"], "off_returncode": off["returncode"],
             "last_line": {"off": off["last_line"], "on": on["last_line"]},
             **({"on_tail": on["tail"]} if "tail" in on else {}),
             "report": _slim(on.get("report") or {})}
