@@ -384,6 +384,8 @@ def test_nbval_skips_only_the_machine_s_own_stderr_messages():
   # check_rules' progress, printed once a run has taken 10 s (load alone can)
   assert nb_conftest._is_machine_stderr(stderr(
       "check_rules: 10.3 s of 30 s: batch: vmap of vjp vs a loop\n"))
+  assert nb_conftest._is_machine_stderr(stderr(  # with no time budget
+      "check_rules: 13.2 s: expand: all its checks\n"))
   assert not nb_conftest._is_machine_stderr(stderr("see check_rules: 10 s of 30 s: x"))
   assert not nb_conftest._is_machine_stderr(stderr("UserWarning: something else"))
   assert not nb_conftest._is_machine_stderr(
