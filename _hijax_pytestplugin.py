@@ -5,7 +5,7 @@ pytest loads this module in every run of every project whose environment
 has hijax installed (the ``pytest11`` entry point in pyproject.toml), so it
 stays light: it declares the options and nothing else. Only when
 ``--hijax-check-rules`` is given does it import hijax (and JAX) and register
-`hijax.testing.plugin`, which records the calls while the tests run and
+`hijax.testing._plugin`, which records the calls while the tests run and
 checks the rules at the end. Without the option nothing is patched,
 recorded or imported.
 
@@ -75,6 +75,6 @@ def pytest_configure(config: pytest.Config) -> None:
     raise pytest.UsageError(
         "--hijax-check-rules records the calls in the process that runs the "
         "tests: run it without pytest-xdist's -n")
-  from hijax.testing import plugin  # JAX only now that it is asked for
+  from hijax.testing import _plugin as plugin  # JAX only now that it is asked for
   config.pluginmanager.register(plugin.RuleCheckPlugin(config),
                                 plugin.PLUGIN_NAME)

@@ -578,7 +578,7 @@ def typecheck(session):
   if skip:
     return
   # Not editable: the type checkers read the installed copy as a user's would.
-  # pytest: the plugin's modules (hijax.testing.plugin) import it.
+  # pytest: the plugin's modules (hijax.testing._plugin) import it.
   session.install(*_fresh_hijax(session), ".", f"jax=={JAX}", "pytest", "basedpyright", "mypy",
                   "-c", _constraints(session))
   tmp = Path(session.create_tmp()).resolve()

@@ -16,7 +16,7 @@ import jax
 import pytest
 
 import hijax  # noqa: F401  (imported here, not first inside a pytester run)
-from hijax.testing import plugin  # noqa: F401  (likewise)
+from hijax.testing import _plugin  # noqa: F401  (likewise)
 
 pytest_plugins = ("pytester",)
 

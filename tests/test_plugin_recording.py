@@ -1,4 +1,4 @@
-"""What ``pytest --hijax-check-rules`` records (hijax.testing.plugin._recorder and
+"""What ``pytest --hijax-check-rules`` records (hijax.testing._plugin._recorder and
 _rule_identity) and the inputs it checks at (plugin._inputs), without
 running pytest."""
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import hijax
-from hijax.testing.plugin import _inputs as _plugin_inputs
-from hijax.testing.plugin import _recorder
+from hijax.testing._plugin import _inputs as _plugin_inputs
+from hijax.testing._plugin import _recorder
 
 import zoo
 

@@ -12,6 +12,6 @@ checker that reaches it only through `hijax.testing`'s public names
   _table          the table and summary printed at the end of the session
   _pytest         RuleCheckPlugin: the hooks that record and then check
 """
-from hijax.testing.plugin._pytest import PLUGIN_NAME, RuleCheckPlugin
+from hijax.testing._plugin._pytest import PLUGIN_NAME, RuleCheckPlugin
 
 __all__ = ["PLUGIN_NAME", "RuleCheckPlugin"]

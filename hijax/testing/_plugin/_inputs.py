@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from hijax.testing.plugin._recorder import RecordedRule, Sample
+from hijax.testing._plugin._recorder import RecordedRule, Sample
 
 # The interval floating-point inputs are drawn from, where no call of the
 # rule showed values.

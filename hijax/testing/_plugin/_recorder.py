@@ -1,5 +1,5 @@
 """Recording the calls of custom derivative rules while a test suite runs
-(for ``pytest --hijax-check-rules``, `hijax.testing.plugin`).
+(for ``pytest --hijax-check-rules``, `hijax.testing._plugin`).
 
 `CallRecorder.install` wraps the ``__call__`` of ``jax.custom_jvp``,
 ``jax.custom_vjp``, hijax's decorators and `HiPrim` (so a subclass that
@@ -42,8 +42,8 @@ import numpy as np
 from hijax import primitive
 from hijax._decorators import _common
 from hijax._internals import core
-from hijax.testing.plugin import _rule_identity
-from hijax.testing.plugin._rule_identity import RuleIdentity
+from hijax.testing._plugin import _rule_identity
+from hijax.testing._plugin._rule_identity import RuleIdentity
 
 # A sample with more elements than this keeps only its types (checking it
 # would take long; a smaller one of the same rule is preferred).

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from hijax.testing.plugin._check import RuleResult, check_rule, is_surrogate
-from hijax.testing.plugin._table import summary, table
-from hijax.testing.plugin._recorder import CallRecorder
-from hijax.testing.plugin._rule_identity import short_path
+from hijax.testing._plugin._check import RuleResult, check_rule, is_surrogate
+from hijax.testing._plugin._table import summary, table
+from hijax.testing._plugin._recorder import CallRecorder
+from hijax.testing._plugin._rule_identity import short_path
 
 PLUGIN_NAME = "hijax-check-rules"
 

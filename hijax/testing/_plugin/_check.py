@@ -2,7 +2,7 @@
 at the inputs recorded, within a time budget; one verdict
 per rule.
 
-Inputs: `hijax.testing.plugin._inputs`. A sample whose function raises, or
+Inputs: `hijax.testing._plugin._inputs`. A sample whose function raises, or
 returns a value that is not finite, at its inputs is not checked (finite
 differences mean nothing there; a test may call a function where it raises
 on purpose): it is reported, and the rule is inconclusive if no other
@@ -38,9 +38,9 @@ import numpy as np
 
 from hijax import testing
 from hijax import RuleTypeError
-from hijax.testing.plugin._inputs import as_jax, candidates, ordered
-from hijax.testing.plugin._recorder import RecordedRule, Sample
-from hijax.testing.plugin._rule_identity import named_function, unwrap
+from hijax.testing._plugin._inputs import as_jax, candidates, ordered
+from hijax.testing._plugin._recorder import RecordedRule, Sample
+from hijax.testing._plugin._rule_identity import named_function, unwrap
 
 
 @dataclasses.dataclass
