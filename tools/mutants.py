@@ -109,7 +109,8 @@ DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_c
               "tests/test_custom_decorators_cache.py", "tests/test_dropin.py",
               "tests/test_dropin_hooks.py", "tests/test_dropin_remat.py"]
 MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
-                                    "tests/test_implicit_cache.py"]
+                                    "tests/test_implicit_cache.py",
+                                    "tests/test_function_key.py"]
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
     "_arguments", "_batching", "_common", "_dce", "_forward", "_jax_words",
     "_jvp", "_outputs", "_tracing", "_vjp")})
