@@ -1,7 +1,10 @@
 """``pytest --hijax-check-rules``: how a rule's samples make its verdict,
 how its budget is spent, the dtypes and JAX settings it is checked under
 (pytester runs, like tests/test_plugin.py)."""
+import functools
 import json
+
+import jax
 
 import pytest
 
@@ -123,3 +126,47 @@ def test_eager():
   (tried,) = rules["sin"]["inputs"]
   assert (tried["source"], tried["test"], tried["verdict"]) == (
       "eager", "test_two.py::test_eager", "passed"), tried
+
+
+SETTINGS = {
+    "strict promotion": 'jax.config.update("jax_numpy_dtype_promotion", '
+                        '"strict")',
+    "x64 on": 'jax.config.update("jax_enable_x64", True)',
+    "debug nans and infs": 'jax.config.update("jax_debug_nans", True)\n'
+                           'jax.config.update("jax_debug_infs", True)',
+}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_checks_work_under_the_suites_settings(suite, setting,
+                                                  request):
+  """Set in the suite's conftest and left on at the end of the session:
+  the checks (which mix float64 references with complex64 values, and
+  step to where a function is not finite) still judge the rules."""
+  for name in ("jax_numpy_dtype_promotion", "jax_enable_x64",
+               "jax_debug_nans", "jax_debug_infs"):  # restored after the run
+    request.addfinalizer(functools.partial(jax.config.update, name,
+                                           getattr(jax.config, name)))
+  suite.makeconftest(f"import jax\n{SETTINGS[setting]}\n")
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def csin(z):
+  return jnp.sin(z)
+csin.defjvp(lambda p, t: (csin(p[0]), jnp.cos(p[0]) * t[0]))
+@jax.custom_jvp
+def root(x):  # finite differences step to sqrt(-h) at 0: not finite
+  return jnp.sqrt(x)
+root.defjvp(lambda p, t: (root(p[0]), t[0] * jnp.where(
+    p[0] > 0, 0.5 / jnp.sqrt(jnp.where(p[0] > 0, p[0], 1.0)), 0.0)))
+''', test_calls='''
+import jax.numpy as jnp
+from lib import csin, root
+def test_calls():
+  csin(jnp.array([0.2 + 0.1j, 0.3 - 0.2j], jnp.complex64))
+  root(jnp.array([0.0, 1.0], jnp.float32))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == 0, result.stdout.str()[-3000:]
+  assert [rules[n]["verdict"] for n in ("csin", "root")] == [
+      "passed", "passed"], rules

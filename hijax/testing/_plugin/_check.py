@@ -95,11 +95,18 @@ def _check_rules(fn: Callable, arrays: Sequence[Any], seconds: float,
 @contextlib.contextmanager
 def _quiet():
   """Warnings ignored (a suite's ``filterwarnings = error`` applies at the
-  end of the session too) and what the checked functions print
-  (``jax.debug.print`` in a loop body) dropped."""
+  end of the session too), what the checked functions print
+  (``jax.debug.print`` in a loop body) dropped, and the suite's settings
+  that the checks' own arithmetic cannot run under set back to JAX's
+  defaults: strict dtype promotion (the checks mix float64 references
+  with the tests' float32 and complex64 values) and ``jax_debug_nans`` /
+  ``jax_debug_infs`` (finite differences step to where a function is not
+  finite, and say so)."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
-      contextlib.redirect_stderr(sink):
+      contextlib.redirect_stderr(sink), \
+      jax.numpy_dtype_promotion("standard"), jax.debug_nans(False), \
+      jax.debug_infs(False):
     warnings.simplefilter("ignore")
     yield
 
