@@ -224,6 +224,10 @@ def test_calls():
   if advisory:
     assert "vmap vs a loop over the batch" in advisories[0], advisories
     assert "in_axes=(0, None)" in advisories[0], advisories
+    result.stdout.fnmatch_lines([
+        "hijax: advisory (not failing): Scale (HiPrim) fail the vmap check "
+        "at batched arguments no test used (the JSON's \"advisory\" lists "
+        "them)"])
 
 
 def test_an_input_that_is_not_finite_is_not_checked(suite):

@@ -77,6 +77,12 @@ def summary(results: Sequence[Any], recorder: Any, seconds: float,
   lines.append(f"recording: {recorder.calls} call(s), {recorder.seconds:.2f} s"
                f"; checks: {seconds:.1f} s CPU time of a {budget:.1f} s "
                f"budget{of}")
+  advised = [r.rule.identity.label() for r in results
+             if any(t.advisory for t in r.tried)]
+  if advised:
+    lines.append(f"advisory (not failing): {'; '.join(advised)} fail the "
+                 "vmap check at batched arguments no test used (the JSON's "
+                 "\"advisory\" lists them)")
   skipped = [r.rule.identity.label() for r in results
              if r.verdict == "skipped for time"]
   if skipped:
