@@ -47,8 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
       help=f"time for the checks of one rule (default {RULE_BUDGET:g})")
   group.addoption(
       "--hijax-rules-samples", type=int, default=SAMPLES, metavar="N",
-      help="distinct input types kept per rule and checked "
-      f"(default {SAMPLES})")
+      help="calls kept per rule (chosen to differ in input types, tests "
+      f"and regions) and checked (default {SAMPLES})")
   group.addoption(
       "--hijax-rules-fail-on", default="failed",
       choices=("failed", "inconclusive", "never"),

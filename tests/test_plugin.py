@@ -374,7 +374,7 @@ def test_a_surrogate_name_that_is_not_found_is_reported(rules):
   rules.makeini("[pytest]\nhijax_surrogates =\n  rules.no_such_thing\n")
   result = _run(rules, "--hijax-check-rules")
   result.stdout.fnmatch_lines([
-      "hijax: hijax_surrogates / hijax_deliberate: cannot find "
+      "hijax: hijax_surrogates / hijax_deliberate: cannot use "
       "rules.no_such_thing "
       "(AttributeError*"])
 
@@ -429,6 +429,14 @@ def pytest_configure(config):  # as on a terminal; rewrites made visible
   assert ("<rewrite>hijax: checking rule 1/1 (0 of 600 s): sin_ok "
           "(jax.custom_jvp)|<rewrite>|") in out
   assert out.count("checking rule") == 1
+
+
+def test_a_budget_that_is_not_a_number_is_refused(rules):
+  result = _run(rules, "--hijax-check-rules", "--hijax-rules-budget=lots")
+  assert result.ret == pytest.ExitCode.USAGE_ERROR
+  result.stderr.fnmatch_lines([
+      "*--hijax-rules-budget takes seconds (600) or a share of the tests' "
+      "CPU time (25%), not 'lots'"])
 
 
 def test_xdist_is_refused(rules):

@@ -76,8 +76,10 @@ def test_calls():
 ''')
   result, rules = _rules(suite, "--hijax-rule-budget=0.001")
   first, second = rules["sin"]["inputs"]
-  assert first["verdict"] != "skipped for time", first
-  assert second["verdict"] == "skipped for time", second
+  # the first started, and ran out; the second never started
+  assert first["detail"].startswith("the budget ran out during its checks")
+  assert (second["verdict"], second["detail"], second["seconds"]) == (
+      "skipped for time", "", 0), second
 
 
 def test_a_rule_raising_only_in_float64_is_checked_in_the_tests_dtypes(
@@ -268,6 +270,7 @@ solve.defjvp(lambda p, t: (solve(p[0]), (t[0] / (2 * jnp.sqrt(p[0])),
     ("lib.solve: output out[1]", "passed"),
     ("lib.solve: output 1", "passed"),
     ("lib.py:2: output out[1]", "passed"),  # by where it is defined
+    ("ib.py:2: output out[1]", "failed"),  # a path's end is whole names
     ("lib.py::solve: skip jvp,vjp,lin,transpose", "passed"),  # vmap's
     ("lib.solve: surrogate", "passed"),
 ])
@@ -425,3 +428,22 @@ def test_calls():
       "hijax: skipped for time: sin (jax.custom_jvp) (a larger "
       "--hijax-rules-budget, in seconds or a % of the tests' CPU time, "
       "checks them)"])
+
+
+def test_a_declaration_that_cannot_be_read_is_reported(suite):
+  suite.makeini("[pytest]\nhijax_deliberate =\n  lib.solve: skip vamp\n"
+                "  lib.solve: ignore\n")
+  suite.makepyfile(lib=RESIDUAL, test_solve='''
+import jax.numpy as jnp
+from lib import solve
+def test_calls():
+  solve(jnp.array([4.0, 9.0]))
+''')
+  result, rules = _rules(suite)
+  assert rules["solve"]["verdict"] == "failed"
+  result.stdout.fnmatch_lines([
+      "hijax: hijax_surrogates / hijax_deliberate: cannot use "
+      "'lib.solve: skip vamp' (hijax_deliberate takes TARGET: surrogate, "
+      "TARGET: skip MODE,... with MODE one of expand, jvp, vjp, lin, "
+      "transpose, batch, second_order, or TARGET: output OUT,...)",
+      "*cannot use 'lib.solve: ignore' (hijax_deliberate takes*"])

@@ -404,6 +404,10 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
     at = f.inputs.splitlines()[0] if f.inputs else ""
     tried.detail = (f"{f.rule}: {f.check}: {one_line(f.detail, f.error)}"
                     + (f" [{at}]" if at else ""))
+  elif tried.verdict == "inconclusive" and report.skipped_for_time:
+    tried.verdict = "skipped for time"  # (what it judged was not enough)
+    tried.detail = (f"the budget ran out during its checks "
+                    f"({len(report.skipped_for_time)} not run)")
   elif tried.verdict == "inconclusive":
     tried.detail = _why_inconclusive(report)
 
@@ -419,6 +423,8 @@ def _conclude(result: RuleResult) -> None:
       return
   if "skipped for time" in by_verdict:
     result.verdict = "skipped for time"
+    result.detail = next((t.detail for t in by_verdict["skipped for time"]
+                          if t.detail), "")
   elif "not checked" in by_verdict:
     result.verdict = "inconclusive"
     details = [t.detail for t in by_verdict["not checked"]]

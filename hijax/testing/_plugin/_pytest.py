@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from hijax.testing import MODES
 from hijax.testing._plugin._check import (Declaration, RuleResult,
                                           check_rule, is_surrogate)
 from hijax.testing._plugin._table import summary, table
@@ -91,8 +92,13 @@ class RuleCheckPlugin:
     def opt(name: str) -> Any:
       return config.getoption(name)
     budget = str(opt("hijax_rules_budget"))
-    self.share = float(budget[:-1]) / 100 if budget.endswith("%") else None
-    self.total_budget = 0.0 if self.share is not None else float(budget)
+    try:
+      self.share = float(budget[:-1]) / 100 if budget.endswith("%") else None
+      self.total_budget = 0.0 if self.share is not None else float(budget)
+    except ValueError:
+      raise pytest.UsageError(
+          "--hijax-rules-budget takes seconds (600) or a share of the tests' "
+          f"CPU time (25%), not {budget!r}") from None
     self.rule_budget = float(opt("hijax_rule_budget"))
     self.fail_on = str(opt("hijax_rules_fail_on"))
     self.json_path = opt("hijax_rules_json")
@@ -149,6 +155,15 @@ class RuleCheckPlugin:
     for line in self.config.getini("hijax_deliberate"):
       target, _, what = line.rpartition(": ")
       target, what = target.strip(), what.strip()
+      word, _, items = what.partition(" ")
+      bad = [i for i in items.split(",") if i.strip()
+             and word == "skip" and i.strip() not in MODES]
+      if not target or word not in ("surrogate", "skip", "output") or bad:
+        self.unresolved.append(
+            f"{line!r} (hijax_deliberate takes TARGET: surrogate, TARGET: "
+            f"skip MODE,... with MODE one of {', '.join(MODES)}, or TARGET: "
+            "output OUT,...)")
+        continue
       self.declared.append((target, what))
       if ".py:" in target or not re.fullmatch(r"[\w.:]+", target):
         out.append((None, target, what))
@@ -166,8 +181,8 @@ class RuleCheckPlugin:
       if obj is not None:
         if not is_surrogate(rule, [obj]):
           continue
-      elif not (path and file.endswith(path) and at in (
-          str(line), rule.identity.name)):
+      elif not (path and ("/" + file).endswith("/" + path.lstrip("/"))
+                and at in (str(line), rule.identity.name)):
         continue
       word, _, items = what.partition(" ")
       names = {i.strip() for i in items.split(",") if i.strip()}

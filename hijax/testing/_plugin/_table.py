@@ -92,7 +92,7 @@ def summary(results: Sequence[Any], recorder: Any, seconds: float,
   for error in recorder.errors:
     lines.append(f"recording error (the call went on): {error}")
   for name in unresolved:
-    lines.append(f"hijax_surrogates / hijax_deliberate: cannot find {name}")
+    lines.append(f"hijax_surrogates / hijax_deliberate: cannot use {name}")
   failing = [r for r in results if r.verdict == "failed" or (
       fail_on == "inconclusive" and r.verdict == "inconclusive")]
   if failing and fail_on != "never":
