@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import pytest
 
-# The defaults, in seconds; each is an option below.
-TOTAL_BUDGET = 600.0
+# The defaults, in seconds (the total: a share of the tests' CPU time); each
+# is an option below.
+TOTAL_BUDGET = "25%"
 RULE_BUDGET = 30.0
 SAMPLES = 3
 
@@ -35,18 +36,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
       "run, then check each rule with hijax.testing.check_rules at the "
       "recorded inputs and print a table")
   group.addoption(
-      "--hijax-rules-budget", type=float, default=TOTAL_BUDGET,
-      metavar="SECONDS",
-      help=f"time for all the checks at the end (default {TOTAL_BUDGET:g}); "
-      "rules not started by then are reported as skipped for time")
+      "--hijax-rules-budget", default=TOTAL_BUDGET, metavar="SECONDS|N%",
+      help="CPU time for all the checks at the end, in seconds or as a "
+      "share of the CPU time the tests took (default "
+      f"{TOTAL_BUDGET.replace('%', '%%')}); rules not started by then are "
+      "reported as skipped for time")
   group.addoption(
       "--hijax-rule-budget", type=float, default=RULE_BUDGET,
       metavar="SECONDS",
       help=f"time for the checks of one rule (default {RULE_BUDGET:g})")
   group.addoption(
       "--hijax-rules-samples", type=int, default=SAMPLES, metavar="N",
-      help="distinct input types kept per rule and checked "
-      f"(default {SAMPLES})")
+      help="calls kept per rule (chosen to differ in input types, tests "
+      f"and regions) and checked (default {SAMPLES})")
   group.addoption(
       "--hijax-rules-fail-on", default="failed",
       choices=("failed", "inconclusive", "never"),
@@ -66,6 +68,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
       "functions or HiPrim classes whose rules are deliberately not the "
       "derivative (straight-through estimators, gradient clipping): "
       "checked only for consistency between their own rules")
+  parser.addini(
+      "hijax_deliberate", type="linelist", default=[],
+      help="rules that are deliberately not the derivative in part, one per "
+      "line as TARGET: WHAT, TARGET a dotted name or where the rule is "
+      "defined (path/file.py:LINE or path/file.py::name, e.g. in a test "
+      "file), WHAT 'surrogate', 'skip MODE[,MODE]' (checks not to run: "
+      "jvp, vjp, lin, transpose, batch, second_order, expand) or "
+      "'output OUT[,OUT]' (outputs whose tangent is not the derivative by "
+      "design: a flat index or a path like out[1])")
 
 
 def pytest_configure(config: pytest.Config) -> None:

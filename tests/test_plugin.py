@@ -75,7 +75,10 @@ def rules(pytester):
 
 
 def _run(pytester, *args):
-  return pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", *args)
+  """pytest with the plugin, and a budget in seconds (the default, a
+  share of the tests' CPU time, is next to nothing for these tests)."""
+  return pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider",
+                            "--hijax-rules-budget=600", *args)
 
 
 def _row(result, name):
@@ -371,7 +374,8 @@ def test_a_surrogate_name_that_is_not_found_is_reported(rules):
   rules.makeini("[pytest]\nhijax_surrogates =\n  rules.no_such_thing\n")
   result = _run(rules, "--hijax-check-rules")
   result.stdout.fnmatch_lines([
-      "hijax: hijax_surrogates: cannot find rules.no_such_thing "
+      "hijax: hijax_surrogates / hijax_deliberate: cannot use "
+      "rules.no_such_thing "
       "(AttributeError*"])
 
 
@@ -403,17 +407,36 @@ def test_calls():
   assert _json(rules, result)["checks"]["rule_budget"] == 0
 
 
-def test_progress_is_shown_on_the_terminal(rules):
+def test_progress_is_one_line_on_a_terminal_and_none_elsewhere(rules):
   rules.makepyfile(test_ok='''
 from rules import sin_ok
 def test_calls():
   sin_ok(0.5)
 ''')
   result = _run(rules, "--hijax-check-rules")
-  result.stdout.fnmatch_lines([
-      "hijax: checking the rules of 1 custom derivative(s) the tests called "
-      "(budget 600 s, 30 s per rule)",
-      "hijax: [[]1/1, * s[]] sin_ok (jax.custom_jvp) at rules.py:5"])
+  assert "checking rule" not in result.stdout.str()
+  rules.makeconftest('''
+import pytest
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):  # as on a terminal; rewrites made visible
+  reporter = config.pluginmanager.get_plugin("terminalreporter")
+  reporter.isatty = lambda: True
+  reporter.rewrite = lambda line, **kw: reporter.write(f"<rewrite>{line}|")
+''')
+  result = _run(rules, "--hijax-check-rules")
+  out = result.stdout.str()
+  # rewritten in place, then erased
+  assert ("<rewrite>hijax: checking rule 1/1 (0 of 600 s): sin_ok "
+          "(jax.custom_jvp)|<rewrite>|") in out
+  assert out.count("checking rule") == 1
+
+
+def test_a_budget_that_is_not_a_number_is_refused(rules):
+  result = _run(rules, "--hijax-check-rules", "--hijax-rules-budget=lots")
+  assert result.ret == pytest.ExitCode.USAGE_ERROR
+  result.stderr.fnmatch_lines([
+      "*--hijax-rules-budget takes seconds (600) or a share of the tests' "
+      "CPU time (25%), not 'lots'"])
 
 
 def test_xdist_is_refused(rules):

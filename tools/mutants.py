@@ -71,7 +71,8 @@ IMPLICIT = ["tests/test_implicit_failure.py", "tests/test_implicit_errors.py",
 TESTING = ["tests/test_testing_gaps.py", "tests/test_testing_scale.py",
            "tests/test_testing_properties.py", "tests/test_testing_decorators.py",
            "tests/test_testing.py"]
-PLUGIN = ["tests/test_plugin_recording.py", "tests/test_plugin.py"]
+PLUGIN = ["tests/test_plugin_recording.py", "tests/test_plugin.py",
+          "tests/test_plugin_behaviours.py"]
 MODULE_TESTS.update({
     "implicit/_linear.py": IMPLICIT,
     "implicit/_dense.py": IMPLICIT,

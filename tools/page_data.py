@@ -273,6 +273,10 @@ def _pytest_plugin():
                                  "test", "verdict", "skipped", "by_intent"))}},
       "tpu": pick(read_json(ACCELERATOR_RESULTS), *_ulps("log", "tanh"),
                   ("third", "pages", "pytest-plugin", "failures")),
+      "trials": {name: {k: t[k] for k in ("library", "kind", "rule", "defect",
+                                          "tests_caught", "plugin_caught",
+                                          "plugin")}
+                 for name, t in read_json("tools/plugin_trials.json")["trials"].items()},
   }
 
 

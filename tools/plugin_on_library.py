@@ -161,8 +161,9 @@ def main(argv=None):
   parser.add_argument("--name", required=True)
   parser.add_argument("--version", required=True)
   parser.add_argument("--repeat", type=int, default=2)
-  parser.add_argument("--budget", type=float, default=600.0,
-                      help="--hijax-rules-budget of the final run")
+  parser.add_argument("--budget", default="25%",
+                      help="--hijax-rules-budget of the final run (seconds, "
+                      "or a share of the tests' CPU time like 25%%)")
   parser.add_argument("--out", default=None,
                       help="results file (default tools/"
                       "plugin_on_library_<name>.json)")

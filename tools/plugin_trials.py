@@ -126,6 +126,26 @@ def _broken(primals, tangents):
   return out, t
 m.weighted_logsoftmax.defjvp(_broken)
 '''),
+    Trial("optax_wlogsoftmax_float32", "optax", "dtype",
+          "weighted_logsoftmax",
+          "jvp 5% too large, only in float32", '''
+from optax.losses import _classification as m
+def _broken(primals, tangents):
+  out, t = m._weighted_logsoftmax_jvp(primals, tangents)
+  return out, (t * 1.05 if t.dtype == jnp.float32 else t)
+m.weighted_logsoftmax.defjvp(_broken)
+'''),
+    Trial("optax_simplex_last_element", "optax", "output",
+          "_projection_unit_simplex",
+          "tangent of the last output element 10% too small (others "
+          "right)", '''
+from optax.projections import _projections as m
+_orig = m._projection_unit_simplex_jvp
+def _broken(primals, tangents):
+  out, t = _orig(primals, tangents)
+  return out, t.at[..., -1].multiply(0.9)
+m._projection_unit_simplex.defjvp(_broken)
+'''),
     Trial("optax_scale_gradient_bwd_sign", "optax", "transpose",
           "_scale_gradient", "bwd returns minus the scaled cotangent", '''
 from optax._src import utils as m

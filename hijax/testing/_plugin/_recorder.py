@@ -6,8 +6,15 @@
 overrides ``__call__`` itself is not seen), and `CallRecorder.remove` puts
 them back. Each call is attributed to a rule, found once per decorated
 object or primitive class (`._rule_identity`), and the rule keeps a
-bounded sample of its inputs: one `Sample` per distinct input signature
-(pytree structure, shapes and dtypes), at most ``samples`` of them.
+bounded sample of its inputs, at most ``samples`` of them, chosen to vary
+(`variety`): calls with values before calls seen as types only, then
+distinct input signatures (pytree structure, shapes and dtypes), distinct
+test functions, distinct tests, and distinct regions of the inputs (signs,
+magnitude above 1). A call replaces a kept sample only where that makes
+the samples more varied, so a smoke test and its neighbour do not fill
+the slots before the tests that exercise the rule's domain. The
+``in_axes`` of the calls made under ``vmap`` are kept too (`RecordedRule.
+batched`): the batching patterns the suite used.
 
 What a sample holds:
 
@@ -42,6 +49,7 @@ import numpy as np
 from hijax import primitive
 from hijax._decorators import _common
 from hijax._internals import core
+from hijax._internals.batching import BatchTrace
 from hijax.testing._plugin import _rule_identity
 from hijax.testing._plugin._rule_identity import RuleIdentity
 
@@ -83,6 +91,8 @@ class Sample:
   statics: dict[int, Any]
   source: str
   test: str
+  signature: Any = None  # pytree structure, shapes and dtypes
+  region: Any = None  # per floating leaf: (any < 0, any > 0, any |x| > 1)
 
   @property
   def concrete(self) -> bool:
@@ -123,11 +133,48 @@ class RecordedRule:
   identity: RuleIdentity
   calls: int = 0
   samples: dict[Any, Sample] = dataclasses.field(default_factory=dict)
-  full: bool = False  # as many concrete samples as kept: nothing more to do
+  full: bool = False  # as many concrete samples as kept
+  # the tests whose calls were weighed once the rule was full: their further
+  # calls cost a lookup
+  tests_done: set[str] = dataclasses.field(default_factory=set)
+  # per pytree structure, the in_axes (one per array input, an int or None)
+  # of the calls made under vmap
+  batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
 
   @property
   def first_test(self) -> str:
     return next(iter(self.samples.values())).test if self.samples else ""
+
+
+def _test_function(nodeid: str) -> str:
+  return nodeid.split("[", 1)[0]
+
+
+def variety(samples: list[Sample]) -> tuple[int, ...]:
+  """How varied ``samples`` are, compared as a tuple: the number with
+  values, then of distinct signatures, test functions, tests, regions."""
+  return (sum(s.concrete for s in samples),
+          len({s.signature for s in samples}),
+          len({_test_function(s.test) for s in samples}),
+          len({s.test for s in samples}), len({s.region for s in samples}))
+
+
+def _region(leaves: list[Any]) -> tuple:
+  out = []
+  for x in leaves:
+    if x is None or isinstance(x, jax.ShapeDtypeStruct):
+      continue
+    a = np.asarray(x)
+    if a.dtype.kind in "fc" and a.size:
+      a = a.real
+      out.append((bool(np.any(a < 0)), bool(np.any(a > 0)),
+                  bool(np.any(np.abs(a) > 1))))
+  return tuple(out)
+
+
+def _batched(args: tuple) -> bool:
+  return any(isinstance(getattr(a, "_trace", None), BatchTrace)
+             for a in args)
 
 
 def _is_extended(dtype: Any) -> bool:
@@ -220,7 +267,8 @@ class CallRecorder:
       rule = self._rule_of(kind, obj)
       if rule is not None:
         rule.calls += 1
-        if not rule.full:
+        if (not rule.full or self.test not in rule.tests_done
+            or _batched(args)):
           self._sample(rule, obj, args, kwargs)
     except Exception as e:  # pylint: disable=broad-except  (never break a test)
       if len(self.errors) < 20:
@@ -266,36 +314,65 @@ class CallRecorder:
       args = tuple(_Static(a) if i in nondiff else a
                    for i, a in enumerate(args))
     flat, treedef = jax.tree.flatten((args, kwargs))
-    leaves, statics, sources = [], {}, set()
+    leaves, statics, sources, axes = [], {}, set(), []
     for i, x in enumerate(flat):
       kept, source = _leaf_of(x)
       if source == "static":
         if isinstance(x, core.Tracer):
           return  # a traced value of a type that cannot be drawn
         statics[i] = _unwrap_static(x) if isinstance(x, _Static) else x
+      else:
+        axis = getattr(x, "batch_dim", None) if isinstance(
+            getattr(x, "_trace", None), BatchTrace) else None
+        axes.append(axis if isinstance(axis, int) else None)
       sources.add(source)
       leaves.append(kept)
+    if any(a is not None for a in axes):
+      patterns = rule.batched.setdefault(treedef, set())
+      if len(patterns) < 8:
+        patterns.add(tuple(axes))
     signature = (treedef, tuple(None if x is None else (
         np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
                                for x in leaves))
     source = ("traced" if "traced" in sources else
               "traced, values known" if "known" in sources else "eager")
-    sample = Sample(obj, treedef, leaves, statics, source, self.test)
+    sample = Sample(obj, treedef, leaves, statics, source, self.test,
+                    signature)
     if sample.concrete and sample.size > MAX_ELEMENTS:
       sample.leaves = [x if x is None else jax.ShapeDtypeStruct(
           np.shape(x), np.asarray(x).dtype) for x in leaves]
       sample.source = "too large to keep"
-    old = rule.samples.get(signature)
-    if old is not None:
-      if sample.concrete and not old.concrete:
-        rule.samples[signature] = sample
-    elif len(rule.samples) < self.max_samples:
-      rule.samples[signature] = sample
-    elif sample.concrete:  # replace a sample whose values are unknown
-      for key, s in rule.samples.items():
-        if not s.concrete:
-          del rule.samples[key]
-          rule.samples[signature] = sample
-          break
+    sample.region = _region(sample.leaves)
+    self._keep(rule, sample)
     rule.full = (len(rule.samples) >= self.max_samples
                  and all(s.concrete for s in rule.samples.values()))
+    if rule.full and sample.concrete:
+      rule.tests_done.add(self.test)
+
+  def _keep(self, rule: RecordedRule, sample: Sample) -> None:
+    """Keeps ``sample`` where that makes the rule's samples more varied
+    (see the module docstring)."""
+    key = (sample.signature, sample.test, sample.region)
+    same = [k for k, s in rule.samples.items()
+            if s.signature == sample.signature]
+    if not sample.concrete and same:  # the same types: nothing new
+      return
+    for k in same:  # a call with values replaces one of the same types
+      if not rule.samples[k].concrete:
+        del rule.samples[k]
+        rule.samples[key] = sample
+        return
+    if key in rule.samples:
+      return
+    if len(rule.samples) < self.max_samples:
+      rule.samples[key] = sample
+      return
+    kept = list(rule.samples.items())
+    best, best_variety = None, variety([s for _, s in kept])
+    for k, _ in kept:
+      v = variety([s for j, s in kept if j != k] + [sample])
+      if v > best_variety:
+        best, best_variety = k, v
+    if best is not None:
+      del rule.samples[best]
+      rule.samples[key] = sample

@@ -1,0 +1,449 @@
+"""``pytest --hijax-check-rules``: how a rule's samples make its verdict,
+how its budget is spent, the dtypes and JAX settings it is checked under
+(pytester runs, like tests/test_plugin.py)."""
+import functools
+import json
+
+import jax
+
+import pytest
+
+import hijax  # noqa: F401  (imported here, not first inside a pytester run)
+from hijax.testing import _plugin  # noqa: F401  (likewise)
+
+pytest_plugins = ("pytester",)
+
+PLUGIN = ("-p", "no:hijax", "-p", "_hijax_pytestplugin", "-p",
+          "no:cacheprovider", "--hijax-check-rules", "--hijax-rules-json",
+          "rules.json", "--hijax-rules-budget=600")
+
+
+@pytest.fixture
+def suite(pytester):
+  pytester.makeini("[pytest]\n")
+  pytester.syspathinsert()
+  return pytester
+
+
+def _rules(pytester, *args):
+  """The run's result and its JSON report's rules by name."""
+  result = pytester.runpytest(*PLUGIN, *args)
+  report = json.loads((pytester.path / "rules.json").read_text())
+  return result, {r["rule"]: r for r in report["rules"]}
+
+
+def test_a_rule_failing_at_one_input_of_two_fails_the_run(suite):
+  """Right at the first input checked (|x| < 1), wrong at the second."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def square(x):
+  return x * x
+square.defjvp(lambda p, t: (square(p[0]), jnp.where(
+    jnp.abs(p[0]) < 1, 2 * p[0], 3 * p[0]) * t[0]))
+''', test_two='''
+import jax.numpy as jnp
+from lib import square
+def test_small():
+  square(jnp.float32(0.5))
+def test_large():
+  square(jnp.array([2.0, 3.0]))
+''')
+  result, rules = _rules(suite)
+  result.assert_outcomes(passed=2)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED
+  rule = rules["square"]
+  assert rule["verdict"] == "failed"
+  assert [(i["types"], i["test"], i["verdict"]) for i in rule["inputs"]] == [
+      (["f32[]"], "test_two.py::test_small", "passed"),
+      (["f32[2]"], "test_two.py::test_large", "failed")]
+
+
+def test_the_rule_budget_is_shared_by_its_inputs(suite):
+  """A budget the first input's check spends leaves none for the second."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin(x):
+  return jnp.sin(x)
+sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
+''', test_two='''
+import jax.numpy as jnp
+from lib import sin
+def test_calls():
+  sin(jnp.float32(0.5))
+  sin(jnp.array([0.2, 0.3]))
+''')
+  result, rules = _rules(suite, "--hijax-rule-budget=0.001")
+  first, second = rules["sin"]["inputs"]
+  # the first started, and ran out; the second never started
+  assert first["detail"].startswith("the budget ran out during its checks")
+  assert (second["verdict"], second["detail"], second["seconds"]) == (
+      "skipped for time", "", 0), second
+
+
+def test_a_rule_raising_only_in_float64_is_checked_in_the_tests_dtypes(
+    suite):
+  """equinox's closure-converted functions check the dtypes they get: a
+  jvp rule that refuses float64 is checked again in float32."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin(x):
+  return jnp.sin(x)
+def sin_jvp(p, t):
+  if p[0].dtype != jnp.float32:
+    raise TypeError(f"sin_jvp: expected float32, got {p[0].dtype}")
+  return sin(p[0]), jnp.cos(p[0]) * t[0]
+sin.defjvp(sin_jvp)
+''', test_one='''
+import jax.numpy as jnp
+from lib import sin
+def test_calls():
+  sin(jnp.array([0.2, 0.3]))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == 0, result.stdout.str()[-3000:]
+  (tried,) = rules["sin"]["inputs"]
+  assert tried["verdict"] == "passed", tried
+  assert "in its own dtypes (its rules raise in float64)" in tried["source"]
+
+
+def test_a_later_eager_call_replaces_a_sample_of_types(suite):
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin(x):
+  return jnp.sin(x)
+sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
+''', test_two='''
+import jax, jax.numpy as jnp
+from lib import sin
+def test_traced():
+  jax.jit(sin)(jnp.ones(3))
+def test_eager():
+  sin(jnp.array([0.2, 0.3, 0.4]))
+''')
+  result, rules = _rules(suite)
+  (tried,) = rules["sin"]["inputs"]
+  assert (tried["source"], tried["test"], tried["verdict"]) == (
+      "eager", "test_two.py::test_eager", "passed"), tried
+
+
+SETTINGS = {
+    "strict promotion": 'jax.config.update("jax_numpy_dtype_promotion", '
+                        '"strict")',
+    "x64 on": 'jax.config.update("jax_enable_x64", True)',
+    "debug nans and infs": 'jax.config.update("jax_debug_nans", True)\n'
+                           'jax.config.update("jax_debug_infs", True)',
+}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_checks_work_under_the_suites_settings(suite, setting,
+                                                  request):
+  """Set in the suite's conftest and left on at the end of the session:
+  the checks (which mix float64 references with complex64 values, and
+  step to where a function is not finite) still judge the rules."""
+  for name in ("jax_numpy_dtype_promotion", "jax_enable_x64",
+               "jax_debug_nans", "jax_debug_infs"):  # restored after the run
+    request.addfinalizer(functools.partial(jax.config.update, name,
+                                           getattr(jax.config, name)))
+  suite.makeconftest(f"import jax\n{SETTINGS[setting]}\n")
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def csin(z):
+  return jnp.sin(z)
+csin.defjvp(lambda p, t: (csin(p[0]), jnp.cos(p[0]) * t[0]))
+@jax.custom_jvp
+def root(x):  # finite differences step to sqrt(-h) at 0: not finite
+  return jnp.sqrt(x)
+root.defjvp(lambda p, t: (root(p[0]), t[0] * jnp.where(
+    p[0] > 0, 0.5 / jnp.sqrt(jnp.where(p[0] > 0, p[0], 1.0)), 0.0)))
+''', test_calls='''
+import jax.numpy as jnp
+from lib import csin, root
+def test_calls():
+  csin(jnp.array([0.2 + 0.1j, 0.3 - 0.2j], jnp.complex64))
+  root(jnp.array([0.0, 1.0], jnp.float32))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == 0, result.stdout.str()[-3000:]
+  assert [rules[n]["verdict"] for n in ("csin", "root")] == [
+      "passed", "passed"], rules
+
+
+SCALE = '''
+import jax, jax.numpy as jnp
+from hijax import HiPrim
+class Scale(HiPrim):  # its batch rule is wrong where c is batched
+  def __init__(self, c_aval, x_aval):
+    self.in_avals, self.out_aval, self.params = (c_aval, x_aval), x_aval, {}
+    super().__init__()
+  def expand(self, c, x):
+    return c * x
+  def jvp(self, primals, tangents):
+    (c, x), (dc, dx) = primals, tangents
+    zero = lambda t: type(t).__name__ == "Zero"
+    return self(c, x), ((jnp.zeros_like(x) if zero(dc) else dc * x)
+                        + (0.0 if zero(dx) else c * dx))
+  def batch(self, axis_data, args, dims):
+    (c, x), (c_dim, x_dim) = args, dims
+    n = axis_data.size
+    c_b = jnp.broadcast_to(c, (n,)) if c_dim is None else c
+    x_b = (jnp.broadcast_to(x, (n,) + x.shape) if x_dim is None
+           else jnp.moveaxis(x, x_dim, 0))
+    return c_b[:, None] * x_b + (0.0 if c_dim is None else 1.0), 0
+def scale(c, x):
+  return Scale(jax.typeof(c), jax.typeof(x))(c, x)
+'''
+
+
+@pytest.mark.parametrize("in_axes, verdict, advisory", [
+    ("(None, 0)", "passed", False),  # the tests batch x only
+    ("(0, 0)", "failed", False),  # they batch c too: the rule is wrong there
+    (None, "passed", True)])  # they never batch it: an advisory
+def test_vmap_is_checked_at_the_in_axes_the_tests_used(suite, in_axes,
+                                                       verdict, advisory):
+  call = ("s = scale(jnp.float32(2.0), jnp.ones(3, jnp.float32))"
+          if in_axes is None else
+          f"s = jax.vmap(scale, in_axes={in_axes})(jnp.full(2, 2.0), "
+          "jnp.ones((2, 3)))")
+  suite.makepyfile(lib=SCALE, test_scale=f'''
+import jax, jax.numpy as jnp
+from lib import scale
+def test_calls():
+  scale(jnp.float32(2.0), jnp.array([1.0, 2.0, 3.0]))
+  {call}
+''')
+  result, rules = _rules(suite)
+  rule = rules["Scale"]
+  assert rule["verdict"] == verdict, rule
+  assert result.ret == (0 if verdict == "passed" else 1)
+  advisories = [a for i in rule["inputs"] for a in i["advisory"]]
+  assert bool(advisories) == advisory, rule
+  if advisory:
+    assert "vmap vs a loop over the batch" in advisories[0], advisories
+    assert "in_axes=(0, None)" in advisories[0], advisories
+    result.stdout.fnmatch_lines([
+        "hijax: advisory (not failing): Scale (HiPrim) fail the vmap check "
+        "at batched arguments no test used (the JSON's \"advisory\" lists "
+        "them)"])
+
+
+def test_an_input_that_is_not_finite_is_not_checked(suite):
+  """optax's simplex projection at -inf: no finite difference steps from
+  it; the rule is inconclusive there, not failed."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def soft(x):
+  return jax.nn.softmax(x)
+soft.defjvp(lambda p, t: jax.jvp(jax.nn.softmax, p, t))
+''', test_inf='''
+import jax.numpy as jnp
+from lib import soft
+def test_calls():
+  soft(jnp.array([0.0, 0.0, -jnp.inf]))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == 0
+  rule = rules["soft"]
+  assert (rule["verdict"], rule["detail"]) == (
+      "inconclusive", "an input is not finite (a test passed inf or nan): "
+      "finite differences cannot step from it"), rule
+
+
+RESIDUAL = '''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def solve(x):  # (root, residual): the residual's tangent is zero by design
+  return jnp.sqrt(x), x - 2.0
+solve.defjvp(lambda p, t: (solve(p[0]), (t[0] / (2 * jnp.sqrt(p[0])),
+                                         jnp.zeros_like(t[0]))))
+'''
+
+
+@pytest.mark.parametrize("declaration, verdict", [
+    (None, "failed"),
+    ("lib.solve: output out[1]", "passed"),
+    ("lib.solve: output 1", "passed"),
+    ("lib.py:2: output out[1]", "passed"),  # by where it is defined
+    ("ib.py:2: output out[1]", "failed"),  # a path's end is whole names
+    ("lib.py::solve: skip jvp,vjp,lin,transpose", "passed"),  # vmap's
+    ("lib.solve: surrogate", "passed"),
+])
+def test_deliberate_rules_are_declared_per_output_check_or_location(
+    suite, declaration, verdict):
+  if declaration is not None:
+    suite.makeini(f"[pytest]\nhijax_deliberate =\n  {declaration}\n")
+  suite.makepyfile(lib=RESIDUAL, test_solve='''
+import jax.numpy as jnp
+from lib import solve
+def test_calls():
+  solve(jnp.array([4.0, 9.0]))
+''')
+  result, rules = _rules(suite)
+  rule = rules["solve"]
+  assert rule["verdict"] == verdict, rule
+  if verdict == "failed":  # the message says how to declare it
+    assert rule["how_to_declare"] == (
+        "if deliberate, declare it in the ini file (hijax_deliberate = "
+        "lib.py:2: surrogate, or: skip jvp, or: output out[1]); "
+        "--hijax-rules-fail-on=never reports without failing"), rule
+    assert rule["how_to_declare"] in " ".join(result.stdout.str().split())
+  else:
+    assert result.ret == 0
+
+
+def test_a_rule_in_a_test_file_is_declared_by_its_location(suite):
+  suite.makeini("[pytest]\nhijax_deliberate =\n"
+                "  test_ste.py::round_ste: surrogate\n")
+  suite.makepyfile(test_ste='''
+import jax, jax.numpy as jnp
+@jax.custom_vjp
+def round_ste(x):
+  return jnp.round(x)
+round_ste.defvjp(lambda x: (round_ste(x), None), lambda _, g: (g,))
+def test_calls():
+  round_ste(jnp.array([0.3, 1.7]))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == 0
+  assert (rules["round_ste"]["verdict"], rules["round_ste"]["surrogate"],
+          rules["round_ste"]["in_test_file"]) == ("passed", True, True)
+
+
+def test_json_details_hold_no_traceback(suite):
+  """A callback's error reaches the checks as a JaxRuntimeError holding a
+  Python traceback: the detail names the exception, the traceback has a
+  field of its own."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp, numpy as np
+def refuse(x):
+  if np.ndim(x) > 1:
+    raise ValueError("refused: a batch")
+  return x
+@jax.custom_jvp
+def f(x):
+  return jax.pure_callback(refuse, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                           vmap_method="broadcast_all")
+f.defjvp(lambda p, t: (f(p[0]), t[0]))
+''', test_f='''
+import jax, jax.numpy as jnp, pytest
+from lib import f
+def test_calls():
+  f(jnp.array([1.0, 1.2]))
+  with pytest.raises(Exception, match="refused"):  # vmap is checked
+    jax.vmap(f)(jnp.ones((3, 2)))
+''')
+  result, rules = _rules(suite)
+  assert rules["f"]["verdict"] == "failed"
+  (failure,) = [f for i in rules["f"]["inputs"] for f in i["failures"]]
+  assert rules["f"]["detail"].endswith(
+      "raised JaxRuntimeError: INTERNAL: CpuCallback error calling "
+      "callback: ValueError: refused: a batch [input args[0] = f64[2] "
+      "[1. , 1.2]]"), rules["f"]["detail"]
+  assert failure["detail"].endswith("ValueError: refused: a batch")
+  assert "Traceback" not in failure["detail"]
+  assert failure["traceback"].startswith("Traceback (most recent call last)")
+
+
+def test_a_rule_wrong_only_in_float32_fails_where_the_tests_ran_float32(
+    suite):
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin(x):
+  return jnp.sin(x)
+def sin_jvp(p, t):
+  d = jnp.cos(p[0])
+  if p[0].dtype == jnp.float32:  # a float32-only branch, 1% off
+    d = d * 1.01
+  return sin(p[0]), d * t[0]
+sin.defjvp(sin_jvp)
+''', test_sin='''
+import jax.numpy as jnp
+from lib import sin
+def test_calls():
+  sin(jnp.array([0.2, 0.5], jnp.float32))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED
+  assert rules["sin"]["verdict"] == "failed"
+  assert "in float32 vs the host's float64" in rules["sin"]["detail"]
+
+
+def test_samples_represent_distinct_tests_and_regions(suite):
+  """A smoke test fills the three slots with three types; a later test at
+  negative inputs, where the rule is wrong, takes one of them."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def square(x):
+  return x * x
+square.defjvp(lambda p, t: (square(p[0]), 2 * jnp.abs(p[0]) * t[0]))
+''', test_square='''
+import jax.numpy as jnp
+from lib import square
+def test_smoke():
+  square(jnp.float32(0.5))
+  square(jnp.array([1.0, 2.0]))
+  square(jnp.array([0.3, 0.2, 0.1]))
+def test_domain():
+  square(jnp.array([-1.0, -2.0]))
+''')
+  result, rules = _rules(suite)
+  assert rules["square"]["verdict"] == "failed"
+  assert sorted((i["test"], i["types"][0]) for i in
+                rules["square"]["inputs"]) == [
+      ("test_square.py::test_domain", "f32[2]"),
+      ("test_square.py::test_smoke", "f32[3]"),
+      ("test_square.py::test_smoke", "f32[]")]
+
+
+def test_the_default_budget_is_a_share_of_the_tests_cpu_time(suite):
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin(x):
+  return jnp.sin(x)
+sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
+''', test_sin='''
+from lib import sin
+def test_calls():
+  sin(0.5)
+''')
+  result, rules = _rules(suite, "--hijax-rules-budget=25%")
+  report = json.loads((suite.path / "rules.json").read_text())
+  checks, recording = report["checks"], report["recording"]
+  assert checks["budget"] == pytest.approx(
+      0.25 * checks["suite_cpu_seconds"] - recording["seconds"], abs=2e-3)
+  result, rules = _rules(suite, "--hijax-rules-budget=0%")
+  assert result.ret == 0 and rules["sin"]["verdict"] == "skipped for time"
+  result.stdout.fnmatch_lines([
+      "hijax: recording: 1 call(s), * s; checks: 0.0 s CPU time of a 0.0 s "
+      "budget (0% of the tests' * s CPU time)",
+      "hijax: skipped for time: sin (jax.custom_jvp) (a larger "
+      "--hijax-rules-budget, in seconds or a % of the tests' CPU time, "
+      "checks them)"])
+
+
+def test_a_declaration_that_cannot_be_read_is_reported(suite):
+  suite.makeini("[pytest]\nhijax_deliberate =\n  lib.solve: skip vamp\n"
+                "  lib.solve: ignore\n")
+  suite.makepyfile(lib=RESIDUAL, test_solve='''
+import jax.numpy as jnp
+from lib import solve
+def test_calls():
+  solve(jnp.array([4.0, 9.0]))
+''')
+  result, rules = _rules(suite)
+  assert rules["solve"]["verdict"] == "failed"
+  result.stdout.fnmatch_lines([
+      "hijax: hijax_surrogates / hijax_deliberate: cannot use "
+      "'lib.solve: skip vamp' (hijax_deliberate takes TARGET: surrogate, "
+      "TARGET: skip MODE,... with MODE one of expand, jvp, vjp, lin, "
+      "transpose, batch, second_order, or TARGET: output OUT,...)",
+      "*cannot use 'lib.solve: ignore' (hijax_deliberate takes*"])
