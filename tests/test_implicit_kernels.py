@@ -82,9 +82,9 @@ HELD = {
     'dense-natural grad': (29, 2),
     'cg-200 value': (31, 1),
     'cg-200 grad': (52, 2),
-    'newton-50 jacrev': (62, 2),
-    'newton-50 hvp': (75, 4),
-    'fixed-point value': (13, 1),
+    'newton-50 jacrev': (59, 2),
+    'newton-50 hvp': (73, 4),
+    'fixed-point value': (12, 1),
     'fixed-point grad': (16, 1),
 }
 

@@ -67,7 +67,8 @@ the residual was not already within ``tol (|M x|_inf + |b|_inf)``, behind a
 conditional: the same verdict, but a conditional and its kernels cost
 compile time at every first call, and XLA's CPU backend compiles each
 kernel on its own). ``M x`` is a reduction of the elementwise products, one
-kernel where a matrix-vector product was two, and as fast; the row sums of
+kernel where a matrix-vector product was two, and as fast (but from 33 to
+127 unknowns a product: faster there); the row sums of
 ``|M|`` are a product with ones, faster than a reduction there; the four
 maxima are one variadic reduction (`_maxima`), not a reduction of their
 stack. The columns
@@ -92,6 +93,12 @@ __all__ = ["backward_error", "SKETCH_VECTORS", "SKETCH_BOUND",
            "sketch_applies", "sketch_flags"]
 
 SKETCH_VECTORS = 8
+# from 33 unknowns up to this many `_one` computes M x as a matrix-vector
+# product (on a CPU, a reduction took the HVP of the bench's 50-unknown root
+# 8-10% more time: XLA splits a reduction of more than 32 entries in two);
+# else as a reduction (at 200: as fast, one kernel fewer; up to 32: one
+# kernel, not split)
+PRODUCT_BELOW = 128
 SKETCH_BOUND = 1 / 8
 
 
@@ -128,11 +135,14 @@ def _maxima(vectors: Any, axis: int) -> Any:
 
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
   """(ok, finite, error) of one solution (under ``vmap`` over the matrix:
-  each). ``M x`` is a reduction of the elementwise products (exact products
-  in the matrix's dtype on any backend, as `_dot`'s are at the checks'
-  precision)."""
+  each). ``M x`` is a reduction of the elementwise products (exact
+  products in the matrix's dtype on any backend, as `_dot`'s are at the
+  checks' precision), or a product from 33 to `PRODUCT_BELOW` unknowns."""
   axis = 0 if transpose else 1
-  ax = jnp.sum(matrix * (x[:, None] if transpose else x), axis=axis)
+  if 32 < x.shape[0] < PRODUCT_BELOW:
+    ax = _dot(x, matrix) if transpose else _dot(matrix, x)
+  else:
+    ax = jnp.sum(matrix * (x[:, None] if transpose else x), axis=axis)
   # the maxima in one reduction (a NaN or inf in x shows in its max)
   return _verdict(_maxima([jnp.abs(b - ax), jnp.abs(x), jnp.abs(b),
                            _row_sums(matrix, transpose)], 0), tol)
