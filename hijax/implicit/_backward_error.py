@@ -62,11 +62,18 @@ where it pays: it runs in float64, and in float32 with a looser ``tol``
 (``Dense(tol=1e-2)``: hundreds). Products are computed at the checks'
 precision (`hijax.implicit._precision.check_precision`).
 
-The per-column check reads ``|M|_inf`` (a pass over the matrix) only where
-some column's residual is not already within ``tol (|M x|_inf + |b|_inf)``
-(``|M x| <= |M| |x|``), from 64x64 on: the same verdict. Below that, the
-columns of one matrix are checked together (`_columns`: one product, one
-reduction over the whole batch), each with its own bound.
+One solution's check reads ``|M|_inf`` always (it once did so only where
+the residual was not already within ``tol (|M x|_inf + |b|_inf)``, behind a
+conditional: the same verdict, but a conditional and its kernels cost
+compile time at every first call, and XLA's CPU backend compiles each
+kernel on its own). ``M x`` is a reduction of the elementwise products, one
+kernel where a matrix-vector product was two, and as fast (but from 33 to
+127 unknowns a product: faster there); the row sums of
+``|M|`` are a product with ones, faster than a reduction there; the four
+maxima are one variadic reduction (`_maxima`), not a reduction of their
+stack. The columns
+of one matrix under ``vmap`` are checked together (`_columns`: one matrix
+product, one reduction over the whole batch), each with its own bound.
 """
 from __future__ import annotations
 
@@ -83,10 +90,15 @@ from hijax.implicit._status import _across_batch
 from hijax.primitive import HiPrim
 
 __all__ = ["backward_error", "SKETCH_VECTORS", "SKETCH_BOUND",
-           "sketch_applies", "sketch_flags", "LAZY_NORM"]
+           "sketch_applies", "sketch_flags"]
 
-LAZY_NORM = 64 * 64  # from this size, |M| is read only when needed
 SKETCH_VECTORS = 8
+# from 33 unknowns up to this many `_one` computes M x as a matrix-vector
+# product (on a CPU, a reduction took the HVP of the bench's 50-unknown root
+# 8-10% more time: XLA splits a reduction of more than 32 entries in two);
+# else as a reduction (at 200: as fast, one kernel fewer; up to 32: one
+# kernel, not split)
+PRODUCT_BELOW = 128
 SKETCH_BOUND = 1 / 8
 
 
@@ -96,9 +108,10 @@ def _dot(a: Any, b: Any) -> Any:
 
 def _row_sums(matrix: Any, transpose: bool) -> Any:
   """The row sums of ``|M|`` (of ``|matrix|``, or its column sums with
-  ``transpose``), by a matrix-vector product: on CPU, XLA's reduction of the
-  matrix costs more than the rest of the check together, the product a
-  fraction of it."""
+  ``transpose``), by a matrix-vector product: on CPU, XLA's reduction of
+  ``|M|`` took a 200x200 dense solve 20% more time than the product
+  (measured against ``M x`` as a reduction of the elementwise products,
+  which costs what the product does)."""
   abs_matrix = jnp.abs(matrix)
   # a NumPy constant: jnp.ones is one more kernel for XLA to compile
   ones = np.ones(matrix.shape[0], abs_matrix.dtype)
@@ -110,65 +123,50 @@ def _norm_inf(matrix: Any, transpose: bool) -> Any:
   return jnp.max(_row_sums(matrix, transpose))  # of 2 or more rows
 
 
+def _maxima(vectors: Any, axis: int) -> Any:
+  """The maxima of each of ``vectors`` (arrays of one shape) along ``axis``,
+  as one variadic reduction (NaN propagates): XLA's CPU backend compiles it
+  as one kernel, where the maxima of their stack were three (the stack, and
+  a long reduction split in two)."""
+  low = tuple(np.array(-np.inf, v.dtype) for v in vectors)
+  return jax.lax.reduce(tuple(vectors), low, lambda a, b: tuple(
+      jax.lax.max(p, q) for p, q in zip(a, b)), (axis,))
+
+
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool) -> Any:
-  """(ok, finite, error) of one solution (under ``vmap``: each)."""
-  ax = _dot(x, matrix) if transpose else _dot(matrix, x)
-  small = matrix.size < LAZY_NORM
-  # the maxima in one reduction (a NaN or inf in x shows in its max), with
-  # the row sums of |M| where small, else |M x| (for the lazy bound below)
-  vectors = [jnp.abs(b - ax), jnp.abs(x), jnp.abs(b),
-             _row_sums(matrix, transpose) if small else jnp.abs(ax)]
-  # (no `initial`: x has 2 or more entries, and it was one more kernel)
-  maxima = jnp.max(jnp.stack(vectors), axis=1)
-  return _verdict(matrix, maxima, tol, transpose, lazy=not small)
+  """(ok, finite, error) of one solution (under ``vmap`` over the matrix:
+  each). ``M x`` is a reduction of the elementwise products (exact
+  products in the matrix's dtype on any backend, as `_dot`'s are at the
+  checks' precision), or a product from 33 to `PRODUCT_BELOW` unknowns."""
+  axis = 0 if transpose else 1
+  if 32 < x.shape[0] < PRODUCT_BELOW:
+    ax = _dot(x, matrix) if transpose else _dot(matrix, x)
+  else:
+    ax = jnp.sum(matrix * (x[:, None] if transpose else x), axis=axis)
+  # the maxima in one reduction (a NaN or inf in x shows in its max)
+  return _verdict(_maxima([jnp.abs(b - ax), jnp.abs(x), jnp.abs(b),
+                           _row_sums(matrix, transpose)], 0), tol)
 
 
 def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
-  """`_one` of each row of ``X`` for the row of ``B`` beside it (one matrix
-  of fewer than `LAZY_NORM` entries): the same bound and verdicts, reduced
-  over the whole batch at once. (Under ``vmap``, `_one` reduces an
-  ``(m, 4, n)`` stack; this one a ``(4, m, n)`` stack, which XLA's CPU
-  reduction takes 15% less time over: 50 columns of 50 unknowns, the
-  check of ``jacrev``'s cotangent systems of a 50-unknown root.)"""
+  """`_one` of each row of ``X`` for the row of ``B`` beside it (one
+  matrix): the same bound and verdicts, the products of all the columns as
+  one matrix product, reduced over the whole batch at once (one variadic
+  reduction: ``jacrev`` of the bench's 50-unknown root 0.98-1.02 of
+  optimistix's time, against 0.88-0.89 with a ``(4, m, n)`` stack).)"""
   AX = _dot(X, matrix) if transpose else _dot(X, matrix.T)
   row_sums = jnp.broadcast_to(_row_sums(matrix, transpose), X.shape)
-  maxima = jnp.max(
-      jnp.stack([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B), row_sums]), axis=2)
-  return _verdict(matrix, maxima, tol, transpose, lazy=False)
+  return _verdict(_maxima([jnp.abs(B - AX), jnp.abs(X), jnp.abs(B),
+                           row_sums], 1), tol)
 
 
-def _verdict(matrix: Any, maxima: Any, tol: float, transpose: bool, *,
-             lazy: bool) -> Any:
+def _verdict(maxima: Any, tol: float) -> Any:
   """(ok, finite, error) from ``maxima``, the maxima of the residual ``r``,
-  of ``x``, of ``b`` and a fourth: the largest row sum of ``|M|``, or, for
-  the lazy bound of a large matrix (``lazy``), the largest entry of
-  ``|M x|`` (``|M|`` then read only if needed)."""
-  r, x_max, b_max, fourth = maxima
+  of ``x``, of ``b`` and the largest row sum of ``|M|``."""
+  r, x_max, b_max, norm = maxima
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
-  if not lazy:
-    scale = fourth * x_max + b_max
-    ok = finite & (r <= tol * scale)
-  else:
-    # |M x| <= |M| |x|, so a residual within tol (|M x| + |b|) meets the
-    # bound whatever |M| is: the pass over |M| (as long as the residual
-    # itself) is made only when some instance of a batch needs it. The
-    # verdict is the same; `scale` is computed for the error, which XLA
-    # drops when nothing reads it.
-    ax_max = fourth
-    scale = _norm_inf(matrix, transpose) * x_max + b_max
-    easy = finite & (r <= tol * (ax_max + b_max))
-
-    def full_bound() -> Any:
-      # from the maxima as one operand of the cond (three scalars were
-      # three more kernels for XLA to compile, each slicing one out); the
-      # finiteness again here, since `finite & cond(...)` outside it was
-      # one more kernel
-      r, x_max, b_max, _ = maxima
-      return (jnp.isfinite(x_max) & jnp.isfinite(r)
-              & (r <= tol * (_norm_inf(matrix, transpose) * x_max + b_max)))
-    ok = easy | jax.lax.cond(  # |M| read inside: only when needed
-        _across_batch(~easy), full_bound,
-        lambda: jnp.zeros_like(easy))
+  scale = norm * x_max + b_max
+  ok = finite & (r <= tol * scale)
   return ok, finite, (r / jnp.where(scale > 0, scale, 1.)).astype(jnp.float32)
 
 
@@ -213,13 +211,12 @@ def _many(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
   flagged, finite = sketch_flags(matrix, X, B, tol, transpose)
 
   def each_column() -> Any:
-    return jax.vmap(lambda x, b: _one(matrix, x, b, tol, transpose)[:2])(
-        X, B)
+    return _columns(matrix, X, B, tol, transpose)[:2]
   ok, finite = jax.lax.cond(_across_batch(flagged), each_column,
                             lambda: (finite, finite))
   # the error of each column, for a Status that is read (XLA drops it
   # otherwise): from its own residual
-  error = jax.vmap(lambda x, b: _one(matrix, x, b, tol, transpose)[2])(X, B)
+  error = _columns(matrix, X, B, tol, transpose)[2]
   return ok, finite, error
 
 
@@ -254,10 +251,7 @@ class _BackwardError(HiPrim):
          else jnp.moveaxis(b, d_b, 0))
     if sketch_applies(n, m, self.tol, x.dtype):
       return _many(matrix, X, B, self.tol, self.transposed), 0
-    if matrix.size < LAZY_NORM:
-      return _columns(matrix, X, B, self.tol, self.transposed), 0
-    return jax.vmap(lambda x, b: _one(matrix, x, b, self.tol,
-                                      self.transposed))(X, B), 0
+    return _columns(matrix, X, B, self.tol, self.transposed), 0
 
 
 def backward_error(matrix: Any, x: Any, b: Any, tol: float,
