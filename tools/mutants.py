@@ -111,7 +111,7 @@ DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_c
 MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
                                     "tests/test_implicit_cache.py"]
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
-    "_arguments", "_batching", "_common", "_dce", "_forward", "_jax_words",
+    "_arguments", "_batching", "_common", "_dce", "_forward",
     "_jvp", "_outputs", "_tracing", "_vjp")})
 
 _SWAPS = {
