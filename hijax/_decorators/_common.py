@@ -32,7 +32,7 @@ from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import instantiate_zeros
 from hijax.primitive import HiPrim
 
-__all__ = ["Decorated", "Call", "KeepsPythonScalars", "example_of",
+__all__ = ["Decorated", "Call", "CallPrimitive", "example_of",
            "to_rule_zeros"]
 
 
@@ -55,30 +55,11 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
   return jax.tree.map(convert, tree, is_leaf=is_zero)
 
 
-_PYTHON_SCALARS = (bool, int, float, complex)
-
-
-class KeepsPythonScalars:
-  """For the primitives of the decorators (a mixin placed before `HiPrim`):
-  a Python scalar argument reaches the rules as it is, not as an array, as
-  JAX's decorators hand it on; so an eager ``jax.jvp`` or ``jax.vjp`` whose
-  rules compute on Python floats returns Python floats, as with JAX."""
-
-  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
-    checked = super().check_args(args)  # pyright: ignore[reportAttributeAccessIssue]
-    given = args if self._args_are_leaves else jax.tree.leaves(args)  # pyright: ignore[reportAttributeAccessIssue]
-    return [x if type(x) in _PYTHON_SCALARS else c
-            for x, c in zip(given, checked)]
-
-
-class CallPrimitive[C: Call](KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
+class CallPrimitive[C: Call](PrunesOutputs, BatchRules, HiPrim):
   """The primitive of one call signature of a decorated function: the base
-  of `custom_jvp`'s and `custom_vjp`'s, which add their rules.
-
-  Its inputs are the function's differentiable arguments and, last, the
-  tuple of traced values it (or a rule) closes over; ``expand`` runs the
-  traced function.
-  """
+  of `custom_jvp`'s and `custom_vjp`'s, which add their rules. Its inputs are
+  the function's differentiable arguments and, last, the tuple of traced
+  values it (or a rule) closes over; ``expand`` runs the traced function."""
 
   in_avals: tuple[Any, ...]
   out_aval: Any
@@ -94,6 +75,15 @@ class CallPrimitive[C: Call](KeepsPythonScalars, PrunesOutputs, BatchRules, HiPr
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
     return self._call.primal.as_call(hvals, *xs)
+
+  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
+    """A Python scalar argument reaches the rules as it is, as JAX's
+    decorators hand it on (an eager ``jax.jvp`` whose rules compute on
+    Python floats returns Python floats, as with JAX)."""
+    checked = super().check_args(args)
+    given = args if self._args_are_leaves else jax.tree.leaves(args)
+    return [x if type(x) in (bool, int, float, complex) else c
+            for x, c in zip(given, checked)]
 
 
 class Call:
