@@ -332,15 +332,22 @@ def _weak_float_mismatch(aval, declared, actual) -> bool:
           and jnp.issubdtype(declared.dtype, jnp.floating))
 
 
-def _bwd_type_words(owner, path, got, expected, symbolic: bool) -> str:
-  """JAX's newer custom_vjp's words for a cotangent (at ``output{path}``)
-  whose type is not its input's."""
-  where = f"at output{path} " if path else ""
-  return (f"{where}the bwd rule attached to {_source_info(owner.fun)} "
-          f"produced an output of type {got.str_short()} which doesn't match "
-          f"expected type {expected.str_short()}" + (
-              ". Consider just returning a None here instead of a "
-              "SymbolicZero object." if symbolic else ""))
+def _bwd_type_words(owner, path, got, expected, aval, symbolic: bool) -> str:
+  """JAX's words for a cotangent (at ``output{path}``) whose type is not its
+  input's: those of its newer custom_vjp, then (for an array) those of its
+  custom_vjp, which JAX 0.11's tests match."""
+  source = _source_info(owner.fun)
+  words = (f"at output{path} the bwd rule attached to {source} produced an "
+           f"output of type {got.str_short()} which doesn't match expected "
+           f"type {expected.str_short()}")
+  if symbolic:
+    return (words + ". Consider just returning a None here instead of a "
+            "SymbolicZero object.")
+  return (f"{words}\nCustom VJP bwd rule attached to {source} must produce "
+          "an output with the same type as the args tuple of the primal "
+          f"function, but at output{path} the bwd rule produced an output of "
+          f"type {got.str_short()} corresponding to an input of type "
+          f"{aval.str_short()}")
 
 
 def _cotangent(owner, rule, where, path, aval, ct):
@@ -354,7 +361,7 @@ def _cotangent(owner, rule, where, path, aval, ct):
           f"the cotangent of {where}, but that argument has type "
           f"{aval.str_short()}, so its cotangent is {declared.str_short()}: "
           "return None for a zero cotangent", CotangentTypeError,
-          _bwd_type_words(owner, path, ct.aval, declared, True))
+          _bwd_type_words(owner, path, ct.aval, declared, aval, True))
     return None
   actual = _checks.type_of(ct)
   if is_float0(declared):
@@ -365,7 +372,7 @@ def _cotangent(owner, rule, where, path, aval, ct):
   if not _checks.matches(declared, actual, "cotangent"):
     got, advice = _type_message(declared, ct, "cotangent")
     words = None if actual is None else _bwd_type_words(
-        owner, path, actual, declared, False)
+        owner, path, actual, declared, aval, False)
     raise owner.error(
         rule, f"returned {got} as the cotangent of {where}, but that argument "
         f"has type {aval.str_short()}, so its cotangent is "
