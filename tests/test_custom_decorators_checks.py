@@ -71,6 +71,11 @@ def test_wrong_cotangent_shape_names_function_rule_argument_and_types():
       f"at output[0] the bwd rule attached to {source_of(f.fun)} produced an "
       "output of type float32[2] which doesn't match expected type "
       "float32[3]\n"
+      # (and those of JAX's older custom_vjp, which JAX 0.11's tests match)
+      f"Custom VJP bwd rule attached to {source_of(f.fun)} must produce an "
+      "output with the same type as the args tuple of the primal function, "
+      "but at output[0] the bwd rule produced an output of type float32[2] "
+      "corresponding to an input of type float32[3]\n"
       "hijax.custom_vjp function norm: the bwd rule short_bwd returned a "
       "value of type float32[2] as the cotangent of argument x (position 0), "
       "but that argument has type float32[3], so its cotangent is "
@@ -107,7 +112,10 @@ def test_wrong_cotangent_dtype_and_pytree_path():
   assert message.startswith(
       f"at output[0]['w'] the bwd rule attached to {source_of(f.fun)} "
       "produced an output of type float16[] which doesn't match expected type "
-      "float32[]\n"
+      f"float32[]\nCustom VJP bwd rule attached to {source_of(f.fun)} must "
+      "produce an output with the same type as the args tuple of the primal "
+      "function, but at output[0]['w'] the bwd rule produced an output of type "
+      "float16[] corresponding to an input of type float32[]\n"
       "hijax.custom_vjp function f: the bwd rule <lambda> returned a value of "
       "type float16[] as the cotangent of argument params (position 0)['w'], "
       "but that argument has type float32[], so its cotangent is float32[]. "

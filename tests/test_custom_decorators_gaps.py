@@ -379,3 +379,17 @@ def test_a_rule_batched_where_the_function_is_not_raises_jax_s_error():
                      r"argument of this call is batched"):
     jax.jvp(lambda c: jax.vmap(lambda x: x * f(c), axis_name="i")(
         jnp.ones(3)), (1.,), (1.,))
+
+
+def test_a_rule_s_own_value_error_under_a_named_vmap_is_raised_as_it_is():
+  """Only a rule output batched where the function's is not becomes the
+  overbatched error; a rule's own ValueError reaches the caller unchanged."""
+  f = hijax.custom_jvp(lambda x: x + 1.)
+
+  @f.defjvp
+  def _(p, t):
+    raise ValueError("the rule's own error")
+  with pytest.raises(ValueError) as info:
+    jax.jvp(lambda c: jax.vmap(lambda x: x * f(c), axis_name="i")(
+        jnp.ones(3)), (1.,), (1.,))
+  assert str(info.value) == "the rule's own error"

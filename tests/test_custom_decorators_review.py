@@ -135,6 +135,26 @@ def test_the_decorator_error_for_a_nonlinear_bwd_names_the_operation():
     jax.jit(jax.jacfwd(clip_gradient))(3.)
 
 
+
+def test_forward_mode_of_a_logged_function_with_a_nonlinear_bwd_is_refused():
+  """A function with logs gets the equation whose transpose runs bwd; its
+  forward-mode value, for a bwd not linear in g, raises the decorator's
+  error (JAX's words first), not jvp_from_vjp's about the primitive."""
+  @hijax.custom_vjp
+  def clip_gradient(x):
+    return x
+
+  def clip_bwd(_, g):
+    return (jnp.clip(g, -1., 1.),), None
+  clip_gradient.defvjp_with_logs(lambda x: (x, None), clip_bwd)
+  np.testing.assert_allclose(jax.grad(clip_gradient)(3.), 1.)
+  for _ in range(2):  # found out, then raised again from what was kept
+    with pytest.raises(NonlinearBackwardError,
+                       match=r"^can't apply forward-mode autodiff \(jvp\) to "
+                       r"a custom_vjp function.\nhijax.custom_vjp function "
+                       r"clip_gradient: the bwd rule clip_bwd is not linear"):
+      jax.jvp(clip_gradient, (3.,), (1.,))
+
 # --- three behaviours a mutation run found untested --------------------------
 
 def test_defbatch_with_the_batch_axis_not_first():

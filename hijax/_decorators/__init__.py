@@ -2,14 +2,12 @@
 
 The modules, each importing only those listed before it:
 
-  _jax_words  JAX's own wording of each error its decorators raise, which
-              hijax's messages begin with
   _arguments  keywords resolved to positions, non-differentiable arguments,
               names for messages
   _tracing    tracing a function once per call, hoisting the traced values
               it closes over; the calls running now (a rule calling ``f``)
-  _outputs    what the rules return, checked, with messages naming the
-              function, the rule and the argument
+  _outputs    what the rules return, checked, with messages in JAX's words
+              then naming the function, the rule and the argument
   _common     the decorator object and `Call`, one call signature
   _dce        unused outputs of a call dropped (`PrunedCall`)
   _batching   ``vmap``: the rules' own batching, or a `defbatch` rule

@@ -1,12 +1,6 @@
-"""The arguments of a decorated function: keywords resolved to positions, the
-non-differentiable ones set apart, and the names that messages use.
-
-As ``jax.custom_vjp`` and ``jax.custom_jvp`` do, keyword arguments are bound
-to positions with the function's signature (defaults filled in), and the
-arguments named by ``nondiff_argnums``/``nondiff_argnames`` are handed to the
-rules as they are.
-
-Imports: the standard library and the decorators' `_jax_words`.
+"""The arguments of a decorated function: keywords bound to positions (defaults
+filled in), as JAX's decorators bind them; the non-differentiable ones set
+apart; the names messages use. Imports: the standard library only.
 """
 from __future__ import annotations
 
@@ -14,8 +8,6 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from hijax._decorators import _jax_words
 
 __all__ = ["nondiff_positions", "resolve", "plain_arity", "Signature",
            "function_name"]
@@ -98,26 +90,30 @@ def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
   if signature is None and not kwargs:
     return args
   name = function_name(fun)
-  jax_name = decorator.removeprefix("hijax.")
+
+  def not_resolved(error: str) -> str:  # JAX's words
+    return (f"The input arguments to the {decorator.removeprefix('hijax.')}"
+            f"-decorated function {name} could not be resolved to "
+            f"positional-only arguments. Binding failed with the error:\n"
+            f"{error}\n{decorator} function {name}: ")
   if signature is None:
-    raise TypeError(_jax_words.not_resolved(
-        jax_name, name, "no signature to bind keyword arguments with") +
-        f"\n{decorator} function {name}: pass its arguments by position")
+    raise TypeError(not_resolved("no signature to bind keyword arguments with")
+                    + "pass its arguments by position")
   try:
     bound = signature.bind(*args, **kwargs)
   except TypeError as e:
-    raise TypeError(_jax_words.not_resolved(jax_name, name, str(e)) + (
-        f"\n{decorator} function {name}: it was called with "
+    raise TypeError(not_resolved(str(e)) + (
+        "it was called with "
         f"{len(args)} positional argument(s) and the keyword(s) "
         f"{sorted(kwargs)}, which do not fit its signature "
         f"{signature}")) from e
   bound.apply_defaults()
   passed = [k for k in bound.kwargs if k in kwargs]
   if passed:
-    raise TypeError(_jax_words.not_resolved(
-        jax_name, name, "The following keyword arguments could not be "
-        f"resolved to positions: {', '.join(passed)}") + (
-        f"\n{decorator} function {name}: its rules receive its arguments by "
+    raise TypeError(not_resolved(
+        "The following keyword arguments could not be resolved to positions: "
+        f"{', '.join(passed)}") + (
+        "its rules receive its arguments by "
         f"position, and {', '.join(passed)} is keyword-only; make it "
         "positional, or bind it with functools.partial before decorating"))
   return tuple(bound.args)

@@ -1,27 +1,10 @@
-"""``vmap`` of a decorated function: the rules' own batching, or a batch rule.
-
-Without a rule (`Decorated.defbatch`), the primitive's rules are vmapped:
-`batch_dim_rule` puts every output's batch axis first, and hijax's `Batched`
-vmaps the function, its forward and backward rules and its jvp rule.
-
-With a rule, the batched primitive is `BatchedByRule`: its value is the
-rule's output, and its derivative rules are those of `Batched`, the
-function's own rules vmapped. So ``grad`` of ``vmap`` and ``vmap`` of
-``grad`` both differentiate with the user's rules, whatever the batch rule
-computes with (a loop, a batched kernel with no derivative rules).
-
-The batch rule is traced when ``vmap`` reaches the primitive, as
-``jax.make_jaxpr`` of the rule; the traced values it closes over (and those
-of the function, which calls of the function inside the rule receive)
-become inputs of `BatchedByRule`, so it can be lowered and differentiated
-after that trace has ended.
-
-A call with no batched argument inside a ``vmap`` that names its axis is
-batched too (`install_named_axis_batching`): the function may use the name
-(``psum``, ``axis_index``), which only that vmap can evaluate.
-
-Imports: `hijax.primitive`, `hijax.batching`, `hijax._checks`, the
-decorators' private modules, jax.
+"""``vmap`` of a decorated function: the rules' own batching
+(`batch_dim_rule`: every output batched along its first axis, the rules
+vmapped by `Batched`), or a `defbatch` rule (`BatchedByRule`: its value is
+the rule's, traced when ``vmap`` reaches the call, its derivatives
+`Batched`'s, the function's own rules vmapped). A call with no batched
+argument inside a ``vmap`` that names its axis is batched too, since the
+function may use the name (`install_named_axis_batching`).
 """
 from __future__ import annotations
 
@@ -31,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from hijax import _checks
-from hijax._decorators import _jax_words, _tracing
+from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
@@ -108,25 +91,43 @@ class UnbatchedCallBatched(Batched):
 
   def _vmap(self, f, in_axes, out_axes, **kwargs):
     vmapped = super()._vmap(f, in_axes, out_axes, **kwargs)
+    probe = super()._vmap(f, in_axes, jax.tree.map(
+        lambda _: batching.infer, out_axes, is_leaf=is_none), **kwargs)
     owner = self.prim._call.owner
 
     def call(*args):
       try:
         return vmapped(*args)
       except ValueError as e:
-        if "out_axes is None" not in str(e):
+        try:  # vmapped again, each output's batch axis inferred
+          overbatched = _batched_where_none(out_axes, probe(*args)[1])
+        except Exception:  # noqa: BLE001
+          overbatched = False
+        if not overbatched:
           raise
         member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
                   else "fwd rule" if owner.decorator == "custom_vjp"
                   else "rules")
         raise ValueError(
-            f"{_jax_words.overbatched(member, owner.fun_name)}\n{owner}: no "
+            f"under vmap, the {member} of {owner.fun_name} produced an output "
+            "batched along the mapped axis where the application itself was "
+            f"inferred to be unbatched.\n{owner}: no "
             "argument of this call is batched, but a value its rules compute "
             f"depends on the vmap axis {self.axis_data.name!r} (an "
             "axis_index or a collective, say) where the function's own value "
             "does not. Compute that value in the function too, or pass "
             "what it depends on as a batched argument") from e
     return call
+
+
+def _batched_where_none(out_axes, inferred) -> bool:
+  """Whether an output that ``out_axes`` says is unbatched (None) was
+  inferred to be batched."""
+  flags = jax.tree.map(
+      lambda d, i: d is None and any(
+          x is not None for x in jax.tree.leaves(i, is_leaf=is_none)),
+      out_axes, inferred, is_leaf=is_none)
+  return any(jax.tree.leaves(flags))
 
 
 def _leading(x, d):

@@ -1,23 +1,12 @@
 """What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator object
-and the `Call`, one call signature of the decorated function.
+(`Decorated`) and `Call`, one call signature of the decorated function.
 
-A call ``f(*args, **kwargs)`` resolves the keywords, sets the
-non-differentiable arguments apart and then:
-
-* eagerly, with no transformation running, calls the function itself, as
-  JAX's decorators do;
-* otherwise finds a `Call` for the signature: the one running now if ``f`` is
-  called from inside one of its own rules with the same signature (see
-  `hijax._decorators._tracing.Entry`), else a new one, which traces the
-  function and its rules once, hoisting the traced values they close over.
-  It then binds the call's primitive, one `HiPrim` instance per call,
-  on the differentiable arguments and the hoisted values. A function that
-  cannot be traced with abstract arguments (a Python ``if`` on a value) is
-  handed to JAX's own decorator, which runs it on concrete values under an
-  eager ``grad`` or ``jvp``, as it would have run without hijax.
-
-Imports: `hijax.autodiff`, `hijax.primitive`, `hijax._util`, the
-decorators' private modules, jax.
+A call with no transformation running calls the function itself, as JAX's
+decorators do. Otherwise it binds the primitive of a `Call` for the
+signature: the running one when a rule calls the function itself, a kept
+one (`Decorated._calls_key`), or a new one, which traces the function (and
+the rules, if they may close over traced values) once. A function that
+cannot be traced with abstract arguments is handed to JAX's own decorator.
 """
 from __future__ import annotations
 
@@ -43,7 +32,7 @@ from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import instantiate_zeros
 from hijax.primitive import HiPrim
 
-__all__ = ["Decorated", "Call", "KeepsPythonScalars", "example_of",
+__all__ = ["Decorated", "Call", "CallPrimitive", "example_of",
            "to_rule_zeros"]
 
 
@@ -66,30 +55,11 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
   return jax.tree.map(convert, tree, is_leaf=is_zero)
 
 
-_PYTHON_SCALARS = (bool, int, float, complex)
-
-
-class KeepsPythonScalars:
-  """For the primitives of the decorators (a mixin placed before `HiPrim`):
-  a Python scalar argument reaches the rules as it is, not as an array, as
-  JAX's decorators hand it on; so an eager ``jax.jvp`` or ``jax.vjp`` whose
-  rules compute on Python floats returns Python floats, as with JAX."""
-
-  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
-    checked = super().check_args(args)  # pyright: ignore[reportAttributeAccessIssue]
-    given = args if self._args_are_leaves else jax.tree.leaves(args)  # pyright: ignore[reportAttributeAccessIssue]
-    return [x if type(x) in _PYTHON_SCALARS else c
-            for x, c in zip(given, checked)]
-
-
-class CallPrimitive[C: Call](KeepsPythonScalars, PrunesOutputs, BatchRules, HiPrim):
+class CallPrimitive[C: Call](PrunesOutputs, BatchRules, HiPrim):
   """The primitive of one call signature of a decorated function: the base
-  of `custom_jvp`'s and `custom_vjp`'s, which add their rules.
-
-  Its inputs are the function's differentiable arguments and, last, the
-  tuple of traced values it (or a rule) closes over; ``expand`` runs the
-  traced function.
-  """
+  of `custom_jvp`'s and `custom_vjp`'s, which add their rules. Its inputs are
+  the function's differentiable arguments and, last, the tuple of traced
+  values it (or a rule) closes over; ``expand`` runs the traced function."""
 
   in_avals: tuple[Any, ...]
   out_aval: Any
@@ -105,6 +75,15 @@ class CallPrimitive[C: Call](KeepsPythonScalars, PrunesOutputs, BatchRules, HiPr
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
     return self._call.primal.as_call(hvals, *xs)
+
+  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
+    """A Python scalar argument reaches the rules as it is, as JAX's
+    decorators hand it on (an eager ``jax.jvp`` whose rules compute on
+    Python floats returns Python floats, as with JAX)."""
+    checked = super().check_args(args)
+    given = args if self._args_are_leaves else jax.tree.leaves(args)
+    return [x if type(x) in (bool, int, float, complex) else c
+            for x, c in zip(given, checked)]
 
 
 class Call:
@@ -217,16 +196,11 @@ class Call:
 
   # --- closed-over values being differentiated --------------------------------
 
-  def differentiated_hoisted(self, nzs: Sequence[bool]) -> list[int]:
-    """The hoisted values (indices) that are perturbed: the rules give no
-    derivative with respect to them (closed-over values, and traced values
-    in non-differentiable arguments), so the function's own code does."""
-    return [i for i, nz in enumerate(nzs) if nz]
-
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:
-    """The function as a function of the hoisted values ``which``, the
-    arguments held at ``xs``: what is differentiated for closed-over values."""
+    """The function of the hoisted values ``which`` (the arguments held at
+    ``xs``): the rules give no derivative with respect to closed-over values
+    (nor traced values in non-differentiable arguments); its code does."""
     def f(*chosen):
       values = list(hvals)
       for i, v in zip(which, chosen):

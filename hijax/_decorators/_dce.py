@@ -1,13 +1,6 @@
-"""Dead-code elimination of a decorated function's unused outputs.
-
-When a jaxpr is pruned (``jax.jit`` staging, ``pe.dce_jaxpr``) and only some
-outputs of a call of a `hijax.custom_vjp` or `hijax.custom_jvp` function
-are used, the call's equation becomes one of `PrunedCall`: the same
-primitive with only those outputs, its rules the original ones (the
-cotangent or tangent of a dropped output is a symbolic zero), so the
-function's other outputs, and what only they need, are not computed.
-
-Imports: `hijax.primitive`, `hijax.autodiff`, jax.
+"""Dead-code elimination of a decorated function's unused outputs: the call
+becomes a `PrunedCall`, the same primitive with only the used outputs and
+the same rules (a dropped output's tangent or cotangent a symbolic zero).
 """
 from __future__ import annotations
 

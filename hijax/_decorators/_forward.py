@@ -2,9 +2,6 @@
 value, vmap and jvp of the equation whose transpose runs ``bwd`` (the tangent
 of a ``bwd`` not linear in ``g``, and of a function with logs), the error for
 a ``bwd`` not linear in ``g``, and the methods of ``jax.custom_vjp`` refused.
-
-Imports: `hijax.derived`, `hijax.autodiff`, the decorators' `_jax_words`,
-jax.
 """
 from __future__ import annotations
 
@@ -12,7 +9,6 @@ from typing import Any
 
 import jax
 
-from hijax._decorators import _jax_words
 from hijax.autodiff import Zero, instantiate_zeros
 from hijax.derived import NonlinearBackwardError, tangent_from_backward
 
@@ -80,7 +76,7 @@ def nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
       "multiplies g by the Jacobian). If the rule is meant to change g (a "
       "clipped or scaled gradient), give forward mode a rule of its own with "
       "hijax.custom_jvp; otherwise fix the rule", TypeError,
-      _jax_words.FORWARD_MODE)
+      "can't apply forward-mode autodiff (jvp) to a custom_vjp function.")
   return NonlinearBackwardError(str(detail), e.prim, e.method, e.reason)
 
 

@@ -1,15 +1,6 @@
-"""`hijax.custom_jvp`: ``jax.custom_jvp``'s API on a hijax primitive.
-
-The jvp rule is the one the user defines with `custom_jvp.defjvp` (or
-`custom_jvp.defjvps`); linearization and reverse mode are derived from it as
-JAX derives them (``lin, linearized = linearize_from_jvp``, then
-``vjp_from_lin``: the linearized rule, transposed). What the primitive adds
-is what `hijax.custom_vjp` adds besides forward mode: closed-over traced
-values hoisted into inputs, ``vmap`` by a batch rule with derivatives by the
-jvp rule, checked rule outputs, and what every `HiPrim` has.
-
-Imports: `hijax.derived`, `hijax.autodiff`, the
-decorators' private modules, jax.
+"""`hijax.custom_jvp`: ``jax.custom_jvp``'s API on a hijax primitive,
+`CustomJVPCall`, whose reverse mode transposes the linearized jvp rule, as
+JAX's does (``linearize_from_jvp``, then ``vjp_from_lin``).
 """
 from __future__ import annotations
 
@@ -22,12 +13,13 @@ import jax.numpy as jnp
 from jax.custom_derivatives import zero_from_primal
 
 from hijax import _linearity
-from hijax._decorators import _jax_words, _tracing
+from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import install_named_axis_batching
 from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._outputs import pair, primal_out, tangent_out
+from hijax._decorators._outputs import (first_element_words, pair,
+                                        primal_out, tangent_out)
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import GradAccum, instantiate_zeros
@@ -71,13 +63,23 @@ class JVPCall(Call):
       with self.running(hvals):
         result = self._jvp_direct(
             xs, to_rule_zeros(tuple(txs), self.decorated.symbolic_zeros))
-    rule = f"the jvp rule {self.jvp_name}"
+    rule, jvp, fun = f"the jvp rule {self.jvp_name}", self.jvp_name, self.name
+    head = (f"Custom JVP rule {jvp} for function {fun} must produce a pair "
+            "(list or tuple of length two)")
     out, tangent = pair(self.owner, rule, result,
-                        "(primal output, tangent output)", functools.partial(
-                            _jax_words.jvp_not_pair, self.jvp_name, self.name))
-    primal_out(self.owner, rule, out, lambda shapes, got, expected, _:
-               _jax_words.jvp_primal(self.jvp_name, self.name, shapes, got,
-                                     expected))
+                        "(primal output, tangent output)", lambda got: (
+                            f"{head} representing primal and tangent outputs, "
+                            f"but got {got}."))
+
+    def words(shapes, got, expected, _):  # JAX's, as `first_element_words`
+      particular = ("with leaves of the same shape/dtype" if shapes
+                    else "of the same container/pytree structure")
+      return first_element_words(
+          f"{head} where the first element represents the primal output "
+          "(equal in value to the output of the custom_jvp-decorated "
+          f"function {fun}, and in particular {particular})", "custom_jvp",
+          "JVP rule output", fun, shapes, got, expected)
+    primal_out(self.owner, rule, out, words)
     return out, tangent_out(self.owner, rule, tangent, self.jvp_name)
 
 
@@ -101,7 +103,7 @@ class CustomJVPCall(CallPrimitive[JVPCall]):
     call = self._call
     *xs, hvals = primals
     *txs, th = tangents
-    closed = call.differentiated_hoisted([_nonzero(t) for t in th])
+    closed = [i for i, t in enumerate(th) if _nonzero(t)]
     if any(_nonzero(t) for t in jax.tree.leaves(txs, is_leaf=is_zero)):
       out, t_flat = call.run_jvp(xs, txs, hvals)
     else:  # as in JAX, the rule runs only for a nonzero tangent

@@ -1,24 +1,20 @@
 """What the user's rules return, checked against the decorated function's
-types, with messages that name the function, the rule, the argument or
-output, what was declared and what came back.
+types (`hijax._checks`'s comparison: shape and dtype, weak types ignored).
 
-The checks are those `hijax._checks` makes for a primitive's rules (shape and
-dtype; weak types ignored; no silent dtype conversion), run before the values
-reach hijax's generic checks, so that a message speaks of ``f`` and
-``f_bwd`` rather than of the primitive class behind them. Each message begins
-with JAX's own wording of the error (`hijax._decorators._jax_words`), so
-that what matches JAX's error matches hijax's, and goes on with hijax's
-detail. The exception is the one JAX raises: a TypeError, and for a
-cotangent of the wrong type `CotangentTypeError`, which is also the
-``ValueError`` ``jax.custom_vjp`` raises for it (not raised while
+Each message begins with JAX's own wording of the error, so that what
+matches JAX's error matches hijax's, then names the function, the rule, the
+argument or output, what was declared and what came back. A cotangent of
+the wrong type raises `CotangentTypeError` (not while
 ``jax.config.jax_disable_bwd_checks`` is set, as JAX's is not).
 
 Imports: `hijax._checks`, `hijax._cotangents`, `hijax._util`,
-`hijax._internals`, the decorators' `_jax_words`, and jax.
+`hijax._internals`, and jax.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -27,12 +23,11 @@ from jax.custom_derivatives import SymbolicZero
 
 from hijax import _checks
 from hijax._cotangents import bwd_checks_disabled
-from hijax._decorators import _jax_words
 from hijax._internals import core
 from hijax._util import describe_value, is_float0, is_zero
 
 __all__ = ["RuleOwner", "CotangentTypeError", "pair", "primal_out",
-           "cotangents", "tangent_out"]
+           "cotangents", "tangent_out", "types_tree"]
 
 
 class CotangentTypeError(_checks.RuleTypeError, ValueError):
@@ -49,6 +44,24 @@ class CotangentTypeError(_checks.RuleTypeError, ValueError):
 
 def _is_symbolic(x) -> bool:
   return isinstance(x, SymbolicZero) or is_zero(x)
+
+
+def types_tree(tree: Any, avals: Sequence[Any]) -> str:
+  """The structure ``tree`` with each leaf's type, unquoted, as JAX prints
+  it (``(float32[], float32[])``)."""
+  shown = jax.tree.unflatten(tree, [a.str_short() for a in avals])
+  return str(shown).replace("'", "")
+
+
+def _source_info(fun: Callable[..., Any]) -> str:
+  """``name at file:line`` of a function, as JAX's messages name it."""
+  fun = inspect.unwrap(fun)
+  while isinstance(fun, functools.partial):
+    fun = inspect.unwrap(fun.func)
+  code = getattr(fun, "__code__", None)
+  name = getattr(fun, "__name__", None) or type(fun).__name__
+  return name if code is None else (
+      f"{name} at {code.co_filename}:{code.co_firstlineno}")
 
 
 class RuleOwner:
@@ -73,6 +86,21 @@ class RuleOwner:
     detail: ``hijax.custom_vjp function f: the fwd rule f_fwd ...``."""
     detail = f"{self}: {rule} {message}"
     return cls(detail if jax_words is None else f"{jax_words}\n{detail}")
+
+  def types(self, tree: Any, leaves: list[Any]) -> str:
+    """The types of ``leaves`` in the structure ``tree``, as JAX prints
+    them (a leaf that is not a JAX value by its class name)."""
+    return types_tree(tree, [_NotJax(x) if a is None else a for a, x in
+                             zip(map(_checks.type_of, leaves), leaves)])
+
+
+class _NotJax:
+
+  def __init__(self, x):
+    self.name = type(x).__name__
+
+  def str_short(self) -> str:
+    return self.name
 
 
 def _type_message(declared, value, kind: str) -> tuple[str, str]:
@@ -101,21 +129,15 @@ def _out_paths(owner: RuleOwner) -> list[str]:
           jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
-def _types(owner: RuleOwner, tree: Any, leaves: list[Any]) -> str:
-  """The types of ``leaves`` in the structure ``tree``, as JAX prints them."""
-  avals = [_checks.type_of(x) for x in leaves]
-  return _jax_words.types_tree(tree, [
-      a if a is not None else _NotJax(x) for a, x in zip(avals, leaves)])
-
-
-class _NotJax:
-  """Stands for a leaf that is not a JAX value in `_types`."""
-
-  def __init__(self, x):
-    self.name = type(x).__name__
-
-  def str_short(self) -> str:
-    return self.name
+def first_element_words(head: str, decorator: str, rule_output: str,
+                        fun: str, shapes: bool, got: str, expected: str
+                        ) -> str:
+  """JAX's words for a rule whose primal output has another structure
+  (``shapes`` False) or other leaf types than the function's."""
+  what = "shapes/dtypes of" if shapes else "container/pytree structure"
+  return (f"{head}, but instead the {rule_output}'s first element had "
+          f"{what}:\n    {got}\nwhile the {decorator}-decorated function "
+          f"{fun} had output {what}:\n    {expected}{'' if shapes else '.'}")
 
 
 PrimalWords = Callable[[bool, str, str, Any], str]
@@ -130,11 +152,11 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
   """The primal output a rule returned, flattened and checked against the
   function's output (structure, then each leaf's shape and dtype)."""
   flat, tree = jax.tree.flatten(out)
-  expected = lambda: _jax_words.types_tree(owner.out_tree,  # noqa: E731
-                                           owner.out_avals_flat)
+  expected = lambda: types_tree(owner.out_tree,  # noqa: E731
+                                owner.out_avals_flat)
   if tree != owner.out_tree:
     words = None if jax_words is None else jax_words(
-        False, _types(owner, tree, flat), expected(), None)
+        False, owner.types(tree, flat), expected(), None)
     raise owner.error(
         rule, f"returned a primal output with structure {tree}, but "
         f"{owner.fun_name} returns structure {owner.out_tree}: the primal "
@@ -143,8 +165,8 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
       got, advice = _type_message(declared, x, "rule-primal")
       words = None if jax_words is None else jax_words(
-          True, _types(owner, tree, flat), expected(),
-          (where, _types(owner, jax.tree.structure(0), [x]), declared))
+          True, owner.types(tree, flat), expected(),
+          (where, owner.types(jax.tree.structure(0), [x]), declared))
       raise owner.error(
           rule, f"returned {got} as its primal {where}, but {owner.fun_name} "
           f"returns {declared.str_short()} there. {advice}The primal output "
@@ -154,7 +176,7 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
 
 
 def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
-                jvp_name: str | None = None) -> list[Any]:
+                jvp_name: str) -> list[Any]:
   """The output tangent of a jvp rule, flattened, each leaf checked against
   its output's tangent type; None, a symbolic zero and a float0 tangent of a
   float output become None. ``jvp_name`` names the rule in JAX's wording."""
@@ -165,14 +187,15 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
       flat = leaves
       break
   if flat is None:
-    words = None if jvp_name is None else _jax_words.jvp_structures(
-        jvp_name, owner.fun_name, owner.out_tree, jax.tree.structure(tangent))
     raise owner.error(
         rule, "returned an output tangent with structure "
         f"{jax.tree.structure(tangent, is_leaf=_is_symbolic)}, but "
         f"{owner.fun_name} returns structure {owner.out_tree}: the tangent "
         "has the structure of the primal output (None for a zero leaf)",
-        TypeError, words)
+        TypeError, f"Custom JVP rule {jvp_name} for function "
+        f"{owner.fun_name} must produce primal and tangent outputs with equal "
+        f"container (pytree) structures, but got {owner.out_tree} and "
+        f"{jax.tree.structure(tangent)} respectively.")
   declared_all = [a.to_tangent_aval() for a in owner.out_avals_flat]
   out = []
   for where, aval, declared, t in zip(_out_paths(owner), owner.out_avals_flat,
@@ -200,16 +223,31 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
 
 def _tangent_words(owner: RuleOwner, declared: list[Any], flat: list[Any]
                    ) -> str:
-  """JAX's wording for output tangents of the wrong types (a None or
-  non-JAX leaf is shown as what was declared)."""
-  def aval_of(t, d):
+  """JAX's words for output tangents of the wrong types (a None or non-JAX
+  leaf is shown as what was declared)."""
+  def shown(t, d):
     a = t.aval if _is_symbolic(t) else _checks.type_of(t)
-    return d if t is None or a is None else a
+    return strong(d if t is None or a is None else a)
   strong = lambda a: getattr(a, "strip_weak_type", lambda: a)()  # noqa: E731
-  got = [strong(aval_of(t, d)) for t, d in zip(flat, declared)]
-  return _jax_words.jvp_tangent_types(
-      [strong(a) for a in owner.out_avals_flat],
-      [strong(a) for a in declared], got)
+  primals = [strong(a) for a in owner.out_avals_flat]
+  expected = [strong(a) for a in declared]
+  got = [shown(t, d) for t, d in zip(flat, declared)]
+  head = ("Custom JVP rule must produce primal and tangent outputs with "
+          "corresponding shapes and dtypes")
+  if len(expected) == 1:
+    return (f"{head}. Expected {expected[0].str_short()} (tangent type of "
+            f"{primals[0].str_short()}) but got {got[0].str_short()}.")
+  return f"{head}, but got:\n" + "\n".join(
+      f"  primal {p.str_short()} with tangent {t.str_short()}, expecting "
+      f"tangent {e}" for p, e, t in zip(primals, expected, got) if e != t)
+
+
+def _bwd_structure_words(cts: Any, in_tree: Any) -> str:
+  return ("Custom VJP bwd rule must produce an output with the same container "
+          "(pytree) structure as the args tuple of the primal function, and in "
+          "particular must produce a tuple of length equal to the number of "
+          "arguments to the primal function, but got bwd output structure "
+          f"{jax.tree.structure(cts)} for primal input structure {in_tree}.")
 
 
 def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
@@ -230,7 +268,7 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
         f"argument of {owner.fun_name} ({n}: "
         f"{', '.join(owner.arg_names) or 'none'}), but returned "
         f"{describe_value(cts)}", TypeError,
-        _jax_words.bwd_structure(jax.tree.structure(cts), owner.in_tree))
+        _bwd_structure_words(cts, owner.in_tree))
   arg_trees = owner.in_tree.children()
   flat: list[Any] = []
   avals = iter(owner.in_avals_flat)
@@ -269,7 +307,7 @@ def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
         f"{jax.tree.structure(ct, is_leaf=is_leaf)} for argument {name}, "
         f"whose structure is {tree}: return a cotangent of the argument's "
         "structure (None for zeros)", TypeError,
-        _jax_words.bwd_structure(jax.tree.structure(ct), owner.in_tree))
+        _bwd_structure_words(ct, owner.in_tree))
   return list(zip(paths, parts))
 
 
@@ -294,6 +332,24 @@ def _weak_float_mismatch(aval, declared, actual) -> bool:
           and jnp.issubdtype(declared.dtype, jnp.floating))
 
 
+def _bwd_type_words(owner, path, got, expected, aval, symbolic: bool) -> str:
+  """JAX's words for a cotangent (at ``output{path}``) whose type is not its
+  input's: those of its newer custom_vjp, then (for an array) those of its
+  custom_vjp, which JAX 0.11's tests match."""
+  source = _source_info(owner.fun)
+  words = (f"at output{path} the bwd rule attached to {source} produced an "
+           f"output of type {got.str_short()} which doesn't match expected "
+           f"type {expected.str_short()}")
+  if symbolic:
+    return (words + ". Consider just returning a None here instead of a "
+            "SymbolicZero object.")
+  return (f"{words}\nCustom VJP bwd rule attached to {source} must produce "
+          "an output with the same type as the args tuple of the primal "
+          f"function, but at output{path} the bwd rule produced an output of "
+          f"type {got.str_short()} corresponding to an input of type "
+          f"{aval.str_short()}")
+
+
 def _cotangent(owner, rule, where, path, aval, ct):
   declared = aval.to_ct_aval()
   if ct is None:
@@ -305,7 +361,7 @@ def _cotangent(owner, rule, where, path, aval, ct):
           f"the cotangent of {where}, but that argument has type "
           f"{aval.str_short()}, so its cotangent is {declared.str_short()}: "
           "return None for a zero cotangent", CotangentTypeError,
-          _jax_words.bwd_type(owner.fun, path, ct.aval, declared, True))
+          _bwd_type_words(owner, path, ct.aval, declared, aval, True))
     return None
   actual = _checks.type_of(ct)
   if is_float0(declared):
@@ -315,8 +371,8 @@ def _cotangent(owner, rule, where, path, aval, ct):
     return jnp.asarray(ct, declared.dtype)
   if not _checks.matches(declared, actual, "cotangent"):
     got, advice = _type_message(declared, ct, "cotangent")
-    words = None if actual is None else _jax_words.bwd_type(
-        owner.fun, path, actual, declared, False)
+    words = None if actual is None else _bwd_type_words(
+        owner, path, actual, declared, aval, False)
     raise owner.error(
         rule, f"returned {got} as the cotangent of {where}, but that argument "
         f"has type {aval.str_short()}, so its cotangent is "

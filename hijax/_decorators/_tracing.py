@@ -1,22 +1,12 @@
-"""Tracing a decorated function and its rules once per call, with the traced
-values they close over turned into inputs.
+"""Tracing a decorated function and its rules once per call, the traced values
+they close over hoisted into inputs (`Hoisted`, `Traced`): a rule run after
+the trace of a value it closes over has ended (``grad`` of a ``jit``-ed
+function, reverse mode outside a ``vmap``) would meet a dead tracer, and no
+derivative with respect to that value would be defined.
 
-A function defined inside another often reads values of the enclosing one:
-``y`` in ``def f(x): return x * y``. When ``y`` is being traced (by ``jit``,
-``grad`` or ``vmap``), JAX's decorators keep it inside the function and its
-rules; a rule run after ``y``'s trace has ended (``grad`` of a ``jit``-ed
-function, reverse mode outside a ``vmap``) then meets a dead tracer, and a
-derivative with respect to ``y`` is not defined. Here each function is traced
-with ``jax.make_jaxpr`` when the decorated function is called, while every
-value it reads is alive; the traced values it closes over are *hoisted*: they
-become inputs of the primitive, and the rules evaluate their jaxprs with the
-current values of those inputs.
-
-A rule that calls the decorated function itself (``f_fwd`` calling ``f``) is
-traced while that call is running: `Entry` records the running call, and the
-inner call reuses it (`find`) instead of tracing the rules again.
-
-Imports: jax and `hijax._internals` only.
+A rule that calls the decorated function itself is traced while that call
+is running: `Entry` records the running call, which the inner call reuses
+(`find`). Imports: jax and `hijax._internals` only.
 """
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""`hijax.custom_vjp`: ``jax.custom_vjp``'s API on a hijax primitive.
-
-The rules are those the user defines with `custom_vjp.defvjp`; the primitive
-adds what ``jax.custom_vjp`` lacks:
-
-* forward mode, derived from the backward rule (``jvp = jvp_from_vjp``,
-  which checks that the rule is linear in the cotangent), so ``jax.jvp``,
-  ``jax.jacfwd``, ``jax.hessian`` and ``jax.linearize`` work, also when the
-  forward rule calls the function itself;
-* traced values the function or its rules close over, hoisted into inputs
-  (`hijax._decorators._tracing`); the derivatives with respect to those the
-  function reads are those of its own code;
-* ``vmap`` by the rules' own batching or a batch rule, with reverse mode of
-  the batched function (`hijax._decorators._batching`);
-* the rules' outputs checked against the function's types
-  (`hijax._decorators._outputs`), and what a primitive has: residual reports,
-  ``jax.checkpoint``, `hijax.testing.check_rules`.
-
-Imports: `hijax.derived`, `hijax.autodiff`, the
-decorators' private modules, jax.
+"""`hijax.custom_vjp`: ``jax.custom_vjp``'s API on a hijax primitive,
+`CustomVJPCall`, whose forward mode is ``bwd`` transposed in ``g``
+(`jvp_from_vjp`, with its linearity check). What it adds to JAX's is listed
+in `custom_vjp`'s docstring.
 """
 from __future__ import annotations
 
@@ -28,12 +12,13 @@ from typing import Any
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from hijax._decorators import _forward, _jax_words, _tracing
+from hijax._decorators import _forward, _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._batching import install_named_axis_batching
 from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._outputs import cotangents, pair, primal_out
+from hijax._decorators._outputs import (cotangents, first_element_words,
+                                        pair, primal_out)
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
@@ -98,7 +83,9 @@ class VJPCall(Call):
           f"the bwd rule {self.bwd_name}", "was defined with "
           "defvjp_with_accums, so it must return None or a dict of "
           f"backward-pass logs, but returned a {type(logs).__name__}",
-          TypeError, _jax_words.accums_logs_not_dict(logs))
+          TypeError, "Custom VJP bwd rule was registered with "
+          "defvjp_with_accums, and so must return None or a dict of "
+          f"backward-pass log entries, but got {type(logs).__name__}.")
     cts = jax.tree.unflatten(self.in_tree, [a.freeze() for a in accums])
     return tuple(cts), logs
 
@@ -113,19 +100,30 @@ class VJPCall(Call):
         result = self._fwd_with(nzs)(*xs)
     rule = f"the fwd rule {self.fwd_name}"
     out, res = pair(self.owner, rule, result, "(primal output, residuals)",
-                    functools.partial(_jax_words.fwd_not_pair, self.fwd_name,
-                                      self.name))
+                    lambda got: f"{self._fwd_head()}, but instead of a pair "
+                    f"the fwd rule {self.fwd_name} produced {got}.")
     primal_out(self.owner, rule, out, self._fwd_primal_words)
     return out, res
+
+  def _fwd_head(self, equal: str = "those") -> str:
+    return (f"Custom VJP fwd rule {self.fwd_name} for function {self.name} "
+            "must produce a pair (list or tuple of length two) where the first "
+            f"element represents the primal output (equal to {equal} of the "
+            f"custom_vjp-decorated function {self.name}) and the second "
+            "element represents residuals (i.e. values stored from the "
+            "forward pass for use on the backward pass)")
 
   def _fwd_primal_words(self, shapes: bool, got: str, expected: str,
                         mismatch: Any) -> str:
     """JAX's wording for fwd's primal output of another structure or type
     (in both the words of JAX's custom_vjp and of its newer one)."""
-    words = _jax_words.fwd_primal(self.fwd_name, self.name, shapes, got,
-                                  expected)
+    words = first_element_words(
+        self._fwd_head("the output"), "custom_vjp",
+        "fwd rule output", self.name, shapes, got, expected)
     if mismatch is not None:
-      words += "\n" + _jax_words.fwd_output_type(*mismatch)
+      where, got_type, declared = mismatch
+      words += (f"\nat {where}, got fwd output type {got_type} which doesn't "
+                f"match primal output type {declared.str_short()}")
     return words
 
   def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
@@ -139,14 +137,18 @@ class VJPCall(Call):
     rule = f"the bwd rule {self.bwd_name}"
     logs = None
     if self.decorated.with_logs:
-      result, logs = pair(self.owner, rule, result, "(cotangents, logs)",
-                          _jax_words.logs_not_pair)
+      result, logs = pair(
+          self.owner, rule, result, "(cotangents, logs)", lambda got:
+          "Custom VJP bwd rule was registered with defvjp_with_logs and so "
+          f"must produce a pair (in_cts, logs), but got {got}.")
       if logs is not None and type(logs) is not dict:
         raise self.owner.error(
             rule, "was defined with defvjp_with_logs, so the second entry of "
             "the pair it returns must be None or a dict of backward-pass "
             f"logs, but it is a {type(logs).__name__}", TypeError,
-            _jax_words.logs_not_dict(logs))
+            "Custom VJP bwd rule was registered with defvjp_with_logs, and so "
+            "the second element of the pair it returns must be None or a dict "
+            f"of backward-pass log entries, but got {type(logs).__name__}.")
     return cotangents(self.owner, rule, result), logs
 
 
@@ -166,7 +168,7 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     if "bwd" in call.rules:
       used = {s for s in call.rules["bwd"].slots if s is not None}
       bwd_hvals = tuple(h if i in used else None for i, h in enumerate(hvals))
-    closed = call.differentiated_hoisted(nzs_h)
+    closed = [i for i, nz in enumerate(nzs_h) if nz]
     closure_vjp = None
     if closed:
       try:
