@@ -81,7 +81,8 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit, ahead):
 
 def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
              jit, ahead=lambda plan: None):
-  """The context of the checks and the modes to run, at ``args`` in the
+  """The context of the checks, the modes to run and what ``prim_fn``
+  raises at the point in every dtype (None if it runs), at ``args`` in the
   dtype chosen: float64 (entering ``jax.enable_x64`` on ``stack``) unless
   ``x64`` is False or, with ``x64=None``, ``prim_fn`` cannot be run in
   float64 but can in the given dtypes. It is compiled and run, so that an
@@ -93,7 +94,7 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
   own, own_float = _in_own_dtypes(args)
   own_dtype = own_float or "no floating-point inputs"
   if x64 is False:
-    return context_at(own, own_dtype)
+    return (*context_at(own, own_dtype), None)
   prepared = None
   with jax.enable_x64(True):
     args64 = jax.tree.map(lambda x: _to_dtype(x, jnp.float64), args)
@@ -117,8 +118,7 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
     ctx, plan = prepared or context_at(args64, "float64")
   else:
     ctx, plan = prepared or context_at(own, own_dtype)
-  ctx.function_error = error
-  return ctx, plan
+  return ctx, plan, error
 
 
 
@@ -354,18 +354,20 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     if host_device is not None:
       stack.enter_context(jax.default_device(host_device))
     try:
-      ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit, ahead)
+      ctx, plan, error = _prepare(prim_fn, args, x64, stack, context_at,
+                                  jit, ahead)
     except BudgetSpent as e:  # before the first check
       ctx, plan = e.prepared or context_at(args, "float64")
+      error = None
       stopped(ctx, plan, e)
     else:
-      if ctx.function_error is None:
+      if error is None:
         ahead(plan)
       ctx.report.required = required_rules(ctx, plan)
       try:
-        if not function_raises(ctx, prim_fn, plan):
+        if not function_raises(ctx, prim_fn, plan, error):
           run(ctx, plan)
-        if ctx.report.failures and ctx.function_error is None:
+        if ctx.report.failures and error is None:
           blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
                        ctx.report, tuple(modes))
           inner_first(ctx, ctx.report)
@@ -374,7 +376,7 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     report, settings = ctx.report, ctx.settings
     report.devices["checks"] = describe(host_device or jax.devices()[0],
                                         report.dtype)
-  if accel is not None and ctx.function_error is None and not (
+  if accel is not None and error is None and not (
       settings.budget.spent):
     try:
       device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,

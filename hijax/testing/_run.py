@@ -169,6 +169,10 @@ def run(ctx: CheckContext, modes):
   """Runs the checks of ``modes`` in ``ctx``; a mode that cannot apply (no
   floating-point inputs or outputs) is reported as skipped."""
   add_parts(ctx, modes)  # nothing is traced yet (a second call adds nothing)
+  # direction -> whether the jvp rule passed its check there: the jvp check
+  # writes it, the vjp and lin checks then take the jvp rule as their
+  # reference where it did (else finite differences)
+  jvp_passed: dict = {}
   for mode in modes:
     if ctx.out_of_time(mode, "all its checks"):
       continue
@@ -178,7 +182,10 @@ def run(ctx: CheckContext, modes):
       ctx.skip(mode, "no floating-point outputs")
     else:
       try:
-        CHECKS[mode](ctx)
+        if mode in DERIVATIVE_MODES:
+          CHECKS[mode](ctx, jvp_passed)
+        else:
+          CHECKS[mode](ctx)
       except Exception as e:  # pylint: disable=broad-except  (e.g. prim_fn fails under jit)
         ctx.fail_raised(mode, f"running the {mode} checks",
                         ctx.describe_inputs(), e)

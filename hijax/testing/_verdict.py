@@ -70,17 +70,18 @@ def raised_at(prim_fn, args) -> Exception | None:
     return e
 
 
-def function_raises(ctx: CheckContext, prim_fn, plan) -> bool:
+def function_raises(ctx: CheckContext, prim_fn, plan,
+                    error: Exception | None) -> bool:
   """Where a function whose rules are jax.custom_jvp / custom_vjp ones
-  raises at the point in every dtype (optimistix's root_find refusing an
+  raises ``error`` at the point in every dtype (optimistix's root_find refusing an
   input in float32), reports that, naming the function, instead of the
   failures of the rules it calls there; True if so."""
-  if ctx.function_error is None or ctx.fd_of == "expand":
+  if error is None or ctx.fd_of == "expand":
     return False
   name = getattr(prim_fn, "__name__", None) or type(prim_fn).__name__
-  text = str(ctx.function_error).strip()
+  text = str(error).strip()
   last = text.splitlines()[-1] if text else ""
-  detail = (f"raised {type(ctx.function_error).__name__}: "
+  detail = (f"raised {type(error).__name__}: "
             f"{first_lines(text, 3)}")
   if last and last not in detail:  # a callback's error ends its message
     detail += f"\n  ... {last}"
@@ -88,7 +89,7 @@ def function_raises(ctx: CheckContext, prim_fn, plan) -> bool:
            "the inputs' dtypes)", ctx.describe_inputs(),
            f"{detail}\nno rule was checked: check the function at an input "
            "where it runs", float("inf"),
-           rule=f"{name} (the function checked)", error=ctx.function_error)
+           rule=f"{name} (the function checked)", error=error)
   ctx.report.skipped += [(mode, "the function raises at this input")
                          for mode in plan]
   return True
