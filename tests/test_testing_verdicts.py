@@ -1,5 +1,7 @@
 """A pass is a promise (issue 46): check_rules' three verdicts, exact finite
 differences, surrogate rules, and a report that lists what it counts."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +91,28 @@ def test_a_clipper_marked_with_the_decorator_is_a_surrogate(decorator):
   report = check_rules(clip_gradient, X)
   assert report.verdict == "passed" and report.surrogates, report
   assert not report.failures
+
+
+def test_a_surrogate_over_a_partial_is_the_function_the_program_names():
+  """A custom_vjp of a functools.partial: JAX names the partial's function
+  in the program; declared or marked, it is that function's surrogate
+  (before: surrogates= refused it as not a custom derivative function)."""
+  def clip_scaled(x, scale):
+    return scale * x
+
+  def make():
+    f = jax.custom_vjp(functools.partial(clip_scaled, scale=1.0))
+    f.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1., 1.),))
+    return f
+  f = make()
+  with pytest.raises(RuleCheckError, match="clip_scaled"):
+    check_rules(f, X)
+  report = check_rules(f, X, surrogates=[f])
+  assert report.verdict == "passed" and report.surrogates == [
+      "clip_scaled (custom_vjp)"], report
+  surrogate(make())  # marks the function, so every one made so
+  report = check_rules(make(), X)
+  assert report.verdict == "passed" and report.surrogates, report
 
 
 def test_a_surrogate_still_fails_its_own_consistency():

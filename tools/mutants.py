@@ -87,8 +87,12 @@ MODULE_TESTS.update({
     "testing/_checks.py": TESTING,
     "testing/_discovery.py": ["tests/test_testing_walk.py",
                               "tests/test_testing_jax_rules.py", *TESTING],
-    "testing/_verdict.py": ["tests/test_testing_jax_rules.py", *TESTING],
+    "testing/_flow.py": ["tests/test_testing_jax_rules.py",
+                         "tests/test_testing_verdicts.py", *TESTING],
     "testing/_foreign_words.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/_surrogate.py": ["tests/test_testing_verdicts.py", *TESTING],
+    "testing/_context.py": ["tests/test_testing_verdicts.py", *TESTING],
+    "testing/_nzs_out.py": TESTING,
     "testing/_report.py": ["tests/test_testing_words.py", *TESTING],
     "testing/_plugin/_check.py": PLUGIN,
     "testing/_plugin/_inputs.py": PLUGIN,
@@ -109,7 +113,9 @@ DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_c
               "tests/test_custom_decorators_cache.py", "tests/test_dropin.py",
               "tests/test_dropin_hooks.py", "tests/test_dropin_remat.py"]
 MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
-                                    "tests/test_implicit_cache.py"]
+                                    "tests/test_implicit_cache.py",
+                                    "tests/test_testing_verdicts.py",
+                                    "tests/test_plugin_recording.py"]
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
     "_arguments", "_batching", "_common", "_dce", "_forward", "_jax_words",
     "_jvp", "_outputs", "_tracing", "_vjp")})

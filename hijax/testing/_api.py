@@ -20,10 +20,9 @@ from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
 from hijax.testing._report import (INCONCLUSIVE, MODES, InconclusiveCheckError,
                                    RuleCheckError, RuleReport)
-from hijax.testing._run import add_parts, run
-from hijax.testing._verdict import (blame_alone, function_raises, inner_first,
-                                    plan_modes, raised_at, required_rules,
-                                    stopped)
+from hijax.testing._flow import (add_parts, blame_alone, function_raises,
+                                 inner_first, plan_modes, raised_at,
+                                 required_rules, run, stopped)
 from hijax.testing._surrogate import Surrogates
 
 

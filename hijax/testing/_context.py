@@ -108,7 +108,7 @@ class CheckContext(Recorder):
   prepared: dataclasses.InitVar[Compiled | None] = None
   compiled: Compiled = dataclasses.field(init=False)
   # the second-order mode's derived functions, with their contexts (made by
-  # hijax.testing._run.add_parts; None until then)
+  # hijax.testing._flow.add_parts; None until then)
   derived: list | None = dataclasses.field(init=False, default=None)
 
   def __post_init__(self, prepared):
@@ -183,14 +183,14 @@ class CheckContext(Recorder):
 
   @functools.cached_property
   def application_types(self) -> list[tuple]:
-    """Each primitive ``prim_fn`` applies at its top level, with its
-    arguments' types (see `applications`)."""
+    """Each primitive ``prim_fn`` applies outside loops and branches, with
+    its arguments' types (see `applications`)."""
     return application_types(self.prim_fn, self.args)
 
   @functools.cached_property
   def application_values(self) -> list:
-    """The arguments of each primitive ``prim_fn`` applies at its top level
-    (`applications`), found in one compiled evaluation of its expansion
+    """The arguments of each primitive ``prim_fn`` applies outside loops and
+    branches (`applications`), found in one compiled evaluation of its expansion
     (evaluated op by op, a loop or a solver compiles each of its
     operations), else eagerly."""
     def application_inputs(*args):
