@@ -335,6 +335,40 @@ def test_a_compile_past_the_budget_is_abandoned(monkeypatch):
   assert "jvp: the checks not yet run" in report.skipped_for_time
 
 
+def test_no_thread_of_a_run_outlives_it(monkeypatch):
+  """The device's program, compiled ahead in a thread of its own, is waited
+  for at the end of the run even where the device's half of the checks
+  does not run (here made a no-op; in a run, where the budget is spent
+  first): no thread of the run outlives the call (before: it ran on, to
+  be joined at the process's exit)."""
+  import threading
+  import time
+  from hijax.testing import _api
+  stages = pytest.importorskip("jax.stages")
+  compile_ = stages.Lowered.compile
+
+  def slow_in_a_thread(self, *args, **kwargs):
+    if threading.current_thread() is not threading.main_thread():
+      time.sleep(2.0)
+    return compile_(self, *args, **kwargs)
+  monkeypatch.setattr(stages.Lowered, "compile", slow_in_a_thread)
+  monkeypatch.setattr(_api, "device_half", lambda *args, **kwargs: None)
+
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+
+  @sin.defjvp
+  def _(primals, tangents):
+    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  before = set(threading.enumerate())  # (a test above abandons one)
+  report = check_rules(sin, X, modes=("jvp",), order=1, time_budget=None,
+                       device=jax.devices("cpu")[0])
+  assert report.passed
+  assert not [t for t in set(threading.enumerate()) - before
+              if t.name.startswith("check_rules")]
+
+
 # --- what the function declares, and where it cannot run ---------------------------------
 
 def test_a_rule_that_refuses_differentiation_by_design_is_not_a_failure():

@@ -349,39 +349,42 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
           plan, own, own_dtype, accel, context_at, add_parts)
     except Exception:  # pylint: disable=broad-except  (the device half reports it)
       devices_ahead[tuple(plan)] = None
-  with contextlib.ExitStack() as stack:
-    if host_device is not None:
-      stack.enter_context(jax.default_device(host_device))
-    try:
-      ctx, plan, error = _prepare(prim_fn, args, x64, stack, context_at,
-                                  jit, ahead)
-    except BudgetSpent as e:  # before the first check
-      ctx, plan = e.prepared or context_at(args, "float64")
-      error = None
-      stopped(ctx, plan, e)
-    else:
-      if error is None:
-        ahead(plan)
-      ctx.report.required = required_rules(ctx, plan)
+  try:  # no thread of the run outlives it (Budget.finish)
+    with contextlib.ExitStack() as stack:
+      if host_device is not None:
+        stack.enter_context(jax.default_device(host_device))
       try:
-        if not function_raises(ctx, prim_fn, plan, error):
-          run(ctx, plan)
-        if ctx.report.failures and error is None:
-          blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
-                       ctx.report, tuple(modes))
-          inner_first(ctx, ctx.report)
-      except BudgetSpent as e:
+        ctx, plan, error = _prepare(prim_fn, args, x64, stack, context_at,
+                                    jit, ahead)
+      except BudgetSpent as e:  # before the first check
+        ctx, plan = e.prepared or context_at(args, "float64")
+        error = None
         stopped(ctx, plan, e)
-    report, settings = ctx.report, ctx.settings
-    report.devices["checks"] = describe(host_device or jax.devices()[0],
-                                        report.dtype)
-  if accel is not None and error is None and not (
-      settings.budget.spent):
-    try:
-      device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
-                  add_parts, devices_ahead.get(tuple(plan)))
-    except BudgetSpent as e:
-      stopped(ctx, [], e)
+      else:
+        if error is None:
+          ahead(plan)
+        ctx.report.required = required_rules(ctx, plan)
+        try:
+          if not function_raises(ctx, prim_fn, plan, error):
+            run(ctx, plan)
+          if ctx.report.failures and error is None:
+            blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
+                         ctx.report, tuple(modes))
+            inner_first(ctx, ctx.report)
+        except BudgetSpent as e:
+          stopped(ctx, plan, e)
+      report, settings = ctx.report, ctx.settings
+      report.devices["checks"] = describe(host_device or jax.devices()[0],
+                                          report.dtype)
+    if accel is not None and error is None and not (
+        settings.budget.spent):
+      try:
+        device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
+                    add_parts, devices_ahead.get(tuple(plan)))
+      except BudgetSpent as e:
+        stopped(ctx, [], e)
+  finally:
+    budget.finish()
   report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:
