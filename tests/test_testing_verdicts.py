@@ -115,6 +115,37 @@ def test_a_surrogate_over_a_partial_is_the_function_the_program_names():
   assert report.verdict == "passed" and report.surrogates, report
 
 
+def test_where_a_function_is_defined_under_its_wrappers():
+  """hijax._function_key's names for a function under partials,
+  functools.wraps and bound methods (the surrogates' and the plugin's)."""
+  from hijax._function_key import code_of, definition, unwrap
+
+  def f(x, y=1.):
+    return x * y
+
+  @functools.wraps(f)
+  def wrapper(*args):
+    return f(*args)
+
+  class Obj:
+    def method(self, x):
+      return x
+
+    def __call__(self, x):
+      return x
+  partial = functools.partial(wrapper, 2.)
+  assert unwrap(partial) is f and unwrap(Obj().method) is (
+      Obj.method)
+  assert definition(partial) == ("f", f.__code__.co_filename,
+                                 f.__code__.co_firstlineno)
+  assert definition(Obj().method)[0] == "method"
+  assert definition(Obj()) is None
+  assert code_of(partial) is f.__code__
+  assert code_of(Obj()) is Obj.__call__.__code__
+  with pytest.raises(TypeError, match="no code for"):
+    code_of(len)
+
+
 def test_a_surrogate_still_fails_its_own_consistency():
   """Marked a surrogate, a batching rule that is wrong still fails."""
   class ScaledIdentity(hijax.HiPrim):
