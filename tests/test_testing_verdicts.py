@@ -179,6 +179,46 @@ def test_surrogate_refuses_what_is_neither_a_class_nor_a_rule():
     check_rules(_round_ste(), X, surrogates=[3])
 
 
+# --- the jvp check's verdict, handed to the vjp and lin checks --------------
+
+class _Sin(hijax.HiPrim):
+  def __init__(self, aval):
+    self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.sin(x)
+
+  def jvp(self, primals, tangents):
+    return self(primals[0]), jnp.cos(primals[0]) * tangents[0]
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x
+
+  def vjp_bwd_retval(self, x, g):
+    return (jnp.cos(x) * g,)
+
+
+class _JvpRaises(_Sin):
+  def jvp(self, primals, tangents):
+    raise ZeroDivisionError("no jvp here")
+
+
+def test_the_vjp_check_takes_the_jvp_rule_as_reference_unless_it_failed():
+  """The jvp rule is the vjp check's reference where its own check passed
+  or did not run (modes="vjp"); where it raised, finite differences are."""
+  ran = check_rules(lambda x: _Sin(jax.typeof(x))(x), X, modes="vjp",
+                    order=1).ran
+  assert any(r.startswith("vjp: vjp vs the jvp rule") for r in ran), ran
+  report = check_rules(lambda x: _JvpRaises(jax.typeof(x))(x), X,
+                       modes=("jvp", "vjp"), order=1,
+                       raise_on_failure=False)
+  assert [f.rule for f in report.failures] == ["_JvpRaises.jvp"], report
+  assert any(r.startswith("vjp: vjp vs finite differences of expand")
+             for r in report.ran), report.ran
+  assert report.compared["_JvpRaises.vjp_fwd/vjp_bwd_retval"] > 0
+
+
 # --- exact finite differences ------------------------------------------------
 
 def test_exact_zero_finite_differences_are_resolved():

@@ -84,7 +84,7 @@ MODULE_TESTS.update({
     "implicit/_primitives.py": IMPLICIT,
     "testing/_numerics.py": TESTING,
     "testing/_finite_diff.py": TESTING,
-    "testing/_checks.py": TESTING,
+    "testing/_checks.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_discovery.py": ["tests/test_testing_walk.py",
                               "tests/test_testing_jax_rules.py", *TESTING],
     "testing/_flow.py": ["tests/test_testing_jax_rules.py",
