@@ -37,9 +37,10 @@ program traced for other values. A value is keyed
   read from globals): by identity, holding a reference so the identity is
   not reused.
 
-What no key sees: a module's or a class's attributes changed between calls
-(both are keyed by identity), and state outside the function's reach (a
-file, a random generator). Python's own ``jax.jit`` keys on less (the
+What no key sees: an attribute of a module or a class that the function
+does not read by name from its globals (``config.SCALE`` is seen, a
+``getattr(config, name)`` is not), and state outside the function's reach
+(a file, a random generator). Python's own ``jax.jit`` keys on less (the
 function object alone).
 """
 from __future__ import annotations
@@ -249,22 +250,39 @@ _BY_IDENTITY = (types.ModuleType, type, types.BuiltinFunctionType,
 
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL",
                          "DELETE_GLOBAL", "LOAD_FROM_DICT_OR_GLOBALS"})
-_GLOBAL_NAMES: dict[int, tuple[types.CodeType, tuple[str, ...]]] = {}
+_GLOBAL_NAMES: dict[int, tuple[types.CodeType, tuple[tuple[str, ...], ...]]] = {}
 
 
-def _global_names(code: types.CodeType) -> tuple[str, ...]:
-  """The global names ``code`` (and the functions defined in it) loads."""
+def _global_names(code: types.CodeType) -> tuple[tuple[str, ...], ...]:
+  """What ``code`` (and the functions defined in it) reads from its globals:
+  each global name it loads with the attributes it then loads from it
+  (``("config", "SCALE")`` for ``config.SCALE``, ``("x",)`` for ``x``)."""
   entry = _GLOBAL_NAMES.get(id(code))
   if entry is not None and entry[0] is code:
     return entry[1]
-  names, stack = set(), [code]
+  paths: set[tuple[str, ...]] = set()
+  stack = [code]
   while stack:
     c = stack.pop()
-    names.update(i.argval for i in dis.get_instructions(c)
-                 if i.opname in _GLOBAL_OPS)
+    path: tuple[str, ...] = ()
+    for i in dis.get_instructions(c):
+      if path and i.opname == "LOAD_ATTR":
+        path += (i.argval,)
+        continue
+      if path:
+        paths.add(path)
+      path = (i.argval,) if i.opname in _GLOBAL_OPS else ()
+    if path:
+      paths.add(path)
     stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-  return store_bounded(_GLOBAL_NAMES, id(code), (code, tuple(sorted(names))),
+  return store_bounded(_GLOBAL_NAMES, id(code), (code, tuple(sorted(paths))),
                        4096)[1]
+
+
+_MISSING = ("missing",)
+# What an attribute of a module or a class is keyed by value as: data a user
+# may assign between calls (``config.SCALE = 3.0``); anything else by identity.
+_DATA_TYPES = frozenset({*_SCALARS, np.ndarray, tuple, list, dict})
 
 
 _PLAIN: dict[type, bool] = {}
@@ -362,8 +380,7 @@ class _Splitter:
     if not cells and fn.__defaults__ is None and fn.__kwdefaults__ is None:
       self.active.append(id(fn))
       try:
-        read = tuple((name, self.part(g[name], False)[0]) if name in g
-                     else (name,) for name in _global_names(fn.__code__))
+        read = self.globals_read(fn)
       finally:
         self.active.pop()
       return ("function", fn.__code__, (None, None), read), None
@@ -372,8 +389,7 @@ class _Splitter:
       parts = [self.part(fn.__defaults__, dynamic),
                self.part(fn.__kwdefaults__, dynamic),
                *(self.cell(c, dynamic) for c in cells)]
-      read = tuple((name, self.part(g[name], False)[0]) if name in g
-                   else (name,) for name in _global_names(fn.__code__))
+      read = self.globals_read(fn)
     finally:
       self.active.pop()
     key = ("function", fn.__code__, tuple(k for k, _ in parts), read)
@@ -393,6 +409,33 @@ class _Splitter:
       new.__dict__.update(fn.__dict__)
       return new
     return key, rebuild
+
+  def globals_read(self, fn: types.FunctionType) -> tuple[Any, ...]:
+    """The key of what ``fn`` reads from its globals: each global's value,
+    and what it reads through a module or a class there (both keyed by
+    identity, so ``config.SCALE = 3.0`` would go unseen otherwise): data
+    (numbers, strings, NumPy arrays, tuples, lists, dicts) by value, other
+    values (a library's function, an object) by identity."""
+    g, read = fn.__globals__, []
+    for path in _global_names(fn.__code__):
+      v = g.get(path[0], _MISSING)  # missing: a builtin, or not defined yet
+      walked = False
+      for attr in path[1:]:
+        if not isinstance(v, (types.ModuleType, type)):
+          break
+        walked = True
+        try:
+          v = getattr(v, attr)
+        except Exception:  # noqa: BLE001 - a lazy module's import error, say
+          v = _MISSING
+          break
+      if v is _MISSING:
+        read.append((path, v))
+      elif walked and type(v) not in _DATA_TYPES:
+        read.append((path, _Identity(v)))  # walking a library's function costs
+      else:
+        read.append((path, self.part(v, False)[0]))
+    return tuple(read)
 
   def cell(self, c: types.CellType, dynamic: bool) -> tuple[Any, Any]:
     try:

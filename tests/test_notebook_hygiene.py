@@ -256,6 +256,18 @@ def test_normalise_keeps_stored_outputs_only_for_unchanged_code():
   assert "function g" in str(nbout.normalise(differs, previous=stored))
 
 
+def test_normalise_drops_what_the_machine_wrote_to_stderr():
+  """A build on a loaded machine stores no check_rules progress line or XLA
+  alarm (nbval skips those in a fresh run where the stored cell has no
+  stderr); the page's own stderr stays."""
+  progress = "check_rules: 10.3 s of 30 s: batch: vmap of vjp vs a loop\n"
+  nb = {"cells": [_cell("check()", [_stream("stdout", "ok\n"), _stream("stderr", progress)]),
+                  _cell("warn()", [_stream("stderr", "UserWarning: the page's own\n")])]}
+  nbout.normalise(nb)
+  assert nb["cells"][0]["outputs"] == [_stream("stdout", "ok\n")]
+  assert nb["cells"][1]["outputs"] == [_stream("stderr", "UserWarning: the page's own\n")]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_committed_notebooks_are_normalised(path):
   """Building an unchanged page writes the same notebook: normalising a

@@ -114,6 +114,7 @@ DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_c
               "tests/test_dropin_hooks.py", "tests/test_dropin_remat.py"]
 MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
                                     "tests/test_implicit_cache.py",
+                                    "tests/test_function_key.py",
                                     "tests/test_testing_verdicts.py",
                                     "tests/test_plugin_recording.py"]
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (

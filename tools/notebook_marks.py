@@ -28,6 +28,7 @@ build's execution cache is keyed.
 from __future__ import annotations
 
 import ast
+import functools
 import copy
 
 PREFIX = "# Hidden on the site"
@@ -102,9 +103,20 @@ def _bound(tree: ast.Module) -> set[str]:
   return {name for name, ctx, _ in _names(tree) if ctx is ast.Store}
 
 
+@functools.lru_cache(maxsize=1024)
+def _firsts(tree: ast.Module) -> dict[tuple[str, type], tuple[int, int]]:
+  """Where ``tree`` first reads (ast.Load) or binds (ast.Store) each name it
+  uses: one walk per cell, however many names earlier cells ask about."""
+  out: dict[tuple[str, type], tuple[int, int]] = {}
+  for name, ctx, at in _names(tree):
+    if (name, ctx) not in out or at < out[name, ctx]:
+      out[name, ctx] = at
+  return out
+
+
 def _first(tree: ast.Module, name: str, ctx: type) -> tuple[int, int] | None:
   """Where ``tree`` first reads (``ctx`` ast.Load) or binds (ast.Store) ``name``."""
-  return min((at for n, c, at in _names(tree) if n == name and c is ctx), default=None)
+  return _firsts(tree).get((name, ctx))
 
 
 def _used_later(names: set[str], later: list[ast.Module | None]) -> bool:

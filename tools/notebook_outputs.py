@@ -6,6 +6,10 @@ machine that built it, and building an unchanged page again must write the
 same file (`git diff` empty). `normalise` does, in order:
 
 * cell ids derived from each cell's content, not random (`stable_ids`);
+* what the machine, not the page, wrote to stderr dropped (XLA's
+  slow-operation alarms, check_rules' progress line on a loaded machine:
+  the pattern of notebooks/conftest.py, which makes nbval skip the same in a
+  fresh run);
 * stream outputs merged per stream name, the way nbval merges them before
   comparing (`coalesce_streams`), so how the kernel split a cell's printing
   into messages leaves no mark;
@@ -30,6 +34,7 @@ from __future__ import annotations
 import configparser
 import copy
 import hashlib
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -49,6 +54,18 @@ _ARROW = re.compile(r"^-*> ")
 # Exceptions that only carry JAX's record of where a traced operation came
 # from; their message repeats the one that follows.
 _PLUMBING = ("JaxStackTraceBeforeTransformation", "UnfilteredStackTrace")
+
+
+def _notebooks_conftest():
+  """notebooks/conftest.py, which says what of a kernel's stderr is the machine's."""
+  path = Path(__file__).resolve().parent.parent / "notebooks" / "conftest.py"
+  spec = importlib.util.spec_from_file_location("_hijax_notebooks_conftest", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_is_machine_stderr = _notebooks_conftest()._is_machine_stderr
 
 
 def plain(text: str) -> str:
@@ -231,7 +248,7 @@ def short_traceback(traceback, limit=MAX_TRACEBACK_LINES):
 def clean_outputs(outputs, stored_rules):
   """A cell's outputs with streams merged, tracebacks short and paths masked."""
   cleaned = []
-  for output in coalesce_streams(outputs):
+  for output in coalesce_streams([o for o in outputs if not _is_machine_stderr(o)]):
     if output.get("output_type") == "error":
       output = copy.deepcopy(output)
       output["traceback"] = short_traceback(output["traceback"])

@@ -301,14 +301,15 @@ def _sig(x: float) -> float:
   return float(f"{x:.3g}")
 
 
-HIPRIM_ROWS = ("eager call", "eager grad", "jit(grad) compile", "construct",
+HIPRIM_ROWS = ("eager call", "eager grad", "eager jvp", "jit(grad) compile", "construct",
                "construct and hash")
 
 
 def _hiprim(seconds: dict) -> dict:
   ratios = {}
   for ours, anchor, label in (("hijax HiPrim", "jax HiPrim", "HiPrim"),
-                              ("hijax.custom_vjp", "jax.custom_vjp", "custom_vjp")):
+                              ("hijax.custom_vjp", "jax.custom_vjp", "custom_vjp"),
+                              ("hijax.custom_jvp", "jax.custom_jvp", "custom_jvp")):
     if ours in seconds and anchor in seconds:
       for row in HIPRIM_ROWS:
         if row in seconds[ours] and row in seconds[anchor]:
