@@ -1,7 +1,7 @@
 """How long `hijax.testing.check_rules` takes on real rules, old against new.
 
 Run: python bench/bench_checker.py [--before DIR] [--repeat 2] [--timeout 300]
-                                   [--cases i0,sici,...] [--clock cpu]
+                                   [--cases i0,sici,...] [--clock cpu] [--where]
 
 Each case is one ``check_rules`` call with the default options (every mode,
 second order included), in a fresh Python process with JAX's persistent
@@ -10,6 +10,9 @@ call in a test does. ``--before DIR`` also runs each case on the hijax found
 in ``DIR`` (e.g. ``git archive main | tar -x -C DIR``), interleaved with the
 current one, and prints the ratio before / after. A case that runs past
 ``--timeout`` seconds is killed and shown as ``>timeout``.
+
+``--where`` also prints where the time went (XLA's compiles, JAX's tracing
+and lowering) and each report's verdict.
 
 The cases: JAX's own special functions (``jax.custom_jvp`` rules in float64,
 ``expi`` in float32), a hijax primitive (``hiprim``), one whose jvp rule
@@ -38,6 +41,10 @@ CASES = {
               "jnp.array([.5, 2.]), {})",
     "hyp2f1": "lambda: (lambda x: jax.scipy.special.hyp2f1(1.5, .5, 2.5, x), "
               "jnp.array([.1, .4]), {})",
+    "zeta": "lambda: (lambda x: jax.scipy.special.zeta(x, 2.), "
+            "jnp.array([2.5, 4.]), {})",
+    "expn": "lambda: (lambda x: jax.scipy.special.expn(3, x), "
+            "jnp.array([.5, 2.]), {})",
     "expi_f32": "lambda: (jax.scipy.special.expi, "
                 "jnp.array([-64., 30., 64.], jnp.float32), {'x64': False})",
     "hiprim": "lambda: (softplus, jnp.array([-2., .5, 3.]), {})",
@@ -120,6 +127,15 @@ if source:  # import hijax from there, ahead of the installed (editable) one
 {prelude}
 from hijax.testing import check_rules
 import hijax
+import jax.monitoring
+spent = {{"compile": 0.0, "trace and lower": 0.0}}
+def _listen(event, seconds, **_):
+  if event.endswith("/backend_compile_duration"):
+    spent["compile"] += seconds
+  elif event.endswith(("/jaxpr_trace_duration",
+                       "/jaxpr_to_mlir_module_duration")):
+    spent["trace and lower"] += seconds
+jax.monitoring.register_event_duration_secs_listener(_listen)
 fn, x, kw = ({case})()
 if "time_budget" in inspect.signature(check_rules).parameters:
   kw["time_budget"] = None
@@ -128,7 +144,8 @@ args = x if isinstance(x, tuple) else (x,)
 report = check_rules(fn, *args, raise_on_failure=False, **kw)
 print(json.dumps(dict(seconds=time.{clock}() - start,
                       failures=len(report.failures),
-                      hijax=hijax.__file__)))
+                      verdict=report.verdict, hijax=hijax.__file__,
+                      **spent)))
 """
 
 
@@ -157,11 +174,15 @@ def run(case: str, source: str | None, timeout: float,
   return result
 
 
-def _fmt(r: dict, timeout: float) -> str:
+def _fmt(r: dict, timeout: float, where: bool = False) -> str:
   if r["seconds"] == float("inf"):
     return f">{timeout:.0f} s"
   if r.get("error"):
     return "error"
+  if where:  # JAX's own measures, in wall time
+    return (f"{r['seconds']:.2f} s: {r['compile']:.2f} compiling, "
+            f"{r['trace and lower']:.2f} tracing and lowering, "
+            f"{r['verdict']}")
   return f"{r['seconds']:.2f} s ({r['failures']} failed)"
 
 
@@ -174,6 +195,10 @@ def main():
   parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                       help="the check's wall time, or its process's CPU time "
                       "(steadier on a shared machine)")
+  parser.add_argument("--where", action="store_true",
+                      help="also print where each best run's time went: "
+                      "XLA's compiles and JAX's tracing and lowering (their "
+                      "wall time, as JAX measures it), and the verdict")
   _timing.add_save_option(parser)
   args = parser.parse_args()
   print(f"check_rules, one call per case, fresh process, no compilation "
@@ -200,6 +225,11 @@ def main():
       line += f" {_fmt(b, args.timeout):>22} {shown:>11}"
     errors = [r["error"] for r in now + before if r.get("error")]
     print(line + (f"  ({errors[0]})" if errors else ""), flush=True)
+    if args.where:
+      for label, rs in (("now", now), ("before", before)):
+        if rs:
+          print(f"{'':<10} {label}: {_fmt(best(rs), args.timeout, True)}",
+                flush=True)
     n = best(now)
     if n["seconds"] == n["seconds"] and n["seconds"] != float("inf"):
       figures[case] = {"seconds": n["seconds"], "failures": n["failures"],

@@ -57,7 +57,8 @@ import numpy as np
 from hijax._internals import core
 from hijax._util import store_bounded
 
-__all__ = ["FunctionSpec", "Uncacheable", "split", "by_identity", "by_value"]
+__all__ = ["FunctionSpec", "Uncacheable", "split", "by_identity", "by_value",
+           "unwrap", "code_of", "definition"]
 
 _BUDGET = 2000  # values looked at per split before giving up
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
@@ -183,6 +184,47 @@ def by_identity(fn: Any) -> FunctionSpec:
 
 def _name(fn: Any) -> str:
   return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+# --- where a function is defined: what names a rule -----------------------
+
+def unwrap(fn: Any) -> Any:
+  """The function under partials, ``__wrapped__`` and bound methods."""
+  for _ in range(20):
+    if isinstance(fn, functools.partial):
+      fn = fn.func
+    elif isinstance(fn, types.MethodType):
+      fn = fn.__func__
+    elif getattr(fn, "__wrapped__", None) is not None:
+      fn = fn.__wrapped__
+    else:
+      break
+  return fn
+
+
+def code_of(fn: Any) -> types.CodeType:
+  """The code of the function under ``fn``'s wrappers (`unwrap`), else of
+  its class's ``__call__``; TypeError where there is none."""
+  fn = unwrap(fn)
+  code = getattr(fn, "__code__", None)
+  if code is None:
+    code = getattr(type(fn).__call__, "__code__", None)
+  if code is None:
+    raise TypeError(f"no code for {fn!r}")
+  return code
+
+
+def definition(fn: Any) -> tuple[str, str, int] | None:
+  """``(name, file, first line)`` of the function under ``fn``'s wrappers
+  (`unwrap`): what a jaxpr's debug information names a custom function's
+  call by, so that a rule found in a program and a function marked (the
+  checker's surrogates) compare equal. None where it has no Python code."""
+  fn = unwrap(fn)
+  code = getattr(fn, "__code__", None)
+  if code is None:
+    return None
+  return getattr(fn, "__name__", "<unnamed>"), code.co_filename, \
+      code.co_firstlineno
 
 
 def _next(it: Iterator[Any]) -> Any:

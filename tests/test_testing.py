@@ -306,6 +306,20 @@ def test_catches_lying_nzs_out():
   assert "LyingNzsOut.vjp_fwd/vjp_bwd_retval" in _rules(err)
 
 
+@pytest.mark.parametrize("wrap", [jax.jit, jax.checkpoint],
+                         ids=["jit", "checkpoint"])
+def test_catches_lying_nzs_out_inside_a_call(wrap):
+  """A primitive bound inside jax.jit or jax.checkpoint has its nzs_out
+  checked too, with its own arguments (before: only the primitives at the
+  top level were, while their argument values were looked up by position
+  among all the applications, those inside calls included)."""
+  pt = zoo.Point(zoo._vec(0.5, 1.5), zoo._vec(-1., 2.))
+  lying = lambda pt: LyingNzsOut(jax.tree.map(jax.typeof, pt))(pt)
+  err = _fails(lambda pt: wrap(lying)(pt), pt, modes=("vjp",))
+  nzs = [f for f in err.failures if "nzs_out" in f.check]
+  assert [f.rule for f in nzs] == ["LyingNzsOut.vjp_fwd"], err
+  assert "out['b'][1]" in nzs[0].detail
+
 
 class ValuedNzsOut(zoo.FPt):
   def vjp_fwd(self, nzs_in, pt):

@@ -1,5 +1,7 @@
 """A pass is a promise (issue 46): check_rules' three verdicts, exact finite
 differences, surrogate rules, and a report that lists what it counts."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,6 +93,59 @@ def test_a_clipper_marked_with_the_decorator_is_a_surrogate(decorator):
   assert not report.failures
 
 
+def test_a_surrogate_over_a_partial_is_the_function_the_program_names():
+  """A custom_vjp of a functools.partial: JAX names the partial's function
+  in the program; declared or marked, it is that function's surrogate
+  (before: surrogates= refused it as not a custom derivative function)."""
+  def clip_scaled(x, scale):
+    return scale * x
+
+  def make():
+    f = jax.custom_vjp(functools.partial(clip_scaled, scale=1.0))
+    f.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1., 1.),))
+    return f
+  f = make()
+  with pytest.raises(RuleCheckError, match="clip_scaled"):
+    check_rules(f, X)
+  report = check_rules(f, X, surrogates=[f])
+  assert report.verdict == "passed" and report.surrogates == [
+      "clip_scaled (custom_vjp)"], report
+  surrogate(make())  # marks the function, so every one made so
+  report = check_rules(make(), X)
+  assert report.verdict == "passed" and report.surrogates, report
+
+
+def test_where_a_function_is_defined_under_its_wrappers():
+  """hijax._function_key's names for a function under partials,
+  functools.wraps and bound methods (the surrogates' and the plugin's)."""
+  from hijax._function_key import code_of, definition, unwrap
+
+  def f(x, y=1.):
+    return x * y
+
+  @functools.wraps(f)
+  def wrapper(*args):
+    return f(*args)
+
+  class Obj:
+    def method(self, x):
+      return x
+
+    def __call__(self, x):
+      return x
+  partial = functools.partial(wrapper, 2.)
+  assert unwrap(partial) is f and unwrap(Obj().method) is (
+      Obj.method)
+  assert definition(partial) == ("f", f.__code__.co_filename,
+                                 f.__code__.co_firstlineno)
+  assert definition(Obj().method)[0] == "method"
+  assert definition(Obj()) is None
+  assert code_of(partial) is f.__code__
+  assert code_of(Obj()) is Obj.__call__.__code__
+  with pytest.raises(TypeError, match="no code for"):
+    code_of(len)
+
+
 def test_a_surrogate_still_fails_its_own_consistency():
   """Marked a surrogate, a batching rule that is wrong still fails."""
   class ScaledIdentity(hijax.HiPrim):
@@ -122,6 +177,46 @@ def test_surrogate_refuses_what_is_neither_a_class_nor_a_rule():
     surrogate(int)
   with pytest.raises(TypeError, match="surrogates= names 3"):
     check_rules(_round_ste(), X, surrogates=[3])
+
+
+# --- the jvp check's verdict, handed to the vjp and lin checks --------------
+
+class _Sin(hijax.HiPrim):
+  def __init__(self, aval):
+    self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+    super().__init__()
+
+  def expand(self, x):
+    return jnp.sin(x)
+
+  def jvp(self, primals, tangents):
+    return self(primals[0]), jnp.cos(primals[0]) * tangents[0]
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x
+
+  def vjp_bwd_retval(self, x, g):
+    return (jnp.cos(x) * g,)
+
+
+class _JvpRaises(_Sin):
+  def jvp(self, primals, tangents):
+    raise ZeroDivisionError("no jvp here")
+
+
+def test_the_vjp_check_takes_the_jvp_rule_as_reference_unless_it_failed():
+  """The jvp rule is the vjp check's reference where its own check passed
+  or did not run (modes="vjp"); where it raised, finite differences are."""
+  ran = check_rules(lambda x: _Sin(jax.typeof(x))(x), X, modes="vjp",
+                    order=1).ran
+  assert any(r.startswith("vjp: vjp vs the jvp rule") for r in ran), ran
+  report = check_rules(lambda x: _JvpRaises(jax.typeof(x))(x), X,
+                       modes=("jvp", "vjp"), order=1,
+                       raise_on_failure=False)
+  assert [f.rule for f in report.failures] == ["_JvpRaises.jvp"], report
+  assert any(r.startswith("vjp: vjp vs finite differences of expand")
+             for r in report.ran), report.ran
+  assert report.compared["_JvpRaises.vjp_fwd/vjp_bwd_retval"] > 0
 
 
 # --- exact finite differences ------------------------------------------------
@@ -309,6 +404,40 @@ def test_a_compile_past_the_budget_is_abandoned(monkeypatch):
   assert report.skipped_for_time[0].startswith("the run stopped: compiling")
   assert "abandoned" in report.skipped_for_time[0]
   assert "jvp: the checks not yet run" in report.skipped_for_time
+
+
+def test_no_thread_of_a_run_outlives_it(monkeypatch):
+  """The device's program, compiled ahead in a thread of its own, is waited
+  for at the end of the run even where the device's half of the checks
+  does not run (here made a no-op; in a run, where the budget is spent
+  first): no thread of the run outlives the call (before: it ran on, to
+  be joined at the process's exit)."""
+  import threading
+  import time
+  from hijax.testing import _api
+  stages = pytest.importorskip("jax.stages")
+  compile_ = stages.Lowered.compile
+
+  def slow_in_a_thread(self, *args, **kwargs):
+    if threading.current_thread() is not threading.main_thread():
+      time.sleep(2.0)
+    return compile_(self, *args, **kwargs)
+  monkeypatch.setattr(stages.Lowered, "compile", slow_in_a_thread)
+  monkeypatch.setattr(_api, "device_half", lambda *args, **kwargs: None)
+
+  @jax.custom_jvp
+  def sin(x):
+    return jnp.sin(x)
+
+  @sin.defjvp
+  def _(primals, tangents):
+    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  before = set(threading.enumerate())  # (a test above abandons one)
+  report = check_rules(sin, X, modes=("jvp",), order=1, time_budget=None,
+                       device=jax.devices("cpu")[0])
+  assert report.passed
+  assert not [t for t in set(threading.enumerate()) - before
+              if t.name.startswith("check_rules")]
 
 
 # --- what the function declares, and where it cannot run ---------------------------------

@@ -85,11 +85,15 @@ MODULE_TESTS.update({
     "implicit/_primitives.py": IMPLICIT,
     "testing/_numerics.py": TESTING,
     "testing/_finite_diff.py": TESTING,
-    "testing/_checks.py": TESTING,
+    "testing/_checks.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_discovery.py": ["tests/test_testing_walk.py",
                               "tests/test_testing_jax_rules.py", *TESTING],
-    "testing/_verdict.py": ["tests/test_testing_jax_rules.py", *TESTING],
+    "testing/_flow.py": ["tests/test_testing_jax_rules.py",
+                         "tests/test_testing_verdicts.py", *TESTING],
     "testing/_foreign_words.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/_surrogate.py": ["tests/test_testing_verdicts.py", *TESTING],
+    "testing/_context.py": ["tests/test_testing_verdicts.py", *TESTING],
+    "testing/_nzs_out.py": TESTING,
     "testing/_report.py": ["tests/test_testing_words.py", *TESTING],
     "testing/_plugin/_check.py": PLUGIN,
     "testing/_plugin/_inputs.py": PLUGIN,
@@ -111,7 +115,9 @@ DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_c
               "tests/test_dropin_hooks.py", "tests/test_dropin_remat.py"]
 MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
                                     "tests/test_implicit_cache.py",
-                                    "tests/test_function_key.py"]
+                                    "tests/test_function_key.py",
+                                    "tests/test_testing_verdicts.py",
+                                    "tests/test_plugin_recording.py"]
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
     "_arguments", "_batching", "_common", "_jvp", "_outputs", "_tracing",
     "_vjp")})

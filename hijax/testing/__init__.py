@@ -103,9 +103,11 @@ from __future__ import annotations
 #   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
 #   _batching    check_batch
 #   _second_order  second derivatives of the rules vs finite differences
-#   _run         CHECKS = {mode: check}, the second-order checks, run()
-#   _verdict     the rules required, a function raising at the input, a run
-#                stopped by its budget, failures listed first, blame alone
+#   _flow        one run, top to bottom: the modes planned and the rules
+#                required, the parts compiled, CHECKS = {mode: check} and
+#                run() (the second-order mode too), then the conclusions: a
+#                function raising at the input, a run stopped by its budget,
+#                failures listed first, custom functions blamed alone
 #   _device      the checks' parts again on an accelerator, in the inputs'
 #                dtype, against the host's float64 (measured tolerance)
 #   _api         check_rules, assert_rules

@@ -20,10 +20,9 @@ from hijax.testing._numerics import (check_arrays, defaults, is_float,
                                      on_device, real_or_int)
 from hijax.testing._report import (INCONCLUSIVE, MODES, InconclusiveCheckError,
                                    RuleCheckError, RuleReport)
-from hijax.testing._run import add_parts, run
-from hijax.testing._verdict import (blame_alone, function_raises, inner_first,
-                                    plan_modes, raised_at, required_rules,
-                                    stopped)
+from hijax.testing._flow import (add_parts, blame_alone, function_raises,
+                                 inner_first, plan_modes, raised_at,
+                                 required_rules, run, stopped)
 from hijax.testing._surrogate import Surrogates
 
 
@@ -81,7 +80,8 @@ def _prepared_if_runs(prim_fn, args, dtype, context_at, jit, ahead):
 
 def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
              jit, ahead=lambda plan: None):
-  """The context of the checks and the modes to run, at ``args`` in the
+  """The context of the checks, the modes to run and what ``prim_fn``
+  raises at the point in every dtype (None if it runs), at ``args`` in the
   dtype chosen: float64 (entering ``jax.enable_x64`` on ``stack``) unless
   ``x64`` is False or, with ``x64=None``, ``prim_fn`` cannot be run in
   float64 but can in the given dtypes. It is compiled and run, so that an
@@ -93,7 +93,7 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
   own, own_float = _in_own_dtypes(args)
   own_dtype = own_float or "no floating-point inputs"
   if x64 is False:
-    return context_at(own, own_dtype)
+    return (*context_at(own, own_dtype), None)
   prepared = None
   with jax.enable_x64(True):
     args64 = jax.tree.map(lambda x: _to_dtype(x, jnp.float64), args)
@@ -117,8 +117,7 @@ def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
     ctx, plan = prepared or context_at(args64, "float64")
   else:
     ctx, plan = prepared or context_at(own, own_dtype)
-  ctx.function_error = error
-  return ctx, plan
+  return ctx, plan, error
 
 
 
@@ -350,37 +349,42 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
           plan, own, own_dtype, accel, context_at, add_parts)
     except Exception:  # pylint: disable=broad-except  (the device half reports it)
       devices_ahead[tuple(plan)] = None
-  with contextlib.ExitStack() as stack:
-    if host_device is not None:
-      stack.enter_context(jax.default_device(host_device))
-    try:
-      ctx, plan = _prepare(prim_fn, args, x64, stack, context_at, jit, ahead)
-    except BudgetSpent as e:  # before the first check
-      ctx, plan = e.prepared or context_at(args, "float64")
-      stopped(ctx, plan, e)
-    else:
-      if ctx.function_error is None:
-        ahead(plan)
-      ctx.report.required = required_rules(ctx, plan)
+  try:  # no thread of the run outlives it (Budget.finish)
+    with contextlib.ExitStack() as stack:
+      if host_device is not None:
+        stack.enter_context(jax.default_device(host_device))
       try:
-        if not function_raises(ctx, prim_fn, plan):
-          run(ctx, plan)
-        if ctx.report.failures and ctx.function_error is None:
-          blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
-                       ctx.report, tuple(modes))
-          inner_first(ctx, ctx.report)
-      except BudgetSpent as e:
+        ctx, plan, error = _prepare(prim_fn, args, x64, stack, context_at,
+                                    jit, ahead)
+      except BudgetSpent as e:  # before the first check
+        ctx, plan = e.prepared or context_at(args, "float64")
+        error = None
         stopped(ctx, plan, e)
-    report, settings = ctx.report, ctx.settings
-    report.devices["checks"] = describe(host_device or jax.devices()[0],
-                                        report.dtype)
-  if accel is not None and ctx.function_error is None and not (
-      settings.budget.spent):
-    try:
-      device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
-                  add_parts, devices_ahead.get(tuple(plan)))
-    except BudgetSpent as e:
-      stopped(ctx, [], e)
+      else:
+        if error is None:
+          ahead(plan)
+        ctx.report.required = required_rules(ctx, plan)
+        try:
+          if not function_raises(ctx, prim_fn, plan, error):
+            run(ctx, plan)
+          if ctx.report.failures and error is None:
+            blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
+                         ctx.report, tuple(modes))
+            inner_first(ctx, ctx.report)
+        except BudgetSpent as e:
+          stopped(ctx, plan, e)
+      report, settings = ctx.report, ctx.settings
+      report.devices["checks"] = describe(host_device or jax.devices()[0],
+                                          report.dtype)
+    if accel is not None and error is None and not (
+        settings.budget.spent):
+      try:
+        device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
+                    add_parts, devices_ahead.get(tuple(plan)))
+      except BudgetSpent as e:
+        stopped(ctx, [], e)
+  finally:
+    budget.finish()
   report.seconds = settings.budget.elapsed
 
   if report.skipped_for_time:

@@ -81,6 +81,8 @@ class Budget:
   always: bool = False
   start: float = dataclasses.field(default_factory=time.monotonic)
   _last: float = -float("inf")
+  # the threads `begin` started, for `finish`
+  _threads: list = dataclasses.field(default_factory=list)
 
   @classmethod
   def of(cls, time_budget: float | str | None,
@@ -120,9 +122,10 @@ class Budget:
     """Starts ``fn()`` in a thread of its own (with this thread's JAX
     settings) and returns a function that waits for its result, as
     `within` does (`BudgetSpent` at `HARD_LIMIT` times the budget). Work
-    started and never waited for is waited for at the process's exit (the
-    thread is not a daemon: one ended while in XLA's compiler aborts the
-    process), with no exit hook of ours."""
+    started and never waited for is waited for by `finish`, at the end of
+    the run. The thread is not a daemon: one ended while in XLA's compiler
+    aborts the process, so one abandoned at the hard limit is joined at the
+    process's exit, with no exit hook of ours."""
     box: dict[str, Any] = {}
     settings = _thread_settings()
 
@@ -135,6 +138,7 @@ class Budget:
     worker = threading.Thread(target=work, daemon=False,
                               name=f"check_rules: {what}")
     worker.start()
+    self._threads.append(worker)
 
     def wait():
       left = (None if self.seconds is None
@@ -148,6 +152,18 @@ class Budget:
         raise box["error"]
       return box["value"]
     return wait
+
+  def finish(self) -> None:
+    """Waits, at the end of a run, for the work started in threads that
+    nothing waited for (a compile started ahead for a half of the checks
+    that did not run), up to `HARD_LIMIT` times the budget: no thread of
+    the run outlives it, but one still compiling then (abandoned, as
+    `within` abandons it, and reported so where it was waited for)."""
+    for worker in self._threads:
+      left = (None if self.seconds is None
+              else max(0.0, HARD_LIMIT * self.seconds - self.elapsed))
+      worker.join(left)
+    self._threads = [w for w in self._threads if w.is_alive()]
 
   def starting(self, what: str) -> None:
     """Shows that the check ``what`` starts, if progress is shown now."""

@@ -98,8 +98,10 @@ def _check_eager_and_jit(ctx: CheckContext, inputs):
               want_label="eager call", floors=ctx.primal_floors(True))
 
 
-def check_jvp(ctx: CheckContext):
-  """``jax.jvp`` against central finite differences, in each direction."""
+def check_jvp(ctx: CheckContext, jvp_passed: dict):
+  """``jax.jvp`` against central finite differences, in each direction;
+  writes into ``jvp_passed`` whether it passed there (per direction), which
+  the vjp and lin checks are given next."""
   for direction in ctx.directions():
     if ctx.out_of_time("jvp", ctx.describe_direction(direction)):
       continue
@@ -110,14 +112,14 @@ def check_jvp(ctx: CheckContext):
       out, t_out = ctx.jvp_at(direction, tangents)
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("jvp", check, inputs, e)
-      ctx.jvp_ok[direction] = False
+      jvp_passed[direction] = False
       continue
     ok = ctx.compare("jvp", "jvp's primal output vs the primitive's output",
                      inputs, out, ctx.ref_out(), ctx.settings.tol,
                      got_label="jvp", want_label="the primitive",
                      floors=ctx.primal_floors(), counts=False)
     if ctx.surrogate:  # its tangent is not the function's: nothing to compare
-      ctx.jvp_ok[direction] = ok
+      jvp_passed[direction] = ok
       ctx.skip_by_intent(
           "jvp", f"{check} ({ctx.describe_direction(direction)}): a "
           "surrogate's tangent is not compared with the function")
@@ -129,10 +131,16 @@ def check_jvp(ctx: CheckContext):
                       want_label="finite differences", bounds=fd.bounds,
                       skip=fd.skipped(), uncounted=fd.uncounted(),
                       own=fd.own)
-    ctx.jvp_ok[direction] = ok
+    jvp_passed[direction] = ok
 
 
-def _identity_reference(ctx: CheckContext, direction):
+def _trusts_jvp(ctx: CheckContext, jvp_passed: dict, direction) -> bool:
+  """Whether the jvp rule is the reference in ``direction``: it is defined
+  and did not fail its own check there (or that check did not run)."""
+  return ctx.has("jvp") and jvp_passed.get(direction, True)
+
+
+def _identity_reference(ctx: CheckContext, direction, jvp_passed: dict):
   """``reference(tangents)`` for `check_identity`: ``J ṫ`` from the jvp rule
   where it is defined and passed its own check (judged where finite
   differences judged it), else from finite differences (along their own
@@ -141,7 +149,7 @@ def _identity_reference(ctx: CheckContext, direction):
 
   def reference(tangents):
     calls.append(None)
-    if ctx.has("jvp") and ctx.jvp_ok.get(direction, True):
+    if _trusts_jvp(ctx, jvp_passed, direction):
       try:
         _, t_out = ctx.jvp_at(direction, tangents)
         return (list(t_out), "the jvp rule", None, ctx.judged(direction),
@@ -156,7 +164,7 @@ def _identity_reference(ctx: CheckContext, direction):
   return reference
 
 
-def check_vjp(ctx: CheckContext):
+def check_vjp(ctx: CheckContext, jvp_passed: dict):
   """``jax.vjp`` against the jvp rule (or finite differences) through
   ``<ȳ, J ṫ> = <vjp(ȳ), ṫ>``; the ``nzs_out`` that `vjp_fwd` returns."""
   check_nzs_out(ctx, "vjp")
@@ -172,9 +180,9 @@ def check_vjp(ctx: CheckContext):
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("vjp", "vjp", inputs, e)
       continue
-    reference = _identity_reference(ctx, direction)
-    label = ("the jvp rule" if ctx.has("jvp") and ctx.jvp_ok.get(
-        direction, True) else f"finite differences of {ctx.fd_of}")
+    reference = _identity_reference(ctx, direction, jvp_passed)
+    label = ("the jvp rule" if _trusts_jvp(ctx, jvp_passed, direction)
+             else f"finite differences of {ctx.fd_of}")
     check = f"vjp vs {label} (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"
     if ctx.surrogate and label != "the jvp rule":
       ctx.skip_by_intent(
@@ -203,7 +211,7 @@ def check_vjp(ctx: CheckContext):
       ctx.fail_raised("vjp", check, inputs, e)
 
 
-def check_lin(ctx: CheckContext):
+def check_lin(ctx: CheckContext, jvp_passed: dict):
   """``jax.linearize`` against the jvp rule (or finite differences); `lin`'s
   ``nzs_out``."""
   check_nzs_out(ctx, "lin")
@@ -211,8 +219,21 @@ def check_lin(ctx: CheckContext):
     if ctx.out_of_time("lin", ctx.describe_direction(direction)):
       continue
     inputs = ctx.describe_inputs(direction)
-    ref, ref_label, bounds, tangents, uncounted, own = ctx.tangent_reference(
-        direction, [ctx.random_like(ctx.leaves[i]) for i in direction])
+    tangents = [ctx.random_like(ctx.leaves[i]) for i in direction]
+    ref = None
+    if _trusts_jvp(ctx, jvp_passed, direction):
+      try:
+        _, ref = ctx.jvp_at(direction, tangents)
+      except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
+        pass
+    if ref is not None:
+      ref_label, bounds, uncounted, own = "the jvp rule", None, None, None
+    else:
+      est = ctx.fd(direction)
+      ref, ref_label, bounds, tangents, uncounted, own = (
+          est.values, f"finite differences of {ctx.fd_of}", est.bounds,
+          est.tangents, est.uncounted(), est.own)
+    ref, tangents = list(ref), list(tangents)
     if ctx.surrogate and bounds is not None:
       ctx.skip_by_intent("lin", f"linearized vs {ref_label}: a surrogate's "
                          "tangent is not compared with the function")

@@ -25,7 +25,7 @@ every evaluation a check will need is a *part* of one program:
   each point as it would alone. The jvp, vjp and linearization under test
   are parts added by `hijax.testing._context.CheckContext`, the vmaps by
   `hijax.testing._batching`, the second derivatives by
-  `hijax.testing._second_order`; `hijax.testing._run.add_parts` adds all
+  `hijax.testing._second_order`; `hijax.testing._flow.add_parts` adds all
   that a run's checks will evaluate before the first evaluation, so that
   they are compiled as one. The first-order checks that the second-order
   mode runs again on each derived function (the tangent map, the backward

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +15,8 @@ import numpy as np
 
 from hijax.testing._budget import Budget
 from hijax.testing._compiled import Compiled
-from hijax.testing._discovery import defined_rules
+from hijax.testing._discovery import (application_types, applications,
+                                      defined_rules)
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
                                        estimate)
 from hijax.testing._steps import scaled_tangents, wider
@@ -106,13 +108,8 @@ class CheckContext(Recorder):
   prepared: dataclasses.InitVar[Compiled | None] = None
   compiled: Compiled = dataclasses.field(init=False)
   # the second-order mode's derived functions, with their contexts (made by
-  # hijax.testing._run.add_parts; None until then)
+  # hijax.testing._flow.add_parts; None until then)
   derived: list | None = dataclasses.field(init=False, default=None)
-  # what the checks of several modes compute once (by name)
-  memo: dict = dataclasses.field(init=False, default_factory=dict)
-  # what prim_fn raised at the point in every dtype (check_rules sets it)
-  function_error: Exception | None = dataclasses.field(init=False,
-                                                       default=None)
 
   def __post_init__(self, prepared):
     self.compiled = prepared or Compiled(self.prim_fn, self.args,
@@ -134,7 +131,6 @@ class CheckContext(Recorder):
     self.out_float_idx = [i for i, a in enumerate(self.out_avals)
                           if jnp.issubdtype(a.dtype, jnp.inexact)]
     self._ref_out = None
-    self.jvp_ok = {}  # direction -> whether the jvp check passed there
     self._fd = {}  # direction -> FDEstimate
 
   def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
@@ -184,6 +180,27 @@ class CheckContext(Recorder):
     return ", ".join(self.leaf_names[i] for i in direction) + (
         " only (the others get symbolic zeros)" if len(self.float_idx) > 1
         else "")
+
+  @functools.cached_property
+  def application_types(self) -> list[tuple]:
+    """Each primitive ``prim_fn`` applies outside loops and branches, with
+    its arguments' types (see `applications`)."""
+    return application_types(self.prim_fn, self.args)
+
+  @functools.cached_property
+  def application_values(self) -> list:
+    """The arguments of each primitive ``prim_fn`` applies outside loops and
+    branches (`applications`), found in one compiled evaluation of its expansion
+    (evaluated op by op, a loop or a solver compiles each of its
+    operations), else eagerly."""
+    def application_inputs(*args):
+      return [a for _, a in applications(self.prim_fn, args)]
+    if self.settings.jit:
+      try:
+        return jax.jit(application_inputs)(*self.args)
+      except Exception:  # pylint: disable=broad-except  (eagerly: same values)
+        pass
+    return application_inputs(*self.args)
 
   # -- functions of subsets of the leaves --
 
@@ -401,20 +418,3 @@ class CheckContext(Recorder):
     """The tangents of ``direction``'s finite differences (so that the jvp
     rule and finite differences are compared along the same tangents)."""
     return list(self.fd(direction).tangents)
-
-  def tangent_reference(self, direction, tangents):
-    """J ṫ from the jvp rule when it is defined and passed its own check,
-    else from finite differences (along their own tangents, which then
-    replace ``tangents``). Returns (values, label, bounds, tangents,
-    uncounted, own), where bounds are the error bounds of the values,
-    uncounted the elements they only bound and own those judged on their
-    own scale (all None for the jvp rule)."""
-    if self.has("jvp") and self.jvp_ok.get(direction, True):
-      try:
-        _, t_out = self.jvp_at(direction, tangents)
-        return list(t_out), "the jvp rule", None, tangents, None, None
-      except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
-        pass
-    est = self.fd(direction)
-    return (est.values, f"finite differences of {self.fd_of}", est.bounds,
-            list(est.tangents), est.uncounted(), est.own)

@@ -284,13 +284,19 @@ def eval_expanded(jaxpr, consts, args, applications):
   return evaluate(jaxpr, consts, args, apply)
 
 
+def _outside_loops(eqn) -> bool:
+  """Whether the walk goes into ``eqn``: a call evaluated in place."""
+  return call_body(eqn) is not None
+
+
 def application_types(prim_fn, args) -> list[tuple]:
-  """``(prim, types)`` for each hijax primitive ``prim_fn(*args)`` binds at
-  its top level, in the order of `applications`: the types of its
-  arguments (a pytree of avals in ``prim.in_tree``), from a trace alone."""
+  """``(prim, types)`` for each hijax primitive ``prim_fn(*args)`` binds
+  outside loops and branches (at its top level or inside calls), in the
+  order of `applications`: the types of its arguments (a pytree of avals
+  in ``prim.in_tree``), from a trace alone."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   found = []
-  for eqn in closed.jaxpr.eqns:
+  for eqn in equations(closed.jaxpr, into=_outside_loops):
     prim = prim_of(eqn)
     if prim is not None:
       found.append((prim, jax.tree.unflatten(
@@ -299,8 +305,9 @@ def application_types(prim_fn, args) -> list[tuple]:
 
 
 def applications(prim_fn, args) -> list[tuple]:
-  """``(prim, prim_args)`` for each hijax primitive ``prim_fn(*args)`` binds at
-  its top level (evaluated through `expand`); empty if `expand` fails."""
+  """``(prim, prim_args)`` for each hijax primitive ``prim_fn(*args)`` binds
+  outside loops and branches (evaluated through `expand`); empty if
+  `expand` fails."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   found = []
   try:
@@ -319,7 +326,7 @@ def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
   only inside a loop or a branch are not listed."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   targets: dict[CustomRules, Any] = {}
-  for eqn in equations(closed.jaxpr, into=lambda e: call_body(e) is not None):
+  for eqn in equations(closed.jaxpr, into=_outside_loops):
     if custom_kind(eqn) is not None:
       targets.setdefault(_custom_rules(eqn, custom_kind(eqn)), eqn)
   eqns = list(targets.values())

@@ -9,8 +9,7 @@ import numpy as np
 from hijax._internals import api as _api
 from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
-from hijax.testing._discovery import (application_types, applications,
-                                      defined_rules)
+from hijax.testing._discovery import defined_rules
 from hijax.testing._numerics import (describe_leaf, is_float, on_device,
                                      ulp_factor)
 from hijax.testing._report import RuleReport
@@ -146,21 +145,6 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
   return None if p_args is None else nzs_of(rule(nzs_in, *p_args))
 
 
-def _application_values(ctx) -> list:
-  """The arguments of each primitive ``prim_fn`` applies at its top level
-  (`applications`), found in one compiled evaluation of its expansion
-  (evaluated op by op, a loop or a solver compiles each of its operations),
-  else eagerly."""
-  def application_inputs(*args):
-    return [a for _, a in applications(ctx.prim_fn, args)]
-  if ctx.settings.jit:
-    try:
-      return jax.jit(application_inputs)(*ctx.args)
-    except Exception:  # pylint: disable=broad-except  (eagerly: same values)
-      pass
-  return application_inputs(*ctx.args)
-
-
 def check_nzs_out(ctx: CheckContext, mode):
   """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
   declared symbolically zero must have a zero derivative. Arguments and
@@ -170,14 +154,10 @@ def check_nzs_out(ctx: CheckContext, mode):
   if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
     return
   def values(j):  # found when first needed, once per context
-    if "application values" not in ctx.memo:
-      ctx.memo["application values"] = _application_values(ctx)
-    found = ctx.memo["application values"]
+    found = ctx.application_values
     return found[j] if j < len(found) else None
 
-  if "application types" not in ctx.memo:  # for the vjp and lin modes
-    ctx.memo["application types"] = application_types(ctx.prim_fn, ctx.args)
-  for j, (prim, p_types) in enumerate(ctx.memo["application types"]):
+  for j, (prim, p_types) in enumerate(ctx.application_types):
     name = f"{type(prim).__name__}.{method}"
     p_leaves = jax.tree.leaves(p_types)
     nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(a) for a in p_leaves])

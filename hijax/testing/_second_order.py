@@ -2,7 +2,7 @@
 first: a backward rule (or a jvp rule) can be right at first order and
 wrong when differentiated again, e.g. ``g * stop_gradient(cos(x))``, whose
 Hessian is 0 instead of ``-sin x``. The rules that bind hijax primitives
-again are checked rule by rule in `hijax.testing._run`; this check covers
+again are checked rule by rule in `hijax.testing._flow`; this check covers
 every rule, at the cost of finite differences of the first derivative.
 
 A rule that says it cannot be differentiated again (JAX's forward mode of

@@ -14,11 +14,11 @@ surrogate rather than as passed against the function.
 """
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Iterable
 from typing import Any, TypeVar, cast
 
+from hijax._function_key import definition
 from hijax.primitive import HiPrim
 from hijax.testing._discovery import CustomRules
 
@@ -30,20 +30,11 @@ _CLASSES: weakref.WeakSet = weakref.WeakSet()
 _FUNCTIONS: set[tuple[str, str, int]] = set()
 
 
-def _python_function(obj: Any):
-  """The Python function a decorated function (``jax.custom_jvp``,
-  ``jax.custom_vjp``, hijax's decorators) wraps, or ``obj`` itself."""
-  fn = getattr(obj, "fun", obj)
-  fn = inspect.unwrap(fn) if callable(fn) else fn
-  return fn if hasattr(fn, "__code__") else None
-
-
 def _key(obj: Any) -> tuple[str, str, int] | None:
-  fn = _python_function(obj)
-  if fn is None:
-    return None
-  code = fn.__code__
-  return fn.__name__, code.co_filename, code.co_firstlineno
+  """Where the function a decorated function (``jax.custom_jvp``,
+  ``jax.custom_vjp``, hijax's decorators) wraps is defined, as the
+  program names it (`CustomRules.key`)."""
+  return definition(getattr(obj, "fun", obj))
 
 
 def surrogate(obj: T) -> T:

@@ -21,6 +21,8 @@ import os
 import types
 from typing import Any
 
+from hijax._function_key import code_of, unwrap
+
 # Rules defined in these packages are recorded only on request: JAX's and
 # hijax's own test suites check them.
 JAX_PACKAGES = ("jax", "jaxlib", "hijax")
@@ -79,7 +81,7 @@ def _where(target: Any) -> tuple[str, int]:
     if isinstance(target, type):
       line = inspect.getsourcelines(target)[1]
       return inspect.getsourcefile(target) or "?", line
-    code = _code(target)
+    code = code_of(target)
     return code.co_filename, code.co_firstlineno
   except (OSError, TypeError, AttributeError):
     return "?", 0
@@ -95,30 +97,6 @@ def _signature(fun) -> inspect.Signature:
     return _signature_of_code(fun)
   except TypeError:  # unhashable
     return inspect.signature(fun)
-
-
-def unwrap(fn: Any) -> Any:
-  """The function under partials, ``__wrapped__`` and bound methods."""
-  for _ in range(20):
-    if isinstance(fn, functools.partial):
-      fn = fn.func
-    elif isinstance(fn, types.MethodType):
-      fn = fn.__func__
-    elif getattr(fn, "__wrapped__", None) is not None:
-      fn = fn.__wrapped__
-    else:
-      break
-  return fn
-
-
-def _code(fn: Any) -> types.CodeType:
-  fn = unwrap(fn)
-  code = getattr(fn, "__code__", None)
-  if code is None:
-    code = getattr(type(fn).__call__, "__code__", None)
-  if code is None:
-    raise TypeError(f"no code for {fn!r}")
-  return code
 
 
 def _functions_held(fn: Any) -> list[Any]:
@@ -146,7 +124,7 @@ def named_function(fun: Any) -> Any:
   fun = unwrap(fun)
   for _ in range(5):
     try:
-      here = _code(fun).co_filename
+      here = code_of(fun).co_filename
     except TypeError:
       return fun
     inner = [f for f in _functions_held(fun)
@@ -161,7 +139,7 @@ def _code_key(fn: Any) -> Any:
   if fn is None:
     return None
   try:
-    code = _code(fn)
+    code = code_of(fn)
   except TypeError:
     return type(fn)
   held = tuple(f.__code__ for f in _functions_held(unwrap(fn)))
