@@ -288,12 +288,16 @@ _DATA_TYPES = frozenset({*_SCALARS, np.ndarray, tuple, list, dict})
 _PLAIN: dict[type, bool] = {}
 
 
+_PLAIN_BUILTINS = (object, types.SimpleNamespace)
+
+
 def _plain_class(t: type) -> bool:
   """Whether instances of ``t`` hold all their state in ``__dict__``: every
-  class of its MRO but ``object`` is defined in Python, without slots."""
+  class of its MRO but ``object`` (and ``types.SimpleNamespace``, a common
+  holder of settings) is defined in Python, without slots."""
   plain = _PLAIN.get(t)
   if plain is None:
-    plain = all(c is object or (c.__flags__ & _HEAPTYPE and not set(
+    plain = all(c in _PLAIN_BUILTINS or (c.__flags__ & _HEAPTYPE and not set(
         vars(c).get("__slots__", ())) - {"__dict__", "__weakref__"})
         for c in t.__mro__)
     _PLAIN[t] = plain
@@ -477,7 +481,7 @@ class _Splitter:
     make = rebuild
 
     def rebuilt(it: Iterator[Any]) -> Any:
-      new = object.__new__(t)
+      new = t.__new__(t) if types.SimpleNamespace in t.__mro__ else object.__new__(t)
       new.__dict__.update(make(it))
       return new
     return ("object", t, key), rebuilt

@@ -93,3 +93,36 @@ def test_the_key_holds_what_is_read_through_a_module_or_class_and_only_that():
   before = by_value(_reads_class)
   Settings.scale = 4.0
   assert by_value(_reads_class) != before
+
+
+_namespace = types.SimpleNamespace(scale=2.0, w=jnp.asarray(1.0))
+
+
+def _reads_namespace(x):
+  return jnp.sin(x) * _namespace.scale + _namespace.w
+
+
+def test_a_namespace_attribute_changed_between_eager_calls_is_seen():
+  """types.SimpleNamespace, a common holder of settings, is keyed by its
+  attributes like an object of a plain class (it was keyed by identity)."""
+  f = hijax.custom_vjp(_reads_namespace)
+  f.defvjp(lambda x: (f(x), x), lambda x, g: (g * jnp.cos(x) * _namespace.scale,))
+  xs = jnp.linspace(0.1, 1.0, 3)
+  try:
+    for scale, w in ((2.0, jnp.asarray(1.0)), (5.0, jnp.asarray(1.0)), (5.0, jnp.asarray(0.0))):
+      _namespace.scale, _namespace.w = scale, w
+      np.testing.assert_allclose(jax.vmap(f)(xs), scale * np.sin(xs) + float(w), rtol=1e-6)
+      _, tangent = jax.jvp(f, (xs,), (jnp.ones(3),))
+      np.testing.assert_allclose(tangent, scale * np.cos(xs), rtol=1e-6)
+  finally:
+    _namespace.scale, _namespace.w = 2.0, jnp.asarray(1.0)
+  spec, arrays = split(lambda x: x * _namespace.scale + _namespace.w)
+  assert arrays == []  # read from the globals: by identity, not taken out
+
+
+def test_a_namespace_in_a_closure_is_rebuilt_with_its_arrays():
+  ns = types.SimpleNamespace(w=jnp.arange(3.0), scale=2.0)
+  spec, arrays = split(lambda x: x * ns.scale + ns.w)
+  assert len(arrays) == 1
+  again = spec.rebuild([jnp.ones(3)])
+  np.testing.assert_allclose(again(jnp.ones(3)), 3.0 * np.ones(3))
