@@ -481,7 +481,9 @@ class _Splitter:
     make = rebuild
 
     def rebuilt(it: Iterator[Any]) -> Any:
-      new = t.__new__(t) if types.SimpleNamespace in t.__mro__ else object.__new__(t)
+      # object.__new__ refuses a SimpleNamespace ("not safe")
+      new = (types.SimpleNamespace.__new__(t) if issubclass(t, types.SimpleNamespace)
+             else object.__new__(t))
       new.__dict__.update(make(it))
       return new
     return ("object", t, key), rebuilt
