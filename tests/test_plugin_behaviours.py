@@ -25,6 +25,16 @@ def suite(pytester):
   return pytester
 
 
+# a right custom_jvp rule, the library of several suites below
+SIN = '''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin(x):
+  return jnp.sin(x)
+sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
+'''
+
+
 def _rules(pytester, *args):
   """The run's result and its JSON report's rules by name."""
   result = pytester.runpytest(*PLUGIN, *args)
@@ -61,13 +71,7 @@ def test_large():
 
 def test_the_rule_budget_is_shared_by_its_inputs(suite):
   """A budget the first input's check spends leaves none for the second."""
-  suite.makepyfile(lib='''
-import jax, jax.numpy as jnp
-@jax.custom_jvp
-def sin(x):
-  return jnp.sin(x)
-sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
-''', test_two='''
+  suite.makepyfile(lib=SIN, test_two='''
 import jax.numpy as jnp
 from lib import sin
 def test_calls():
@@ -110,13 +114,7 @@ def test_calls():
 
 
 def test_a_later_eager_call_replaces_a_sample_of_types(suite):
-  suite.makepyfile(lib='''
-import jax, jax.numpy as jnp
-@jax.custom_jvp
-def sin(x):
-  return jnp.sin(x)
-sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
-''', test_two='''
+  suite.makepyfile(lib=SIN, test_two='''
 import jax, jax.numpy as jnp
 from lib import sin
 def test_traced():
@@ -404,13 +402,7 @@ def test_domain():
 
 
 def test_the_default_budget_is_a_share_of_the_tests_cpu_time(suite):
-  suite.makepyfile(lib='''
-import jax, jax.numpy as jnp
-@jax.custom_jvp
-def sin(x):
-  return jnp.sin(x)
-sin.defjvp(lambda p, t: (sin(p[0]), jnp.cos(p[0]) * t[0]))
-''', test_sin='''
+  suite.makepyfile(lib=SIN, test_sin='''
 from lib import sin
 def test_calls():
   sin(0.5)
