@@ -600,3 +600,36 @@ def test_a_function_called_twice_is_one_rule_named_once_with_one_budget():
   assert report.primitives == ["_good (custom_jvp)"], report.primitives
   assert report.required == ["_good (custom_jvp): the jvp rule"]
   assert lines and all(" of 30 s: " in line for line in lines), lines
+
+
+# --- a jvp rule whose primal output reads the tangent is broken -------------
+
+def test_a_jvp_rule_whose_primal_output_reads_the_tangent_fails():
+  """JAX cannot linearize such a rule ("Linearization failed ... does not
+  support reverse-mode autodiff"): that is the rule's fault, not a limit it
+  declares (before: vjp and lin skipped "by intent", the report passed)."""
+  @jax.custom_jvp
+  def f(x):
+    return jnp.sin(x)
+
+  @f.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return jnp.sin(x) + 0. * t, jnp.cos(x) * t
+
+  with pytest.raises(RuleCheckError) as raised:
+    check_rules(f, X, modes=("jvp", "vjp", "lin"), order=1)
+  report = raised.value.report
+  assert not report.by_intent and not report.first_order_only
+  assert {x.rule for x in report.failures} == {"f (custom_jvp): the jvp rule"}
+  assert {x.check for x in report.failures} == {"vjp", "linearize"}
+  detail = report.failures[0].detail
+  assert "primal output depends on the tangent" in detail
+  assert "compute the primal output from the primals alone" in detail
+  assert "Linearization failed" in detail  # JAX's own words, quoted
+  # the same rule without the tangent in its primal output passes
+  @jax.custom_jvp
+  def g(x):
+    return jnp.sin(x)
+  g.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+  assert check_rules(g, X, modes=("jvp", "vjp", "lin"), order=1).passed

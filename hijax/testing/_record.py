@@ -14,6 +14,12 @@ from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure,
                                    RuleReport, declared_limit, first_lines)
 
 
+# A declared limit in JAX's words that is in fact a broken jvp rule.
+PRIMAL_READS_TANGENT = (
+    "raised {}\nthe jvp rule's primal output depends on the tangent, so JAX "
+    "cannot linearize it: compute the primal output from the primals alone")
+
+
 class Recorder:
   """The bookkeeping methods of a check context (see the module docstring).
   Its host has ``report``, ``label``, ``within``, ``settings``,
@@ -26,6 +32,8 @@ class Recorder:
   surrogate: bool
   out_names: list[str]
   out_float_idx: list[int]
+
+  primal_reads_tangent: bool  # the host's (CheckContext)
 
   def rule_name(self, mode) -> str:
     raise NotImplementedError  # the host's
@@ -91,6 +99,11 @@ class Recorder:
         why = declared_limit(exc, surrogate=True)
       elif mode in DERIVATIVE_MODES + ("batch", "second_order"):
         why = declared_limit(exc, strict=True)
+    if why is not None and mode != "jvp" and self.primal_reads_tangent:
+      self.fail(mode, check, inputs, PRIMAL_READS_TANGENT.format(
+          f"{type(exc).__name__}: {first_lines(str(exc), 2)}"),
+          float("inf"), rule=self.rule_name("jvp"), error=exc)
+      return
     if why is not None:  # a rule that refuses a mode by design
       short = why if len(why) <= 160 else why[:157] + "..."
       who = "the surrogate" if self.surrogate else "the rule"

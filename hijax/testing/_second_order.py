@@ -22,7 +22,6 @@ import numpy as np
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext
 from hijax.testing._inner_product import check_identity
-from hijax.testing._report import declared_limit
 
 def _backward_pass(f, ybar):
   """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs
@@ -145,7 +144,7 @@ def check_differentiated_rules(ctx: CheckContext):
         _reverse_over_reverse(ctx, sub, check, inputs, rule)
         continue
       except Exception as e:  # pylint: disable=broad-except
-        why = declared_limit(e)
+        why = ctx.declared_limit(e)
         if why is None or ctx.settings.require_second_order:
           ctx.fail_raised("second_order", check, inputs, e, rule=rule)
           continue
@@ -170,7 +169,7 @@ def check_differentiated_rules(ctx: CheckContext):
 
 def _raised(ctx, check, inputs, e, rule, what):
   """A failure, or, for a declared limitation, a first-order-only rule."""
-  why = declared_limit(e)
+  why = ctx.declared_limit(e)
   if why is None or ctx.settings.require_second_order:
     ctx.fail_raised("second_order", check, inputs, e, rule=rule)
   else:
