@@ -414,7 +414,7 @@ def test_no_thread_of_a_run_outlives_it(monkeypatch):
   be joined at the process's exit)."""
   import threading
   import time
-  from hijax.testing import _api
+  from hijax.testing import _flow
   stages = pytest.importorskip("jax.stages")
   compile_ = stages.Lowered.compile
 
@@ -423,7 +423,7 @@ def test_no_thread_of_a_run_outlives_it(monkeypatch):
       time.sleep(2.0)
     return compile_(self, *args, **kwargs)
   monkeypatch.setattr(stages.Lowered, "compile", slow_in_a_thread)
-  monkeypatch.setattr(_api, "device_half", lambda *args, **kwargs: None)
+  monkeypatch.setattr(_flow, "device_half", lambda *args, **kwargs: None)
 
   @jax.custom_jvp
   def sin(x):

@@ -96,20 +96,21 @@ from __future__ import annotations
 #   _compiled    compiled evaluations shared by the checks
 #   _budget      the time a run may take, and its progress
 #   _record      Recorder: what checks record (runs, skips, comparisons,
-#                failures), a mixin of CheckContext
+#                failures), a mixin of CheckContext; check_identity, the
+#                inner-product identity that checks backward rules
 #   _context     CheckContext (the point, settings, shared helpers of checks)
-#   _inner_product  the inner-product identity that checks backward rules
 #   _nzs_out     the check of the nzs_out that vjp_fwd and lin return
 #   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
 #   _batching    check_batch
-#   _second_order  second derivatives of the rules vs finite differences
-#   _flow        one run, top to bottom: the modes planned and the rules
-#                required, the parts compiled, CHECKS = {mode: check} and
-#                run() (the second-order mode too), then the conclusions: a
-#                function raising at the input, a run stopped by its budget,
-#                failures listed first, custom functions blamed alone
+#   _second_order  second derivatives of the rules vs finite differences, and
+#                the first-order checks again on the derived functions
 #   _device      the checks' parts again on an accelerator, in the inputs'
 #                dtype, against the host's float64 (measured tolerance)
+#   _flow        one run, top to bottom: the dtype chosen, the modes planned
+#                and the rules required, the parts compiled, CHECKS = {mode:
+#                check} and run(), then the conclusions (a function raising
+#                at the input, a run stopped by its budget, failures listed
+#                first, custom functions blamed alone) and the device's half
 #   _api         check_rules, assert_rules
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules

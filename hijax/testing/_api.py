@@ -1,134 +1,21 @@
 """The entry points: `check_rules` and `assert_rules`."""
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from hijax.testing._budget import SECONDS_PER_RULE, Budget, BudgetSpent
-from hijax.testing._context import CheckContext, Settings
-from hijax.testing._device import (accelerator, describe, device_context,
-                                   device_half, host,
-                                   on_accelerator)
-from hijax.testing._discovery import find_custom_rules, find_hiprims
-from hijax.testing._numerics import (check_arrays, defaults, is_float,
-                                     on_device, real_or_int)
+from hijax.testing._budget import Budget
+from hijax.testing._context import Settings
+from hijax.testing._device import accelerator, host, on_accelerator
+from hijax.testing._flow import Request, check
+from hijax.testing._numerics import check_arrays, defaults, real_or_int
 from hijax.testing._report import (INCONCLUSIVE, MODES, InconclusiveCheckError,
                                    RuleCheckError, RuleReport)
-from hijax.testing._flow import (add_parts, blame_alone, function_raises,
-                                 inner_first, plan_modes, raised_at,
-                                 required_rules, run, stopped)
 from hijax.testing._surrogate import Surrogates
-
-
-def _to_dtype(x, dtype):
-  """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
-  precision if complex), else in its own dtype, without a weak type."""
-  own = jnp.result_type(x)
-  if jnp.issubdtype(own, jnp.inexact):
-    if jnp.issubdtype(own, jnp.complexfloating):
-      dtype = jnp.result_type(dtype, jnp.complex64)
-    return on_device(np.asarray(x), dtype)
-  return on_device(np.asarray(x), own)
-
-
-def _in_own_dtypes(args):
-  """``args`` each in its own dtype, without weak types (`_to_dtype`, on the
-  default device), and the name of the first floating dtype among them
-  (None if there is none)."""
-  own = jax.tree.map(lambda x: _to_dtype(x, jnp.result_type(x)), args)
-  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
-  return own, str(floats[0]) if floats else None
-
-
-def _runs(prim_fn, args) -> bool:
-  """Whether ``prim_fn`` can be traced and run (compiled) on ``args``."""
-  try:
-    jax.block_until_ready(jax.jit(prim_fn)(*args))
-    return True
-  except Exception:  # pylint: disable=broad-except
-    return False
-
-
-def _prepared_if_runs(prim_fn, args, dtype, context_at, jit, ahead):
-  """``context_at(args, dtype)`` (a context and the modes to run) if
-  ``prim_fn`` runs compiled at ``args``, else None. With ``jit``, the
-  program the checks will run (``prim_fn`` and every transformation they
-  evaluate, `hijax.testing._compiled`) is compiled here, and ``prim_fn``
-  is evaluated by it at the point; ``ahead(plan)`` is called first (it
-  starts the device's compile, where there is one)."""
-  ctx, plan = None, None
-  try:
-    ctx, plan = context_at(args, dtype)
-    if not jit:
-      return (ctx, plan) if _runs(prim_fn, args) else None
-    add_parts(ctx, plan)
-    ahead(plan)
-    jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
-    return ctx, plan
-  except BudgetSpent as e:  # the run ends: its report is this context's
-    e.prepared = None if ctx is None else (ctx, plan)
-    raise
-  except Exception:  # pylint: disable=broad-except
-    return None
-
-
-def _prepare(prim_fn, args, x64, stack: contextlib.ExitStack, context_at,
-             jit, ahead=lambda plan: None):
-  """The context of the checks, the modes to run and what ``prim_fn``
-  raises at the point in every dtype (None if it runs), at ``args`` in the
-  dtype chosen: float64 (entering ``jax.enable_x64`` on ``stack``) unless
-  ``x64`` is False or, with ``x64=None``, ``prim_fn`` cannot be run in
-  float64 but can in the given dtypes. It is compiled and run, so that an
-  `expand` whose output contradicts a declared type (a primitive that
-  hard-codes float32) is found before the checks (which then reuse the
-  compiled program); a function that fails in both is checked in float64
-  (and the checks report why it fails). ``context_at(args, dtype)`` makes
-  a context. ``ahead`` is `_prepared_if_runs`'s."""
-  own, own_float = _in_own_dtypes(args)
-  own_dtype = own_float or "no floating-point inputs"
-  if x64 is False:
-    return (*context_at(own, own_dtype), None)
-  prepared = None
-  with jax.enable_x64(True):
-    args64 = jax.tree.map(lambda x: _to_dtype(x, jnp.float64), args)
-    if x64:
-      jax.make_jaxpr(prim_fn)(*args64)  # raises if it cannot be traced
-      use64 = True
-    else:
-      prepared = _prepared_if_runs(prim_fn, args64, "float64", context_at,
-                                   jit, ahead)
-      use64 = prepared is not None
-  error = None
-  if not use64:
-    prepared = _prepared_if_runs(prim_fn, own, own_dtype, context_at, jit,
-                                 ahead)
-    if prepared is None:
-      error = raised_at(prim_fn, own)
-      with jax.enable_x64(True):  # fails either way: report it in float64
-        use64 = _traces(prim_fn, args64)
-  if use64:
-    stack.enter_context(jax.enable_x64(True))
-    ctx, plan = prepared or context_at(args64, "float64")
-  else:
-    ctx, plan = prepared or context_at(own, own_dtype)
-  return ctx, plan, error
-
-
-
-
-def _traces(prim_fn, args) -> bool:
-  try:
-    jax.make_jaxpr(prim_fn)(*args)
-    return True
-  except Exception:  # pylint: disable=broad-except
-    return False
-
 
 
 def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,
@@ -293,100 +180,26 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   if isinstance(modes, str):
     modes = (modes,)
   explicit = modes is not None
-  modes = list(MODES if modes is None else modes)
+  modes = tuple(MODES if modes is None else modes)
   unknown = [m for m in modes if m not in MODES]
   if unknown:
     raise ValueError(f"unknown mode(s) {unknown}; the modes are {MODES}")
-
   check_arrays("argument", "args",
                jax.tree_util.tree_flatten_with_path(args)[0],
                lambda x: real_or_int(jnp.result_type(x)))
-  declared = Surrogates(surrogates)
-  budget = Budget.of(time_budget, progress, 1)  # one for the whole run
-  def context_at(args, dtype):
-    """The context of the checks at ``args``, and the modes to run."""
-    closed = jax.make_jaxpr(prim_fn)(*args)
-    prims = (find_hiprims(closed.jaxpr, [])
-             or find_custom_rules(closed.jaxpr, []))
-    if not prims:
-      raise ValueError(
-          "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
-          "jax.custom_vjp function: pass a function that applies one, "
-          "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
-    if time_budget == "default":  # per rule checked
-      budget.seconds = SECONDS_PER_RULE * max(1, len(prims))
-    settings = Settings(defaults(atol, rtol), eps, batch_size=batch_size,
-                        batch_in_axes=batch_in_axes,
-                        linear_argnums=linear_argnums, order=order, jit=jit,
-                        require_second_order=require_second_order,
-                        budget=budget, surrogates=declared)
-    paths = jax.tree_util.tree_flatten_with_path(args)[0]
-    names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
-             for p, _ in paths]
-    report = RuleReport([repr(p) for p in prims], dtype)
-    report.surrogates = [repr(p) for p in prims if p in declared]
-    ctx = CheckContext(prim_fn, args, names, settings,
-                       np.random.default_rng(seed), report, prims,
-                       requested=tuple(modes))
-    return ctx, plan_modes(ctx, modes, explicit)
-
-  accel = accelerator(device) if jit else None
+  settings = Settings(defaults(atol, rtol), eps, batch_size=batch_size,
+                      batch_in_axes=batch_in_axes,
+                      linear_argnums=linear_argnums, order=order, jit=jit,
+                      require_second_order=require_second_order,
+                      budget=Budget.of(time_budget, progress, 1),
+                      surrogates=Surrogates(surrogates))
   # on an accelerator the checks themselves run on the host, in float64
   # (device=False too: it only leaves out the device's half)
-  host_device = host() if accel is not None or on_accelerator() else None
-  # the device's half runs the inputs in their own dtypes
-  own, own_float = _in_own_dtypes(args) if accel is not None else (None, None)
-  own_dtype = own_float or "float32"
-  devices_ahead: dict = {}  # plan -> the device's context, compiling
-
-  def ahead(plan):
-    """Starts the device's half's compile for ``plan`` (once), so that it
-    runs while the host's half does."""
-    if accel is None or tuple(plan) in devices_ahead:
-      return
-    try:
-      devices_ahead[tuple(plan)] = device_context(
-          plan, own, own_dtype, accel, context_at, add_parts)
-    except Exception:  # pylint: disable=broad-except  (the device half reports it)
-      devices_ahead[tuple(plan)] = None
-  try:  # no thread of the run outlives it (Budget.finish)
-    with contextlib.ExitStack() as stack:
-      if host_device is not None:
-        stack.enter_context(jax.default_device(host_device))
-      try:
-        ctx, plan, error = _prepare(prim_fn, args, x64, stack, context_at,
-                                    jit, ahead)
-      except BudgetSpent as e:  # before the first check
-        ctx, plan = e.prepared or context_at(args, "float64")
-        error = None
-        stopped(ctx, plan, e)
-      else:
-        if error is None:
-          ahead(plan)
-        ctx.report.required = required_rules(ctx, plan)
-        try:
-          if not function_raises(ctx, prim_fn, plan, error):
-            run(ctx, plan)
-          if ctx.report.failures and error is None:
-            blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
-                         ctx.report, tuple(modes))
-            inner_first(ctx, ctx.report)
-        except BudgetSpent as e:
-          stopped(ctx, plan, e)
-      report, settings = ctx.report, ctx.settings
-      report.devices["checks"] = describe(host_device or jax.devices()[0],
-                                          report.dtype)
-    if accel is not None and error is None and not (
-        settings.budget.spent):
-      try:
-        device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
-                    add_parts, devices_ahead.get(tuple(plan)))
-      except BudgetSpent as e:
-        stopped(ctx, [], e)
-  finally:
-    budget.finish()
-  report.seconds = settings.budget.elapsed
-
+  accel = accelerator(device) if jit else None
+  checks_on = host() if accel is not None or on_accelerator() else None
+  report = check(Request(prim_fn, modes, explicit, settings, seed,
+                         time_budget == "default", checks_on),
+                 args, x64, accel)
   if report.skipped_for_time:
     warnings.warn(
         f"check_rules on {', '.join(report.primitives)}: the time budget "
@@ -400,7 +213,6 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       and not accept_inconclusive):
     raise InconclusiveCheckError(report)
   return report
-
 
 
 def assert_rules(prim_fn: Callable[..., Any], *args: Any, **kwargs: Any

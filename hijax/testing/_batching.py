@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hijax._checks import HIJAX_CHECK, raised_by

@@ -3,13 +3,12 @@ each taking a `CheckContext` and writing into its report."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import ExpandStructureError, eval_expanded
-from hijax.testing._inner_product import check_identity
+from hijax.testing._record import check_identity
 from hijax.testing._numerics import (compare_leaf, inner_identity, on_device,
                                      type_str, ulp_factor)
 from hijax.testing._nzs_out import check_nzs_out

@@ -1,28 +1,200 @@
-"""One run of the checks, top to bottom: plan the modes (those whose rules
-are defined) and the rules a pass requires; add every part their checks
-evaluate to the compiled program; run the check of each mode (the
-second-order mode runs them again on functions derived from ``prim_fn``);
-then conclude: a function that raises at the input, a run its budget
-stopped, which failures to list first, and custom functions checked alone
-where a program of several failed. `hijax.testing._api.check_rules` drives
-it."""
+"""One run of the checks, top to bottom: `check` chooses the dtype (the
+point where ``prim_fn`` runs), then plans the modes (those whose rules are
+defined) and the rules a pass requires, adds every part their checks
+evaluate to the compiled program, runs the check of each mode (the
+second-order mode runs them again on functions derived from ``prim_fn``),
+concludes (a function that raises at the input, a run its budget stopped,
+which failures to list first, custom functions checked alone where a
+program of several failed), and runs the device's half. Its report is the
+only thing it writes; `hijax.testing._api.check_rules` calls it."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-from hijax._internals import partial_eval as _pe
 from hijax.testing._batching import add_batch_parts, check_batch
-from hijax.testing._budget import HARD_LIMIT, BudgetSpent
+from hijax.testing._budget import HARD_LIMIT, SECONDS_PER_RULE, BudgetSpent
 from hijax.testing._checks import (check_expand, check_jvp, check_lin,
                                    check_transpose, check_vjp)
-from hijax.testing._compiled import Compiled
-from hijax.testing._context import CheckContext
-from hijax.testing._discovery import CustomRules, custom_calls, find_hiprims
+from hijax.testing._context import CheckContext, Settings
+from hijax.testing._device import describe, device_context, device_half
+from hijax.testing._discovery import (CustomRules, custom_calls,
+                                      find_custom_rules, find_hiprims)
+from hijax.testing._numerics import is_float, on_device
 from hijax.testing._report import DERIVATIVE_MODES, RuleReport, first_lines
-from hijax.testing._second_order import (add_second_order_parts,
-                                         check_differentiated_rules)
+from hijax.testing._second_order import (add_derived,
+                                         add_second_order_parts,
+                                         check_second_order)
+
+
+# --- one run -----------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What `check_rules` was asked, but the point: the function, the modes
+  (``explicit`` where the user named them), the settings, the seed, and
+  the device the checks run on (None: JAX's default)."""
+  prim_fn: Callable
+  modes: tuple[str, ...]
+  explicit: bool
+  settings: Settings
+  seed: int
+  per_rule: bool  # the default budget: SECONDS_PER_RULE per rule checked
+  host: Any = None
+
+  def context(self, args, dtype) -> tuple[CheckContext, list[str]]:
+    """The context of the checks at ``args`` (in ``dtype``), and the modes
+    to run."""
+    closed = jax.make_jaxpr(self.prim_fn)(*args)
+    prims = (find_hiprims(closed.jaxpr, [])
+             or find_custom_rules(closed.jaxpr, []))
+    if not prims:
+      raise ValueError(
+          "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
+          "jax.custom_vjp function: pass a function that applies one, "
+          "e.g. lambda x: MyPrim(jax.typeof(x))(x)")
+    if self.per_rule:
+      self.settings.budget.seconds = SECONDS_PER_RULE * len(prims)
+    paths = jax.tree_util.tree_flatten_with_path(args)[0]
+    names = [f"args[{p[0].idx}]" + jax.tree_util.keystr(p[1:])
+             for p, _ in paths]
+    report = RuleReport([repr(p) for p in prims], dtype)
+    report.surrogates = [repr(p) for p in prims
+                         if p in self.settings.surrogates]
+    report.devices["checks"] = describe(self.host or jax.devices()[0], dtype)
+    ctx = CheckContext(self.prim_fn, args, names, self.settings,
+                       np.random.default_rng(self.seed), report, prims,
+                       requested=self.modes)
+    return ctx, plan_modes(ctx, self.modes, self.explicit)
+
+
+def in_dtype(x, dtype):
+  """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
+  precision if complex), else in its own dtype, without a weak type."""
+  own = jnp.result_type(x)
+  if jnp.issubdtype(own, jnp.inexact):
+    if jnp.issubdtype(own, jnp.complexfloating):
+      dtype = jnp.result_type(dtype, jnp.complex64)
+    return on_device(np.asarray(x), dtype)
+  return on_device(np.asarray(x), own)
+
+
+def _in_own_dtypes(args):
+  """``args`` each in its own dtype, without weak types (on the default
+  device), and the name of the first floating dtype among them (None if
+  there is none)."""
+  own = jax.tree.map(lambda x: in_dtype(x, jnp.result_type(x)), args)
+  floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
+  return own, str(floats[0]) if floats else None
+
+
+def _runs(ctx: CheckContext, plan, ahead) -> bool:
+  """Whether ``ctx``'s function runs compiled at its point. With ``jit``,
+  the program the checks will run (every part of ``plan``) is compiled
+  here and evaluates the function, so that an `expand` whose output
+  contradicts a declared type (a primitive that hard-codes float32) is
+  found before the checks, which then reuse it; ``ahead(plan)`` is called
+  first (it starts the device's compile, where there is one)."""
+  try:
+    if not ctx.settings.jit:
+      jax.block_until_ready(jax.jit(ctx.prim_fn)(*ctx.args))
+      return True
+    add_parts(ctx, plan)
+    ahead(plan)
+    jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
+  """One run of `check_rules` at ``args``: in float64 (the floating leaves
+  converted, under ``jax.enable_x64``) unless ``x64`` is False or, with
+  ``x64=None``, ``prim_fn`` cannot run in float64 but can in the given
+  dtypes (a function that runs in neither is checked in float64, where it
+  traces, and reported as raising); then the checks, and on an
+  accelerator (``accel``, see `hijax.testing._device`) the device's
+  half. A compile past the hard limit (`BudgetSpent`) ends the run here."""
+  prim_fn, budget = request.prim_fn, request.settings.budget
+  # the device's half runs the inputs in their own dtypes, on the device
+  on_accel, accel_float = _in_own_dtypes(args) if accel else (None, None)
+  accel_dtype = accel_float or "float32"
+  devices: dict = {}  # plan -> the device's context, compiling ahead
+
+  def ahead(plan):
+    """Starts the device's compile for ``plan`` (once), so that it runs
+    while the host's half does."""
+    if accel is not None and tuple(plan) not in devices:
+      try:
+        devices[tuple(plan)] = device_context(
+            plan, on_accel, accel_dtype, accel, request.context, add_parts)
+      except Exception:  # pylint: disable=broad-except  (the device half reports it)
+        devices[tuple(plan)] = None
+  ctx = plan = error = None
+  host_done = False  # a stop in the device's half leaves no mode unrun
+  try:
+    with contextlib.ExitStack() as stack:
+      if request.host is not None:
+        stack.enter_context(jax.default_device(request.host))
+      own, own_float = _in_own_dtypes(args)
+      own_dtype = own_float or "no floating-point inputs"
+      with jax.enable_x64(True):
+        args64 = jax.tree.map(lambda x: in_dtype(x, jnp.float64), args)
+      wide = x64 is not False
+      if x64 is None:  # the first dtype where it runs, else float64
+        for point, dtype, wide in ((args64, "float64", True),
+                                   (own, own_dtype, False)):
+          with jax.enable_x64(True) if wide else contextlib.nullcontext():
+            try:
+              ctx, plan = request.context(point, dtype)
+            except Exception:  # pylint: disable=broad-except
+              continue
+            if _runs(ctx, plan, ahead):
+              break
+        else:
+          error = raised_at(prim_fn, own)
+          with jax.enable_x64(True):
+            wide = _traces(prim_fn, args64)
+          ctx = None
+      if wide:
+        stack.enter_context(jax.enable_x64(True))
+      if ctx is None:
+        ctx, plan = request.context(*((args64, "float64") if wide
+                                      else (own, own_dtype)))
+      if error is None:
+        ahead(plan)
+      ctx.report.required = required_rules(ctx, plan)
+      if not function_raises(ctx, prim_fn, plan, error):
+        run(ctx, plan)
+      if ctx.report.failures and error is None:
+        blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
+                    ctx.report, request.modes)
+        inner_first(ctx, ctx.report)
+    if accel is not None and error is None and not budget.spent:
+      host_done = True
+      device_half(ctx, plan, on_accel, accel_dtype, accel, request.host,
+                  request.context, add_parts, devices.get(tuple(plan)))
+  except BudgetSpent as e:
+    assert ctx is not None  # spent compiling the checks' program
+    stopped(ctx, [] if host_done else plan, e)
+  finally:
+    budget.finish()
+  ctx.report.seconds = budget.elapsed
+  return ctx.report
+
+
+def _traces(prim_fn, args) -> bool:
+  try:
+    jax.make_jaxpr(prim_fn)(*args)
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
 
 
 # --- plan ------------------------------------------------------------------
@@ -75,113 +247,6 @@ def required_rules(ctx: CheckContext, plan) -> list[str]:
 
 # --- the parts, and the checks of each mode -------------------------------
 
-def _derived_functions(ctx: CheckContext, modes):
-  """``(mode, description, function, arguments, argument names)`` of the
-  tangent map, the backward pass and the linearized map of ``prim_fn``, for
-  the derivative modes requested whose rules are defined. Their fixed
-  tangents and cotangents are drawn from a generator of their own (spawned
-  from the context's, whose draws they leave as they are), since they are
-  made before the checks run."""
-  direction = tuple(ctx.float_idx)
-  f = ctx.restrict(direction)
-  xs = [ctx.leaves[i] for i in direction]
-  x_names = [ctx.leaf_names[i] for i in direction]
-  out_names = [ctx.out_names[i] for i in ctx.out_float_idx]
-  rng = ctx.rng.spawn(1)[0]
-  n = len(xs)
-  derived = []
-  if ctx.has("jvp") and "jvp" in modes:
-    derived.append((
-        "jvp", "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
-        lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
-        xs + [ctx.random_like(x, rng) for x in xs],
-        x_names + [f"ṫ for {m}" for m in x_names]))
-  if ctx.has("vjp") and "vjp" in modes:
-    derived.append((
-        "vjp", "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
-        lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
-        xs + [ctx.random_like(y, rng) for y in ctx.zeros_like_outputs()],
-        x_names + [f"ȳ for {m}" for m in out_names]))
-  if ctx.has("lin") and "lin" in modes:
-    derived.append((
-        "lin", "the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
-        lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
-        xs + [ctx.random_like(x, rng) for x in xs],
-        x_names + [f"ṫ for {m}" for m in x_names]))
-  return derived
-
-
-@dataclasses.dataclass
-class _Derived:
-  """The first-order checks of a derived function (`_derived_functions`),
-  prepared before the checks run: the context (None where the function binds
-  no hijax primitive or could not be traced), the modes to run in it, and
-  what to report first."""
-  kind: str
-  what: str
-  sub: CheckContext | None = None
-  modes: list = dataclasses.field(default_factory=list)
-  error: Exception | None = None  # raised tracing the function
-  prims: list = dataclasses.field(default_factory=list)
-
-
-def _add_derived(ctx: CheckContext, modes):
-  """Makes the contexts of the derived functions that bind hijax primitives
-  again (into ``ctx.derived``) and adds their parts to ``ctx``'s program,
-  so that they are compiled with it."""
-  ctx.derived = []
-  for kind, what, g, g_args, names in _derived_functions(ctx, modes):
-    entry = _Derived(kind, what)
-    ctx.derived.append(entry)
-    try:
-      closed = jax.make_jaxpr(g)(*g_args)
-      live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-      entry.prims = find_hiprims(live, [])
-      if not entry.prims:
-        continue
-      sub = ctx.sub(
-          g, g_args, names, entry.prims, within="second_order",
-          label=f"{ctx.label}second order, on {what}: ",
-          order=ctx.settings.order - 1, per_leaf=False,
-          prepared=Compiled(g, g_args, ctx.settings.jit,
-                            shared=ctx.compiled.nested(kind)))
-      entry.modes = [m for m in DERIVATIVE_MODES if m in modes and sub.has(m)]
-      if sub.settings.order > 1:
-        entry.modes.append("second_order")
-      add_parts(sub, entry.modes)
-      entry.sub = sub
-    except Exception as e:  # pylint: disable=broad-except  (reported by check_second_order)
-      entry.error = e
-
-
-def check_second_order(ctx: CheckContext):
-  """The first-order checks, on each derived function that binds hijax
-  primitives again (recursing while ``order`` allows). What they evaluate
-  is part of ``ctx``'s program (`_add_derived`)."""
-  if not ctx.float_idx or not ctx.out_float_idx:
-    ctx.skip("second_order", "no floating-point inputs or outputs")
-    return
-  check_differentiated_rules(ctx)
-  assert ctx.derived is not None, "run() adds the parts (add_parts) first"
-  for entry in ctx.derived:
-    what = entry.what
-    if ctx.out_of_time("second_order", f"the rules bound by {what}"):
-      continue
-    if entry.error is not None:
-      ctx.fail_raised("second_order", f"tracing {what}",
-                      ctx.describe_inputs(), entry.error,
-                      rule=ctx.rule_name(entry.kind))
-      continue
-    if entry.sub is None:
-      ctx.skip("second_order", f"{what} binds no hijax primitive")
-      continue
-    if not [m for m in entry.modes if m != "second_order"]:
-      ctx.skip("second_order", f"{what}: its primitives "
-               f"({', '.join(type(p).__name__ for p in entry.prims)}) "
-               "define no derivative rule")
-    run(entry.sub, entry.modes)
-
-
 # The check of each mode, in the order of `MODES`.
 CHECKS = {
     "expand": check_expand,
@@ -190,7 +255,7 @@ CHECKS = {
     "lin": check_lin,
     "transpose": check_transpose,
     "batch": check_batch,
-    "second_order": check_second_order,
+    "second_order": lambda ctx: check_second_order(ctx, run),
 }
 
 
@@ -219,7 +284,7 @@ def add_parts(ctx: CheckContext, modes):
   if "second_order" in modes and ctx.float_idx and ctx.out_float_idx:
     add_second_order_parts(ctx)
     if ctx.derived is None:
-      _add_derived(ctx, ctx.requested)
+      add_derived(ctx, ctx.requested, add_parts)
 
 
 def run(ctx: CheckContext, modes):

@@ -3,7 +3,6 @@ declared to have a symbolically zero tangent must have a zero derivative."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hijax._internals import api as _api
@@ -16,9 +15,9 @@ from hijax.testing._report import RuleReport
 
 
 def _nz_in(x) -> bool:
-  """The nzs_in flag of an argument leaf (a value or its type): whether its
-  tangent type is a floating-point array (for a hi value, its type's
-  tangent type)."""
+  """The nzs_in flag of an argument or output leaf (a value or its type):
+  whether its tangent type is a floating-point array (for a hi value, its
+  type's tangent type)."""
   aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   if isinstance(aval, _core.ShapedArray):
     return is_float(aval)
@@ -179,7 +178,7 @@ def check_nzs_out(ctx: CheckContext, mode):
       ctx.fail_raised(mode, check, inputs(), e, rule=name)
       continue
     zero_outs = [k for k, nz in enumerate(nzs_out)
-                 if not nz and _nz_in_aval(prim.out_avals_flat[k])]
+                 if not nz and _nz_in(prim.out_avals_flat[k])]
     if not zero_outs or values(j) is None:
       continue
     found = _zero_derivatives(ctx, prim, values(j), zero_outs)
@@ -210,12 +209,3 @@ def _describe(prim, p_args, types) -> str:
   return "\n".join(f"{type(prim).__name__} argument leaf {i} = "
                    f"{describe_leaf(x) if p_args is not None else x.str_short()}"
                    for i, x in enumerate(leaves))
-
-
-def _nz_in_aval(aval) -> bool:
-  if isinstance(aval, _core.ShapedArray):
-    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
-  try:
-    return is_float(aval.to_tangent_aval())
-  except Exception:  # pylint: disable=broad-except
-    return False

@@ -23,19 +23,6 @@ def _real_dtype(dtype) -> np.dtype:
   return np.dtype(jnp.finfo(dtype).dtype)
 
 
-def tangent_mantissa_bits(dtype) -> int:
-  """Fraction bits of a tangent element's significand: 0 in every dtype.
-
-  A tangent element is a signed power of two. Fraction bits would make the
-  directions more varied, but each one costs a factor of two in the
-  smallest step that keeps ``x ± h t`` exact, and the smallest steps are the
-  ones that resolve a function varying quickly at a large argument (float32
-  at 1e5). Random signs and exponents vary the direction enough.
-  """
-  del dtype
-  return 0
-
-
 def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
   """``± 2^e`` with ``2^e <= |x| < 2^(e+1)`` per element (float64); a zero
   element takes the root mean square of its leaf's nonzero elements (1 if
@@ -52,7 +39,10 @@ def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
 def scaled_tangents(rng: np.random.Generator, xs) -> list[np.ndarray]:
   """Random tangents, each element a signed power of two of the magnitude of
   its input element (for a complex element, its real and imaginary parts
-  each; see `tangent_mantissa_bits`)."""
+  each). No fraction bits: each would halve the room for the smallest step
+  that keeps ``x ± h t`` exact, and the smallest steps are the ones that
+  resolve a function varying quickly at a large argument (float32 at 1e5);
+  random signs and exponents vary the direction enough."""
   out = []
   for x in xs:
     x = np.asarray(x)
@@ -96,7 +86,7 @@ def candidate_steps(dtypes, eps=None) -> list[float]:
     k = int(round(-np.log2(eps)))
     return [2.0 ** -k, 2.0 ** -(k + 2)]
   k0 = max(2, min(_bits(d) - 1 for d in dtypes) // 3)
-  k1 = max(_bits(d) - 2 - tangent_mantissa_bits(d) for d in dtypes)
+  k1 = max(_bits(d) - 2 for d in dtypes)
   return [2.0 ** -k for k in range(k0, max(k0, k1) + 1, 2)]
 
 
