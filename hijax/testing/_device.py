@@ -347,29 +347,30 @@ def _x64(own_dtype) -> bool:
   return _float_dtype(own_dtype, None) == np.float64
 
 
-def device_context(plan, own, own_dtype, accel, context_at, add_parts,
+def device_context(plan, own, own_dtype, accel, make_context, add_parts,
                    ahead=True):
   """The device's context of the checks of ``plan`` at ``own`` (the inputs
   in their own dtypes) on ``accel``; with ``ahead``, its program traced and
   its compile started in the background (`Bundle.compile_ahead`):
-  `check_rules` makes it so before the host's half runs, so that the two
+  the flow makes it so before the host's half runs, so that the two
   compile at once."""
   with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
-    device_ctx, _ = context_at(own, own_dtype)
+    device_ctx, _ = make_context(own, own_dtype)
     add_parts(device_ctx, plan)
     if ahead:
       device_ctx.compiled.bundle.compile_ahead()
   return device_ctx
 
 
-def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
+def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
                 add_parts, device_ctx=None) -> None:
   """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``):
   the device's context at ``own`` (the inputs in their own dtypes;
   ``device_ctx`` if made ahead by `device_context` for ``plan``), and,
   where the host ran at other values than ``own`` (a Python float rounded
   to float32 on the device), a host context at ``own`` in float64 as the
-  reference. ``context_at`` and ``add_parts`` are `check_rules`'s."""
+  reference. ``make_context`` (`Request.context`) and ``add_parts`` are
+  the flow's."""
   x64 = _x64(own_dtype)
   host64 = ctx.report.dtype == "float64"
 
@@ -380,14 +381,14 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, context_at,
       stack.enter_context(jax.default_device(host_device))
     return stack
   if device_ctx is None:
-    device_ctx = device_context(plan, own, own_dtype, accel, context_at,
+    device_ctx = device_context(plan, own, own_dtype, accel, make_context,
                                 add_parts, ahead=False)
   reference = ctx
   same = all(np.array_equal(wide(a), wide(b))
              for a, b in zip(jax.tree.leaves(own), ctx.leaves))
   if host64 and not same:
     with host_settings():
-      reference, _ = context_at(_upcast(own), "float64")
+      reference, _ = make_context(_upcast(own), "float64")
       add_parts(reference, plan)
     reference.compiled.bundle.seen = ctx.compiled.bundle.seen
 
