@@ -829,3 +829,18 @@ def test_plain_jax_around_the_primitive(around):
   assert {"expand", "jvp", "vjp", "batch"} <= set(report.modes_run), report
   err = _fails(lambda x: around(lambda y: BadJvp(jax.typeof(y))(y), x), x)
   assert set(_rules(err)) == {"BadJvp.jvp"}
+
+
+class _Float32Declared(Float32Only):
+  """Declares a float32 output but returns the input's dtype: it traces in
+  float64 and fails only where it runs (lowered) there."""
+
+  def expand(self, x):
+    return jnp.sin(x)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_falls_back_where_float64_traces_but_does_not_run(jit):
+  report = check_rules(lambda x: _Float32Declared(jax.typeof(x))(x),
+                       zoo._vec(0.5, 1.), modes=("jvp",), order=1, jit=jit)
+  assert report.dtype == "float32" and report.passed
