@@ -439,3 +439,52 @@ def test_calls():
       "TARGET: skip MODE,... with MODE one of expand, jvp, vjp, lin, "
       "transpose, batch, second_order, or TARGET: output OUT,...)",
       "*cannot use 'lib.solve: ignore' (hijax_deliberate takes*"])
+
+
+IMPLICIT = '''
+import functools
+import jax, jax.numpy as jnp
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def implicit(primal, condition, x):  # primal(x) solves condition(y, x) = 0
+  return primal(x)
+@implicit.defjvp
+def _jvp(primal, condition, p, t):
+  y = implicit(primal, condition, p[0])
+  dy, dx = jax.grad(condition, (0, 1))(y, p[0])
+  return y, SIGN(dx / dy) * t[0]
+def cbrt(x):
+  return x ** (1 / 3)
+def half(x):  # not a root of cube
+  return x / 2
+def cube(y, x):
+  return y ** 3 - x
+'''
+
+
+@pytest.mark.parametrize("sign, tests, verdict", [
+    ("-", ("cbrt",), "passed"),
+    ("-", ("cbrt", "half"), "passed"),  # the root passed, half not judged
+    ("-", ("half",), "inconclusive"),
+    ("+", ("cbrt", "half"), "failed"),  # wrong at the root
+])
+def test_an_implicit_rule_called_at_a_primal_that_is_not_a_root(
+    suite, sign, tests, verdict):
+  """An implicit rule's derivative holds at roots of its condition only:
+  a test calling it elsewhere is said to, not blamed on the rule."""
+  suite.makepyfile(lib=IMPLICIT.replace("SIGN", sign), test_implicit=(
+      "import jax.numpy as jnp\nfrom lib import implicit, cube, cbrt, half\n"
+      + "".join(f"def test_{f}():\n  implicit({f}, cube, jnp.array(8.0))\n"
+                for f in tests)))
+  result, rules = _rules(suite)
+  rule = rules["implicit"]
+  assert rule["verdict"] == verdict, rule
+  assert result.ret == (1 if verdict == "failed" else 0)
+  outside = [t for t in rule["inputs"] if t["test"].endswith("test_half")]
+  for t in outside:
+    assert t["verdict"] == "not checked", t
+    assert t["detail"].startswith(
+        "the outputs are not a root of cube at these inputs "
+        "(|cube(outputs, inputs)| = 56): an implicit rule's derivative "
+        "holds at roots only, so this input judges nothing"), t
+  if verdict == "inconclusive":
+    assert rule["detail"] == outside[0]["detail"]

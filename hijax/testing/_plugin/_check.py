@@ -34,6 +34,10 @@ lines): a surrogate's rules are compared with each other only; the checks
 (modes) named are not run; the outputs named are left out of the function
 checked (a residual whose tangent is zero by design).
 
+An implicit rule (one of the call's non-array arguments is the condition
+its outputs solve) called at outputs that are not a root is not judged
+there: the implicit function theorem holds at roots only (`_not_a_root`).
+
 Inputs that are not finite (an ``inf`` a test passed on purpose) are not
 checked: finite differences cannot step from them.
 
@@ -51,6 +55,7 @@ import io
 import re
 import time
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -390,6 +395,11 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
     return
   if "batch_in_axes" not in options:
     _without_advisories(report, tried)
+  if report.failures and not _a_rule_raised(report):
+    outside = _not_a_root(sample, arrays)
+    if outside:
+      tried.verdict, tried.detail = "not checked", outside
+      return
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
@@ -410,6 +420,35 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
                     f"({len(report.skipped_for_time)} not run)")
   elif tried.verdict == "inconclusive":
     tried.detail = _why_inconclusive(report)
+
+
+def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
+  """Why ``sample`` judges nothing of an implicit rule ("" if it may): a
+  function among the call's non-array arguments takes the outputs, then
+  the array inputs (the condition ``condition(*outputs, *inputs) = 0``
+  the outputs solve), and is not about 0 there."""
+  with _quiet():
+    out = sample.call(arrays)
+  outs = out if isinstance(out, tuple) else (out,)
+  scale = max([1.0] + [float(np.max(np.abs(x))) for x in
+                       jax.tree.leaves((outs, arrays)) if np.size(x)])
+  for condition in jax.tree.leaves(list(sample.statics.values())):
+    if not isinstance(condition, types.FunctionType):
+      continue
+    try:
+      with _quiet():
+        value = [np.abs(np.asarray(x)) for x in
+                 jax.tree.leaves(condition(*outs, *arrays)) if np.size(x)]
+    except Exception:  # pylint: disable=broad-except  (not a condition)
+      continue
+    size = max((float(np.max(x)) for x in value), default=0.0)
+    if size > 1e-3 * scale:
+      name = condition.__name__
+      return (f"the outputs are not a root of {name} at these inputs "
+              f"(|{name}(outputs, inputs)| = {size:.3g}): an implicit "
+              "rule's derivative holds at roots only, so this input judges "
+              "nothing")
+  return ""
 
 
 def _conclude(result: RuleResult) -> None:
