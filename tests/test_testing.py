@@ -829,3 +829,15 @@ def test_plain_jax_around_the_primitive(around):
   assert {"expand", "jvp", "vjp", "batch"} <= set(report.modes_run), report
   err = _fails(lambda x: around(lambda y: BadJvp(jax.typeof(y))(y), x), x)
   assert set(_rules(err)) == {"BadJvp.jvp"}
+
+
+def test_many_arguments_batch_each_alone_and_all_together():
+  """40 arguments: 41 combinations, without listing the 2**40 subsets
+  first (that never ended: the plugin on diffrax's backsolve adjoint)."""
+  import types  # pylint: disable=import-outside-toplevel
+  from hijax.testing import _batching  # pylint: disable=import-outside-toplevel
+  ctx = types.SimpleNamespace(args=[0.0] * 40, settings=types.SimpleNamespace(
+      batch_in_axes=None))
+  combos = _batching._batch_combinations(ctx)
+  assert len(combos) == 41 and combos[-1] == (0,) * 40
+  assert combos[3] == (None,) * 3 + (0,) + (None,) * 36
