@@ -80,8 +80,11 @@ def test_calls():
 ''')
   result, rules = _rules(suite, "--hijax-rule-budget=0.001")
   first, second = rules["sin"]["inputs"]
-  # the first started, and ran out; the second never started
-  assert first["detail"].startswith("the budget ran out during its checks")
+  # the first started, and ran out (calling the function, or in its
+  # checks); the second never started
+  assert first["detail"].startswith((
+      "the budget ran out during its checks",
+      "calling the function spent the rule's budget")), first
   assert (second["verdict"], second["detail"], second["seconds"]) == (
       "skipped for time", "", 0), second
 
@@ -488,3 +491,33 @@ def test_an_implicit_rule_called_at_a_primal_that_is_not_a_root(
         "holds at roots only, so this input judges nothing"), t
   if verdict == "inconclusive":
     assert rule["detail"] == outside[0]["detail"]
+
+
+def test_a_check_is_given_only_what_it_may_overrun_within_the_budget(suite):
+  """check_rules may run over its time budget (up to 1.5 times, a compile
+  abandoned at 1.4): each check gets what is left of the rule's budget
+  divided by 1.5, so that a started check ends within the budget."""
+  suite.makeconftest('''
+import json
+import hijax.testing
+given = []
+_check_rules = hijax.testing.check_rules
+def check_rules(*args, time_budget, **kwargs):
+  given.append(time_budget)
+  return _check_rules(*args, time_budget=time_budget, **kwargs)
+hijax.testing.check_rules = check_rules
+def pytest_unconfigure(config):
+  with open("given.json", "w") as f:
+    json.dump(given, f)
+''')
+  suite.makepyfile(lib=SIN, test_sin='''
+import jax.numpy as jnp
+from lib import sin
+def test_calls():
+  sin(jnp.float32(0.5))
+  sin(jnp.array([1.0, 2.0]))
+''')
+  result, rules = _rules(suite, "--hijax-rule-budget=3")
+  given = json.loads((suite.path / "given.json").read_text())
+  assert rules["sin"]["verdict"] == "passed" and len(given) == 2, given
+  assert 0 < given[1] < given[0] <= 3 / 1.5, given

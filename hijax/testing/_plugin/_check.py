@@ -70,6 +70,13 @@ from hijax.testing._plugin._recorder import RecordedRule, Sample
 from hijax.testing._plugin._rule_identity import named_function, unwrap
 
 
+# check_rules stops within this many times its time budget (a compile
+# running at its end is abandoned at 1.4 times): it gets what is left of
+# the rule's budget divided by this, so that a check started within the
+# budget ends within it.
+OVERRUN = 1.5
+
+
 @dataclasses.dataclass
 class Tried:
   """One sample as checked: its input types, where the values came from,
@@ -260,11 +267,11 @@ def check_rule(rule: RecordedRule, seconds: float,
   docstring)."""
   declared = declared or Declaration()
   surrogate = declared.surrogate
-  start = time.monotonic()
+  start = time.process_time()
   result = RuleResult(rule, "skipped for time", surrogate=surrogate)
   rng = np.random.default_rng(seed)
   for sample in ordered(rule):
-    left = seconds - (time.monotonic() - start)
+    left = seconds - (time.process_time() - start)
     if sample.source == "too large to keep":
       result.tried.append(Tried(sample.types(), sample.source, "not checked",
                                 f"over {sample.size} elements"))
@@ -277,11 +284,11 @@ def check_rule(rule: RecordedRule, seconds: float,
       continue
     if left <= 0:
       continue
-    t0 = time.monotonic()
-    _check_sample(rule, sample, candidates(rule, sample, rng), tried, left,
+    t0 = time.process_time()
+    _check_sample(rule, sample, candidates(rule, sample, rng), tried,
                   declared, progress, start + seconds)
-    tried.seconds = time.monotonic() - t0
-  result.seconds = time.monotonic() - start
+    tried.seconds = time.process_time() - t0
+  result.seconds = time.process_time() - start
   result.surrogate = surrogate or any(t.surrogate for t in result.tried)
   _conclude(result)
   return result
@@ -337,12 +344,12 @@ def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
   return kept
 
 
-def _check_sample(rule, sample, tries, tried, seconds, declared, progress,
+def _check_sample(rule, sample, tries, tried, declared, progress,
                   deadline) -> None:
   # values the tests passed in float64 (int64) are checked with x64 on, as
   # they were called (a primitive built for float64 refuses float32)
   with jax.enable_x64(True) if _wide(sample) else contextlib.nullcontext():
-    _check_sample_at(rule, sample, tries, tried, seconds, declared, progress,
+    _check_sample_at(rule, sample, tries, tried, declared, progress,
                      deadline)
 
 
@@ -361,8 +368,14 @@ def _options(rule, sample, arrays, declared) -> dict[str, Any]:
   return options
 
 
-def _check_sample_at(rule, sample, tries, tried, seconds, declared,
-                     progress, deadline) -> None:
+def _left(deadline: float) -> float:
+  """The time budget to give `check_rules` by ``deadline`` (CPU time):
+  what is left, less what it may run over (`OVERRUN`)."""
+  return (deadline - time.process_time()) / OVERRUN
+
+
+def _check_sample_at(rule, sample, tries, tried, declared, progress,
+                     deadline) -> None:
   why, rule_at_fault, arrays = "", False, []
   for arrays, source in tries:
     arrays = as_jax(arrays)
@@ -381,9 +394,13 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
   names = surrogate_arguments(rule, sample) if declared.surrogate else []
   options = _options(rule, sample, arrays, declared)
   try:
-    report = _check_rules(fn, arrays, seconds, progress, names, **options)
-    if _a_rule_raised(report) and deadline > time.monotonic():
-      again = _check_rules(fn, arrays, deadline - time.monotonic(), progress,
+    if _left(deadline) <= 0:
+      tried.detail = "calling the function spent the rule's budget"
+      return
+    report = _check_rules(fn, arrays, _left(deadline), progress, names,
+                          **options)
+    if _a_rule_raised(report) and _left(deadline) > 0:
+      again = _check_rules(fn, arrays, _left(deadline), progress,
                            names, x64=False, **options)
       if not _a_rule_raised(again):
         tried.source += "; in its own dtypes (its rules raise in float64)"
