@@ -3,6 +3,7 @@ how its budget is spent, the dtypes and JAX settings it is checked under
 (pytester runs, like tests/test_plugin.py)."""
 import functools
 import json
+import re
 
 import jax
 
@@ -80,10 +81,16 @@ def test_calls():
 ''')
   result, rules = _rules(suite, "--hijax-rule-budget=0.001")
   first, second = rules["sin"]["inputs"]
-  # the first started, and ran out; the second never started
-  assert first["detail"].startswith("the budget ran out during its checks")
-  assert (second["verdict"], second["detail"], second["seconds"]) == (
-      "skipped for time", "", 0), second
+  # the first ran out (in its checks, calling the function, or before, its
+  # estimate over the budget); the second found nothing left (what the
+  # second is given once the first ran: test_a_check_is_given_only_...)
+  assert first["detail"].startswith((
+      "the budget ran out during its checks",
+      "calling the function spent the rule's budget", "its call took")), first
+  assert (second["verdict"], second["seconds"]) == (
+      "skipped for time", 0), second
+  assert second["detail"] in ("", first["detail"]) or second[
+      "detail"].startswith("its call took"), second
 
 
 def test_a_rule_raising_only_in_float64_is_checked_in_the_tests_dtypes(
@@ -439,3 +446,146 @@ def test_calls():
       "TARGET: skip MODE,... with MODE one of expand, jvp, vjp, lin, "
       "transpose, batch, second_order, or TARGET: output OUT,...)",
       "*cannot use 'lib.solve: ignore' (hijax_deliberate takes*"])
+
+
+IMPLICIT = '''
+import functools
+import jax, jax.numpy as jnp
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def implicit(primal, condition, x):  # primal(x) solves condition(y, x) = 0
+  return primal(x)
+@implicit.defjvp
+def _jvp(primal, condition, p, t):
+  y = implicit(primal, condition, p[0])
+  dy, dx = jax.grad(condition, (0, 1))(y, p[0])
+  return y, SIGN(dx / dy) * t[0]
+def cbrt(x):
+  return x ** (1 / 3)
+def half(x):  # not a root of cube
+  return x / 2
+def cube(y, x):
+  return y ** 3 - x
+'''
+
+
+@pytest.mark.parametrize("sign, tests, verdict", [
+    ("-", ("cbrt",), "passed"),
+    ("-", ("cbrt", "half"), "passed"),  # the root passed, half not judged
+    ("-", ("half",), "inconclusive"),
+    ("+", ("cbrt", "half"), "failed"),  # wrong at the root
+])
+def test_an_implicit_rule_called_at_a_primal_that_is_not_a_root(
+    suite, sign, tests, verdict):
+  """An implicit rule's derivative holds at roots of its condition only:
+  a test calling it elsewhere is said to, not blamed on the rule."""
+  suite.makepyfile(lib=IMPLICIT.replace("SIGN", sign), test_implicit=(
+      "import jax.numpy as jnp\nfrom lib import implicit, cube, cbrt, half\n"
+      + "".join(f"def test_{f}():\n  implicit({f}, cube, jnp.array(8.0))\n"
+                for f in tests)))
+  result, rules = _rules(suite)
+  rule = rules["implicit"]
+  assert rule["verdict"] == verdict, rule
+  assert result.ret == (1 if verdict == "failed" else 0)
+  outside = [t for t in rule["inputs"] if t["test"].endswith("test_half")]
+  for t in outside:
+    assert t["verdict"] == "not checked", t
+    assert t["detail"].startswith(
+        "the outputs are not a root of cube at these inputs "
+        "(|cube(outputs, inputs)| = 56): an implicit rule's derivative "
+        "holds at roots only, so this input judges nothing"), t
+  if verdict == "inconclusive":
+    assert rule["detail"] == outside[0]["detail"]
+
+
+@pytest.mark.parametrize("load", [0.0, 1000.0])
+def test_a_check_is_given_only_what_it_may_overrun_within_the_budget(
+    suite, load):
+  """check_rules may run over its time budget (up to 1.5 times, a compile
+  abandoned at 1.4): each check gets what is left of the rule's budget
+  divided by 1.5 (the first input the whole 30 s / 1.5, the second what
+  the first left), so that a started check ends within the budget. Its
+  budget is wall-clock, the plugin's CPU time: on a loaded machine (the
+  tests' wall-clock time over their CPU time, and the load per core, both
+  above 1) it is given the wall-clock time the CPU time takes."""
+  suite.makeconftest(f'''
+import json, os
+import hijax.testing
+os.getloadavg = lambda: ({load}, {load}, {load})
+given = []
+_check_rules = hijax.testing.check_rules
+def check_rules(*args, time_budget, **kwargs):
+  given.append(time_budget)
+  return _check_rules(*args, time_budget=time_budget, **kwargs)
+hijax.testing.check_rules = check_rules
+def pytest_unconfigure(config):
+  with open("given.json", "w") as f:
+    json.dump(given, f)
+''')
+  suite.makepyfile(lib=SIN, test_sin='''
+import time
+import jax.numpy as jnp
+from lib import sin
+def test_calls():
+  time.sleep(2)  # (on a loaded machine, wall-clock time exceeds CPU time)
+  sin(jnp.float32(0.5))
+  sin(jnp.array([1.0, 2.0]))
+''')
+  _rules(suite, "--hijax-rule-budget=30")
+  given = json.loads((suite.path / "given.json").read_text())
+  assert len(given) == 2 and 0 < given[1] < given[0], given
+  assert 18 < given[0] <= 30 / 1.5 if not load else given[0] > 30 / 1.5, given
+
+
+def test_a_sample_whose_checks_would_overrun_the_budget_is_not_started(
+    suite):
+  """A call that took 0.5 s of CPU time in the test: its checks (about
+  five times that) would overrun a 2 s rule budget: they do not start."""
+  suite.makepyfile(lib='''
+import time
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def slow(x):
+  start = time.process_time()
+  while time.process_time() - start < 0.5:
+    pass
+  return jnp.sin(x)
+slow.defjvp(lambda p, t: (slow(p[0]), jnp.cos(p[0]) * t[0]))
+''', test_slow='''
+import jax.numpy as jnp
+from lib import slow
+def test_calls():
+  slow(jnp.float32(0.5))
+''')
+  result, rules = _rules(suite, "--hijax-rule-budget=2")
+  (tried,) = rules["slow"]["inputs"]
+  assert (tried["verdict"], tried["seconds"]) == ("skipped for time", 0)
+  assert re.fullmatch(
+      r"its call took 0\.\d+ s CPU in the test; its checks, about 5 times "
+      r"that, would overrun the rule's budget", tried["detail"]), tried
+  assert rules["slow"]["detail"] == tried["detail"] and result.ret == 0
+
+
+def test_a_check_that_would_run_past_the_budget_is_stopped(suite):
+  """A jvp rule that never returns (as tracing a large function can take
+  minutes, which check_rules' own budget cannot stop): the check stops
+  where the rule's CPU time runs out."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def stuck(x):
+  return jnp.sin(x)
+@stuck.defjvp
+def _jvp(p, t):
+  while True:
+    pass
+''', test_stuck='''
+import jax.numpy as jnp
+from lib import stuck
+def test_calls():
+  stuck(jnp.float32(0.5))
+''')
+  result, rules = _rules(suite, "--hijax-rule-budget=2")
+  (tried,) = rules["stuck"]["inputs"]
+  assert (tried["verdict"], tried["detail"]) == (
+      "skipped for time", "stopped where the rule's budget ran out"), tried
+  assert result.ret == 0

@@ -1,5 +1,5 @@
-"""What ``pytest --hijax-check-rules`` records (hijax.testing._plugin._recorder and
-_rule_identity) and the inputs it checks at (plugin._inputs), without
+"""What ``pytest --hijax-check-rules`` records (hijax.testing._plugin._recorder)
+and the inputs it checks at (plugin._check.candidates), without
 running pytest."""
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hijax
-from hijax.testing._plugin import _inputs as _plugin_inputs
+from hijax.testing._plugin import _check as _plugin_inputs
 from hijax.testing._plugin import _recorder
 
 import zoo
@@ -133,7 +133,7 @@ def test_rules_of_jax_are_counted_not_recorded(recorder):
   finally:
     with_jax.remove()
   (rule,) = with_jax.rules.values()
-  assert rule.identity.module.startswith("jax.")
+  assert rule.identity.target.__module__.startswith("jax.")
 
 
 @jax.custom_jvp
@@ -179,7 +179,7 @@ def test_a_library_wrapper_is_named_after_the_function_it_wraps(recorder):
   rule = _rule(recorder, "test_a_library_wrapper_is_named_after_the_"
                "function_it_wraps.<locals>.double")
   assert rule.identity.where()[0] == __file__
-  assert rule.identity.where_via()[0].endswith("equinox/_ad.py")
+  assert rule.identity.where(via=True)[0].endswith("equinox/_ad.py")
 
 
 def test_values_for_calls_seen_as_types(recorder):

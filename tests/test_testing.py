@@ -844,3 +844,15 @@ def test_falls_back_where_float64_traces_but_does_not_run(jit):
   report = check_rules(lambda x: _Float32Declared(jax.typeof(x))(x),
                        zoo._vec(0.5, 1.), modes=("jvp",), order=1, jit=jit)
   assert report.dtype == "float32" and report.passed
+
+
+def test_many_arguments_batch_each_alone_and_all_together():
+  """40 arguments: 41 combinations, without listing the 2**40 subsets
+  first (that never ended: the plugin on diffrax's backsolve adjoint)."""
+  import types  # pylint: disable=import-outside-toplevel
+  from hijax.testing import _batching  # pylint: disable=import-outside-toplevel
+  ctx = types.SimpleNamespace(args=[0.0] * 40, settings=types.SimpleNamespace(
+      batch_in_axes=None))
+  combos = _batching._batch_combinations(ctx)
+  assert len(combos) == 41 and combos[-1] == (0,) * 40
+  assert combos[3] == (None,) * 3 + (0,) + (None,) * 36

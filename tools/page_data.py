@@ -255,6 +255,28 @@ def _plugin_rules(rules: list, input_keys: tuple, batch_refusals: bool = False) 
   return out
 
 
+# The libraries whose suites' runs the pytest-plugin page tabulates.
+LIBRARIES = ("optimistix", "lineax", "diffrax", "optax")
+
+
+def _library_run(lib: str) -> dict:
+  """Of tools/plugin_on_library_<lib>.json: what was run, the overhead, the
+  verdicts, and each rule's name, where, verdict and reason."""
+  run = read_json(f"tools/plugin_on_library_{lib}.json")
+  return {"version": run["version"], "tests_run": run["tests_run"],
+          "failed_tests": run["runs"]["on"][-1]["failed"],
+          "cpu_total": run["overhead"]["cpu_total"],
+          "counts": run["report"]["counts"],
+          "budget": round(run["report"]["checks"]["budget"], 1),
+          "checks_cpu": round(run["report"]["checks"].get("cpu_seconds", 0), 1),
+          "rules": [{"rule": r["rule"], "defined_at": r["defined_at"],
+                     "verdict": r["verdict"],
+                     "reason": (r["detail"] or "").split("; if deliberate")[0],
+                     "not_checked": [i["detail"] for i in r["inputs"]
+                                     if i["verdict"] == "not checked"]}
+                    for r in run["report"]["rules"]]}
+
+
 @extractor("pytest-plugin", "tools/plugin_on_*.json and " + ACCELERATOR_RESULTS)
 def _pytest_plugin():
   own = read_json("tools/plugin_on_own_examples.json")
@@ -273,6 +295,7 @@ def _pytest_plugin():
                                  "test", "verdict", "skipped", "by_intent"))}},
       "tpu": pick(read_json(ACCELERATOR_RESULTS), *_ulps("log", "tanh"),
                   ("third", "pages", "pytest-plugin", "failures")),
+      "libraries": {lib: _library_run(lib) for lib in LIBRARIES},
       "trials": {name: {k: t[k] for k in ("library", "kind", "rule", "defect",
                                           "tests_caught", "plugin_caught",
                                           "plugin")}

@@ -37,10 +37,11 @@ def _batch_combinations(ctx: CheckContext) -> list[tuple]:
   if ctx.settings.batch_in_axes is not None:
     return [tuple(a) if isinstance(a, (tuple, list)) else (a,)
             for a in ctx.settings.batch_in_axes]
-  subsets = [s for r in range(1, n + 1)
-             for s in itertools.combinations(range(n), r)]
-  if len(subsets) > 15:  # many arguments: each alone, and all together
+  if n > 4:  # (2**n - 1 subsets) many arguments: each alone, and all
     subsets = [(i,) for i in range(n)] + [tuple(range(n))]
+  else:
+    subsets = [s for r in range(1, n + 1)
+               for s in itertools.combinations(range(n), r)]
   combos = []
   for s in subsets:
     combos.append(tuple(0 if i in s else None for i in range(n)))

@@ -1,16 +1,10 @@
-"""``pytest --hijax-check-rules``: the pytest plugin, a layer over the
-checker that reaches it only through `hijax.testing`'s public names
-(``check_rules``, ``RuleReport``). Loaded by the entry point
+"""``pytest --hijax-check-rules``, a layer over the checker reaching it only
+through `hijax.testing`'s public names; loaded by the entry module
 ``_hijax_pytestplugin`` (at the repository root) only when asked for.
 
-  _rule_identity  which function a rule is (its code and what it holds), and
-                  the short path that names where it is defined
-  _recorder       CallRecorder: the rules the tests' calls reach, with the
-                  inputs they were called with
-  _inputs         the inputs a recorded rule is checked at
-  _check          one recorded rule checked (check_rule, RuleResult)
-  _table          the table and summary printed at the end of the session
-  _pytest         RuleCheckPlugin: the hooks that record and then check
+  _recorder  which rule a call is, and the inputs kept (CallRecorder)
+  _check     one recorded rule checked at its inputs (check_rule)
+  _pytest    RuleCheckPlugin: the hooks, the table, the JSON report
 """
 from hijax.testing._plugin._pytest import PLUGIN_NAME, RuleCheckPlugin
 

@@ -1,47 +1,20 @@
-"""Checking the rules a test suite called (`._recorder`) with `check_rules`,
-at the inputs recorded, within a time budget; one verdict
-per rule.
+"""Checking a recorded rule (`._recorder`) with `check_rules` at its
+samples, within a budget of CPU time: one verdict per rule.
 
-Inputs: `hijax.testing._plugin._inputs`. A sample whose function raises, or
-returns a value that is not finite, at its inputs is not checked (finite
-differences mean nothing there; a test may call a function where it raises
-on purpose): it is reported, and the rule is inconclusive if no other
-sample was checked. Where what raised is hijax's check of a rule's output
-(`RuleTypeError`: an `expand` that returns another type than declared),
-the rule is failed.
-
-Dtypes: `check_rules` checks in float64 where the function runs in it. A
-rule that raises in float64 only (a library that checks the types of what
-its functions get: equinox's closure-converted functions) is checked again
-in the dtypes the tests called it with, and that check is reported. Values
-a test passed in float64 (under ``jax.enable_x64``) are checked with x64
-on.
-
-Dtypes the tests used: a sample whose floating-point inputs are float32
-(or narrower) is checked in float64 on the host, and every part of the
-checks' program is evaluated again in the sample's own dtypes and compared
-with float64 (`check_rules`' ``device``, here the CPU), so a rule that is
-right in float64 and wrong in float32 fails.
-
-Batching: where the tests called the rule under ``vmap``, ``vmap`` is
-checked at the ``in_axes`` they used (``batch_in_axes``), and a failure
-there fails the rule. Where they never did, every combination is checked,
-and a failure is an advisory (`Tried.advisory`): listed, not failing (no
-caller of the suite batched it so).
-
-Declared deliberate (`Declaration`, from the ``hijax_deliberate`` ini
-lines): a surrogate's rules are compared with each other only; the checks
-(modes) named are not run; the outputs named are left out of the function
-checked (a residual whose tangent is zero by design).
-
-Inputs that are not finite (an ``inf`` a test passed on purpose) are not
-checked: finite differences cannot step from them.
-
-Verdict of a rule: failed if a sample failed (the first failure is shown:
-the rule at fault, the check, the worst element, the input); else passed if
-a sample passed; else inconclusive if a sample's check was; else skipped
-for time if a sample was not started for time; else inconclusive, with why
-no sample could be checked.
+Inputs: a sample's values; for one recorded as types (inside ``jit``,
+``vmap``...), values from other calls of the rule (`candidates`), else
+drawn from `DRAW_RANGE`. Not checked, and said why: an input or output
+that is not finite, a function raising there (failed if hijax's check of
+a rule's output raised), an implicit rule at outputs that are not a root
+of its condition (`_not_a_root`). Dtypes: 64-bit values are checked with
+x64 on, 32-bit ones in float64 and again in their own dtypes on the CPU
+(``device``); a rule raising in float64 only is checked with ``x64=False``;
+the suite's strict promotion and debug flags are off. ``vmap`` is checked
+at the tests' ``in_axes``; where they never batched, its failures are
+advisories. Declarations (`Declaration`): surrogate, modes skipped,
+outputs left out. A rule failed if a sample failed, else passed if one
+passed, else inconclusive, else skipped for time, else inconclusive with
+why none could be checked.
 """
 from __future__ import annotations
 
@@ -49,40 +22,75 @@ import contextlib
 import dataclasses
 import io
 import re
+import signal
+import threading
 import time
 import traceback
+import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from hijax import testing
-from hijax import RuleTypeError
-from hijax.testing._plugin._inputs import as_jax, candidates, ordered
-from hijax.testing._plugin._recorder import RecordedRule, Sample
-from hijax.testing._plugin._rule_identity import named_function, unwrap
+from hijax import RuleTypeError, testing
+from hijax.testing._plugin._recorder import (RecordedRule, Sample,
+                                             named_function, unwrap)
+
+# check_rules stops within this many times its time budget (a compile
+# running at its end is abandoned at 1.4 times): it gets what is left of
+# the rule's budget divided by this, so that a started check ends within.
+OVERRUN = 1.5
+# A sample's checks take about this many times its call in the tests (each
+# mode traces, and compiles, the function again): one whose estimate is
+# over what is left of the budget is not started.
+CHECK_COST = 5
+# The interval floating-point inputs are drawn from, where no call showed
+# values.
+DRAW_RANGE = (0.1, 0.9)
+_SOURCE_ORDER = ("eager", "traced, values known", "traced",
+                 "too large to keep")
+
+
+class _OutOfTime(BaseException):
+  """The rule's CPU time ran out during a check (`_stop_at`)."""
+
+
+@contextlib.contextmanager
+def _stop_at(seconds: float):
+  """Raises `_OutOfTime` here once the process has spent ``seconds`` more
+  CPU time (``ITIMER_PROF``), where the platform has it: what
+  `check_rules`' own budget cannot stop (tracing a large function)."""
+  if not hasattr(signal, "setitimer") or (
+      threading.current_thread() is not threading.main_thread()):
+    yield
+    return
+  def stop(signum, frame):
+    raise _OutOfTime()
+  previous = signal.signal(signal.SIGPROF, stop)
+  signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3))
+  try:
+    yield
+  finally:
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.signal(signal.SIGPROF, previous)
 
 
 @dataclasses.dataclass
 class Tried:
-  """One sample as checked: its input types, where the values came from,
-  and its verdict (with the detail)."""
+  """One sample as checked (``skipped``: "mode: why"; ``advisory``: vmap
+  failures at in_axes no test used, not failing)."""
   types: list[str]
   source: str
   verdict: str
   detail: str = ""
   seconds: float = 0.0
   failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-  surrogate: bool = False  # check_rules checked it as a surrogate
-  test: str = ""  # the test that made the call
+  surrogate: bool = False
+  test: str = ""
   by_intent: list[str] = dataclasses.field(default_factory=list)
-  # the checks check_rules listed as skipped ("mode: why"), e.g. the
-  # combinations of batched arguments a partial batch rule refuses
   skipped: list[str] = dataclasses.field(default_factory=list)
-  # failures of checks no caller of the suite reaches (vmap at in_axes the
-  # tests never used): reported, not failing
   advisory: list[str] = dataclasses.field(default_factory=list)
 
   def describe(self) -> str:
@@ -102,51 +110,102 @@ class RuleResult:
 
 @dataclasses.dataclass
 class Declaration:
-  """What a rule's ``hijax_deliberate`` lines declare (see the module
-  docstring): a surrogate, checks (modes) not to run, outputs (flat
-  indices, or paths like ``out[1]``) left out."""
+  """A rule's ``hijax_deliberate`` lines: a surrogate, modes not to run,
+  outputs (flat indices, or paths like ``out[1]``) left out."""
   surrogate: bool = False
   skip: set[str] = dataclasses.field(default_factory=set)
   outputs: set[str] = dataclasses.field(default_factory=set)
 
 
-# --- check_rules ------------------------------------------------------------
+# --- inputs -------------------------------------------------------------------
 
-def _why_inconclusive(report: testing.RuleReport) -> str:
-  return "; ".join(report.why_inconclusive()[:2])
+def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
+           lo: float = DRAW_RANGE[0], hi: float = DRAW_RANGE[1]) -> Any:
+  if np.dtype(spec.dtype).kind in "biu":
+    return np.zeros(spec.shape, spec.dtype)
+  value = rng.uniform(lo, hi, spec.shape)
+  if np.dtype(spec.dtype).kind == "c":
+    value = value + 1j * rng.uniform(lo, hi, spec.shape)
+  return value.astype(spec.dtype)
 
 
-def _check_rules(fn: Callable, arrays: Sequence[Any], seconds: float,
-                 progress: Callable[[str], None] | None,
-                 surrogates: list[Any], x64: bool | None = None,
-                 **options: Any) -> testing.RuleReport:
-  """`check_rules` quietly, without raising for a verdict; ``modes`` that
-  the rules do not define are dropped."""
-  modes = options.pop("modes", None)
-  while True:
-    try:
-      with _quiet():
-        return testing.check_rules(
-            fn, *arrays, raise_on_failure=False, accept_inconclusive=True,
-            time_budget=seconds, progress=progress or False, x64=x64,
-            surrogates=surrogates, modes=modes, **options)
-    except ValueError as e:
-      undefined = re.match(r"mode '(\w+)' was requested", str(e))
-      if modes is None or undefined is None:
-        raise
-      modes = [m for m in modes if m != undefined.group(1)]
+def _from_calls(spec: jax.ShapeDtypeStruct, seen: list[Any],
+                rng: np.random.Generator) -> tuple[Any, str] | None:
+  dtype = np.dtype(spec.dtype)
+  same = [x for x in seen if np.shape(x) == tuple(spec.shape)]
+  if same:
+    return np.asarray(same[0]).astype(dtype), "values of another call"
+  seen = [np.asarray(x) for x in seen if np.size(x)]
+  if not seen:
+    return None
+  if dtype.kind == "b":
+    return np.zeros(spec.shape, dtype), "drawn"
+  if dtype.kind in "iu":
+    low = min(int(np.min(x)) for x in seen)
+    return np.full(spec.shape, low, dtype), "drawn in the range seen"
+  return _drawn(spec, rng, float(min(np.min(x.real) for x in seen)),
+                float(max(np.max(x.real) for x in seen))), \
+      "drawn in the range seen"
 
+
+def candidates(rule: RecordedRule, sample: Sample,
+               rng: np.random.Generator) -> list[tuple[list[Any], str]]:
+  """``(array inputs, where they came from)`` to try for ``sample``, in
+  order: leaf by leaf, a value of another call of the same structure and
+  shape, else drawn in the range those took (integers: the smallest), else
+  drawn; then all drawn (a test may call the rule where it raises)."""
+  if sample.concrete:
+    return [([x for x in sample.leaves if x is not None], sample.source)]
+  others = [s for s in rule.samples.values()
+            if s.concrete and s.treedef == sample.treedef]
+  from_calls, drawn, hows = [], [], set()
+  for i, x in enumerate(sample.leaves):
+    if not isinstance(x, jax.ShapeDtypeStruct):
+      if x is not None:
+        from_calls.append(x)
+        drawn.append(x)
+      continue
+    found = _from_calls(x, [s.leaves[i] for s in others
+                            if s.leaves[i] is not None], rng)
+    drawn.append(_drawn(x, rng))
+    from_calls.append(drawn[-1] if found is None else found[0])
+    hows.add("drawn" if found is None else found[1])
+  how = next(h for h in ("drawn", "drawn in the range seen",
+                         "values of another call") if h in hows)
+  out = [(from_calls, f"{sample.source}; {how}")]
+  if how != "drawn":
+    out.append((drawn, f"{sample.source}; drawn"))
+  return out
+
+
+def _as_jax(arrays: list[Any]) -> list[Any]:
+  """NumPy values as JAX arrays (as the tests passed them); Python scalars
+  as they are."""
+  return [jax.numpy.asarray(x) if isinstance(x, (np.ndarray, np.generic))
+          else x for x in arrays]
+
+
+def _not_finite(values: Any) -> bool:
+  return any(np.asarray(x).dtype.kind in "fc"
+             and not np.all(np.isfinite(np.asarray(x)))
+             for x in jax.tree.leaves(values))
+
+
+def _bits(sample: Sample) -> set[int]:
+  """The widths of the floating-point (and integer) inputs' dtypes."""
+  return {np.dtype(x.dtype).itemsize * 8 // (
+      2 if np.dtype(x.dtype).kind == "c" else 1)
+          for x in sample.leaves if hasattr(x, "dtype")
+          and np.dtype(x.dtype).kind in "fciu"}
+
+
+# --- check_rules --------------------------------------------------------------
 
 @contextlib.contextmanager
 def _quiet():
-  """Warnings ignored (a suite's ``filterwarnings = error`` applies at the
-  end of the session too), what the checked functions print
-  (``jax.debug.print`` in a loop body) dropped, and the suite's settings
-  that the checks' own arithmetic cannot run under set back to JAX's
-  defaults: strict dtype promotion (the checks mix float64 references
-  with the tests' float32 and complex64 values) and ``jax_debug_nans`` /
-  ``jax_debug_infs`` (finite differences step to where a function is not
-  finite, and say so)."""
+  """No warnings (a suite's ``filterwarnings = error``) or prints, and the
+  suite's strict promotion and ``jax_debug_nans/infs`` off (the checks mix
+  float64 with float32, and step where a function is not finite)."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
       contextlib.redirect_stderr(sink), \
@@ -156,110 +215,78 @@ def _quiet():
     yield
 
 
-def _a_rule_raised(report) -> bool:
-  return any(f.error is not None for f in report.failures)
-
-
-def _is_vmap(failure) -> bool:
-  return "vmap" in failure.rule or "vmap" in failure.check
-
-
-def _without_advisories(report, tried: Tried) -> None:
-  """Moves the batching failures of ``report`` to ``tried.advisory``, and
-  out of what its verdict requires."""
-  keep = [f for f in report.failures if not _is_vmap(f)]
-  tried.advisory = [one_line(f"{f.rule}: {f.check}: {f.detail}", f.error)
-                    + f" [{f.inputs.splitlines()[-1]}]"
-                    for f in report.failures if _is_vmap(f)]
-  if tried.advisory:
-    report.failures[:] = keep
-    report.required[:] = [r for r in report.required
-                          if "vmap" not in r or report.compared.get(r)]
+def _check_rules(fn: Callable, arrays: list[Any], seconds: float,
+                 progress: Callable[[str], None] | None,
+                 surrogates: list[Any], **options: Any) -> testing.RuleReport:
+  """`check_rules` quietly, not raising for a verdict; ``modes`` the rules
+  do not define are dropped."""
+  modes = options.pop("modes", None)
+  while True:
+    try:
+      with _quiet():
+        return testing.check_rules(
+            fn, *arrays, raise_on_failure=False, accept_inconclusive=True,
+            time_budget=seconds, progress=progress or False,
+            surrogates=surrogates, modes=modes, **options)
+    except ValueError as e:
+      undefined = re.match(r"mode '(\w+)' was requested", str(e))
+      if modes is None or undefined is None:
+        raise
+      modes = [m for m in modes if m != undefined.group(1)]
 
 
 def one_line(text: str, error: BaseException | None = None) -> str:
-  """The first line of ``text``, and where it holds a Python traceback
-  (a callback's error that JAX passes on), the exception at its end
-  (in ``error``'s text, where the report cut it) instead of the
-  traceback."""
+  """The first line of ``text``; where it holds a Python traceback (a
+  callback's error JAX passes on), the exception at its end (in
+  ``error``'s text, where the report cut it) instead."""
   head, sep, rest = text.partition("Traceback (most recent call last):")
-  if sep and error is not None:
-    rest = str(error).partition("Traceback (most recent call last):")[2]
   if sep:
+    if error is not None:
+      rest = str(error).partition("Traceback (most recent call last):")[2]
     last = [ln.strip() for ln in rest.splitlines() if ln.strip()
             and not ln.startswith(" ") and ln.strip() != "..."]
-    head = head + (last[-1] if last else "(a traceback)")
+    head += last[-1] if last else "(a traceback)"
   return (head.splitlines() or [""])[0][:300]
 
 
-def _traceback(error: BaseException | None) -> str:
-  if error is None:
-    return ""
-  return "".join(traceback.format_exception(error))
-
-
-def _not_finite(out: Any) -> bool:
-  for leaf in jax.tree.leaves(out):
-    a = np.asarray(leaf)
-    if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
-      return True
-  return False
-
-
-# --- surrogates ------------------------------------------------------------
-
 def _functions_of(obj: Any) -> list[Any]:
-  """What a name in ``hijax_surrogates`` may stand for: the object, the
-  function it decorates (and the one that names it), and the functions
-  and decorated functions a wrapper object holds as attributes."""
+  """What a declared name may stand for: the object, the function it
+  decorates (and the one naming it), and the functions and decorated
+  functions a wrapper object holds."""
   found = [obj, unwrap(obj)]
-  fun = getattr(obj, "fun", None)
-  if fun is not None:
-    found += [fun, named_function(fun)]
+  if getattr(obj, "fun", None) is not None:
+    found += [obj.fun, named_function(obj.fun)]
   if hasattr(obj, "__dict__") and not isinstance(obj, type):
-    for v in vars(obj).values():
-      if callable(v) and not isinstance(v, type):
-        found += [v, named_function(getattr(v, "fun", v))]
+    found += [f for v in vars(obj).values()
+              if callable(v) and not isinstance(v, type)
+              for f in (v, named_function(getattr(v, "fun", v)))]
   return found
 
 
-def is_surrogate(rule: RecordedRule, objects: Sequence[Any]) -> bool:
+def is_surrogate(rule: RecordedRule, objects: list[Any]) -> bool:
   """Whether one of ``objects`` names ``rule``."""
   target = rule.identity.target
-  samples = [s.fn for s in rule.samples.values()]
-  for obj in objects:
-    if isinstance(obj, type):
-      if obj is target:
-        return True
-      continue
-    for f in _functions_of(obj):
-      if f is target or any(f is s for s in samples):
-        return True
-  return False
+  fns = [target] + [s.fn for s in rule.samples.values()]
+  return any(obj is target if isinstance(obj, type) else
+             any(f is g for f in _functions_of(obj) for g in fns)
+             for obj in objects)
 
 
-def surrogate_arguments(rule: RecordedRule, sample: Sample) -> list[Any]:
-  """What to name in ``check_rules(surrogates=...)`` for ``sample``."""
-  if rule.identity.kind == "HiPrim":
-    return [type(sample.fn)]
-  return [sample.fn]
-
-
-# --- one rule --------------------------------------------------------------
+# --- one rule -----------------------------------------------------------------
 
 def check_rule(rule: RecordedRule, seconds: float,
                declared: Declaration | None = None,
                progress: Callable[[str], None] | None = None,
-               seed: int = 0) -> RuleResult:
-  """Checks ``rule`` at its samples within ``seconds`` (see the module
-  docstring)."""
+               seed: int = 0, pace: float = 1.0) -> RuleResult:
+  """Checks ``rule`` at its samples within ``seconds`` of CPU time
+  (``pace``: the wall-clock seconds a CPU second takes on this machine
+  now, as `check_rules` counts wall-clock time)."""
   declared = declared or Declaration()
-  surrogate = declared.surrogate
-  start = time.monotonic()
-  result = RuleResult(rule, "skipped for time", surrogate=surrogate)
+  start = time.process_time()
+  result = RuleResult(rule, "skipped for time")
   rng = np.random.default_rng(seed)
-  for sample in ordered(rule):
-    left = seconds - (time.monotonic() - start)
+  for sample in sorted(rule.samples.values(), key=lambda s: (
+      _SOURCE_ORDER.index(s.source), s.size)):
     if sample.source == "too large to keep":
       result.tried.append(Tried(sample.types(), sample.source, "not checked",
                                 f"over {sample.size} elements"))
@@ -267,31 +294,39 @@ def check_rule(rule: RecordedRule, seconds: float,
     tried = Tried(sample.types(), sample.source, "skipped for time",
                   test=sample.test)
     result.tried.append(tried)
-    if not any(x is not None for x in sample.leaves):
+    if all(x is None for x in sample.leaves):
       tried.verdict, tried.detail = "not checked", "no array inputs"
+    elif (left := seconds - (time.process_time() - start)) <= 0:
       continue
-    if left <= 0:
-      continue
-    t0 = time.monotonic()
-    _check_sample(rule, sample, candidates(rule, sample, rng), tried, left,
-                  declared, progress, start + seconds)
-    tried.seconds = time.monotonic() - t0
-  result.seconds = time.monotonic() - start
-  result.surrogate = surrogate or any(t.surrogate for t in result.tried)
+    elif CHECK_COST * sample.seconds > left:
+      tried.detail = (f"its call took {sample.seconds:.2g} s CPU in the test; "
+                      f"its checks, about {CHECK_COST} times that, would "
+                      "overrun the rule's budget")
+    else:
+      t0 = time.process_time()
+      with jax.enable_x64(True) if 64 in _bits(sample) else (
+          contextlib.nullcontext()):  # as called: float64 stays float64
+        try:
+          with _stop_at(left):
+            _check_sample(rule, sample, candidates(rule, sample, rng),
+                          tried, declared, progress, (start + seconds, pace))
+        except _OutOfTime:
+          tried.verdict = "skipped for time"
+          tried.detail = "stopped where the rule's budget ran out"
+      tried.seconds = time.process_time() - t0
+  result.seconds = time.process_time() - start
+  result.surrogate = declared.surrogate or any(t.surrogate
+                                               for t in result.tried)
   _conclude(result)
   return result
 
 
 def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
   """Why ``sample``'s function cannot be checked at ``arrays`` ("" if it
-  can), and whether that is a rule's fault: hijax's check of what a rule
-  returned raised (`RuleTypeError`: an `expand` of another type than
-  declared)."""
-  for x in arrays:
-    a = np.asarray(x)
-    if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
-      return ("an input is not finite (a test passed inf or nan): finite "
-              "differences cannot step from it", False)
+  can), and whether that is a rule's fault (`RuleTypeError`)."""
+  if _not_finite(arrays):
+    return ("an input is not finite (a test passed inf or nan): finite "
+            "differences cannot step from it", False)
   try:
     with _quiet():
       out = sample.call(arrays)
@@ -302,23 +337,6 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
   if _not_finite(out):
     return "the function's output is not finite at these inputs", False
   return "", False
-
-
-def _wide(sample: Sample) -> bool:
-  """Whether the tests called it with 64-bit values (under x64)."""
-  def bits(dtype):
-    d = np.dtype(dtype)
-    return d.itemsize * 8 // (2 if d.kind == "c" else 1)
-  return any(hasattr(x, "dtype") and bits(x.dtype) == 64
-             for x in sample.leaves)
-
-
-def _narrow(sample: Sample) -> bool:
-  """Whether the tests called it with floating-point values of 32 bits or
-  fewer (and none of 64)."""
-  kinds = [np.dtype(x.dtype) for x in sample.leaves
-           if hasattr(x, "dtype") and np.dtype(x.dtype).kind in "fc"]
-  return bool(kinds) and not _wide(sample)
 
 
 def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
@@ -332,18 +350,9 @@ def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
   return kept
 
 
-def _check_sample(rule, sample, tries, tried, seconds, declared, progress,
-                  deadline) -> None:
-  # values the tests passed in float64 (int64) are checked with x64 on, as
-  # they were called (a primitive built for float64 refuses float32)
-  with jax.enable_x64(True) if _wide(sample) else contextlib.nullcontext():
-    _check_sample_at(rule, sample, tries, tried, seconds, declared, progress,
-                     deadline)
-
-
 def _options(rule, sample, arrays, declared) -> dict[str, Any]:
-  """`check_rules`' options for ``sample``: the modes not declared
-  skipped, the in_axes the tests used, and the tests' own dtypes."""
+  """`check_rules`' options: the modes not declared skipped, the in_axes
+  the tests used, the tests' own dtypes on the CPU."""
   options: dict[str, Any] = {}
   if declared.skip:
     options["modes"] = [m for m in testing.MODES if m not in declared.skip]
@@ -351,16 +360,29 @@ def _options(rule, sample, arrays, declared) -> dict[str, Any]:
               if len(p) == len(arrays)]
   if patterns:
     options["batch_in_axes"] = sorted(patterns, key=repr)
-  if _narrow(sample) and jax.devices()[0].platform == "cpu":
+  bits = _bits(sample)
+  if bits and max(bits) <= 32 and any(
+      np.dtype(x.dtype).kind in "fc" for x in sample.leaves
+      if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu":
     options["device"] = jax.devices("cpu")[0]
   return options
 
 
-def _check_sample_at(rule, sample, tries, tried, seconds, declared,
-                     progress, deadline) -> None:
+def _left(deadline: tuple[float, float]) -> float:
+  """The wall-clock budget to give `check_rules` by ``deadline``: (CPU
+  time, wall-clock seconds per CPU second)."""
+  return (deadline[0] - time.process_time()) / OVERRUN * deadline[1]
+
+
+def _a_rule_raised(report) -> bool:
+  return any(f.error is not None for f in report.failures)
+
+
+def _check_sample(rule, sample, tries, tried, declared, progress,
+                  deadline) -> None:
   why, rule_at_fault, arrays = "", False, []
   for arrays, source in tries:
-    arrays = as_jax(arrays)
+    arrays = _as_jax(arrays)
     tried.source = source
     why, rule_at_fault = _runs_at(sample, arrays)
     if not why:
@@ -369,17 +391,21 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
     tried.verdict = "failed" if rule_at_fault else "not checked"
     tried.detail = why
     return
-  def fn(*a):
-    return sample.call(list(a))
+  fn = lambda *a: sample.call(list(a))
   if declared.outputs:
     fn = _without_outputs(fn, declared.outputs)
-  names = surrogate_arguments(rule, sample) if declared.surrogate else []
+  names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else sample.fn]
+           if declared.surrogate else [])
   options = _options(rule, sample, arrays, declared)
+  if _left(deadline) <= 0:
+    tried.detail = "calling the function spent the rule's budget"
+    return
   try:
-    report = _check_rules(fn, arrays, seconds, progress, names, **options)
-    if _a_rule_raised(report) and deadline > time.monotonic():
-      again = _check_rules(fn, arrays, deadline - time.monotonic(), progress,
-                           names, x64=False, **options)
+    report = _check_rules(fn, arrays, _left(deadline), progress, names,
+                          **options)
+    if _a_rule_raised(report) and _left(deadline) > 0:
+      again = _check_rules(fn, arrays, _left(deadline), progress, names,
+                           x64=False, **options)
       if not _a_rule_raised(again):
         tried.source += "; in its own dtypes (its rules raise in float64)"
         report = again
@@ -388,8 +414,20 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
     tried.detail = (f"check_rules raised {type(e).__name__}: "
                     f"{one_line(str(e))[:200]}")
     return
-  if "batch_in_axes" not in options:
-    _without_advisories(report, tried)
+  if "batch_in_axes" not in options:  # failures no caller reaches
+    keep = [f for f in report.failures if "vmap" not in f"{f.rule} {f.check}"]
+    tried.advisory = [one_line(f"{f.rule}: {f.check}: {f.detail}", f.error)
+                      + f" [{f.inputs.splitlines()[-1]}]"
+                      for f in report.failures if not any(f is k for k in keep)]
+    if tried.advisory:
+      report.failures[:] = keep
+      report.required[:] = [r for r in report.required
+                            if "vmap" not in r or report.compared.get(r)]
+  if report.failures and not _a_rule_raised(report):
+    outside = _not_a_root(sample, arrays)
+    if outside:
+      tried.verdict, tried.detail = "not checked", outside
+      return
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
@@ -397,7 +435,8 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
   tried.failures = [{"rule": f.rule, "check": f.check, "inputs": f.inputs,
                      "detail": one_line(f.detail, f.error),
                      "max_error": f.max_error,
-                     "traceback": _traceback(f.error)}
+                     "traceback": "" if f.error is None else "".join(
+                         traceback.format_exception(f.error))}
                     for f in report.failures]
   if report.failures:
     f = report.failures[0]
@@ -409,27 +448,50 @@ def _check_sample_at(rule, sample, tries, tried, seconds, declared,
     tried.detail = (f"the budget ran out during its checks "
                     f"({len(report.skipped_for_time)} not run)")
   elif tried.verdict == "inconclusive":
-    tried.detail = _why_inconclusive(report)
+    tried.detail = "; ".join(report.why_inconclusive()[:2])
+
+
+def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
+  """Why ``sample`` judges nothing of an implicit rule ("" if it may): a
+  function among the call's non-array arguments takes the outputs, then
+  the array inputs (the condition ``condition(*outputs, *inputs) = 0``
+  the outputs solve), and is not about 0 there."""
+  with _quiet():
+    out = sample.call(arrays)
+  outs = out if isinstance(out, tuple) else (out,)
+  scale = max([1.0] + [float(np.max(np.abs(x))) for x in
+                       jax.tree.leaves((outs, arrays)) if np.size(x)])
+  for condition in jax.tree.leaves(list(sample.statics.values())):
+    if not isinstance(condition, types.FunctionType):
+      continue
+    try:
+      with _quiet():
+        value = [np.abs(np.asarray(x)) for x in
+                 jax.tree.leaves(condition(*outs, *arrays)) if np.size(x)]
+    except Exception:  # pylint: disable=broad-except  (not a condition)
+      continue
+    size = max((float(np.max(x)) for x in value), default=0.0)
+    if size > 1e-3 * scale:
+      name = condition.__name__
+      return (f"the outputs are not a root of {name} at these inputs "
+              f"(|{name}(outputs, inputs)| = {size:.3g}): an implicit "
+              "rule's derivative holds at roots only, so this input judges "
+              "nothing")
+  return ""
 
 
 def _conclude(result: RuleResult) -> None:
   by_verdict: dict[str, list[Tried]] = {}
   for t in result.tried:
     by_verdict.setdefault(t.verdict, []).append(t)
-  for verdict in ("failed", "passed", "inconclusive"):
+  for verdict in ("failed", "passed", "inconclusive", "skipped for time"):
     if verdict in by_verdict:
       result.verdict = verdict
-      result.detail = by_verdict[verdict][0].detail
+      result.detail = next((t.detail for t in by_verdict[verdict]
+                            if t.detail), "")
       return
-  if "skipped for time" in by_verdict:
-    result.verdict = "skipped for time"
-    result.detail = next((t.detail for t in by_verdict["skipped for time"]
-                          if t.detail), "")
-  elif "not checked" in by_verdict:
-    result.verdict = "inconclusive"
-    details = [t.detail for t in by_verdict["not checked"]]
-    result.detail = next((d for d in details if d != "no array inputs"),
-                         details[0])
-  else:
-    result.verdict = "inconclusive"
-    result.detail = "no call with inputs that can be checked"
+  details = [t.detail for t in by_verdict.get("not checked", [])]
+  result.verdict = "inconclusive"
+  result.detail = next((d for d in details if d != "no array inputs"),
+                       details[0] if details else
+                       "no call with inputs that can be checked")

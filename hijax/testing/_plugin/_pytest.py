@@ -1,29 +1,25 @@
 """``pytest --hijax-check-rules``: records the custom derivative rules the
-tests call, checks each at the end of the run, prints a table, and can
-fail the run and write a JSON report.
+tests call (`._recorder`), checks each at the end of the run (`._check`)
+in the order first called until the budget is spent (by default 25% of
+the CPU time the tests took, ``--hijax-rules-budget``), prints a table,
+can fail the run and write a JSON report.
 
-Registered by the light entry module ``_hijax_pytestplugin`` (which declares
-the options) only when the option is given. While the tests run, a
-`._recorder.CallRecorder` is installed; at the end of the session it is
-removed, and each rule is checked by `._check.check_rule`, in the order the
-tests first called them, until the total budget is spent: by default a
-share of the CPU time the tests took (``--hijax-rules-budget=25%``), so
-that it scales with the suite, counted in CPU time.
-
-Declarations (ini ``hijax_deliberate``, one per line, ``TARGET: WHAT``):
-TARGET is a dotted name (``package.module.name``) or where the rule is
-defined (``path/to/file.py:LINE`` or ``path/to/file.py::qualname``, the
-path matched at its end: a rule defined in a test file); WHAT is
-``surrogate``, ``skip MODE[,MODE]`` (modes of `check_rules`: ``batch`` for
-``vmap``) or ``output OUT[,OUT]`` (a flat output index or a path as the
-failures print it, like ``out[1]``).
+Declarations (ini ``hijax_deliberate``, one per line ``TARGET: WHAT``):
+TARGET a dotted name or where the rule is defined (``path/file.py:LINE``
+or ``path/file.py::qualname``, matched at the path's end: a rule in a
+test file); WHAT ``surrogate``, ``skip MODE[,MODE]`` (`check_rules`
+modes) or ``output OUT[,OUT]`` (a flat output index or a path like
+``out[1]``). ``hijax_surrogates`` lists dotted names of surrogates.
 """
 from __future__ import annotations
 
-import importlib
+import collections
+import dataclasses
 import json
 import os
+import pkgutil
 import re
+import textwrap
 import time
 from typing import Any
 
@@ -32,19 +28,17 @@ import pytest
 from hijax.testing import MODES
 from hijax.testing._plugin._check import (Declaration, RuleResult,
                                           check_rule, is_surrogate)
-from hijax.testing._plugin._table import summary, table
-from hijax.testing._plugin._recorder import CallRecorder
-from hijax.testing._plugin._rule_identity import short_path
+from hijax.testing._plugin._recorder import CallRecorder, short_path
 
 PLUGIN_NAME = "hijax-check-rules"
-
-# The progress line is rewritten at most this often (seconds).
-PROGRESS_EVERY = 1.0
-
+PROGRESS_EVERY = 1.0  # seconds between rewrites of the progress line
 HOW_TO_DECLARE = (
     "if deliberate, declare it in the ini file (hijax_deliberate = "
     "{where}: surrogate, or: skip {mode}, or: output {output}); "
     "--hijax-rules-fail-on=never reports without failing")
+HEADER = ("rule", "defined at", "inputs tried", "verdict")
+MAX_WIDTHS = (44, 48, 50)  # the widest a column gets (longer: cut, "…")
+VERDICTS = ("passed", "failed", "inconclusive", "skipped for time")
 
 
 def _mode_of(detail: str) -> str:
@@ -57,31 +51,36 @@ def _mode_of(detail: str) -> str:
   return "expand"
 
 
-def _output_of(detail: str) -> str:
-  found = re.search(r"\bout(\[[^\]\s]*\])*", detail)
-  return found.group(0) if found else "0"
+def table(rows: list[tuple[str, list[str], list[str], str, str]],
+          width: int = 120) -> list[str]:
+  """One row per rule (``(rule, defined at, inputs tried, verdict,
+  detail)``, the second and third a line each), with the detail of a
+  verdict other than "passed" below, indented."""
+  if not rows:
+    return ["no custom derivative rule was called by the tests"]
+  columns = ([r[0] for r in rows], [w for r in rows for w in r[1]],
+             [i for r in rows for i in r[2]])
+  widths = [min(m, max([len(h)] + [len(c) for c in col]))
+            for h, col, m in zip(HEADER, columns, MAX_WIDTHS)]
 
+  def line(cells):
+    parts = [c if len(c) <= w else  # a location is cut at its start
+             "…" + c[len(c) - w + 1:] if k == 1 else c[:w - 1] + "…"
+             for k, (c, w) in enumerate(zip(cells[:3], widths))]
+    return "  ".join([p.ljust(w) for p, w in zip(parts, widths)]
+                     + [cells[3]]).rstrip()
 
-def resolve(name: str) -> Any:
-  """The object a dotted name (``package.module.attr``, or with a colon
-  before the attribute path) names: the longest importable module prefix,
-  then attributes."""
-  if ":" in name:
-    module, _, attrs = name.partition(":")
-    obj = importlib.import_module(module)
-    for attr in attrs.split("."):
-      obj = getattr(obj, attr)
-    return obj
-  parts = name.split(".")
-  for i in range(len(parts), 0, -1):
-    try:
-      obj = importlib.import_module(".".join(parts[:i]))
-    except ImportError:
-      continue
-    for attr in parts[i:]:
-      obj = getattr(obj, attr)
-    return obj
-  raise ImportError(f"no module in {name!r}")
+  out = [line(HEADER), line(["-" * w for w in widths] + ["-" * 7])]
+  for rule, where, inputs, verdict, detail in rows:
+    n = max(len(where), len(inputs), 1)
+    where, inputs = where + [""] * n, inputs + [""] * n
+    out.append(line([rule, where[0], inputs[0], verdict]))
+    out += [line(["", w, i, ""]) for w, i in zip(where[1:n], inputs[1:n])]
+    if detail and verdict != "passed":
+      out += textwrap.wrap(detail, max(40, width - 4), initial_indent="    ",
+                           subsequent_indent="      ",
+                           break_on_hyphens=False, break_long_words=False)
+  return out
 
 
 class RuleCheckPlugin:
@@ -89,8 +88,7 @@ class RuleCheckPlugin:
 
   def __init__(self, config: pytest.Config) -> None:
     self.config = config
-    def opt(name: str) -> Any:
-      return config.getoption(name)
+    opt = config.getoption
     budget = str(opt("hijax_rules_budget"))
     try:
       self.share = float(budget[:-1]) / 100 if budget.endswith("%") else None
@@ -103,27 +101,24 @@ class RuleCheckPlugin:
     self.fail_on = str(opt("hijax_rules_fail_on"))
     self.json_path = opt("hijax_rules_json")
     self.recorder = CallRecorder(int(opt("hijax_rules_samples")),
-                             bool(opt("hijax_rules_include_jax")))
+                                 bool(opt("hijax_rules_include_jax")))
     self.results: list[RuleResult] = []
     self.unresolved: list[str] = []
-    self.check_seconds = self.check_cpu = 0.0
-    self.suite_seconds = 0.0  # the CPU time the tests took
+    self.check_seconds = self.check_cpu = self.suite_seconds = 0.0
     self.test_files: set[str] = set()
     self.declared: list[tuple[str, str]] = []  # (target, what)
-    self._cpu_start = time.process_time()
+    self._cpu_start, self._wall_start = time.process_time(), time.perf_counter()
+    self.suite_wall = 0.0
     self.recorder.install()
-
-  # --- while the tests run -------------------------------------------------
 
   def pytest_runtest_logstart(self, nodeid: str) -> None:
     self.recorder.test = nodeid
-
-  # --- at the end ----------------------------------------------------------
 
   def pytest_sessionfinish(self, session: pytest.Session,
                            exitstatus: int) -> None:
     self.recorder.remove()
     self.suite_seconds = time.process_time() - self._cpu_start
+    self.suite_wall = time.perf_counter() - self._wall_start
     if self.share is not None:
       self.total_budget = max(0.0, self.share * self.suite_seconds
                               - self.recorder.seconds)
@@ -134,16 +129,20 @@ class RuleCheckPlugin:
     if self.json_path:
       with open(self.json_path, "w", encoding="utf-8") as f:
         json.dump(self.json(), f, indent=1, ensure_ascii=False)
-    if self._fails() and session.exitstatus == pytest.ExitCode.OK:
+    bad = {"failed"} | ({"inconclusive"} if self.fail_on == "inconclusive"
+                        else set())
+    if (self.fail_on != "never" and any(r.verdict in bad
+                                        for r in self.results)
+        and session.exitstatus == pytest.ExitCode.OK):
       session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
   def pytest_unconfigure(self) -> None:
     self.recorder.remove()
 
   def _resolved(self, name: str) -> Any:
-    try:
-      return resolve(name)
-    except (ImportError, AttributeError) as e:
+    try:  # a dotted name, or module:attr.path
+      return pkgutil.resolve_name(name)
+    except (ImportError, AttributeError, ValueError) as e:
       self.unresolved.append(f"{name} ({type(e).__name__}: {e})")
       return None
 
@@ -153,12 +152,11 @@ class RuleCheckPlugin:
            self.config.getini("hijax_surrogates")
            if (obj := self._resolved(name)) is not None]
     for line in self.config.getini("hijax_deliberate"):
-      target, _, what = line.rpartition(": ")
-      target, what = target.strip(), what.strip()
+      target, _, what = (s.strip() for s in line.rpartition(": "))
       word, _, items = what.partition(" ")
-      bad = [i for i in items.split(",") if i.strip()
-             and word == "skip" and i.strip() not in MODES]
-      if not target or word not in ("surrogate", "skip", "output") or bad:
+      if not target or word not in ("surrogate", "skip", "output") or any(
+          word == "skip" and i.strip() not in MODES
+          for i in items.split(",") if i.strip()):
         self.unresolved.append(
             f"{line!r} (hijax_deliberate takes TARGET: surrogate, TARGET: "
             f"skip MODE,... with MODE one of {', '.join(MODES)}, or TARGET: "
@@ -174,35 +172,29 @@ class RuleCheckPlugin:
   def declaration(self, rule, declared) -> Declaration:
     """What the declarations say of ``rule``."""
     file, line = rule.identity.where()
-    file = file.replace(os.sep, "/")
+    file = "/" + file.replace(os.sep, "/")
     out = Declaration()
     for obj, location, what in declared:
       path, _, at = location.rpartition("::" if "::" in location else ":")
-      if obj is not None:
-        if not is_surrogate(rule, [obj]):
-          continue
-      elif not (path and ("/" + file).endswith("/" + path.lstrip("/"))
-                and at in (str(line), rule.identity.name)):
+      if not (is_surrogate(rule, [obj]) if obj is not None else
+              path and file.endswith("/" + path.lstrip("/"))
+              and at in (str(line), rule.identity.name)):
         continue
       word, _, items = what.partition(" ")
       names = {i.strip() for i in items.split(",") if i.strip()}
-      if word == "surrogate":
-        out.surrogate = True
-      elif word == "skip":
+      out.surrogate |= word == "surrogate"
+      if word == "skip":
         out.skip |= names
       elif word == "output":
         out.outputs |= names
     return out
 
-  def _reporter(self):
-    return self.config.pluginmanager.get_plugin("terminalreporter")
-
   def _progress(self, line: str) -> None:
     """One line, rewritten in place, on a terminal only."""
-    reporter = self._reporter()
+    reporter = self.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and reporter.isatty():
       width = reporter._tw.fullwidth - 1  # pylint: disable=protected-access
-      reporter.rewrite(f"hijax: {line}"[:width], erase=True)
+      reporter.rewrite(f"hijax: {line}"[:width] if line else "", erase=True)
 
   def _check_all(self) -> None:
     declared = self._declarations()
@@ -223,46 +215,42 @@ class RuleCheckPlugin:
         if time.monotonic() - last[0] >= PROGRESS_EVERY:
           last[0] = time.monotonic()
           self._progress(f"{head}: {line}")
-      self.results.append(check_rule(rule, left, declaration, progress))
+      self.results.append(check_rule(rule, left, declaration, progress,
+                                     pace=self.pace()))
     self.check_seconds = time.monotonic() - start
     self.check_cpu = time.process_time() - cpu
-    reporter = self._reporter()
-    if rules and reporter is not None and reporter.isatty():
-      reporter.rewrite("", erase=True)
+    if rules:
+      self._progress("")
 
-  def _fails(self) -> bool:
-    if self.fail_on == "never":
-      return False
-    bad = {"failed"} | ({"inconclusive"} if self.fail_on == "inconclusive"
-                        else set())
-    return any(r.verdict in bad for r in self.results)
+  def pace(self) -> float:
+    """Wall-clock seconds per CPU second (`check_rules` counts the first,
+    the budget the second): the smaller of the tests' own and the load
+    per core now, at least 1, so a machine growing quiet cannot let a
+    check overrun by much."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return max(1.0, min(load, self.suite_wall / max(self.suite_seconds,
+                                                     1e-9)))
 
   def hint(self, result: RuleResult) -> str:
-    """How to declare ``result``'s failure deliberate, or report it
-    without failing."""
-    detail = result.detail
+    """How to declare ``result``'s failure deliberate, or report it."""
+    found = re.search(r"\bout(\[[^\]\s]*\])*", result.detail)
     return HOW_TO_DECLARE.format(where=self._where(result.rule)[0],
-                                 mode=_mode_of(detail),
-                                 output=_output_of(detail))
+                                 mode=_mode_of(result.detail),
+                                 output=found.group(0) if found else "0")
 
   def _where(self, rule) -> list[str]:
     """Where ``rule`` is defined, and the library wrapper it is defined
     through, if any."""
     root = str(self.config.rootpath)
-    file, line = rule.identity.where()
-    where = [f"{short_path(file, root)}:{line}"]
-    via = rule.identity.where_via()
-    if via is not None:
-      where.append(f"via {short_path(via[0], root)}:{via[1]}")
-    return where
+    where = [rule.identity.where()] + (
+        [rule.identity.where(via=True)] if rule.identity.via else [])
+    return [("via " if i else "") + f"{short_path(f, root)}:{line}"
+            for i, (f, line) in enumerate(where)]
 
   def in_test_file(self, rule) -> bool:
-    """Whether ``rule`` is defined in a test module or a conftest.py (a
-    fixture of the tests, often deliberately not a derivative)."""
+    """Whether ``rule`` is defined in a test module or a conftest.py."""
     file = rule.identity.where()[0]
     return file in self.test_files or os.path.basename(file) == "conftest.py"
-
-  # --- reporting -----------------------------------------------------------
 
   def pytest_terminal_summary(self, terminalreporter) -> None:
     tr = terminalreporter
@@ -273,44 +261,73 @@ class RuleCheckPlugin:
              r.verdict, r.detail + (f"; {self.hint(r)}"
                                     if r.verdict == "failed" else ""))
             for r in self.results]
-    for line in table(rows, tr._tw.fullwidth):
+    for line in table(rows, tr._tw.fullwidth) + self.summary():
       tr.write_line(line)
-    in_tests = sum(self.in_test_file(r.rule) for r in self.results)
-    for line in summary(self.results, self.recorder, self.check_cpu,
-                        self.total_budget, self.unresolved, self.fail_on,
-                        in_tests, self.share, self.suite_seconds):
-      tr.write_line(line)
+
+  def summary(self) -> list[str]:
+    """The lines after the table: counts, what recording and checking
+    cost, advisories, what was skipped for time, declarations not used,
+    and whether the run fails because of the rules."""
+    results, rec = self.results, self.recorder
+    label = lambda r: r.rule.identity.label()
+    counts = collections.Counter(r.verdict for r in results)
+    lines = [f"{len(results)} rule(s): " + ", ".join(
+        f"{counts[v]} {v}" for v in VERDICTS if counts[v]) if results else
+             "0 rules checked"]
+    in_tests = sum(self.in_test_file(r.rule) for r in results)
+    if in_tests:
+      lines.append(f"{in_tests} of them defined in the test files")
+    if rec.skipped_rules:
+      lines.append(
+          f"{len(rec.skipped_rules)} rule(s) defined in JAX, jaxlib or "
+          "hijax were called and not checked (--hijax-rules-include-jax "
+          "checks them)")
+    of = (f" ({self.share:.0%} of the tests' {self.suite_seconds:.1f} s CPU "
+          "time)" if self.share is not None else "")
+    lines.append(f"recording: {rec.calls} call(s), {rec.seconds:.2f} s; "
+                 f"checks: {self.check_cpu:.1f} s CPU time of a "
+                 f"{self.total_budget:.1f} s budget{of}")
+    advised = [label(r) for r in results if any(t.advisory for t in r.tried)]
+    if advised:
+      lines.append(f"advisory (not failing): {'; '.join(advised)} fail the "
+                   "vmap check at batched arguments no test used (the "
+                   "JSON's \"advisory\" lists them)")
+    skipped = [label(r) for r in results if r.verdict == "skipped for time"]
+    if skipped:
+      lines.append(f"skipped for time: {'; '.join(skipped)} (a larger "
+                   "--hijax-rules-budget, in seconds or a % of the tests' "
+                   "CPU time, checks them)")
+    lines += [f"recording error (the call went on): {e}" for e in rec.errors]
+    lines += [f"hijax_surrogates / hijax_deliberate: cannot use {name}"
+              for name in self.unresolved]
+    failing = [label(r) for r in results if r.verdict == "failed" or (
+        self.fail_on == "inconclusive" and r.verdict == "inconclusive")]
+    if failing and self.fail_on != "never":
+      lines.append("the test run fails: " + "; ".join(failing))
+    return [f"hijax: {line}" for line in lines]
 
   def json(self) -> dict[str, Any]:
     """The results as a JSON-serializable dict (``--hijax-rules-json``)."""
-    rec = self.recorder
-    rules = []
+    rec, rules = self.recorder, []
     for r in self.results:
-      ident = r.rule.identity
       where = self._where(r.rule)
       rules.append({
-          "rule": ident.name, "kind": ident.kind, "defined_at": where[0],
+          "rule": r.rule.identity.name, "kind": r.rule.identity.kind,
+          "defined_at": where[0],
           "via": where[1][len("via "):] if len(where) > 1 else None,
           "in_test_file": self.in_test_file(r.rule),
           "surrogate": r.surrogate, "calls": r.rule.calls,
           "first_test": r.rule.first_test, "verdict": r.verdict,
           "detail": r.detail, "seconds": round(r.seconds, 3),
           "how_to_declare": self.hint(r) if r.verdict == "failed" else None,
-          "inputs": [{"types": t.types, "source": t.source, "test": t.test,
-                      "verdict": t.verdict, "detail": t.detail,
-                      "seconds": round(t.seconds, 3),
-                      "by_intent": t.by_intent, "skipped": t.skipped,
-                      "failures": t.failures, "advisory": t.advisory}
+          "inputs": [dict(dataclasses.asdict(t), seconds=round(t.seconds, 3))
                      for t in r.tried]})
-    counts: dict[str, int] = {}
-    for r in self.results:
-      counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    return {"rules": rules, "counts": counts,
+    counts = collections.Counter(r.verdict for r in self.results)
+    return {"rules": rules, "counts": dict(counts),
             "recording": {"calls": rec.calls,
                           "seconds": round(rec.seconds, 3),
                           "errors": rec.errors,
-                          "rules_in_jax_not_checked":
-                              len(rec.skipped_rules)},
+                          "rules_in_jax_not_checked": len(rec.skipped_rules)},
             "checks": {"seconds": round(self.check_seconds, 3),
                        "cpu_seconds": round(self.check_cpu, 3),
                        "budget": self.total_budget,

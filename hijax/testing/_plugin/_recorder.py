@@ -1,45 +1,27 @@
-"""Recording the calls of custom derivative rules while a test suite runs
-(for ``pytest --hijax-check-rules``, `hijax.testing._plugin`).
+"""Recording the custom derivative rules a test suite calls, and their
+inputs (``pytest --hijax-check-rules``).
 
 `CallRecorder.install` wraps the ``__call__`` of ``jax.custom_jvp``,
-``jax.custom_vjp``, hijax's decorators and `HiPrim` (so a subclass that
-overrides ``__call__`` itself is not seen), and `CallRecorder.remove` puts
-them back. Each call is attributed to a rule, found once per decorated
-object or primitive class (`._rule_identity`), and the rule keeps a
-bounded sample of its inputs, at most ``samples`` of them, chosen to vary
-(`variety`): calls with values before calls seen as types only, then
-distinct input signatures (pytree structure, shapes and dtypes), distinct
-test functions, distinct tests, and distinct regions of the inputs (signs,
-magnitude above 1). A call replaces a kept sample only where that makes
-the samples more varied, so a smoke test and its neighbour do not fill
-the slots before the tests that exercise the rule's domain. The
-``in_axes`` of the calls made under ``vmap`` are kept too (`RecordedRule.
-batched`): the batching patterns the suite used.
-
-What a sample holds:
-
-* a call made eagerly: the values (copied to NumPy, so that a later
-  donation or mutation does not change them);
-* a call made while a transformation traces (inside ``jit``, ``grad``,
-  ``vmap``, ``scan``...): the values where JAX still knows them (an eager
-  ``grad``, ``jvp`` or ``linearize`` traces with concrete primal values),
-  else only the types; `hijax.testing._plugin` then finds values for them
-  (see `Sample.values`);
-* non-array arguments (``nondiff_argnums``, functions, static fields of a
-  pytree) by reference, to be passed again as they were.
-
-A rule whose samples are all concrete costs one dictionary lookup per call
-from then on; recording never raises into the test (an error is counted and
-the call goes on).
+``jax.custom_vjp``, hijax's decorators and `HiPrim`; `remove` restores
+them. A rule is the code that defines it (the decorated function's and
+its rules', or a `HiPrim`'s class), named after the function a library's
+wrapper closes over in another file (`named_function`; the wrapper is
+``via``). Each keeps at most ``samples`` calls, chosen to vary
+(`variety`): values before types, then distinct signatures, test
+functions, tests and regions; values copied to NumPy, traced values as
+JAX knows them or as types, non-array arguments by reference; and the
+``in_axes`` of calls under ``vmap``. Recording never raises into a test.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
+import os
 import time
+import types
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -48,23 +30,137 @@ import numpy as np
 
 from hijax import primitive
 from hijax._decorators import _common
+from hijax._function_key import code_of, unwrap
 from hijax._internals import core
 from hijax._internals.batching import BatchTrace
-from hijax.testing._plugin import _rule_identity
-from hijax.testing._plugin._rule_identity import RuleIdentity
 
-# A sample with more elements than this keeps only its types (checking it
-# would take long; a smaller one of the same rule is preferred).
+# Rules defined in these packages are recorded only on request: their own
+# test suites check them.
+JAX_PACKAGES = ("jax", "jaxlib", "hijax")
+# hijax's own primitives (its decorators' and vmap's): not rules of a user.
+_MACHINERY = ("hijax._decorators", "hijax.batching")
+# A sample with more elements than this keeps only its types.
 MAX_ELEMENTS = 100_000
-
 _SCALARS = (bool, int, float, complex)
 
 
+# --- which rule ---------------------------------------------------------------
+
+@dataclasses.dataclass
+class RuleIdentity:
+  """A rule: its key (code objects, or the class), kind (``jax.custom_jvp``,
+  ``hijax.custom_vjp``, ``HiPrim``...), name, the function or class that
+  names it (``target``), whether JAX or hijax defines it, the decorated
+  function (``fun``) and the library's wrapper it is defined through."""
+  key: Any
+  kind: str
+  name: str
+  target: Any
+  in_jax: bool
+  fun: Any = None
+  via: Any = None
+
+  def where(self, via: bool = False) -> tuple[str, int]:
+    """``(file, line)`` defining the rule (or its wrapper)."""
+    target = self.via if via else self.target
+    try:
+      if isinstance(target, type):
+        return (inspect.getsourcefile(target) or "?",
+                inspect.getsourcelines(target)[1])
+      code = code_of(target)
+      return code.co_filename, code.co_firstlineno
+    except (OSError, TypeError, AttributeError):
+      return "?", 0
+
+  def label(self) -> str:
+    return f"{self.name} ({self.kind})"
+
+
+def _functions_held(fn: Any) -> list[Any]:
+  """The functions ``fn`` closes over, directly or as attributes of an
+  object it closes over."""
+  found = []
+  for cell in getattr(fn, "__closure__", None) or ():
+    try:
+      value = unwrap(cell.cell_contents)
+    except ValueError:  # an empty cell
+      continue
+    if isinstance(value, types.FunctionType):
+      found.append(value)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+      found += [unwrap(v) for v in vars(value).values()
+                if isinstance(unwrap(v), types.FunctionType)]
+  return found
+
+
+def named_function(fun: Any) -> Any:
+  """The function a decorated ``fun`` stands for: itself, or the first
+  function it holds defined in another file, followed down."""
+  fun = unwrap(fun)
+  for _ in range(5):
+    try:
+      here = code_of(fun).co_filename
+    except TypeError:
+      return fun
+    inner = [f for f in _functions_held(fun)
+             if f.__code__.co_filename != here]
+    if not inner:
+      return fun
+    fun = inner[0]
+  return fun
+
+
+def _code_key(fn: Any) -> Any:
+  if fn is None:
+    return None
+  try:
+    code = code_of(fn)
+  except TypeError:
+    return type(fn)
+  return code, tuple(f.__code__ for f in _functions_held(unwrap(fn)))
+
+
+def _in_jax(module: str) -> bool:
+  return module.split(".")[0] in JAX_PACKAGES
+
+
+def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
+  """The rule of a call of ``obj`` (None for hijax's own machinery)."""
+  if kind == "HiPrim":
+    cls = type(obj)
+    module = cls.__module__ or ""
+    return None if module.startswith(_MACHINERY) else RuleIdentity(
+        cls, kind, cls.__qualname__, cls, _in_jax(module))
+  fun = getattr(obj, "fun", obj)
+  rules = ([getattr(obj, "jvp", None)] if kind.endswith("custom_jvp")
+           else [getattr(obj, "fwd", None), getattr(obj, "bwd", None)])
+  named = named_function(fun)
+  name = getattr(named, "__qualname__", None) or getattr(
+      named, "__name__", repr(named))
+  return RuleIdentity(
+      (kind, _code_key(fun), *map(_code_key, rules)), kind, name, named,
+      _in_jax(getattr(named, "__module__", None) or ""), fun,
+      None if named is unwrap(fun) else fun)
+
+
+def short_path(path: str, root: str) -> str:
+  """``path`` relative to ``root`` if inside it, else from its package."""
+  try:
+    rel = os.path.relpath(path, root)
+    if not rel.startswith(".."):
+      return rel
+  except ValueError:
+    pass
+  marker = "site-packages" + os.sep
+  return path.split(marker, 1)[1] if marker in path else path
+
+
+# --- what a call passed -------------------------------------------------------
+
+@dataclasses.dataclass
 class _Static:
   """A ``nondiff_argnums`` argument, kept whole (a leaf of no pytree)."""
-
-  def __init__(self, value: Any) -> None:
-    self.value = value
+  value: Any
 
 
 def _unwrap_static(x: Any) -> Any:
@@ -73,18 +169,10 @@ def _unwrap_static(x: Any) -> Any:
 
 @dataclasses.dataclass
 class Sample:
-  """The inputs of one call of a rule (see the module docstring).
-
-  Attributes:
-    fn: what was called (the decorated function, the `HiPrim` instance).
-    treedef: the structure of ``(args, kwargs)``.
-    leaves: per leaf: a NumPy array or Python scalar (an input), a
-      ``jax.ShapeDtypeStruct`` (a traced input whose value is unknown), or
-      None (a non-array leaf, in ``statics``).
-    statics: the non-array leaves, by position.
-    source: ``"eager"``, ``"traced, values known"`` or ``"traced"``.
-    test: the test that made the call.
-  """
+  """One call's inputs: per leaf of ``(args, kwargs)`` a value, a
+  ``jax.ShapeDtypeStruct`` (traced, value unknown) or None (non-array, in
+  ``statics``); ``source``: ``"eager"``, ``"traced, values known"``,
+  ``"traced"`` or ``"too large to keep"``."""
   fn: Any
   treedef: Any
   leaves: list[Any]
@@ -93,6 +181,7 @@ class Sample:
   test: str
   signature: Any = None  # pytree structure, shapes and dtypes
   region: Any = None  # per floating leaf: (any < 0, any > 0, any |x| > 1)
+  seconds: float = 0.0  # CPU time the call took in the test
 
   @property
   def concrete(self) -> bool:
@@ -118,13 +207,10 @@ class Sample:
 def _short_type(x: Any) -> str:
   if isinstance(x, _SCALARS):
     return type(x).__name__
-  dtype = np.dtype(x.dtype)
-  short = {"f": "f", "c": "c", "i": "i", "u": "u", "b": "bool"}.get(
-      dtype.kind, dtype.name)
-  bits = "" if short == "bool" else str(dtype.itemsize * 8)
-  if dtype.name == "bfloat16":
-    short, bits = "bf", "16"
-  return f"{short}{bits}[{','.join(map(str, np.shape(x)))}]"
+  d = np.dtype(x.dtype)
+  short = ("bf16" if d.name == "bfloat16" else "bool" if d.kind == "b"
+           else f"{d.kind}{d.itemsize * 8}")
+  return f"{short}[{','.join(map(str, np.shape(x)))}]"
 
 
 @dataclasses.dataclass
@@ -134,11 +220,10 @@ class RecordedRule:
   calls: int = 0
   samples: dict[Any, Sample] = dataclasses.field(default_factory=dict)
   full: bool = False  # as many concrete samples as kept
-  # the tests whose calls were weighed once the rule was full: their further
-  # calls cost a lookup
+  # the tests whose calls were weighed once full (further calls: a lookup)
   tests_done: set[str] = dataclasses.field(default_factory=set)
-  # per pytree structure, the in_axes (one per array input, an int or None)
-  # of the calls made under vmap
+  # per pytree structure, the in_axes (an int or None per array input) of
+  # the calls made under vmap
   batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
 
   @property
@@ -146,49 +231,42 @@ class RecordedRule:
     return next(iter(self.samples.values())).test if self.samples else ""
 
 
-def _test_function(nodeid: str) -> str:
-  return nodeid.split("[", 1)[0]
-
-
 def variety(samples: list[Sample]) -> tuple[int, ...]:
   """How varied ``samples`` are, compared as a tuple: the number with
   values, then of distinct signatures, test functions, tests, regions."""
   return (sum(s.concrete for s in samples),
           len({s.signature for s in samples}),
-          len({_test_function(s.test) for s in samples}),
+          len({s.test.split("[", 1)[0] for s in samples}),
           len({s.test for s in samples}), len({s.region for s in samples}))
 
 
 def _region(leaves: list[Any]) -> tuple:
   out = []
   for x in leaves:
-    if x is None or isinstance(x, jax.ShapeDtypeStruct):
-      continue
-    a = np.asarray(x)
-    if a.dtype.kind in "fc" and a.size:
-      a = a.real
-      out.append((bool(np.any(a < 0)), bool(np.any(a > 0)),
-                  bool(np.any(np.abs(a) > 1))))
+    if x is not None and not isinstance(x, jax.ShapeDtypeStruct):
+      a = np.asarray(x)
+      if a.dtype.kind in "fc" and a.size:
+        a = a.real
+        out.append((bool(np.any(a < 0)), bool(np.any(a > 0)),
+                    bool(np.any(np.abs(a) > 1))))
   return tuple(out)
 
 
-def _batched(args: tuple) -> bool:
-  return any(isinstance(getattr(a, "_trace", None), BatchTrace)
-             for a in args)
-
-
-def _is_extended(dtype: Any) -> bool:
-  """A PRNG key's dtype, or another that is not a number: kept as it is."""
-  return jnp.issubdtype(dtype, jax.dtypes.extended)
+def _batch_axis(x: Any) -> int | None:
+  if isinstance(getattr(x, "_trace", None), BatchTrace):
+    axis = getattr(x, "batch_dim", None)
+    return axis if isinstance(axis, int) else None
+  return None
 
 
 def _leaf_of(x: Any) -> tuple[Any, str]:
   """``(what the sample keeps, how it was known)`` for one argument leaf:
-  the value (``"eager"``), a traced value JAX knows (``"known"``), the type
-  of a traced value (``"traced"``), or ``(None, "static")``."""
+  ``"eager"``, ``"known"`` (traced, value known), ``"traced"`` (its type)
+  or ``"static"`` (None: kept by reference)."""
   if isinstance(x, core.Tracer):
     aval = jax.typeof(x)
-    if not hasattr(aval, "shape") or _is_extended(aval.dtype):
+    if not hasattr(aval, "shape") or jnp.issubdtype(aval.dtype,
+                                                    jax.dtypes.extended):
       return None, "static"
     value = x.to_concrete_value()
     if value is not None:
@@ -196,22 +274,16 @@ def _leaf_of(x: Any) -> tuple[Any, str]:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype), "traced"
   if isinstance(x, _SCALARS):
     return x, "eager"
-  if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-    if _is_extended(x.dtype):
-      return None, "static"
+  if isinstance(x, (jax.Array, np.ndarray, np.generic)) and not (
+      jnp.issubdtype(x.dtype, jax.dtypes.extended)):
     return np.array(x), "eager"
   return None, "static"
 
 
 class CallRecorder:
-  """Records the calls of custom rules while installed (see the module
-  docstring).
-
-  Args:
-    samples: how many distinct input signatures to keep per rule.
-    include_jax: also record the rules defined in JAX, jaxlib and hijax
-      (otherwise they are counted in `skipped_rules` only).
-  """
+  """Records the calls of custom rules while installed: ``samples`` kept
+  per rule; ``include_jax``: the rules defined in JAX, jaxlib and hijax
+  too (else counted in `skipped_rules`)."""
 
   def __init__(self, samples: int = 3, include_jax: bool = False) -> None:
     self.max_samples = max(1, samples)
@@ -222,95 +294,83 @@ class CallRecorder:
     self.errors: list[str] = []
     self.seconds = 0.0  # spent recording
     self.test = ""
-    self._by_object: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    self._by_class: dict[type, RecordedRule | None] = {}
-    self._saved: list[tuple[Any, str, Any]] = []
-
-  # --- installing ----------------------------------------------------------
+    # the rule of each decorated function or HiPrim class called
+    self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    self._saved: list[tuple[Any, Any]] = []
 
   def install(self) -> None:
     """Wraps the four ``__call__`` methods (idempotent)."""
     if self._saved:
       return
-    targets = [(jax.custom_jvp, "jax.custom_jvp"),
-               (jax.custom_vjp, "jax.custom_vjp"),
-               (_common.Decorated, None),  # hijax.custom_jvp / custom_vjp
-               (primitive.HiPrim, "HiPrim")]
-    for cls, kind in targets:
+    for cls, kind in ((jax.custom_jvp, "jax.custom_jvp"),
+                      (jax.custom_vjp, "jax.custom_vjp"),
+                      (_common.Decorated, None), (primitive.HiPrim, "HiPrim")):
       original = cls.__dict__["__call__"]
-      self._saved.append((cls, "__call__", original))
+      self._saved.append((cls, original))
       setattr(cls, "__call__", self._wrap(original, kind))
 
   def remove(self) -> None:
     """Restores the ``__call__`` methods `install` wrapped."""
     while self._saved:
-      cls, name, original = self._saved.pop()
-      setattr(cls, name, original)
+      cls, original = self._saved.pop()
+      setattr(cls, "__call__", original)
 
-  def _wrap(self, original: Callable, kind: str | None) -> Callable:
+  def _wrap(self, original, kind: str | None):
     record = self.record
 
     @functools.wraps(original)
     def __call__(obj, *args, **kwargs):  # noqa: N807
       __tracebackhide__ = True  # pylint: disable=unused-variable
-      record(kind or f"hijax.{obj.kind}", obj, args, kwargs)
-      return original(obj, *args, **kwargs)
+      sample = record(kind or f"hijax.{obj.kind}", obj, args, kwargs)
+      start = time.process_time()
+      out = original(obj, *args, **kwargs)
+      if sample is not None:
+        sample.seconds = time.process_time() - start
+      return out
     return __call__
 
-  # --- recording -----------------------------------------------------------
-
-  def record(self, kind: str, obj: Any, args: tuple, kwargs: dict) -> None:
-    """Records one call; never raises."""
-    start = time.perf_counter()
+  def record(self, kind: str, obj: Any, args: tuple,
+             kwargs: dict) -> Sample | None:
+    """Records one call (the sample made of it, if any); never raises."""
+    start, sample = time.perf_counter(), None
     self.calls += 1
     try:
       rule = self._rule_of(kind, obj)
       if rule is not None:
         rule.calls += 1
         if (not rule.full or self.test not in rule.tests_done
-            or _batched(args)):
-          self._sample(rule, obj, args, kwargs)
+            or any(_batch_axis(a) is not None for a in args)):
+          sample = self._sample(rule, obj, args, kwargs)
     except Exception as e:  # pylint: disable=broad-except  (never break a test)
       if len(self.errors) < 20:
         self.errors.append(f"{kind} {obj!r:.80}: {type(e).__name__}: {e}")
     self.seconds += time.perf_counter() - start
+    return sample
 
   def _rule_of(self, kind: str, obj: Any) -> RecordedRule | None:
-    if kind == "HiPrim":
-      cls = type(obj)
-      try:
-        return self._by_class[cls]
-      except KeyError:
-        rule = self._by_class[cls] = self._new_rule(
-            _rule_identity.of_class(cls))
-        return rule
+    key = type(obj) if kind == "HiPrim" else obj
     try:
-      return self._by_object[obj]
+      return self._known[key]
     except KeyError:
-      pass
-    except TypeError:  # not weakly referenceable: look it up each time
-      return self._new_rule(_rule_identity.of_function(kind, obj))
-    rule = self._by_object[obj] = self._new_rule(
-        _rule_identity.of_function(kind, obj))
-    return rule
+      rule = self._known[key] = self._new_rule(identity_of(kind, obj))
+      return rule
+    except TypeError:  # not weakly referenceable: looked up each time
+      return self._new_rule(identity_of(kind, obj))
 
   def _new_rule(self, identity: RuleIdentity | None) -> RecordedRule | None:
-    if identity is None:  # hijax's own machinery (the decorators' primitives)
-      return None
-    if identity.in_jax and not self.include_jax:
+    if identity is not None and identity.in_jax and not self.include_jax:
       self.skipped_rules.add(identity.key)
-      return None
-    rule = self.rules.get(identity.key)
-    if rule is None:
-      rule = self.rules[identity.key] = RecordedRule(identity)
-    return rule
+    elif identity is not None:
+      return self.rules.setdefault(identity.key, RecordedRule(identity))
+    return None
 
   def _sample(self, rule: RecordedRule, obj: Any, args: tuple,
-              kwargs: dict) -> None:
+              kwargs: dict) -> Sample | None:
     nondiff = getattr(obj, "nondiff_argnums", ())
     if nondiff:
       if kwargs:  # keywords that name positions (as JAX resolves them)
-        args, kwargs = rule.identity.bind(args, kwargs)
+        bound = inspect.signature(rule.identity.fun).bind(*args, **kwargs)
+        args, kwargs = bound.args, bound.kwargs
       args = tuple(_Static(a) if i in nondiff else a
                    for i, a in enumerate(args))
     flat, treedef = jax.tree.flatten((args, kwargs))
@@ -320,11 +380,9 @@ class CallRecorder:
       if source == "static":
         if isinstance(x, core.Tracer):
           return  # a traced value of a type that cannot be drawn
-        statics[i] = _unwrap_static(x) if isinstance(x, _Static) else x
+        statics[i] = _unwrap_static(x)
       else:
-        axis = getattr(x, "batch_dim", None) if isinstance(
-            getattr(x, "_trace", None), BatchTrace) else None
-        axes.append(axis if isinstance(axis, int) else None)
+        axes.append(_batch_axis(x))
       sources.add(source)
       leaves.append(kept)
     if any(a is not None for a in axes):
@@ -348,10 +406,10 @@ class CallRecorder:
                  and all(s.concrete for s in rule.samples.values()))
     if rule.full and sample.concrete:
       rule.tests_done.add(self.test)
+    return sample
 
   def _keep(self, rule: RecordedRule, sample: Sample) -> None:
-    """Keeps ``sample`` where that makes the rule's samples more varied
-    (see the module docstring)."""
+    """Keeps ``sample`` where that makes the samples more varied."""
     key = (sample.signature, sample.test, sample.region)
     same = [k for k, s in rule.samples.items()
             if s.signature == sample.signature]
