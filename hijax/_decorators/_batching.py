@@ -89,45 +89,18 @@ class UnbatchedCallBatched(Batched):
   batched where vmapping the function makes them so: a rule whose output is
   batched where the function's is not raises JAX's error for it."""
 
-  def _vmap(self, f, in_axes, out_axes, **kwargs):
-    vmapped = super()._vmap(f, in_axes, out_axes, **kwargs)
-    probe = super()._vmap(f, in_axes, jax.tree.map(
-        lambda _: batching.infer, out_axes, is_leaf=is_none), **kwargs)
+  def _batched_where_none(self, f: Any, e: ValueError) -> Exception:
     owner = self.prim._call.owner
-
-    def call(*args):
-      try:
-        return vmapped(*args)
-      except ValueError as e:
-        try:  # vmapped again, each output's batch axis inferred
-          overbatched = _batched_where_none(out_axes, probe(*args)[1])
-        except Exception:  # noqa: BLE001
-          overbatched = False
-        if not overbatched:
-          raise
-        member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
-                  else "fwd rule" if owner.decorator == "custom_vjp"
-                  else "rules")
-        raise ValueError(
-            f"under vmap, the {member} of {owner.fun_name} produced an output "
-            "batched along the mapped axis where the application itself was "
-            f"inferred to be unbatched.\n{owner}: no "
-            "argument of this call is batched, but a value its rules compute "
-            f"depends on the vmap axis {self.axis_data.name!r} (an "
-            "axis_index or a collective, say) where the function's own value "
-            "does not. Compute that value in the function too, or pass "
-            "what it depends on as a batched argument") from e
-    return call
-
-
-def _batched_where_none(out_axes, inferred) -> bool:
-  """Whether an output that ``out_axes`` says is unbatched (None) was
-  inferred to be batched."""
-  flags = jax.tree.map(
-      lambda d, i: d is None and any(
-          x is not None for x in jax.tree.leaves(i, is_leaf=is_none)),
-      out_axes, inferred, is_leaf=is_none)
-  return any(jax.tree.leaves(flags))
+    member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
+              else "fwd rule" if owner.decorator == "custom_vjp" else "rules")
+    return ValueError(
+        f"under vmap, the {member} of {owner.fun_name} produced an output "
+        "batched along the mapped axis where the application itself was "
+        f"inferred to be unbatched.\n{owner}: no argument of this call is "
+        "batched, but a value its rules compute depends on the vmap axis "
+        f"{self.axis_data.name!r} (an axis_index or a collective, say) where "
+        "the function's own value does not. Compute that value in the "
+        "function too, or pass what it depends on as a batched argument")
 
 
 def _leading(x, d):
