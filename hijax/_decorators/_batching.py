@@ -90,11 +90,11 @@ class UnbatchedCallBatched(Batched):
   batched where the function's is not raises JAX's error for it."""
 
   def _batched_where_none(self, f: Any, e: ValueError) -> Exception:
-    owner = self.prim._call.owner
+    owner = self.prim._call
     member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
-              else "fwd rule" if owner.decorator == "custom_vjp" else "rules")
+              else "fwd rule" if owner.decorated.kind == "custom_vjp" else "rules")
     return ValueError(
-        f"under vmap, the {member} of {owner.fun_name} produced an output "
+        f"under vmap, the {member} of {owner.name} produced an output "
         "batched along the mapped axis where the application itself was "
         f"inferred to be unbatched.\n{owner}: no argument of this call is "
         "batched, but a value its rules compute depends on the vmap axis "
@@ -109,7 +109,7 @@ def _leading(x, d):
 
 def _batch_by_rule(prim, rule, axis_data, args, dims):
   call = prim._call
-  owner = call.owner
+  owner = call
   rule_name = f"its batch rule {function_name(rule)}"
   *xs, hvals = args
   x_dims = dims[:-1]
@@ -136,7 +136,7 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
   with call.running(hvals):
     traced, _ = _tracing.trace(function_name(rule), run, examples, hoisted)
   flags = out_batched_box[0]
-  out_dim = jax.tree.unflatten(call.primal.out_tree,
+  out_dim = jax.tree.unflatten(call.out_tree,
                                [0 if b else None for b in flags])
   batched = Batched(prim, axis_data, dims, out_dim)
   const_avals = tuple(core.typeof(h) for h in hoisted.values)
@@ -173,7 +173,7 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
   except (ValueError, TypeError):
     raise owner.error(
         rule_name, f"returned an output with structure "
-        f"{jax.tree.structure(out)}, but {owner.fun_name} returns structure "
+        f"{jax.tree.structure(out)}, but {owner.name} returns structure "
         f"{owner.out_tree}") from None
   for i, (x, batched, aval) in enumerate(zip(out_flat, flags,
                                              owner.out_avals_flat)):
@@ -185,7 +185,7 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
       raise owner.error(
           rule_name, f"returned {got} as {what}, which it says is "
           f"{'batched' if batched else 'not batched'}, but "
-          f"{owner.fun_name} returns {aval.str_short()} there, so the rule "
+          f"{owner.name} returns {aval.str_short()} there, so the rule "
           f"must return {declared.str_short()} (a batched output has the "
           f"batch axis, of size {size}, first)", _checks.RuleTypeError)
   return out_flat
