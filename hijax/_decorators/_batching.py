@@ -4,7 +4,7 @@ vmapped by `Batched`), or a `defbatch` rule (`BatchedByRule`: its value is
 the rule's, traced when ``vmap`` reaches the call, its derivatives
 `Batched`'s, the function's own rules vmapped). A call with no batched
 argument inside a ``vmap`` that names its axis is batched too, since the
-function may use the name (`install_named_axis_batching`).
+function may use the name.
 """
 from __future__ import annotations
 
@@ -22,16 +22,20 @@ from hijax._util import is_none
 from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
 from hijax.primitive import HiPrim
 
-__all__ = ["BatchRules", "BatchedByRule", "install_named_axis_batching",
-           "UnbatchedCallBatched"]
+__all__ = ["BatchRules", "BatchedByRule", "UnbatchedCallBatched"]
 
 
 class BatchRules:
   """The batching methods of the primitives of `hijax.custom_vjp` and
-  `hijax.custom_jvp` (a mixin placed before `HiPrim`)."""
+  `hijax.custom_jvp` (a mixin placed before `HiPrim`), and the batching of
+  a call with no batched argument inside a named vmap."""
 
   _call: Any
   out_aval: Any
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
+    _batch_unbatched_calls(cls)
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     """Every output is batched, along its first axis."""
@@ -46,15 +50,12 @@ class BatchRules:
     return _batch_by_rule(self, rule, axis_data, args, dims)
 
 
-# --- no argument batched, inside a vmap with an axis name ---------------------
-
-def install_named_axis_batching(cls: type) -> None:
+def _batch_unbatched_calls(cls: type) -> None:
   """Batches a call of ``cls``'s primitive with no batched argument inside
   a ``vmap`` that names its axis: the function may use that name (a
   ``psum``, an ``axis_index``), which only the vmap's trace can evaluate, so
   the call is batched (`Batched`, each output batched where vmapping the
-  function makes it so) rather than evaluated outside the vmap. Elsewhere
-  hijax's own batching rule applies (an unbatched call is left as it is)."""
+  function makes it so). Elsewhere hijax's own batching rule applies."""
   primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
   own = batching.fancy_primitive_batchers[primitive]
 
@@ -109,7 +110,6 @@ def _leading(x, d):
 
 def _batch_by_rule(prim, rule, axis_data, args, dims):
   call = prim._call
-  owner = call
   rule_name = f"its batch rule {function_name(rule)}"
   *xs, hvals = args
   x_dims = dims[:-1]
@@ -123,12 +123,12 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
   out_batched_box = []
 
   def run(*moved):
-    result = pair(owner, rule_name, rule(size, in_batched_full,
-                                          *call.full_args(moved)),
+    result = pair(call, rule_name, rule(size, in_batched_full,
+                                         *call.full_args(moved)),
                   "(out, out_batched)")
     out, out_batched = result
-    flags = _flags(owner, rule_name, out_batched)
-    out_flat = _check_batched(owner, rule_name, out, flags, size)
+    flags = _flags(call, rule_name, out_batched)
+    out_flat = _check_batched(call, rule_name, out, flags, size)
     out_batched_box.append(flags)
     return out_flat
 

@@ -216,15 +216,19 @@ class Call(RuleOwner):
       return self.primal(values, *xs)
     return f
 
-  def closure_error(self, e: Exception) -> Exception:
-    """``e`` with the explanation of what was being differentiated."""
-    return type(e)(
-        f"{self} closes over traced values that are being "
-        "differentiated. Its rules give derivatives with respect to its "
-        f"arguments only, so hijax differentiates {self.name}'s own code with "
-        "respect to those values, which failed:\n\n"
-        f"{e}\n\nPass them as arguments instead (jax.closure_convert finds "
-        f"them) and return their cotangents from the rule.")
+  def differentiating(self, transform: Callable[..., Any], *args: Any) -> Any:
+    """``transform(*args)``, differentiating the function's own code with
+    respect to closed-over values; a failure is explained."""
+    try:
+      return transform(*args)
+    except Exception as e:  # noqa: BLE001
+      raise type(e)(
+          f"{self} closes over traced values that are being differentiated. "
+          "Its rules give derivatives with respect to its arguments only, so "
+          f"hijax differentiates {self.name}'s own code with respect to those "
+          f"values, which failed:\n\n{e}\n\nPass them as arguments instead "
+          "(jax.closure_convert finds them) and return their cotangents from "
+          "the rule.") from e
 
 
 _CALLS_KEPT = 64

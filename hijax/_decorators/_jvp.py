@@ -14,7 +14,6 @@ from jax.custom_derivatives import zero_from_primal
 from hijax import _linearity
 from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import install_named_axis_batching
 from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import (first_element_words, pair,
@@ -108,12 +107,10 @@ class CustomJVPCall(CallPrimitive[JVPCall]):
     else:  # as in JAX, the rule runs only for a nonzero tangent
       out, t_flat = self(*primals), [None] * len(call.out_avals_flat)
     if closed:
-      try:
-        _, t_closed = jax.jvp(call.primal_of_hoisted(xs, hvals, closed),
-                              tuple(hvals[i] for i in closed),
-                              tuple(instantiate_zeros(th[i]) for i in closed))
-      except Exception as e:  # noqa: BLE001
-        raise call.closure_error(e) from e
+      _, t_closed = call.differentiating(
+          jax.jvp, call.primal_of_hoisted(xs, hvals, closed),
+          tuple(hvals[i] for i in closed),
+          tuple(instantiate_zeros(th[i]) for i in closed))
       t_flat = [_add(a, b) for a, b in
                 zip(t_flat, call.out_tree.flatten_up_to(t_closed))]
     return out, jax.tree.unflatten(call.out_tree, t_flat)
@@ -155,10 +152,6 @@ class LinearCustomJVPCall(CustomJVPCall):
     cts = jax.linear_transpose(f, *examples)(ct)
     for acc, c in zip([x for x, lin in zip(leaves, linear) if lin], cts):
       acc.accum(c)
-
-
-for _cls in (CustomJVPCall, LinearCustomJVPCall):
-  install_named_axis_batching(_cls)
 
 
 _LINEARITY_LEAVES = 32

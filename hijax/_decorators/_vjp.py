@@ -14,7 +14,6 @@ from jax.custom_derivatives import CustomVJPPrimal
 
 from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import install_named_axis_batching
 from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import (cotangents, first_element_words,
@@ -170,11 +169,9 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     closed = [i for i, nz in enumerate(nzs_h) if nz]
     closure_vjp = None
     if closed:
-      try:
-        _, closure_vjp = jax.vjp(call.primal_of_hoisted(
-            xs, hvals, closed), *[hvals[i] for i in closed])
-      except Exception as e:  # noqa: BLE001
-        raise call.closure_error(e) from e
+      _, closure_vjp = call.differentiating(
+          jax.vjp, call.primal_of_hoisted(xs, hvals, closed),
+          *[hvals[i] for i in closed])
     return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
@@ -186,11 +183,7 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     ct_h: list[Any] = [None] * len(call.hoisted)
     if closure_vjp is not None:
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
-      try:
-        closed_cts = closure_vjp(g_full)
-      except Exception as e:  # noqa: BLE001
-        raise call.closure_error(e) from e
-      for i, ct in zip(closed.value, closed_cts):
+      for i, ct in zip(closed.value, call.differentiating(closure_vjp, g_full)):
         ct_h[i] = ct
     accums = self.in_tree.flatten_up_to(arg_accums)
     for acc, ct in zip(accums, [*cts_flat, *ct_h]):
@@ -237,7 +230,6 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
 
 
 VJPCall.primitive_class = CustomVJPCall
-install_named_axis_batching(CustomVJPCall)
 
 
 def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
