@@ -267,23 +267,41 @@ class Batched(HiPrim):
 
   def _vmap(self, f, in_axes, out_axes, **kwargs):
     ad = self.axis_data
-    vmapped = jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=ad.size,
-                       axis_name=ad.name,
-                       spmd_axis_name=ad.spmd_name or ad.explicit_mesh_axis,
-                       **kwargs)
+
+    def vmapped(out_axes):
+      return jax.vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=ad.size,
+                      axis_name=ad.name,
+                      spmd_axis_name=ad.spmd_name or ad.explicit_mesh_axis,
+                      **kwargs)
 
     def call(*args):
       try:
-        return vmapped(*args)
+        return vmapped(out_axes)(*args)
       except ValueError as e:
-        # An out_axes of None comes from the user's batch_dim_rule.
-        if "got axis spec None" not in str(e):
+        # Vmapped again, each output's axis inferred: an output declared
+        # unbatched (None) that is batched is the declaration's error.
+        infer = jax.tree.map(lambda _: batching.infer, out_axes,
+                             is_leaf=is_none)
+        try:
+          inferred = vmapped(infer)(*args)[1]
+        except Exception:  # noqa: BLE001 (the error is another one)
+          raise e from None
+        wrong = jax.tree.map(lambda d, i: d is None and any(
+            x is not None for x in jax.tree.leaves(i, is_leaf=is_none)),
+            out_axes, inferred, is_leaf=is_none)
+        if not any(jax.tree.leaves(wrong)):
           raise
-        raise _checks.with_advice(
-            e, f"{type(self.prim).__name__}.batch_dim_rule returned None (not "
-            "batched) for an output that depends on the batched inputs: "
-            "return the axis of the output that the batch is on") from e
+        raise self._batched_where_none(f, e) from e
     return call
+
+  def _batched_where_none(self, f: Any, e: ValueError) -> Exception:
+    """The error for ``f``'s output declared unbatched (``e``, JAX's) but
+    batched: the out_dim came from the user's batch_dim_rule."""
+    del f
+    return _checks.with_advice(
+        e, f"{type(self.prim).__name__}.batch_dim_rule returned None (not "
+        "batched) for an output that depends on the batched inputs: return "
+        "the axis of the output that the batch is on")
 
   def _map_zeros(self, dims, xs):
     """Gives symbolic zeros the per-example type that the vmapped rule sees."""

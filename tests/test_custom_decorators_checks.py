@@ -481,3 +481,94 @@ def test_scan_for_closed_over_tracers():
     return y
   jax.jit(probe)(1.)
   assert found == [True, True, True, True, False, False]
+
+
+# --- what mutation testing found untested -----------------------------------------
+
+@pytest.mark.parametrize("dec", [custom_vjp, custom_jvp])
+def test_nondiff_argnames_of_a_partial_asks_for_nondiff_argnums(dec):
+  """A partial's signature is opaque (as JAX treats it): its argument names
+  cannot be read, and the error says to pass positions instead."""
+  f = functools.partial(lambda s, x: s * x, 2.)
+  with pytest.raises(TypeError, match=r"nondiff_argnames needs the signature "
+                     r"of <lambda>, .*; use nondiff_argnums"):
+    dec(f, nondiff_argnames=("x",))
+
+
+@pytest.mark.parametrize("dec", [custom_vjp, custom_jvp])
+def test_a_negative_nondiff_argnum_is_refused(dec):
+  with pytest.raises(ValueError, match=r"nondiff_argnums must be "
+                     r"non-negative, got \[-1\]"):
+    dec(lambda s, x: s * x, nondiff_argnums=(-1,))
+
+
+@pytest.mark.parametrize("dec", [custom_vjp, custom_jvp])
+def test_a_partial_is_decorated_and_differentiated(dec):
+  """A ``functools.partial`` (no signature to read) is decorated, called
+  and differentiated like a function."""
+  f = dec(functools.partial(lambda s, x: jnp.sin(x) * s, 2.))
+  if dec is custom_vjp:
+    f.defvjp(lambda x: (f(x), x), lambda x, g: (2. * jnp.cos(x) * g,))
+  else:
+    f.defjvp(lambda p, t: (f(*p), 2. * jnp.cos(p[0]) * t[0]))
+  close(f(1.), 2. * jnp.sin(1.))
+  close(jax.grad(f)(1.), 2. * jnp.cos(1.))
+  close(jax.jit(jax.grad(f))(0.5), 2. * jnp.cos(0.5))
+
+
+def _keyword_only(x, *, k):
+  return x * k
+
+
+def _only_keywords(*, k):
+  return k
+
+
+@pytest.mark.parametrize("dec", [custom_vjp, custom_jvp])
+@pytest.mark.parametrize("fun, args", [(_keyword_only, (1., 2.)),
+                                       (_only_keywords, (1.,))])
+def test_positional_arguments_for_a_keyword_only_parameter_are_jax_s_error(
+    dec, fun, args):
+  """Too many positional arguments for a function with a keyword-only
+  parameter: JAX's binding error, raised before the function runs."""
+  f = dec(fun)
+  if dec is custom_vjp:
+    f.defvjp(lambda *a, **k: (None, None), lambda r, g: (g,))
+  else:
+    f.defjvp(lambda p, t: (p, t))
+  with pytest.raises(TypeError, match=r"^The input arguments to the "
+                     rf"{dec.__name__}-decorated function {fun.__name__} "
+                     r"could not be resolved to positional-only arguments"):
+    f(*args)
+
+
+@pytest.mark.parametrize("dec", [custom_vjp, custom_jvp])
+def test_a_function_without_a_signature_takes_positions_only(dec):
+  """A builtin without a readable signature (``max``) is called with its
+  positional arguments as they are; a keyword argument is refused."""
+  f = dec(max)
+  if dec is custom_vjp:
+    f.defvjp(lambda *a: (max(*a), None), lambda r, g: (g, g))
+  else:
+    f.defjvp(lambda p, t: (max(*p), t[0]))
+  assert f(1., 2.) == 2.
+  with pytest.raises(TypeError) as info:
+    f(1., default=2.)
+  message = str(info.value)
+  assert message.startswith(f"The input arguments to the {dec.__name__}-"
+                            "decorated function max could not be resolved")
+  assert "no signature to bind keyword arguments with" in message
+  assert message.endswith("pass its arguments by position")
+
+
+@pytest.mark.parametrize("dec", [custom_vjp, custom_jvp])
+def test_a_call_without_its_nondiff_argument_is_refused(dec):
+  f = dec(lambda x, *rest: x, nondiff_argnums=(1,))
+  if dec is custom_vjp:
+    f.defvjp(lambda x, *rest: (x, None), lambda *a: (a[-1],))
+  else:
+    f.defjvp(lambda *a: (a[-2][0], a[-1][0]))
+  with pytest.raises(TypeError, match=r"^<lambda> was called with 1 "
+                     r"argument\(s\), but nondiff_argnums names position\(s\) "
+                     r"\[1\]"):
+    jax.jit(f)(1.)

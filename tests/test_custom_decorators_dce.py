@@ -10,7 +10,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from jax.interpreters import partial_eval as pe
 
 import hijax
-from hijax._decorators._dce import PrunedCall
+from hijax._decorators._common import PrunedCall
 
 
 def close(a, b, rtol=1e-5, atol=1e-6):

@@ -544,3 +544,24 @@ def test_an_output_after_a_converted_weak_one_is_still_checked():
   with pytest.raises(TypeError) as e:
     _WeakThenWrong(jax.typeof(x))(x)
   assert_names(e, "_WeakThenWrong.expand", "output 1", "float32[3]", "float32[2]")
+
+
+class _InnerVmapOutAxesNone(Unary):
+  """A right batch_dim_rule; expand's own inner vmap has out_axes=None for a
+  batched output, which JAX refuses with a ValueError of its own."""
+
+  def expand(self, x):
+    return jax.vmap(jnp.sin, out_axes=None)(x)
+
+  def batch_dim_rule(self, axis_data, in_dims):
+    return 0
+
+
+def test_expand_s_own_out_axes_error_is_not_blamed_on_batch_dim_rule():
+  """Only an output that batch_dim_rule says is unbatched but that vmapping
+  expand batches is the rule's error; JAX's same-worded error from inside
+  expand reaches the caller as JAX raised it."""
+  with pytest.raises(ValueError) as e:
+    jax.vmap(apply(_InnerVmapOutAxesNone))(XS)
+  assert "batch_dim_rule" not in str(e.value)
+  assert "out_axes" in str(e.value)

@@ -123,10 +123,6 @@ MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
     "_arguments", "_batching", "_common", "_jvp", "_outputs", "_tracing",
     "_vjp")})
-# (a module's own test file first: a mutant is then killed in seconds)
-for _name, _first in (("_dce", "dce"), ("_forward", "review")):
-  MODULE_TESTS[f"_decorators/{_name}.py"] = list(dict.fromkeys(
-      [f"tests/test_custom_decorators_{_first}.py", *DECORATORS]))
 
 _SWAPS = {
     "<": ["<="], "<=": ["<"], ">": [">="], ">=": [">"], "==": ["!="],

@@ -8,12 +8,11 @@ The modules, each importing only those listed before it:
               it closes over; the calls running now (a rule calling ``f``)
   _outputs    what the rules return, checked, with messages in JAX's words
               then naming the function, the rule and the argument
-  _common     the decorator object and `Call`, one call signature
-  _dce        unused outputs of a call dropped (`PrunedCall`)
   _batching   ``vmap``: the rules' own batching, or a `defbatch` rule
-  _forward    custom_vjp's forward mode where it is not jvp_from_vjp's (a
-              bwd not linear in g, a function with logs); methods refused
-  _vjp        `custom_vjp` and its primitive, `CustomVJPCall`
+  _common     the decorator object, `Call`, one call signature, and its
+              primitive (unused outputs dropped: `PrunedCall`)
+  _vjp        `custom_vjp` and its primitive, `CustomVJPCall` (forward
+              mode where it is not jvp_from_vjp's; methods refused)
   _jvp        `custom_jvp` and its primitive, `CustomJVPCall`
 """
 from hijax._decorators._jvp import CustomJVPCall, custom_jvp

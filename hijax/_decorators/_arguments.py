@@ -1,6 +1,6 @@
-"""The arguments of a decorated function: keywords bound to positions (defaults
-filled in), as JAX's decorators bind them; the non-differentiable ones set
-apart; the names messages use. Imports: the standard library only.
+"""The arguments of a decorated function: keywords bound to positions, as
+JAX's decorators bind them; the non-differentiable ones set apart; the names
+messages use. Imports: the standard library only.
 """
 from __future__ import annotations
 
@@ -60,9 +60,8 @@ def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
 
 
 def plain_arity(fun: Callable) -> int | None:
-  """The number of parameters of ``fun`` when they are all positional and
-  have no default (a call with that many positional arguments and no
-  keyword is then resolved as it is), else None."""
+  """The number of parameters of ``fun`` when all are positional without a
+  default (such a call needs no resolving), else None."""
   params = _parameters(fun)
   if params is None or any(
       p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
@@ -73,13 +72,9 @@ def plain_arity(fun: Callable) -> int | None:
 
 def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
             ) -> tuple[Any, ...]:
-  """``args`` and ``kwargs`` as positional arguments of ``fun``.
-
-  Defaults are filled in, as JAX's decorators do; arguments that do not bind
-  to the signature, or a keyword argument that has no position (a
-  keyword-only parameter), are a TypeError worded as JAX words it, with
-  hijax's detail after it.
-  """
+  """``args`` and ``kwargs`` as positional arguments of ``fun``, defaults
+  filled in; a TypeError in JAX's words where they do not bind, or bind to
+  a keyword-only parameter."""
   target = fun
   if isinstance(fun, functools.partial):
     target = lambda *args, **kwargs: None  # noqa: E731 (opaque, as in JAX)
@@ -120,11 +115,8 @@ def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
 
 
 class Signature:
-  """How a call's arguments split into differentiable and static ones.
-
-  ``names[i]`` names the i-th differentiable argument for messages: its
-  parameter name when the signature has one (``x``), else its position.
-  """
+  """How a call's arguments split into differentiable and static ones;
+  ``names[i]`` names the i-th differentiable argument for messages."""
 
   def __init__(self, fun: Callable, nondiff: tuple[int, ...], n_args: int):
     self.nondiff = tuple(i for i in nondiff if i < n_args)
@@ -140,8 +132,7 @@ class Signature:
                   else f"at position {i}" for i in self.diff]
 
   def split(self, args: tuple) -> tuple[list[Any], tuple[Any, ...]]:
-    """``(statics, diff_args)``: the non-differentiable arguments and the
-    others."""
+    """``(statics, diff_args)``."""
     statics = [args[i] for i in self.nondiff]
     return statics, tuple(args[i] for i in self.diff)
 

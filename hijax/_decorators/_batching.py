@@ -4,7 +4,7 @@ vmapped by `Batched`), or a `defbatch` rule (`BatchedByRule`: its value is
 the rule's, traced when ``vmap`` reaches the call, its derivatives
 `Batched`'s, the function's own rules vmapped). A call with no batched
 argument inside a ``vmap`` that names its axis is batched too, since the
-function may use the name (`install_named_axis_batching`).
+function may use the name.
 """
 from __future__ import annotations
 
@@ -22,16 +22,20 @@ from hijax._util import is_none
 from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
 from hijax.primitive import HiPrim
 
-__all__ = ["BatchRules", "BatchedByRule", "install_named_axis_batching",
-           "UnbatchedCallBatched"]
+__all__ = ["BatchRules", "BatchedByRule", "UnbatchedCallBatched"]
 
 
 class BatchRules:
   """The batching methods of the primitives of `hijax.custom_vjp` and
-  `hijax.custom_jvp` (a mixin placed before `HiPrim`)."""
+  `hijax.custom_jvp` (a mixin placed before `HiPrim`), and the batching of
+  a call with no batched argument inside a named vmap."""
 
   _call: Any
   out_aval: Any
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
+    _batch_unbatched_calls(cls)
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     """Every output is batched, along its first axis."""
@@ -46,15 +50,12 @@ class BatchRules:
     return _batch_by_rule(self, rule, axis_data, args, dims)
 
 
-# --- no argument batched, inside a vmap with an axis name ---------------------
-
-def install_named_axis_batching(cls: type) -> None:
+def _batch_unbatched_calls(cls: type) -> None:
   """Batches a call of ``cls``'s primitive with no batched argument inside
   a ``vmap`` that names its axis: the function may use that name (a
   ``psum``, an ``axis_index``), which only the vmap's trace can evaluate, so
   the call is batched (`Batched`, each output batched where vmapping the
-  function makes it so) rather than evaluated outside the vmap. Elsewhere
-  hijax's own batching rule applies (an unbatched call is left as it is)."""
+  function makes it so). Elsewhere hijax's own batching rule applies."""
   primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
   own = batching.fancy_primitive_batchers[primitive]
 
@@ -89,45 +90,18 @@ class UnbatchedCallBatched(Batched):
   batched where vmapping the function makes them so: a rule whose output is
   batched where the function's is not raises JAX's error for it."""
 
-  def _vmap(self, f, in_axes, out_axes, **kwargs):
-    vmapped = super()._vmap(f, in_axes, out_axes, **kwargs)
-    probe = super()._vmap(f, in_axes, jax.tree.map(
-        lambda _: batching.infer, out_axes, is_leaf=is_none), **kwargs)
-    owner = self.prim._call.owner
-
-    def call(*args):
-      try:
-        return vmapped(*args)
-      except ValueError as e:
-        try:  # vmapped again, each output's batch axis inferred
-          overbatched = _batched_where_none(out_axes, probe(*args)[1])
-        except Exception:  # noqa: BLE001
-          overbatched = False
-        if not overbatched:
-          raise
-        member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
-                  else "fwd rule" if owner.decorator == "custom_vjp"
-                  else "rules")
-        raise ValueError(
-            f"under vmap, the {member} of {owner.fun_name} produced an output "
-            "batched along the mapped axis where the application itself was "
-            f"inferred to be unbatched.\n{owner}: no "
-            "argument of this call is batched, but a value its rules compute "
-            f"depends on the vmap axis {self.axis_data.name!r} (an "
-            "axis_index or a collective, say) where the function's own value "
-            "does not. Compute that value in the function too, or pass "
-            "what it depends on as a batched argument") from e
-    return call
-
-
-def _batched_where_none(out_axes, inferred) -> bool:
-  """Whether an output that ``out_axes`` says is unbatched (None) was
-  inferred to be batched."""
-  flags = jax.tree.map(
-      lambda d, i: d is None and any(
-          x is not None for x in jax.tree.leaves(i, is_leaf=is_none)),
-      out_axes, inferred, is_leaf=is_none)
-  return any(jax.tree.leaves(flags))
+  def _batched_where_none(self, f: Any, e: ValueError) -> Exception:
+    owner = self.prim._call
+    member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
+              else "fwd rule" if owner.decorated.kind == "custom_vjp" else "rules")
+    return ValueError(
+        f"under vmap, the {member} of {owner.name} produced an output "
+        "batched along the mapped axis where the application itself was "
+        f"inferred to be unbatched.\n{owner}: no argument of this call is "
+        "batched, but a value its rules compute depends on the vmap axis "
+        f"{self.axis_data.name!r} (an axis_index or a collective, say) where "
+        "the function's own value does not. Compute that value in the "
+        "function too, or pass what it depends on as a batched argument")
 
 
 def _leading(x, d):
@@ -136,7 +110,6 @@ def _leading(x, d):
 
 def _batch_by_rule(prim, rule, axis_data, args, dims):
   call = prim._call
-  owner = call.owner
   rule_name = f"its batch rule {function_name(rule)}"
   *xs, hvals = args
   x_dims = dims[:-1]
@@ -150,12 +123,12 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
   out_batched_box = []
 
   def run(*moved):
-    result = pair(owner, rule_name, rule(size, in_batched_full,
-                                          *call.full_args(moved)),
+    result = pair(call, rule_name, rule(size, in_batched_full,
+                                         *call.full_args(moved)),
                   "(out, out_batched)")
     out, out_batched = result
-    flags = _flags(owner, rule_name, out_batched)
-    out_flat = _check_batched(owner, rule_name, out, flags, size)
+    flags = _flags(call, rule_name, out_batched)
+    out_flat = _check_batched(call, rule_name, out, flags, size)
     out_batched_box.append(flags)
     return out_flat
 
@@ -163,7 +136,7 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
   with call.running(hvals):
     traced, _ = _tracing.trace(function_name(rule), run, examples, hoisted)
   flags = out_batched_box[0]
-  out_dim = jax.tree.unflatten(call.primal.out_tree,
+  out_dim = jax.tree.unflatten(call.out_tree,
                                [0 if b else None for b in flags])
   batched = Batched(prim, axis_data, dims, out_dim)
   const_avals = tuple(core.typeof(h) for h in hoisted.values)
@@ -200,7 +173,7 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
   except (ValueError, TypeError):
     raise owner.error(
         rule_name, f"returned an output with structure "
-        f"{jax.tree.structure(out)}, but {owner.fun_name} returns structure "
+        f"{jax.tree.structure(out)}, but {owner.name} returns structure "
         f"{owner.out_tree}") from None
   for i, (x, batched, aval) in enumerate(zip(out_flat, flags,
                                              owner.out_avals_flat)):
@@ -212,7 +185,7 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
       raise owner.error(
           rule_name, f"returned {got} as {what}, which it says is "
           f"{'batched' if batched else 'not batched'}, but "
-          f"{owner.fun_name} returns {aval.str_short()} there, so the rule "
+          f"{owner.name} returns {aval.str_short()} there, so the rule "
           f"must return {declared.str_short()} (a batched output has the "
           f"batch axis, of size {size}, first)", _checks.RuleTypeError)
   return out_flat

@@ -1,5 +1,7 @@
 """What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator object
-(`Decorated`) and `Call`, one call signature of the decorated function.
+(`Decorated`), `Call`, one call signature of the decorated function, its
+primitive (`CallPrimitive`) and that primitive with unused outputs dropped
+(`PrunedCall`).
 
 A call with no transformation running calls the function itself, as JAX's
 decorators do. Otherwise it binds the primitive of a `Call` for the
@@ -24,15 +26,14 @@ from hijax._decorators._arguments import (Signature, function_name,
                                           nondiff_positions, plain_arity,
                                           resolve)
 from hijax._decorators._batching import BatchRules
-from hijax._decorators._dce import PrunesOutputs
 from hijax._decorators._outputs import RuleOwner
 from hijax._function_key import Uncacheable, by_value
 from hijax._internals import config, core
 from hijax._util import is_float0, is_zero, store_bounded
-from hijax.autodiff import instantiate_zeros
+from hijax.autodiff import Zero, instantiate_zeros
 from hijax.primitive import HiPrim
 
-__all__ = ["Decorated", "Call", "CallPrimitive", "example_of",
+__all__ = ["Decorated", "Call", "CallPrimitive", "PrunedCall", "example_of",
            "to_rule_zeros"]
 
 
@@ -55,7 +56,22 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
   return jax.tree.map(convert, tree, is_leaf=is_zero)
 
 
-class CallPrimitive[C: Call](PrunesOutputs, BatchRules, HiPrim):
+def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
+         ) -> Any:
+  """The `HiPrim.dce` result for ``prim``, which computes the outputs
+  ``used_before`` of ``of``'s: kept whole when every output is used, dropped
+  when none is (and it has no effects), else a `PrunedCall`."""
+  used = [bool(u) for u in jax.tree.leaves(used_outs)]
+  if all(used):
+    return True, True, prim
+  if not any(used) and not prim.effects:
+    return False, False, None
+  it = iter(used)
+  kept = tuple(next(it) if u else False for u in used_before)
+  return True, used_outs, PrunedCall(of, kept)
+
+
+class CallPrimitive[C: Call](BatchRules, HiPrim):
   """The primitive of one call signature of a decorated function: the base
   of `custom_jvp`'s and `custom_vjp`'s, which add their rules. Its inputs are
   the function's differentiable arguments and, last, the tuple of traced
@@ -76,24 +92,22 @@ class CallPrimitive[C: Call](PrunesOutputs, BatchRules, HiPrim):
     *xs, hvals = args
     return self._call.primal.as_call(hvals, *xs)
 
+  def dce(self, used_outs: Any, live_ins: Any) -> Any:
+    return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
+
   def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
-    """A Python scalar argument reaches the rules as it is, as JAX's
-    decorators hand it on (an eager ``jax.jvp`` whose rules compute on
-    Python floats returns Python floats, as with JAX)."""
+    """A Python scalar argument reaches the rules as it is, as in JAX."""
     checked = super().check_args(args)
     given = args if self._args_are_leaves else jax.tree.leaves(args)
     return [x if type(x) in (bool, int, float, complex) else c
             for x, c in zip(given, checked)]
 
 
-class Call:
+class Call(RuleOwner):
   """One call signature of a decorated function: the traced function, the
   traced values hoisted out of it and its rules, and the primitive.
-
-  ``rules`` maps a rule's name to its `Traced` form when the rule closes over
-  a traced value (it must then be evaluated with the hoisted inputs); a rule
-  absent from it is called directly, as JAX's decorators call it.
-  """
+  ``rules`` holds the `Traced` form of a rule that closes over a traced
+  value; another rule is called directly, as JAX's decorators call it."""
 
   primitive_class: type
 
@@ -109,9 +123,8 @@ class Call:
         self.hoisted)
     leaves, self.in_tree = jax.tree.flatten(diff_args)
     self.in_avals_flat = [core.typeof(x) for x in leaves]
-    self.owner = RuleOwner(
-        decorated.kind, fun, self.name, signature.names, self.in_tree,
-        self.in_avals_flat, self.primal.out_tree, self.primal.out_avals)
+    self.out_tree = self.primal.out_tree
+    self.out_avals_flat = self.primal.out_avals
     self.rules: dict[str, _tracing.Traced] = {}
     self.effects = self.primal.effects
     # (set before the rules are traced: a rule that calls the function
@@ -144,14 +157,10 @@ class Call:
       self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]
   ) -> None:
     """Keeps the rules that close over traced values in `rules`.
-
-    ``traces`` holds ``(name, first, fn, args)``: what `_trace_rule` gave in
-    mode ``"inline"`` (calls of the function itself evaluated in place, to
-    find every hoisted value first), the rule and its example arguments. A
-    rule that called the function itself is traced again with those calls
-    bound to this call's primitive (its inputs are now known), so that the
-    rule's own derivatives use the function's rules.
-    """
+    ``traces`` holds ``(name, first, fn, args)``, ``first`` from
+    `_trace_rule` in mode ``"inline"``. A rule that called the function
+    itself is traced again with that call bound to this call's primitive,
+    so that the rule's own derivatives use the function's rules."""
     n_hoisted = len(self.hoisted)
     for name, first, fn, args in traces:
       if first is None or not first[0].hoists:
@@ -173,7 +182,7 @@ class Call:
     if self._instance is None:
       in_avals = (*jax.tree.unflatten(self.in_tree, self.in_avals_flat),
                   tuple(core.typeof(h) for h in self.hoisted.values))
-      out_aval = jax.tree.unflatten(self.primal.out_tree, self.primal.out_avals)
+      out_aval = jax.tree.unflatten(self.out_tree, self.out_avals_flat)
       self._instance = self.primitive_class(self, in_avals, out_aval)
     return self._instance
 
@@ -183,8 +192,8 @@ class Call:
 
   @contextlib.contextmanager
   def running(self, hoisted_values: Sequence[Any]):
-    """While a rule runs directly: a call of the function itself from inside
-    it, with this signature, binds this call's primitive."""
+    """While a rule runs directly, its call of the function binds this
+    call's primitive."""
     entry = _tracing.Entry(self.decorated, self.key, self, hoisted_values,
                            "bind")
     with _tracing.running(entry):
@@ -199,8 +208,7 @@ class Call:
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:
     """The function of the hoisted values ``which`` (the arguments held at
-    ``xs``): the rules give no derivative with respect to closed-over values
-    (nor traced values in non-differentiable arguments); its code does."""
+    ``xs``), whose derivative the code gives where the rules give none."""
     def f(*chosen):
       values = list(hvals)
       for i, v in zip(which, chosen):
@@ -208,34 +216,32 @@ class Call:
       return self.primal(values, *xs)
     return f
 
-  def closure_error(self, e: Exception) -> Exception:
-    """``e`` with the explanation of what was being differentiated."""
-    return type(e)(
-        f"{self.owner} closes over traced values that are being "
-        "differentiated. Its rules give derivatives with respect to its "
-        f"arguments only, so hijax differentiates {self.name}'s own code with "
-        "respect to those values, which failed:\n\n"
-        f"{e}\n\nPass them as arguments instead (jax.closure_convert finds "
-        f"them) and return their cotangents from the rule.")
+  def differentiating(self, transform: Callable[..., Any], *args: Any) -> Any:
+    """``transform(*args)``, differentiating the function's own code with
+    respect to closed-over values; a failure is explained."""
+    try:
+      return transform(*args)
+    except Exception as e:  # noqa: BLE001
+      raise type(e)(
+          f"{self} closes over traced values that are being differentiated. "
+          "Its rules give derivatives with respect to its arguments only, so "
+          f"hijax differentiates {self.name}'s own code with respect to those "
+          f"values, which failed:\n\n{e}\n\nPass them as arguments instead "
+          "(jax.closure_convert finds them) and return their cotangents from "
+          "the rule.") from e
 
 
 _CALLS_KEPT = 64
 """Calls kept per decorated function (its argument types and statics)."""
 
 _rules_version = [0]
-"""Bumped whenever a decorated function's rules are (re)defined: a kept call
-of another function whose code calls this one then stops being found."""
+"""Bumped whenever rules are (re)defined: kept calls are then not found."""
 
 
 class Decorated:
   """The part of `hijax.custom_vjp` and `hijax.custom_jvp` that is the same.
-
-  A `Call` is kept for the next call with the same key (`_calls_key`): the
-  function's code and what it reads (`hijax._function_key.by_value`), the
-  static arguments, the argument types, JAX's trace context and the rules'
-  version; a call whose function or rules close over traced values is not
-  kept (those values belong to one trace).
-  """
+  A `Call` is kept for the next call with the same key (`_calls_key`), but
+  one whose function or rules close over traced values (of one trace)."""
 
   kind: str = ""
   _call_class: type[Call]
@@ -274,21 +280,17 @@ class Decorated:
         f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def defbatch(self, rule: Callable[..., Any]) -> Callable[..., Any]:
-    """Defines how ``vmap`` computes the function on a batch.
+    """Defines how ``vmap`` computes the function on a batch; returns
+    ``rule`` (a decorator).
 
-    ``rule(axis_size, in_batched, *args) -> (out, out_batched)``, the
-    signature of ``jax.custom_batching.custom_vmap``'s ``def_vmap``: ``args``
-    are all the arguments of the function, a batched one with its batch axis
-    first; ``in_batched`` has one entry per argument, a pytree of booleans
-    like it (True for a batched leaf); ``out_batched`` says the same of
-    ``out``, as a pytree of booleans like it or one boolean for all of it.
-
-    The derivatives of the batched function (``grad`` of ``vmap``, ``vmap``
-    of ``grad``, any order) are the function's own rules, vmapped, so the
-    rule need not be differentiable. The rule is used when only arguments are
-    batched; when a value the function closes over is batched, the function
-    itself is vmapped instead. Returns ``rule``, so that it can be used as a
-    decorator.
+    ``rule(axis_size, in_batched, *args) -> (out, out_batched)``, as for
+    ``jax.custom_batching.custom_vmap.def_vmap``: ``args`` are all the
+    arguments, a batched one with its batch axis first; ``in_batched`` and
+    ``out_batched`` are pytrees of booleans like the arguments and ``out``
+    (``out_batched`` may be one boolean). The derivatives of the batched
+    function are the function's rules, vmapped (the rule need not be
+    differentiable). Where a value the function closes over is batched,
+    the function itself is vmapped instead.
     """
     self.batch_rule = rule
     self._rules_defined()
@@ -348,3 +350,72 @@ class Decorated:
     """The same function and rules under JAX's own decorator."""
     raise NotImplementedError
 
+
+class PrunedCall(HiPrim):
+  """A call of a decorated function of which only the outputs ``used`` (one
+  flag per output leaf of ``of``) are kept, as a tuple of those leaves; its
+  rules are ``of``'s (a dropped output's tangent or cotangent a zero)."""
+
+  in_avals: tuple[Any, ...]
+  out_aval: Any
+  params: dict[str, Any]
+  _of: Any
+  _used: tuple[bool, ...]
+
+  def __init__(self, of: Any, used: tuple[bool, ...]) -> None:
+    self.in_avals = of.in_avals
+    self.out_aval = tuple(a for a, u in zip(of.out_avals_flat, used) if u)
+    self.params = dict(fun=of.params["fun"], _of=of, _used=used)
+    self.effects = of.effects
+    super().__init__()
+
+  def _select(self, tree: Any) -> Any:
+    """The kept leaves of one of ``of``'s outputs (or tangents)."""
+    if tree is None:
+      return None
+    flat = self._of.out_tree.flatten_up_to(tree)
+    return tuple(x for x, u in zip(flat, self._used) if u)
+
+  def _full(self, kept: Any) -> Any:
+    """``of``'s output cotangent from the kept leaves, zeros elsewhere."""
+    it = iter(self.out_tree.flatten_up_to(kept))
+    return jax.tree.unflatten(self._of.out_tree, [
+        next(it) if u else Zero(a.to_ct_aval())
+        for a, u in zip(self._of.out_avals_flat, self._used)])
+
+  def _forward(self, out: Any, res: Any, *rest: Any) -> Any:
+    return (self._select(out), res, *[self._select(r) for r in rest[:1]],
+            *rest[1:])
+
+  def dce(self, used_outs: Any, live_ins: Any) -> Any:
+    return _dce(self, self._of, self._used, used_outs)
+
+  def expand(self, *args: Any) -> Any:
+    return self._select(self._of.expand(*args))
+
+  def jvp(self, primals: Any, tangents: Any) -> Any:
+    out, tangent = self._of.jvp(primals, tangents)
+    return self._select(out), self._select(tangent)
+
+  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
+    return self._forward(*self._of.vjp_fwd(nzs_in, *args))
+
+  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
+    return self._of.vjp_bwd(res, self._full(g), *arg_accums)
+
+  def lin(self, nzs_in: Any, *args: Any) -> Any:
+    return self._forward(*self._of.lin(nzs_in, *args))
+
+  def linearized(self, res: Any, *tangents: Any) -> Any:
+    return self._select(self._of.linearized(res, *tangents))
+
+  def transpose(self, ct: Any, *args: Any) -> Any:
+    return self._of.transpose(self._full(ct), *args)
+
+  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
+    out, out_dim = self._of.batch(axis_data, args, dims)
+    if out_dim is None or isinstance(out_dim, int):
+      out_dim = jax.tree.map(lambda _: out_dim, self._of.out_aval)
+    flat_dims = self._of.out_tree.flatten_up_to(out_dim)
+    return self._select(out), tuple(
+        d for d, u in zip(flat_dims, self._used) if u)

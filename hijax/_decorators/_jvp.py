@@ -4,7 +4,6 @@ JAX's does (``linearize_from_jvp``, then ``vjp_from_lin``).
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +14,6 @@ from jax.custom_derivatives import zero_from_primal
 from hijax import _linearity
 from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import install_named_axis_batching
 from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import (first_element_words, pair,
@@ -66,7 +64,7 @@ class JVPCall(Call):
     rule, jvp, fun = f"the jvp rule {self.jvp_name}", self.jvp_name, self.name
     head = (f"Custom JVP rule {jvp} for function {fun} must produce a pair "
             "(list or tuple of length two)")
-    out, tangent = pair(self.owner, rule, result,
+    out, tangent = pair(self, rule, result,
                         "(primal output, tangent output)", lambda got: (
                             f"{head} representing primal and tangent outputs, "
                             f"but got {got}."))
@@ -79,8 +77,8 @@ class JVPCall(Call):
           "(equal in value to the output of the custom_jvp-decorated "
           f"function {fun}, and in particular {particular})", "custom_jvp",
           "JVP rule output", fun, shapes, got, expected)
-    primal_out(self.owner, rule, out, words)
-    return out, tangent_out(self.owner, rule, tangent, self.jvp_name)
+    primal_out(self, rule, out, words)
+    return out, tangent_out(self, rule, tangent, self.jvp_name)
 
 
 def _add(a, b):
@@ -107,17 +105,15 @@ class CustomJVPCall(CallPrimitive[JVPCall]):
     if any(_nonzero(t) for t in jax.tree.leaves(txs, is_leaf=is_zero)):
       out, t_flat = call.run_jvp(xs, txs, hvals)
     else:  # as in JAX, the rule runs only for a nonzero tangent
-      out, t_flat = self(*primals), [None] * len(call.primal.out_avals)
+      out, t_flat = self(*primals), [None] * len(call.out_avals_flat)
     if closed:
-      try:
-        _, t_closed = jax.jvp(call.primal_of_hoisted(xs, hvals, closed),
-                              tuple(hvals[i] for i in closed),
-                              tuple(instantiate_zeros(th[i]) for i in closed))
-      except Exception as e:  # noqa: BLE001
-        raise call.closure_error(e) from e
+      _, t_closed = call.differentiating(
+          jax.jvp, call.primal_of_hoisted(xs, hvals, closed),
+          tuple(hvals[i] for i in closed),
+          tuple(instantiate_zeros(th[i]) for i in closed))
       t_flat = [_add(a, b) for a, b in
-                zip(t_flat, call.primal.out_tree.flatten_up_to(t_closed))]
-    return out, jax.tree.unflatten(call.primal.out_tree, t_flat)
+                zip(t_flat, call.out_tree.flatten_up_to(t_closed))]
+    return out, jax.tree.unflatten(call.out_tree, t_flat)
 
   def lin(self, nzs_in: Any, *args: Any) -> Any:
     if not any(jax.tree.leaves(nzs_in)):
@@ -156,10 +152,6 @@ class LinearCustomJVPCall(CustomJVPCall):
     cts = jax.linear_transpose(f, *examples)(ct)
     for acc, c in zip([x for x, lin in zip(leaves, linear) if lin], cts):
       acc.accum(c)
-
-
-for _cls in (CustomJVPCall, LinearCustomJVPCall):
-  install_named_axis_batching(_cls)
 
 
 _LINEARITY_LEAVES = 32
@@ -206,15 +198,8 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
 
   kind = "custom_jvp"
   _call_class = JVPCall
-  jvp: Callable[..., Any] | None
-  symbolic_zeros: bool
-
-  def __init__(self, fun: Callable[..., Any],
-               nondiff_argnums: Sequence[int] = (),
-               nondiff_argnames: Sequence[str] = ()) -> None:
-    super().__init__(fun, nondiff_argnums, nondiff_argnames)
-    self.jvp = None
-    self.symbolic_zeros = False
+  jvp: Callable[..., Any] | None = None
+  symbolic_zeros = False
 
   def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False
              ) -> Callable[..., Any]:

@@ -1,11 +1,7 @@
 """What the user's rules return, checked against the decorated function's
-types (`hijax._checks`'s comparison: shape and dtype, weak types ignored).
-
-Each message begins with JAX's own wording of the error, so that what
-matches JAX's error matches hijax's, then names the function, the rule, the
-argument or output, what was declared and what came back. A cotangent of
-the wrong type raises `CotangentTypeError` (not while
-``jax.config.jax_disable_bwd_checks`` is set, as JAX's is not).
+types (shape and dtype, weak types ignored). Each message begins with JAX's
+wording of the error, then names the function, the rule, the argument or
+output, what was declared and what came back.
 
 Imports: `hijax._checks`, `hijax._cotangents`, `hijax._util`,
 `hijax._internals`, and jax.
@@ -14,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,30 +23,25 @@ from hijax._internals import core
 from hijax._util import describe_value, is_float0, is_zero
 
 __all__ = ["RuleOwner", "CotangentTypeError", "pair", "primal_out",
-           "cotangents", "tangent_out", "types_tree"]
+           "cotangents", "tangent_out"]
 
 
 class CotangentTypeError(_checks.RuleTypeError, ValueError):
   """The bwd rule of a `hijax.custom_vjp` function returned a cotangent
-  whose type is not its argument's cotangent type (another shape, another
-  dtype, or a symbolic zero of another type).
-
-  A `RuleTypeError` (so a ``TypeError``) like every hijax rule-type error,
-  and a ``ValueError`` like the error ``jax.custom_vjp`` raises for it; its
-  message begins with JAX's. Not raised while
-  ``jax.config.jax_disable_bwd_checks`` is set.
-  """
+  whose type is not its argument's cotangent type. A `RuleTypeError` (so a
+  ``TypeError``) and a ``ValueError``, as ``jax.custom_vjp``'s error is; not
+  raised while ``jax.config.jax_disable_bwd_checks`` is set, as JAX's is
+  not."""
 
 
 def _is_symbolic(x) -> bool:
   return isinstance(x, SymbolicZero) or is_zero(x)
 
 
-def types_tree(tree: Any, avals: Sequence[Any]) -> str:
-  """The structure ``tree`` with each leaf's type, unquoted, as JAX prints
-  it (``(float32[], float32[])``)."""
-  shown = jax.tree.unflatten(tree, [a.str_short() for a in avals])
-  return str(shown).replace("'", "")
+def _shown(tree: Any, names: list[str]) -> str:
+  """The structure ``tree`` with each leaf's type name, unquoted, as JAX
+  prints it (``(float32[], float32[])``)."""
+  return str(jax.tree.unflatten(tree, names)).replace("'", "")
 
 
 def _source_info(fun: Callable[..., Any]) -> str:
@@ -65,20 +56,20 @@ def _source_info(fun: Callable[..., Any]) -> str:
 
 
 class RuleOwner:
-  """Names for messages: ``hijax.custom_vjp function f``, its rules, its
-  arguments (``names``, one per differentiable argument) and its output;
-  ``fun`` is the function itself (JAX's messages name its source line)."""
+  """Names for messages (the base of `_common.Call`): ``hijax.custom_vjp
+  function f``, its rules, its arguments (``signature.names``, one per
+  differentiable argument) and its output, whose types it holds."""
 
-  def __init__(self, decorator: str, fun: Any, fun_name: str,
-               arg_names: list[str], in_tree: Any, in_avals_flat: list[Any],
-               out_tree: Any, out_avals_flat: list[Any]):
-    self.decorator, self.fun, self.fun_name = decorator, fun, fun_name
-    self.arg_names = arg_names
-    self.in_tree, self.in_avals_flat = in_tree, in_avals_flat
-    self.out_tree, self.out_avals_flat = out_tree, out_avals_flat
+  decorated: Any
+  name: str
+  signature: Any
+  in_tree: Any
+  in_avals_flat: list[Any]
+  out_tree: Any
+  out_avals_flat: list[Any]
 
   def __str__(self) -> str:
-    return f"hijax.{self.decorator} function {self.fun_name}"
+    return f"hijax.{self.decorated.kind} function {self.name}"
 
   def error(self, rule: str, message: str, cls: type = TypeError,
             jax_words: str | None = None) -> Exception:
@@ -90,17 +81,8 @@ class RuleOwner:
   def types(self, tree: Any, leaves: list[Any]) -> str:
     """The types of ``leaves`` in the structure ``tree``, as JAX prints
     them (a leaf that is not a JAX value by its class name)."""
-    return types_tree(tree, [_NotJax(x) if a is None else a for a, x in
-                             zip(map(_checks.type_of, leaves), leaves)])
-
-
-class _NotJax:
-
-  def __init__(self, x):
-    self.name = type(x).__name__
-
-  def str_short(self) -> str:
-    return self.name
+    return _shown(tree, [type(x).__name__ if a is None else a.str_short()
+                         for a, x in zip(map(_checks.type_of, leaves), leaves)])
 
 
 def _type_message(declared, value, kind: str) -> tuple[str, str]:
@@ -152,15 +134,15 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
   """The primal output a rule returned, flattened and checked against the
   function's output (structure, then each leaf's shape and dtype)."""
   flat, tree = jax.tree.flatten(out)
-  expected = lambda: types_tree(owner.out_tree,  # noqa: E731
-                                owner.out_avals_flat)
+  expected = lambda: _shown(owner.out_tree, [  # noqa: E731
+      a.str_short() for a in owner.out_avals_flat])
   if tree != owner.out_tree:
     words = None if jax_words is None else jax_words(
         False, owner.types(tree, flat), expected(), None)
     raise owner.error(
         rule, f"returned a primal output with structure {tree}, but "
-        f"{owner.fun_name} returns structure {owner.out_tree}: the primal "
-        f"output must equal {owner.fun_name}(*args)", TypeError, words)
+        f"{owner.name} returns structure {owner.out_tree}: the primal "
+        f"output must equal {owner.name}(*args)", TypeError, words)
   for where, declared, x in zip(_out_paths(owner), owner.out_avals_flat, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
       got, advice = _type_message(declared, x, "rule-primal")
@@ -168,9 +150,9 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
           True, owner.types(tree, flat), expected(),
           (where, owner.types(jax.tree.structure(0), [x]), declared))
       raise owner.error(
-          rule, f"returned {got} as its primal {where}, but {owner.fun_name} "
+          rule, f"returned {got} as its primal {where}, but {owner.name} "
           f"returns {declared.str_short()} there. {advice}The primal output "
-          f"must equal {owner.fun_name}(*args).".rstrip(),
+          f"must equal {owner.name}(*args).".rstrip(),
           _checks.RuleTypeError, words)
   return flat
 
@@ -190,10 +172,10 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
     raise owner.error(
         rule, "returned an output tangent with structure "
         f"{jax.tree.structure(tangent, is_leaf=_is_symbolic)}, but "
-        f"{owner.fun_name} returns structure {owner.out_tree}: the tangent "
+        f"{owner.name} returns structure {owner.out_tree}: the tangent "
         "has the structure of the primal output (None for a zero leaf)",
         TypeError, f"Custom JVP rule {jvp_name} for function "
-        f"{owner.fun_name} must produce primal and tangent outputs with equal "
+        f"{owner.name} must produce primal and tangent outputs with equal "
         f"container (pytree) structures, but got {owner.out_tree} and "
         f"{jax.tree.structure(tangent)} respectively.")
   declared_all = [a.to_tangent_aval() for a in owner.out_avals_flat]
@@ -259,21 +241,21 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
   cotangent type; for an integer or boolean input (cotangent type float0)
   anything of the input's shape is dropped.
   """
-  n = len(owner.arg_names)
+  n = len(owner.signature.names)
   if isinstance(cts, list):
     cts = tuple(cts)
   if not isinstance(cts, tuple) or len(cts) != n:
     raise owner.error(
         rule, f"must return a tuple with one cotangent per differentiable "
-        f"argument of {owner.fun_name} ({n}: "
-        f"{', '.join(owner.arg_names) or 'none'}), but returned "
+        f"argument of {owner.name} ({n}: "
+        f"{', '.join(owner.signature.names) or 'none'}), but returned "
         f"{describe_value(cts)}", TypeError,
         _bwd_structure_words(cts, owner.in_tree))
   arg_trees = owner.in_tree.children()
   flat: list[Any] = []
   avals = iter(owner.in_avals_flat)
   check = not bwd_checks_disabled()
-  for i, (name, ct, tree) in enumerate(zip(owner.arg_names, cts, arg_trees)):
+  for i, (name, ct, tree) in enumerate(zip(owner.signature.names, cts, arg_trees)):
     leaves = _broadcast_none(owner, rule, name, ct, tree)
     for path, c in leaves:
       aval = next(avals)
@@ -336,7 +318,7 @@ def _bwd_type_words(owner, path, got, expected, aval, symbolic: bool) -> str:
   """JAX's words for a cotangent (at ``output{path}``) whose type is not its
   input's: those of its newer custom_vjp, then (for an array) those of its
   custom_vjp, which JAX 0.11's tests match."""
-  source = _source_info(owner.fun)
+  source = _source_info(owner.decorated.fun)
   words = (f"at output{path} the bwd rule attached to {source} produced an "
            f"output of type {got.str_short()} which doesn't match expected "
            f"type {expected.str_short()}")

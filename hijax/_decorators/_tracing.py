@@ -1,12 +1,8 @@
 """Tracing a decorated function and its rules once per call, the traced values
 they close over hoisted into inputs (`Hoisted`, `Traced`): a rule run after
-the trace of a value it closes over has ended (``grad`` of a ``jit``-ed
-function, reverse mode outside a ``vmap``) would meet a dead tracer, and no
-derivative with respect to that value would be defined.
-
-A rule that calls the decorated function itself is traced while that call
-is running: `Entry` records the running call, which the inner call reuses
-(`find`). Imports: jax and `hijax._internals` only.
+the trace of such a value has ended would meet a dead tracer. A rule that
+calls the function itself reuses the running call (`Entry`, `find`).
+Imports: jax and `hijax._internals` only.
 """
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ class Hoisted:
     return i
 
   def truncate(self, n: int) -> None:
-    """Drops the values added after the first ``n`` (a tracing that is not
-    kept); a dropped tracer gets a new slot if it is asked for again."""
+    """Drops the values added after the first ``n`` (a tracing not kept)."""
     for x in self.values[n:]:
       del self._index[id(x)]
     del self.values[n:]
@@ -85,10 +80,8 @@ class Traced:
     return jax.tree.unflatten(self.out_tree, out)
 
   def as_call(self, hoisted_values: Sequence[Any], *args: Any) -> Any:
-    """Like calling it, but recorded as one equation calling its jaxpr
-    (JAX's ``closed_call``, whose rules prune and differentiate it) rather
-    than as its equations one by one: what lowering a call under ``jit``
-    records, as JAX's decorators do."""
+    """Like calling it, but recorded as one ``closed_call`` equation (what
+    lowering a call under ``jit`` records, as JAX's decorators do)."""
     if self._call_jaxpr is None:
       self._call_jaxpr = self._with_hoisted_inputs()
     closed, used = self._call_jaxpr
@@ -124,13 +117,9 @@ class Traced:
 
 def trace(name: str, fn: Callable[..., Any], args: tuple[Any, ...],
           hoisted: Hoisted) -> tuple[Traced, Any]:
-  """Traces ``fn(*args)``; returns the `Traced` function and its output shape.
-
-  A fresh function object is traced each time: ``jax.make_jaxpr`` caches by
-  function identity, which would keep a value the function reads from a
-  mutable object (``self.w``) after that object changed. Every traced value
-  ``fn`` closes over is added to ``hoisted``.
-  """
+  """The `Traced` ``fn(*args)`` and its output shape, each traced value it
+  closes over added to ``hoisted``. A fresh function is traced each time
+  (``jax.make_jaxpr`` caches by identity: a changed ``self.w`` is seen)."""
   closed, shape = jax.make_jaxpr(lambda *a: fn(*a), return_shape=True)(*args)
   slots = [hoisted.slot(c) if isinstance(c, core.Tracer) else None
            for c in closed.consts]
@@ -142,15 +131,11 @@ def trace(name: str, fn: Callable[..., Any], args: tuple[Any, ...],
 # --- calls of a decorated function running now --------------------------------
 
 class Entry:
-  """A call of a decorated function whose rules are being traced or run.
-
-  While ``f_fwd`` is traced (or run) for a call of ``f``, a call of ``f`` on
-  arguments of the same types and the same static arguments is the same
-  function: it reuses ``call`` (``mode == "bind"``), or, while the rules are
-  first traced to find what they close over, is evaluated in place
-  (``mode == "inline"``). ``hoisted_values`` are the values its hoisted
-  inputs have there.
-  """
+  """A call of a decorated function whose rules are being traced or run:
+  a call of the function itself from a rule, with the same static arguments
+  and argument types, reuses ``call`` (``mode == "bind"``), or, while the
+  rules are first traced to find what they close over, is evaluated in
+  place (``mode == "inline"``), its hoisted inputs ``hoisted_values``."""
 
   def __init__(self, decorator: Any, key: Any, call: Any,
                hoisted_values: Sequence[Any], mode: str):
@@ -160,38 +145,35 @@ class Entry:
     self.reentered = False
 
 
-_RUNNING = threading.local()
+class _Running(threading.local):
+  def __init__(self) -> None:
+    self.stack: list[Entry] = []
 
 
-def _stack() -> list[Entry]:
-  stack = getattr(_RUNNING, "stack", None)
-  if stack is None:
-    stack = _RUNNING.stack = []
-  return stack
+_RUNNING = _Running()
 
 
 @contextlib.contextmanager
 def running(entry: Entry) -> Iterator[Entry]:
   """Makes ``entry`` findable by `find` while the block runs."""
-  stack = _stack()
-  stack.append(entry)
+  _RUNNING.stack.append(entry)
   try:
     yield entry
   finally:
-    stack.pop()
+    _RUNNING.stack.pop()
 
 
 def find(decorator: Any, key: Any) -> Entry | None:
   """The innermost running call of ``decorator`` with the signature ``key``."""
-  for entry in reversed(_stack()):
+  for entry in reversed(_RUNNING.stack):
     if entry.decorator is decorator and _same_key(entry.key, key):
       return entry
   return None
 
 
 def signature_key(statics: Sequence[Any], diff_args: tuple[Any, ...]) -> Any:
-  """What makes two calls of one decorated function the same function: the
-  static arguments (the same objects, or equal) and the argument types."""
+  """The static arguments (compared by identity or equality) and the
+  argument types of a call."""
   leaves, tree = jax.tree.flatten(diff_args)
   return (tuple(statics), tree, [core.typeof(x) for x in leaves])
 
@@ -224,15 +206,11 @@ _ATOMS = (str, bytes, int, float, complex, bool, type(None), type,
 
 
 def may_close_over_tracers(*objects: Any) -> bool:
-  """Whether a traced value is reachable from ``objects`` (functions and
-  what they hold): their closures, defaults, bound objects, ``partial``
-  arguments, the globals their code names, containers and object attributes.
-
-  Rules are traced when a call is made only where this is True, so that a
-  function whose rules hold no traced value runs them exactly as JAX's
-  decorators do (once, when differentiated). Past a few thousand objects it
-  answers True: tracing is then the safe answer.
-  """
+  """Whether a traced value is reachable from ``objects``: through
+  closures, defaults, bound objects, ``partial`` arguments, the globals a
+  code names, containers and attributes. Rules are traced at a call only
+  where it is True (else they run as JAX's decorators run them); past a few
+  thousand objects it answers True, the safe answer."""
   seen: set[int] = set()
   stack = list(objects)
   for _ in range(_SCAN_LIMIT):

@@ -1,20 +1,19 @@
 """`hijax.custom_vjp`: ``jax.custom_vjp``'s API on a hijax primitive,
 `CustomVJPCall`, whose forward mode is ``bwd`` transposed in ``g``
-(`jvp_from_vjp`, with its linearity check). What it adds to JAX's is listed
-in `custom_vjp`'s docstring.
+(`jvp_from_vjp`, with its linearity check), or else the equation whose
+transpose runs ``bwd`` (`_linearized_value`). What it adds to JAX's is
+listed in `custom_vjp`'s docstring.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
-from hijax._decorators import _forward, _tracing
+from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
-from hijax._decorators._batching import install_named_axis_batching
 from hijax._decorators._common import (Call, CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import (cotangents, first_element_words,
@@ -23,7 +22,7 @@ from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
-                            linearize_from_jvp)
+                           linearize_from_jvp, tangent_from_backward)
 
 __all__ = ["custom_vjp", "CustomVJPCall"]
 
@@ -47,8 +46,8 @@ class VJPCall(Call):
     if first_fwd is not None:
       out_shape_res = first_fwd[1]
       if isinstance(out_shape_res, (tuple, list)) and len(out_shape_res) == 2:
-        g = jax.tree.unflatten(self.primal.out_tree, [
-            example_of(a.to_ct_aval()) for a in self.primal.out_avals])
+        g = jax.tree.unflatten(self.out_tree, [
+            example_of(a.to_ct_aval()) for a in self.out_avals_flat])
         bwd_args = (out_shape_res[1], g)
         first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
                                      self._bwd_direct, bwd_args, "inline")
@@ -79,7 +78,7 @@ class VJPCall(Call):
     logs = d.bwd(*self.statics, res, g,
                  *jax.tree.unflatten(self.in_tree, accums))
     if logs is not None and type(logs) is not dict:
-      raise self.owner.error(
+      raise self.error(
           f"the bwd rule {self.bwd_name}", "was defined with "
           "defvjp_with_accums, so it must return None or a dict of "
           f"backward-pass logs, but returned a {type(logs).__name__}",
@@ -99,10 +98,10 @@ class VJPCall(Call):
       with self.running(hvals):
         result = self._fwd_with(nzs)(*xs)
     rule = f"the fwd rule {self.fwd_name}"
-    out, res = pair(self.owner, rule, result, "(primal output, residuals)",
+    out, res = pair(self, rule, result, "(primal output, residuals)",
                     lambda got: f"{self._fwd_head()}, but instead of a pair "
                     f"the fwd rule {self.fwd_name} produced {got}.")
-    primal_out(self.owner, rule, out, self._fwd_primal_words)
+    primal_out(self, rule, out, self._fwd_primal_words)
     return out, res
 
   def _fwd_head(self, equal: str = "those") -> str:
@@ -138,23 +137,22 @@ class VJPCall(Call):
     logs = None
     if self.decorated.with_logs:
       result, logs = pair(
-          self.owner, rule, result, "(cotangents, logs)", lambda got:
+          self, rule, result, "(cotangents, logs)", lambda got:
           "Custom VJP bwd rule was registered with defvjp_with_logs and so "
           f"must produce a pair (in_cts, logs), but got {got}.")
       if logs is not None and type(logs) is not dict:
-        raise self.owner.error(
+        raise self.error(
             rule, "was defined with defvjp_with_logs, so the second entry of "
             "the pair it returns must be None or a dict of backward-pass "
             f"logs, but it is a {type(logs).__name__}", TypeError,
             "Custom VJP bwd rule was registered with defvjp_with_logs, and so "
             "the second element of the pair it returns must be None or a dict "
             f"of backward-pass log entries, but got {type(logs).__name__}.")
-    return cotangents(self.owner, rule, result), logs
+    return cotangents(self, rule, result), logs
 
 
 class CustomVJPCall(CallPrimitive[VJPCall]):
-  """The primitive of one call signature of a `custom_vjp` function
-  (see `CallPrimitive`), with its rules."""
+  """The primitive of one call signature of a `custom_vjp` function."""
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     call = self._call
@@ -171,28 +169,21 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     closed = [i for i, nz in enumerate(nzs_h) if nz]
     closure_vjp = None
     if closed:
-      try:
-        _, closure_vjp = jax.vjp(call.primal_of_hoisted(
-            xs, hvals, closed), *[hvals[i] for i in closed])
-      except Exception as e:  # noqa: BLE001
-        raise call.closure_error(e) from e
+      _, closure_vjp = call.differentiating(
+          jax.vjp, call.primal_of_hoisted(xs, hvals, closed),
+          *[hvals[i] for i in closed])
     return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
-    """Runs bwd and adds its cotangents, leaf by leaf, into the accumulators
-    (an argument's pytree is never rebuilt with None for a zero, which a
-    pytree node may refuse); returns bwd's logs, if it has them."""
+    """Runs bwd and adds its cotangents, leaf by leaf, into the accumulators;
+    returns bwd's logs, if it has them."""
     call = self._call
     user_res, bwd_hvals, closure_vjp, closed = res
     cts_flat, logs = call.run_bwd(user_res, g, bwd_hvals or ())
     ct_h: list[Any] = [None] * len(call.hoisted)
     if closure_vjp is not None:
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
-      try:
-        closed_cts = closure_vjp(g_full)
-      except Exception as e:  # noqa: BLE001
-        raise call.closure_error(e) from e
-      for i, ct in zip(closed.value, closed_cts):
+      for i, ct in zip(closed.value, call.differentiating(closure_vjp, g_full)):
         ct_h[i] = ct
     accums = self.in_tree.flatten_up_to(arg_accums)
     for acc, ct in zip(accums, [*cts_flat, *ct_h]):
@@ -202,18 +193,10 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`).
-
-    For a ``bwd`` that is not linear in ``g`` there is no forward mode. The
-    tangent is then, as JAX makes it for every ``custom_vjp`` function, an
-    equation that only transposition evaluates (its transpose is ``bwd``):
-    reverse mode through a forward pass (JAX's default ``jax.checkpoint``, a
-    ``jax.linearize`` that is transposed) works, and a forward-mode value
-    raises the error that says why. A function defined with
-    ``defvjp_with_logs`` gets that equation too (transposing it runs ``bwd``,
-    whose logs then reach ``with_logs`` under ``jax.checkpoint``), and its
-    forward-mode value is ``bwd`` transposed. With ``optimize_remat``, the
-    primal output is the function's own, as in JAX.
-    """
+    For a ``bwd`` not linear in ``g``, and with logs, the tangent is (as JAX
+    makes it) an equation whose transpose is ``bwd``: reverse mode through
+    it works; its forward-mode value is ``bwd`` transposed, or the error
+    that says why there is none."""
     call = self._call
     derived = None
     if not call.decorated.with_logs:
@@ -222,7 +205,7 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
       except NonlinearBackwardError as e:
         if e.prim is not self:
           raise  # another primitive's rule, inside bwd
-        call.forward_mode_error = _forward.nonlinear_bwd_error(call, e)
+        call.forward_mode_error = _nonlinear_bwd_error(call, e)
     out, tangent = derived or self._transpose_only_tangent(primals, tangents)
     if call.decorated.optimize_remat:
       out = self(*primals)  # fwd is for residuals only, as in JAX
@@ -247,18 +230,88 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
 
 
 VJPCall.primitive_class = CustomVJPCall
-install_named_axis_batching(CustomVJPCall)
+
+
+def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
+                         ) -> NonlinearBackwardError:
+  """`jvp_from_vjp`'s error for a bwd not linear in ``g``, in the terms of
+  the decorated function: JAX's words, then why hijax cannot derive forward
+  mode. A `NonlinearBackwardError` (a TypeError, as JAX's)."""
+  detail = call.error(
+      f"the bwd rule {call.bwd_name}",
+      "is not linear in the cotangent g, so forward mode (jax.jvp, "
+      f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
+      f"{e.reason}. hijax.custom_vjp derives forward mode by transposing bwd "
+      "in g, which is right only for a rule linear in g (the chain rule "
+      "multiplies g by the Jacobian). If the rule is meant to change g (a "
+      "clipped or scaled gradient), give forward mode a rule of its own with "
+      "hijax.custom_jvp; otherwise fix the rule", TypeError,
+      "can't apply forward-mode autodiff (jvp) to a custom_vjp function.")
+  return NonlinearBackwardError(str(detail), e.prim, e.method, e.reason)
+
+
+def _raise_copy(e: NonlinearBackwardError):
+  """Raises a fresh exception like ``e`` (one raised again keeps its
+  traceback)."""
+  raise NonlinearBackwardError(str(e), e.prim, e.method, e.reason) from None
 
 
 # The tangent equation of `_transpose_only_tangent` is this class's linearized
-# primitive (hijax.autodiff registers its transpose, which calls bwd); its
+# primitive (hijax.autodiff registers its transpose, which calls bwd). Its
 # value, where one is needed, is bwd transposed in g, or the error that says
-# why forward mode is refused.
-CustomVJPCall._linearized_primitive.to_lojax = _forward.linearized_value
-batching.fancy_primitive_batchers[CustomVJPCall._linearized_primitive] = (
-    _forward.linearized_batched)
-ad.primitive_jvps[CustomVJPCall._linearized_primitive] = _forward.linearized_jvp
+# why forward mode is refused; its vmap and jvp are those of that value.
+def _linearized_value(*args: Any, prim: Any, res_tree: Any,
+                      nzs_in: tuple[bool, ...], nzs_out: tuple[bool, ...],
+                      has_sres: bool) -> list[Any]:
+  call = prim._call
+  if call.forward_mode_error is not None:
+    _raise_copy(call.forward_mode_error)
+  n_res = res_tree.num_leaves
+  res = jax.tree.unflatten(res_tree, args[:n_res])
+  res, sres = res if has_sres else (res, None)
+  nz_tangents = iter(args[n_res:])
+  tangents_flat = [next(nz_tangents) if nz else Zero(a.to_tangent_aval())
+                   for a, nz in zip(prim.in_avals_flat, nzs_in)]
+  try:
+    t_out = tangent_from_backward(prim, list(nzs_in), list(nzs_out), res, sres,
+                                  tangents_flat)
+  except NonlinearBackwardError as e:
+    if e.prim is not prim:
+      raise
+    call.forward_mode_error = _nonlinear_bwd_error(call, e)
+    _raise_copy(call.forward_mode_error)
+  return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
+          for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
 
+
+def _linearized_batched(axis_data: Any, args: Any, dims: Any, **params: Any
+                        ) -> Any:
+  out = jax.vmap(lambda *a: _linearized_value(*a, **params),
+                 in_axes=tuple(dims), axis_size=axis_data.size,
+                 axis_name=axis_data.name)(*args)
+  return out, [0] * len(out)
+
+
+def _linearized_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+  return jax.jvp(lambda *a: _linearized_value(*a, **params), tuple(primals),
+                 tuple(instantiate_zeros(t) for t in tangents))
+
+
+_LINEARIZED = CustomVJPCall._linearized_primitive
+_LINEARIZED.to_lojax = _linearized_value
+batching.fancy_primitive_batchers[_LINEARIZED] = _linearized_batched
+ad.primitive_jvps[_LINEARIZED] = _linearized_jvp
+
+
+def _remat_refused(method: str) -> NotImplementedError:
+  logs = "_with_logs" if method.endswith("_with_logs") else ""
+  return NotImplementedError(
+      f"hijax.custom_vjp has no {method}: its rematerialization is that of "
+      f"jax.checkpoint, whose policy applies to the fwd rule of defvjp{logs} "
+      "(mark the residuals to save with jax.ad_checkpoint.checkpoint_name). "
+      "For rules of your own, use hijax.custom_remat: its (fwd, rem, bwd) "
+      f"are those of JAX's {method}, and its fwd also receives the "
+      "checkpoint policy")
 
 
 class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
@@ -295,21 +348,9 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
 
   kind = "custom_vjp"
   _call_class = VJPCall
-  fwd: Callable[..., Any] | None
-  bwd: Callable[..., Any] | None
-  symbolic_zeros: bool
-  optimize_remat: bool
-  generic_batching: bool
-  with_logs: bool
-  with_accums: bool
-
-  def __init__(self, fun: Callable[..., Any],
-               nondiff_argnums: Sequence[int] = (),
-               nondiff_argnames: Sequence[str] = ()) -> None:
-    super().__init__(fun, nondiff_argnums, nondiff_argnames)
-    self.fwd = self.bwd = None
-    self.symbolic_zeros = self.optimize_remat = False
-    self.generic_batching = self.with_logs = self.with_accums = False
+  fwd: Callable[..., Any] | None = None
+  bwd: Callable[..., Any] | None = None
+  symbolic_zeros = optimize_remat = with_logs = with_accums = False
 
   def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
              symbolic_zeros: bool = False, optimize_remat: bool = False,
@@ -329,68 +370,53 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
       symbolic_zeros: as in JAX. When the function or its rules close over
         traced values, the rules are traced once with every input perturbed
         and every cotangent an array.
-      optimize_remat: accepted for JAX's signature, and ignored. With
-        ``jax_remat3``, ``jax.checkpoint`` runs the function on the forward
-        pass and ``fwd`` on the backward pass, which is what the flag asks
-        of JAX; with JAX's default remat, the checkpoint's policy applies to
-        ``fwd``'s operations. As in JAX, it cannot be combined with
-        ``symbolic_zeros``.
+      optimize_remat: as in JAX, the primal output under forward mode is the
+        function's own; ``jax.checkpoint``'s policy applies to ``fwd``. As
+        in JAX, it cannot be combined with ``symbolic_zeros``.
       generic_batching: accepted for JAX 0.12's signature; ``vmap`` batches
         every output of a hijax ``custom_vjp`` function, so an output shared
         by the batch needs no special treatment.
     """
+    self._define(fwd, bwd, symbolic_zeros, optimize_remat, False, False)
+
+  def _define(self, fwd, bwd, symbolic_zeros, optimize_remat, with_logs,
+              with_accums) -> None:
     if symbolic_zeros and optimize_remat:
       raise NotImplementedError(
           "remat optimization for custom_vjp does not support symbolic zeros")
     self.fwd, self.bwd = fwd, bwd
     self.symbolic_zeros, self.optimize_remat = symbolic_zeros, optimize_remat
-    self.generic_batching = generic_batching
-    self.with_logs = False
+    self.with_logs, self.with_accums = with_logs, with_accums
     self._rules_defined()
 
   def defvjp_with_logs(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
                        symbolic_zeros: bool = False,
                        optimize_remat: bool = False,
                        generic_batching: bool = False) -> None:
-    """Like `defvjp`, but ``bwd`` returns ``(cotangents, logs)``.
-
-    ``logs`` is None or a dict of values to log out of the backward pass,
-    read with the ``with_logs`` method of the function that ``jax.vjp``
-    returns, as for ``jax.custom_vjp.defvjp_with_logs``.
-    """
-    self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
-    self.with_logs = True
+    """Like `defvjp`, but ``bwd`` returns ``(cotangents, logs)``: None or a
+    dict of values read with the ``with_logs`` method of the function that
+    ``jax.vjp`` returns, as for ``jax.custom_vjp.defvjp_with_logs``."""
+    self._define(fwd, bwd, symbolic_zeros, optimize_remat, True, False)
 
   def defvjp_with_accums(self, fwd: Callable[..., Any],
                          bwd: Callable[..., Any], symbolic_zeros: bool = False,
                          optimize_remat: bool = False,
                          generic_batching: bool = False) -> None:
-    """Like `defvjp`, but ``bwd`` adds its cotangents to accumulators, as
-    for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12).
-
-    ``bwd(*nondiff_args, res, g, *arg_accums)`` receives one gradient
-    accumulator per differentiable argument (a pytree like it: a
-    ``ValAccum`` for each leaf), calls ``acc.accum(ct)`` for each
-    contribution, and returns None or a dict of backward-pass logs.
-    """
-    self.defvjp(fwd, bwd, symbolic_zeros, optimize_remat, generic_batching)
-    self.with_logs = self.with_accums = True
+    """Like `defvjp`, but ``bwd(*nondiff_args, res, g, *arg_accums)`` adds
+    its cotangents to accumulators (a pytree like each argument, of
+    ``ValAccum``: ``acc.accum(ct)``) and returns None or a dict of logs, as
+    for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12)."""
+    self._define(fwd, bwd, symbolic_zeros, optimize_remat, True, True)
 
   def defremat(self, *_: Any, **__: Any) -> None:
-    """Refused: hijax.custom_vjp has no rematerialization rules of its own.
-
-    Raises NotImplementedError naming the alternatives: `defvjp` under
-    ``jax.checkpoint`` (its policy applies to ``fwd``, with
-    ``checkpoint_name`` marking the residuals to save), or
-    `hijax.custom_remat`, whose ``(fwd, rem, bwd)`` rules are those of
-    JAX's ``defremat`` (its ``fwd`` also receives the policy).
-    """
-    raise _forward.remat_refused("defremat")
+    """Refused (NotImplementedError naming the alternatives: `defvjp` under
+    ``jax.checkpoint``, or `hijax.custom_remat`, whose ``(fwd, rem, bwd)``
+    are those of JAX's ``defremat``)."""
+    raise _remat_refused("defremat")
 
   def defremat_with_logs(self, *_: Any, **__: Any) -> None:
-    """Refused, as `defremat` is (NotImplementedError naming the
-    alternatives: `defvjp_with_logs`, or `hijax.custom_remat`)."""
-    raise _forward.remat_refused("defremat_with_logs")
+    """Refused, as `defremat` is."""
+    raise _remat_refused("defremat_with_logs")
 
   def _has_rules(self) -> bool:
     return self.fwd is not None and self.bwd is not None
@@ -407,4 +433,3 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     return AttributeError(
         f"No VJP defined for custom_vjp function {function_name(self.fun)} "
         "using defvjp.")
-
