@@ -102,8 +102,12 @@ MODULE_TESTS.update({
     "testing/_plugin/_rule_identity.py": PLUGIN,
     "testing/_plugin/_table.py": PLUGIN,
     "testing/_plugin/_pytest.py": PLUGIN,
-    "testing/_budget.py": ["tests/test_testing_import.py",
+    "testing/_budget.py": ["tests/test_testing_budget.py",
+                           "tests/test_testing_import.py",
                            "tests/test_testing_verdicts.py", *TESTING],
+    "testing/_compiled.py": ["tests/test_testing_budget.py",
+                             "tests/test_testing_bundle.py",
+                             "tests/test_testing_compiles.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
 DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",
