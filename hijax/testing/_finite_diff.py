@@ -28,9 +28,8 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._numerics import on_device
-from hijax.testing._steps import (candidate_steps, normalizer, shifted,
-                                  to64)
+from hijax.testing._numerics import on_device, wide
+from hijax.testing._steps import candidate_steps, normalizer, shifted
 
 RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE, BOUNDED = 0, 1, 2, 3, 4
 
@@ -265,10 +264,10 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
   raw = evaluate(points)
   if f_x is None:
     f_x = raw.pop()
-  outs = [to64(o) for o in raw]
+  outs = [[wide(v) for v in o] for o in raw]
   n = len(steps)
   scale = normalizer(ts, tangent_dtypes)
-  f0s = to64(f_x)
+  f0s = [wide(v) for v in f_x]
   values, bounds, status, floors, resolution = [], [], [], [], 0.0
   owns = []
   eps_in = max(float(jnp.finfo(d).eps) for d in (
