@@ -2,6 +2,7 @@
 starts that would end past 1.4 times the budget by its estimate, and no
 thread of a run outlives it. On fake clocks, so that no figure depends on
 how busy the machine is."""
+import atexit
 import threading
 
 import jax
@@ -215,7 +216,7 @@ def test_a_run_ends_within_the_hard_limit_with_no_thread_left(monkeypatch):
   program would take to compile: the checks' parts are compiled in pieces
   that fit (the first alone, to measure the rate), the run ends within
   1.4 times its budget, inconclusive, listing what did not run, and leaves
-  no thread behind (before: the compile was abandoned in a thread that ran
+  no thread or exit hook behind (before: the compile was abandoned in a thread that ran
   on past the call)."""
   clocks = Clocks(monkeypatch)
   sizes = _timed_compiles(monkeypatch, clocks)
@@ -223,12 +224,13 @@ def test_a_run_ends_within_the_hard_limit_with_no_thread_left(monkeypatch):
   assert full.passed and len(sizes) == 1  # one program
   whole = sizes.pop()
   seconds = whole * PRIOR_RATE / 3
-  before = set(threading.enumerate())
+  before, hooks = set(threading.enumerate()), atexit._ncallbacks()
   start = clocks.wall
   with pytest.warns(UserWarning, match="time budget"):
     report = check_rules(_sin(), X, time_budget=seconds,
                          accept_inconclusive=True)
   assert set(threading.enumerate()) == before
+  assert atexit._ncallbacks() == hooks  # and no exit hook
   assert clocks.wall - start <= HARD_LIMIT * seconds
   assert report.seconds <= HARD_LIMIT * seconds
   assert len(sizes) >= 2 and sizes[0] < whole / 2  # in pieces

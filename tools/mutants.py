@@ -104,6 +104,7 @@ MODULE_TESTS.update({
     "testing/_plugin/_pytest.py": PLUGIN,
     "testing/_budget.py": ["tests/test_testing_budget.py",
                            "tests/test_testing_import.py",
+                           "tests/test_testing_jax_rules.py",
                            "tests/test_testing_verdicts.py", *TESTING],
     "testing/_compiled.py": ["tests/test_testing_budget.py",
                              "tests/test_testing_bundle.py",
