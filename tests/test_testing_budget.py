@@ -22,7 +22,7 @@ class Clocks:
   """A wall clock and a CPU clock that move only when told to."""
 
   def __init__(self, monkeypatch):
-    self.wall = self.cpu = 0.0
+    self.wall, self.cpu = 100.0, 40.0  # (a run starts at neither zero)
     monkeypatch.setattr(_budget, "_clock", lambda: self.wall)
     monkeypatch.setattr(_budget, "_cpu_clock", lambda: self.cpu)
 
@@ -79,7 +79,7 @@ def test_a_compile_that_fits_runs_and_measures_the_slowest_rate(monkeypatch):
   assert budget.rate == pytest.approx(2e-3)
   budget.compile("c", Lowered(clocks, 500, 2.0))
   assert budget.rate == pytest.approx(4e-3)
-  assert clocks.wall == pytest.approx(5.0)
+  assert budget.elapsed == pytest.approx(5.0)
 
 
 def test_a_compile_that_would_end_past_the_hard_limit_does_not_start(
@@ -93,7 +93,7 @@ def test_a_compile_that_would_end_past_the_hard_limit_does_not_start(
   with pytest.raises(BudgetSpent) as raised:
     budget.compile("compiling the checks' program (3 parts)", too_long,
                    probe=True)  # a probe only while no rate is measured
-  assert too_long.compiled == 0 and clocks.wall == 5.0
+  assert too_long.compiled == 0 and budget.elapsed == 5.0
   e = raised.value
   assert (e.what, e.seconds, e.estimate) == (
       "compiling the checks' program (3 parts)", 5.0, pytest.approx(9.1))
@@ -139,7 +139,21 @@ def test_a_compile_started_ahead_is_waited_for_by_finish(monkeypatch):
   budget.finish()
   assert set(threading.enumerate()) == before
   assert wait() == "done"
-  # one that would not fit is not started: compiled (or refused) at the call
+
+  class Broken(Lowered):
+    def compile(self):
+      raise ValueError("no compile")
+  wait = budget.begin("broken", Broken(clocks, 10, 0.0))
+  with pytest.raises(ValueError, match="no compile"):
+    wait()  # raised where it is waited for
+  budget.finish()
+  # one that would not fit is not started: compiled at the call, as a probe
+  # where no rate is measured yet, else refused
+  fresh = Budget(1.0)
+  wait = fresh.begin("unknown", Lowered(clocks, 10 ** 6, 1.0))
+  assert set(threading.enumerate()) == before
+  assert wait() == "executable of 1000000"
+  assert fresh.rate == pytest.approx(1e-6)
   clocks.run(13.0)
   late = Lowered(clocks, 10 ** 6, 1.0)
   wait = budget.begin("late", late)
@@ -240,3 +254,35 @@ def test_a_run_ends_within_the_hard_limit_with_no_thread_left(monkeypatch):
   # nothing dropped silently: each mode of the full run ran or is listed
   assert {mode(r) for r in full.ran} <= {
       mode(r) for r in report.ran + report.skipped_for_time}, report
+
+
+def test_the_budget_of_check_rules_options_and_its_progress_lines(
+    monkeypatch, capsys):
+  clocks = Clocks(monkeypatch)
+  assert Budget.of("default", False, 0).seconds == 30.0  # per rule, one at least
+  assert Budget.of("default", False, 1).seconds == 30.0
+  assert Budget.of("default", False, 3).seconds == 90.0
+  assert Budget.of(None, False, 3).seconds is None
+  assert Budget.of(2, False, 1).progress is None
+  # progress=None: to stderr, once the run has taken 10 s, then every 10 s
+  quiet = Budget.of("default", None, 2)
+  for step, what in ((0.0, "a"), (10.0, "b"), (0.5, "c"), (5.0, "d"),
+                     (5.0, "e")):
+    clocks.run(step)
+    quiet.starting(what)
+  assert capsys.readouterr().err.splitlines() == [
+      "check_rules: 10.5 s of 60 s: c", "check_rules: 20.5 s of 60 s: e"]
+  # progress=True: from the start, every check; a function: the same
+  loud = Budget.of(2, True, 1)
+  loud.starting("x")
+  loud.starting("y")
+  assert capsys.readouterr().err.splitlines() == [
+      "check_rules: 0.0 s of 2 s: x", "check_rules: 0.0 s of 2 s: y"]
+  lines = []
+  Budget.of(None, lines.append, 1).starting("z")
+  assert lines == ["check_rules: 0.0 s: z"]
+  five = Budget(5.0)
+  clocks.run(5.0)
+  assert five.elapsed == 5.0 and not five.spent  # spent past it, not at it
+  clocks.run(0.25)
+  assert five.spent and not Budget(None).spent

@@ -15,7 +15,6 @@ ahead (`Budget.begin`), which `Budget.finish` waits for.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import threading
@@ -23,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 
 # The default budget, per rule checked (primitive or jax.custom_* function).
 SECONDS_PER_RULE = 30.0
@@ -66,19 +64,6 @@ class BudgetSpent(BaseException):
 
 def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
-
-
-def _thread_settings() -> contextlib.ExitStack:
-  """JAX's settings of this thread that a context manager sets (x64, the
-  default matmul precision and device), to enter in another thread: they
-  do not carry over to it."""
-  stack = contextlib.ExitStack()
-  stack.enter_context(jax.enable_x64(bool(jax.config.jax_enable_x64)))
-  stack.enter_context(jax.default_matmul_precision(
-      jax.config.jax_default_matmul_precision))
-  if jax.config.jax_default_device is not None:
-    stack.enter_context(jax.default_device(jax.config.jax_default_device))
-  return stack
 
 
 @dataclasses.dataclass
@@ -141,7 +126,7 @@ class Budget:
   def size(self, lowered: Any) -> int:
     """The size of a lowered program: its characters of StableHLO (0
     without a budget: not needed)."""
-    return 0 if self.seconds is None else max(1, len(lowered.as_text()))
+    return 0 if self.seconds is None else len(lowered.as_text())
 
   def compile(self, what: str, lowered: Any, probe: bool = False,
               size: int | None = None) -> Any:
@@ -164,18 +149,17 @@ class Budget:
   def begin(self, what: str, lowered: Any,
             size: int | None = None) -> Callable[[], Any]:
     """A function that returns ``lowered.compile()``: compiled in a thread
-    of its own (with this thread's JAX settings), started now, where it
-    fits the budget (`fits`); else compiled by `compile` at the call. The
-    run waits for the thread before it returns (`finish`)."""
+    of its own, started now, where it fits the budget (`fits`); else
+    compiled by `compile` at the call. The run waits for the thread before
+    it returns (`finish`). (A compile reads no JAX setting of the thread:
+    dtypes, precision and devices are fixed in the lowered program.)"""
     if not self.fits(self.size(lowered) if size is None else size):
       return lambda: self.compile(what, lowered, probe=True)
     box: dict[str, Any] = {}
-    settings = _thread_settings()
 
     def work():
       try:
-        with settings:
-          box["value"] = lowered.compile()
+        box["value"] = lowered.compile()
       except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
         box["error"] = e
     worker = threading.Thread(target=work, name=f"check_rules: {what}")
