@@ -223,6 +223,31 @@ def test_parts_whose_program_would_not_fit_are_compiled_in_pieces(
   assert len(sizes) == 2
 
 
+def test_the_first_part_is_compiled_as_a_probe_even_past_the_prior(
+    monkeypatch):
+  """Where even the first part alone would not fit by the prior, it is
+  still compiled, once (no rate is measured yet: it measures it); the
+  parts after it then do not fit and raise BudgetSpent at their call."""
+  clocks = Clocks(monkeypatch)
+  sizes = _timed_compiles(monkeypatch, clocks)
+  x = jnp.linspace(0.1, 1.0, 8)
+  b = Bundle(budget=Budget(None))
+  for k in range(4):
+    b.add(k, lambda x, k=k: jnp.sin(x + k), lambda: (x,))
+  b.run(0, (x,))
+  (whole,) = sizes
+  sizes.clear()
+  b = Bundle(budget=Budget(whole * PRIOR_RATE / 16))
+  for k in range(4):
+    b.add(k, lambda x, k=k: jnp.sin(x + k), lambda: (x,))
+  assert np.allclose(b.run(0, (x,)), jnp.sin(x))
+  assert len(sizes) == 1 and sizes[0] * PRIOR_RATE > 1.4 * whole * (
+      PRIOR_RATE / 16)  # the probe, past the limit by the prior
+  with pytest.raises(BudgetSpent):
+    b.run(3, (x,))
+  assert len(sizes) == 1
+
+
 def test_a_run_ends_within_the_hard_limit_with_no_thread_left(monkeypatch):
   """A compile cannot be interrupted (hyp2f1's one program: minutes). On
   clocks where a compile takes the prior rate's seconds per character and
