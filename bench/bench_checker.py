@@ -2,9 +2,11 @@
 
 Run: python bench/bench_checker.py [--before DIR] [--repeat 2] [--timeout 300]
                                    [--cases i0,sici,...] [--clock cpu] [--where]
+                                   [--budget]
 
 Each case is one ``check_rules`` call with the default options (every mode,
-second order included), in a fresh Python process with JAX's persistent
+second order included; no time budget, or the default one with
+``--budget``), in a fresh Python process with JAX's persistent
 compilation cache off, so that every run compiles what it needs, as a first
 call in a test does. ``--before DIR`` also runs each case on the hijax found
 in ``DIR`` (e.g. ``git archive main | tar -x -C DIR``), interleaved with the
@@ -137,7 +139,7 @@ def _listen(event, seconds, **_):
     spent["trace and lower"] += seconds
 jax.monitoring.register_event_duration_secs_listener(_listen)
 fn, x, kw = ({case})()
-if "time_budget" in inspect.signature(check_rules).parameters:
+if {no_budget} and "time_budget" in inspect.signature(check_rules).parameters:
   kw["time_budget"] = None
 start = time.{clock}()
 args = x if isinstance(x, tuple) else (x,)
@@ -150,14 +152,16 @@ print(json.dumps(dict(seconds=time.{clock}() - start,
 
 
 def run(case: str, source: str | None, timeout: float,
-        clock: str = "wall") -> dict:
+        clock: str = "wall", budget: bool = False) -> dict:
   """Runs one case in a fresh process, on the hijax in ``source`` (None:
-  the installed one)."""
+  the installed one); ``budget``: with check_rules's default time budget
+  (else none)."""
   env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   if source:
     env["BENCH_CHECKER_HIJAX"] = source
-  code = CHILD.format(prelude=PRELUDE, case=CASES[case], clock={
+  code = CHILD.format(prelude=PRELUDE, case=CASES[case], no_budget=not budget,
+                      clock={
       "wall": "perf_counter", "cpu": "process_time"}[clock])
   start = time.perf_counter()
   try:
@@ -199,10 +203,14 @@ def main():
                       help="also print where each best run's time went: "
                       "XLA's compiles and JAX's tracing and lowering (their "
                       "wall time, as JAX measures it), and the verdict")
+  parser.add_argument("--budget", action="store_true",
+                      help="run with check_rules's default time budget, as a "
+                      "user's call does (else time_budget=None)")
   _timing.add_save_option(parser)
   args = parser.parse_args()
   print(f"check_rules, one call per case, fresh process, no compilation "
-        f"cache; best of {args.repeat}")
+        f"cache, {'the default' if args.budget else 'no'} time budget; best "
+        f"of {args.repeat}")
   header = f"{'case':<10} {'now':>22}"
   if args.before:
     header += f" {'before':>22} {'before/now':>11}"
@@ -212,8 +220,9 @@ def main():
     now, before = [], []
     for _ in range(args.repeat):  # interleaved
       if args.before:
-        before.append(run(case, args.before, args.timeout, args.clock))
-      now.append(run(case, None, args.timeout, args.clock))
+        before.append(run(case, args.before, args.timeout, args.clock,
+                          args.budget))
+      now.append(run(case, None, args.timeout, args.clock, args.budget))
     best = lambda rs: min(rs, key=lambda r: (r["seconds"] != r["seconds"],
                                              r["seconds"]))
     line = f"{case:<10} {_fmt(best(now), args.timeout):>22}"

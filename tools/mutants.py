@@ -8,8 +8,9 @@ outside docstrings, comments and f-strings (messages, checked by the
 message tests rather than by mutants). For
 each mutant the test files that cover the module (`MODULE_TESTS`) run with
 ``-x``; the mutant is *killed* if one fails and *survives* otherwise (a run
-past the timeout is reported as undecided and not scored). A survivor is a change that no test notices: either
-a missing test, or an *equivalent* mutant (one that cannot change behaviour),
+past the timeout is reported as undecided, one where ``-k`` selects no test
+as not tested; neither is scored). A survivor is a change that no test
+notices: either a missing test, or an *equivalent* mutant (one that cannot change behaviour),
 listed with the reason in ``tools/mutants_equivalent.txt``.
 
   python tools/mutants.py                       every module in MODULE_TESTS
@@ -103,8 +104,13 @@ MODULE_TESTS.update({
     "testing/_plugin/_check.py": PLUGIN,
     "testing/_plugin/_recorder.py": PLUGIN,
     "testing/_plugin/_pytest.py": PLUGIN,
-    "testing/_budget.py": ["tests/test_testing_import.py",
+    "testing/_budget.py": ["tests/test_testing_budget.py",
+                           "tests/test_testing_import.py",
+                           "tests/test_testing_jax_rules.py",
                            "tests/test_testing_verdicts.py", *TESTING],
+    "testing/_compiled.py": ["tests/test_testing_budget.py",
+                             "tests/test_testing_bundle.py",
+                             "tests/test_testing_compiles.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
 DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",
@@ -244,8 +250,21 @@ def _preload():
   import pytest  # noqa: F401
 
 
+# pytest's exit code when no test was collected (a -k that selects none)
+NO_TESTS = 5
+
+
+def _outcome(code: int) -> str:
+  """The result of a forked child's exit code (see `_run_tests`)."""
+  if code == 3:
+    raise SystemExit("tools/mutants.py: the tests import an installed "
+                     "hijax, not the mutated copy; uninstall it")
+  return {0: "passed", NO_TESTS: "not tested"}.get(code, "failed")
+
+
 def _run_tests(ws: Path, tests: list[str], timeout: float) -> str:
-  """'passed', 'failed' or 'timeout' for the tests, in a forked child."""
+  """'passed', 'failed', 'not tested' (no test selected: neither a kill nor
+  a survivor) or 'timeout' for the tests, in a forked child."""
   pid = os.fork()
   if pid == 0:  # the child
     try:
@@ -261,18 +280,14 @@ def _run_tests(ws: Path, tests: list[str], timeout: float) -> str:
       import pytest
       code = pytest.main(["-x", "-q", "-p", "no:cacheprovider",
                           "-p", "no:randomly", "-W", "ignore", *tests])
-      os._exit(0 if code == 0 else 1)
+      os._exit(code if code in (0, NO_TESTS) else 1)
     except BaseException:
       os._exit(2)
   deadline = time.monotonic() + timeout
   while True:
     done, status = os.waitpid(pid, os.WNOHANG)
     if done:
-      code = os.waitstatus_to_exitcode(status)
-      if code == 3:
-        raise SystemExit("tools/mutants.py: the tests import an installed "
-                         "hijax, not the mutated copy; uninstall it")
-      return "passed" if code == 0 else "failed"
+      return _outcome(os.waitstatus_to_exitcode(status))
     if time.monotonic() > deadline:
       os.kill(pid, signal.SIGKILL)
       os.waitpid(pid, 0)
@@ -357,10 +372,11 @@ def main(argv=None) -> int:
         say(f"unmutated: {' '.join(tests)} {baselines[tuple(tests)]} in "
             f"{time.monotonic() - t0:.0f} s")
       if baselines.get(tuple(tests), "passed") != "passed":
-        say(f"{name}: the unmutated tests fail; skipped")
+        say(f"{name}: the unmutated tests {baselines[tuple(tests)]}; skipped")
         continue
       say(f"{name}: {len(muts)} mutants, tests {' '.join(tests)}")
-      counts = {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0}
+      counts = {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0,
+                "not tested": 0}
       for m in muts:
         target.write_text(m.apply(original))
         try:
@@ -369,9 +385,9 @@ def main(argv=None) -> int:
           target.write_text(original)
         if result == "failed":
           counts["killed"] += 1
-        elif result == "timeout":
-          counts["timeout"] += 1
-          say(f"  timeout   {m.key}")
+        elif result in ("timeout", "not tested"):
+          counts[result] += 1
+          say(f"  {result}   {m.key}")
         elif m.key in equivalent:
           counts["equivalent"] += 1
           say(f"  equivalent {m.key}  ({equivalent[m.key]})")
@@ -379,10 +395,11 @@ def main(argv=None) -> int:
           counts["survived"] += 1
           say(f"  SURVIVED  line {m.line}: {m.key}")
       killed = counts["killed"]
-      scored = len(muts) - counts["equivalent"] - counts["timeout"]
+      scored = killed + counts["survived"]
       say(f"{name}: {len(muts)} mutants: {killed} killed, "
           f"{counts['survived']} survived, {counts['equivalent']} equivalent, "
-          f"{counts['timeout']} undecided (timeout); score {killed}/{scored}; "
+          f"{counts['timeout']} undecided (timeout), {counts['not tested']} "
+          f"not tested (no test selected); score {killed}/{scored}; "
           f"{time.monotonic() - t0:.0f} s")
   finally:
     shutil.rmtree(ws, ignore_errors=True)

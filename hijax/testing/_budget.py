@@ -1,19 +1,20 @@
 """The time a run of `check_rules` may take, and the progress it shows.
 
-The checks run one after another (each mode, each direction, each batch
-axis, each second-order function); before each one starts, the budget is
-consulted, and once it is spent the remaining checks are not started but
-listed in the report as skipped for time. A check that has started runs to
-its end, except for what can take long in one piece, a compile (one
-program for a special function built from long loops can take minutes):
-that runs in a thread of its own and is abandoned at `HARD_LIMIT` times the
-budget (`Budget.within` raises `BudgetSpent`, which ends the run: the rest
-is reported skipped for time). A run that takes long prints where it is to
-``stderr`` (or to a given function).
+No check starts once the budget is spent (the rest are listed as skipped
+for time); one that started runs to its end. A compile cannot be
+interrupted (a special function built from long loops: minutes), so none
+starts that would end past `HARD_LIMIT` times the budget by its estimate
+(`Budget.compile` raises `BudgetSpent` instead, which ends the run): its
+program's size (characters of StableHLO) times the slowest rate of this
+run's compiles, or before the first `PRIOR_RATE` times how much slower than
+CPU time the run's wall time goes. A program too long is compiled in pieces
+(`hijax.testing._compiled`). So a run ends within `HARD_LIMIT` times its
+budget plus what its last compile took beyond its estimate, with no thread
+left: compiles run in the caller's thread but the device's compile started
+ahead (`Budget.begin`), which `Budget.finish` waits for.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import threading
@@ -21,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 
 # The default budget, per rule checked (primitive or jax.custom_* function).
 SECONDS_PER_RULE = 30.0
@@ -30,41 +30,40 @@ SECONDS_PER_RULE = 30.0
 # then at most this often.
 PROGRESS_AFTER = 10.0
 
-# A compile still running at this many times the budget is abandoned.
+# No compile starts that would end past this many times the budget.
 HARD_LIMIT = 1.4
+
+# Seconds per character of StableHLO a compile takes before this run has
+# measured its own: hyp2f1's check program, 351,387 characters in 19.8 s of
+# CPU time (jax 0.12.0.1, the 2-core development machine), the slowest of
+# bench/bench_checker.py's special functions per character (i0: 6e-6).
+PRIOR_RATE = 6e-5
+
+# The clocks (a test replaces them).
+_clock = time.monotonic
+_cpu_clock = time.process_time
 
 
 class BudgetSpent(BaseException):
-  """A compile ran past `HARD_LIMIT` times the time budget: the run ends
-  and reports what did not run as skipped for time. A BaseException, so
-  that the checks' handlers of a rule's exceptions do not take it for a
+  """A compile would end past `HARD_LIMIT` times the time budget: the run
+  ends and reports what did not run as skipped for time. A BaseException,
+  so that the checks' handlers of a rule's exceptions do not take it for a
   failure of the rule."""
 
   # where it stopped the preparation of the checks: (context, modes)
   prepared: tuple | None = None
 
-  def __init__(self, what: str, seconds: float):
-    self.what, self.seconds = what, seconds
-    super().__init__(f"{what} was still running after {seconds:.1f} s")
+  def __init__(self, what: str, seconds: float,
+               estimate: float | None = None):
+    self.what, self.seconds, self.estimate = what, seconds, estimate
+    super().__init__(f"{what} was not started after {seconds:.1f} s: " + (
+        "the time budget was spent" if estimate is None else
+        f"it would take about {estimate:.1f} s, past {HARD_LIMIT:g} times "
+        "the time budget"))
 
 
 def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
-
-
-def _thread_settings() -> contextlib.ExitStack:
-  """JAX's settings of this thread that a context manager sets (x64, the
-  default matmul precision and device), to enter in another thread: they
-  do not carry over to it."""
-  stack = contextlib.ExitStack()
-  x64 = bool(jax.config.jax_enable_x64)
-  precision = jax.config.jax_default_matmul_precision
-  device = jax.config.jax_default_device
-  stack.enter_context(jax.enable_x64(x64))
-  stack.enter_context(jax.default_matmul_precision(precision))
-  if device is not None:
-    stack.enter_context(jax.default_device(device))
-  return stack
 
 
 @dataclasses.dataclass
@@ -79,8 +78,11 @@ class Budget:
   seconds: float | None
   progress: Callable[[str], None] | None = None
   always: bool = False
-  start: float = dataclasses.field(default_factory=time.monotonic)
+  start: float = dataclasses.field(default_factory=lambda: _clock())
+  _cpu_start: float = dataclasses.field(default_factory=lambda: _cpu_clock())
   _last: float = -float("inf")
+  # the slowest seconds per character of the compiles measured (None: none)
+  rate: float | None = None
   # the threads `begin` started, for `finish`
   _threads: list = dataclasses.field(default_factory=list)
 
@@ -101,69 +103,83 @@ class Budget:
 
   @property
   def elapsed(self) -> float:
-    return time.monotonic() - self.start
+    return _clock() - self.start
 
   @property
   def spent(self) -> bool:
     return self.seconds is not None and self.elapsed > self.seconds
 
-  def within(self, what: str, fn: Callable[[], Any]) -> Any:
-    """``fn()``, abandoned (`BudgetSpent`) if it is still running at
-    `HARD_LIMIT` times the budget; without a budget, ``fn()`` itself. It
-    runs in a thread of its own, which an abandoned ``fn`` keeps until it
-    ends (a compile cannot be interrupted; its result is dropped)."""
-    if self.seconds is None:
-      return fn()
-    if HARD_LIMIT * self.seconds - self.elapsed <= 0:
-      raise BudgetSpent(what, self.elapsed)
-    return self.begin(what, fn)()
+  def estimate(self, size: int) -> float:
+    """The seconds a compile of a program of ``size`` characters would take
+    (see the module docstring)."""
+    if self.rate is not None:
+      return size * self.rate
+    wall, cpu = _clock() - self.start, _cpu_clock() - self._cpu_start
+    return size * PRIOR_RATE * max(1.0, wall / cpu if cpu > 0 else 1.0)
 
-  def begin(self, what: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """Starts ``fn()`` in a thread of its own (with this thread's JAX
-    settings) and returns a function that waits for its result, as
-    `within` does (`BudgetSpent` at `HARD_LIMIT` times the budget). Work
-    started and never waited for is waited for by `finish`, at the end of
-    the run. The thread is not a daemon: one ended while in XLA's compiler
-    aborts the process, so one abandoned at the hard limit is joined at the
-    process's exit, with no exit hook of ours."""
+  def fits(self, size: int) -> bool:
+    """Whether a compile of ``size`` characters would end within
+    `HARD_LIMIT` times the budget (always, without a budget)."""
+    return self.seconds is None or (
+        self.elapsed + self.estimate(size) <= HARD_LIMIT * self.seconds)
+
+  def size(self, lowered: Any) -> int:
+    """The size of a lowered program: its characters of StableHLO (0
+    without a budget: not needed)."""
+    return 0 if self.seconds is None else len(lowered.as_text())
+
+  def compile(self, what: str, lowered: Any, probe: bool = False,
+              size: int | None = None) -> Any:
+    """``lowered.compile()``, here; `BudgetSpent` instead where the budget
+    is spent or the compile would not end within `HARD_LIMIT` times it
+    (`fits`), unless it is a ``probe`` and no rate is measured yet (the
+    smallest program, compiled to measure it). Measures the rate."""
+    if self.seconds is None:
+      return lowered.compile()
+    size = self.size(lowered) if size is None else size
+    if self.spent:
+      raise BudgetSpent(what, self.elapsed)
+    if not (self.fits(size) or (probe and self.rate is None)):
+      raise BudgetSpent(what, self.elapsed, self.estimate(size))
+    start = _clock()
+    executable = lowered.compile()
+    self.rate = max(self.rate or 0.0, (_clock() - start) / size)
+    return executable
+
+  def begin(self, what: str, lowered: Any,
+            size: int | None = None) -> Callable[[], Any]:
+    """A function that returns ``lowered.compile()``: compiled in a thread
+    of its own, started now, where it fits the budget (`fits`); else
+    compiled by `compile` at the call. The run waits for the thread before
+    it returns (`finish`). (A compile reads no JAX setting of the thread:
+    dtypes, precision and devices are fixed in the lowered program.)"""
+    if not self.fits(self.size(lowered) if size is None else size):
+      return lambda: self.compile(what, lowered, probe=True)
     box: dict[str, Any] = {}
-    settings = _thread_settings()
 
     def work():
       try:
-        with settings:
-          box["value"] = fn()
+        box["value"] = lowered.compile()
       except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
         box["error"] = e
-    worker = threading.Thread(target=work, daemon=False,
-                              name=f"check_rules: {what}")
+    worker = threading.Thread(target=work, name=f"check_rules: {what}")
     worker.start()
     self._threads.append(worker)
 
     def wait():
-      left = (None if self.seconds is None
-              else HARD_LIMIT * self.seconds - self.elapsed)
-      if left is not None and left <= 0 and worker.is_alive():
-        raise BudgetSpent(what, self.elapsed)
-      worker.join(left)
-      if worker.is_alive():
-        raise BudgetSpent(what, self.elapsed)
+      worker.join()
       if "error" in box:
         raise box["error"]
       return box["value"]
     return wait
 
   def finish(self) -> None:
-    """Waits, at the end of a run, for the work started in threads that
-    nothing waited for (a compile started ahead for a half of the checks
-    that did not run), up to `HARD_LIMIT` times the budget: no thread of
-    the run outlives it, but one still compiling then (abandoned, as
-    `within` abandons it, and reported so where it was waited for)."""
+    """Waits for the compiles `begin` started (that nothing waited for: the
+    device's half of the checks did not run): no thread of the run
+    outlives it."""
     for worker in self._threads:
-      left = (None if self.seconds is None
-              else max(0.0, HARD_LIMIT * self.seconds - self.elapsed))
-      worker.join(left)
-    self._threads = [w for w in self._threads if w.is_alive()]
+      worker.join()
+    self._threads = []
 
   def starting(self, what: str) -> None:
     """Shows that the check ``what`` starts, if progress is shown now."""

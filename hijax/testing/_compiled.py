@@ -1,46 +1,27 @@
 """Compiled evaluations shared by the checks.
 
-The checks evaluate ``prim_fn`` and its transformations many times: at the
-points of finite differences, on each element of a batch, along several
-tangents and cotangents. Compiling is what a check mostly costs (a special
-function's ``jvp`` takes 0.1-0.2 s to compile and microseconds to run),
-and most of a compile's cost is per program rather than per operation. So
-every evaluation a check will need is a *part* of one program:
+A check evaluates ``prim_fn`` and its transformations many times, and
+compiling is what it mostly costs, mostly per program rather than per
+operation. So every evaluation a run needs is a *part* of one program:
 
-* `Bundle`: the parts, each traced once, compiled together as one program.
-  A call runs one part: each part is a branch of a ``lax.cond`` on which
-  part was asked for, so a call costs what that part costs alone and runs
-  only its side effects (a ``jax.debug.print`` in a rule prints for the
-  checks of that rule). A part that cannot be traced is left out of the
-  program and compiled alone, so that the check that needs it reports why
-  it fails; if the program cannot be compiled or a call raises, every part
-  is compiled alone from then on. A part added after the program was
-  compiled, or called with other types than it was traced with, is
-  compiled alone too.
-* `Compiled`: ``prim_fn`` of a flat list of leaves and its parts. The
-  function itself is evaluated at any number of points by one part (a loop
-  over up to `POINTS` points, as many iterations as there are points): a
-  Python loop's values, since the batching rule under test is never
-  involved and a loop inside the function runs as many iterations for
-  each point as it would alone. The jvp, vjp and linearization under test
-  are parts added by `hijax.testing._context.CheckContext`, the vmaps by
-  `hijax.testing._batching`, the second derivatives by
-  `hijax.testing._second_order`; `hijax.testing._flow.add_parts` adds all
-  that a run's checks will evaluate before the first evaluation, so that
-  they are compiled as one. The first-order checks that the second-order
-  mode runs again on each derived function (the tangent map, the backward
-  pass, the linearized map) have a `Compiled` of their own whose parts go
-  into that same `Bundle` (``shared=``, `Compiled.nested`): one program
-  for the whole run.
+* `Bundle`: the parts, each traced once, compiled as one program whose
+  branches (a ``lax.cond`` on the part asked for) are the parts: a call
+  costs what its part costs alone and runs only its side effects. A part
+  that cannot be traced, one added after the compile, one called with other
+  types, and every part once the program fails, is compiled alone. A
+  program too long for the time budget is compiled in pieces
+  (`hijax.testing._budget`).
+* `Compiled`: ``prim_fn`` of a flat list of leaves, evaluated at up to
+  `POINTS` points by one part (a loop: the batching rule under test is not
+  involved), and its parts: the jvp, vjp and linearization, the vmaps and
+  the second derivatives the checks add before the first evaluation. The
+  derived functions the second-order mode checks again put their parts in
+  the same `Bundle` (``shared=``, `Compiled.nested`).
 
-Everything is compiled as a user's ``jax.jit`` compiles it, with XLA's
-default options: the checks judge the program the user runs. (Compiling
-without the backend's optimization passes, xla_backend_optimization_level=0,
-was faster, but changed hijax.implicit's Newton status at one point and
-failed a right rule: tests/test_testing_compiles.py.)
-
-With ``jit=False`` nothing is compiled: every evaluation runs eagerly (for
-an `expand` that branches in Python on values).
+Everything compiles with XLA's default options, as a user's ``jax.jit``
+(without the backend's optimizations a Newton status changed and a right
+rule failed: tests/test_testing_compiles.py). With ``jit=False`` every
+evaluation runs eagerly (an `expand` that branches in Python on values).
 """
 from __future__ import annotations
 
@@ -52,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._budget import Budget
+from hijax.testing._budget import Budget, BudgetSpent
 from hijax.testing._numerics import dtype_of, is_float, on_device
 
 # The points one call of the points part evaluates at most (finite
@@ -66,9 +47,8 @@ def _signature(flat) -> list:
 
 
 def compiled_within(fn: Callable, budget: Budget, what: str) -> Callable:
-  """``jax.jit(fn)``, each new signature of its arguments traced and
-  lowered here and compiled within ``budget`` (`Budget.within`: in a
-  thread of its own, which JAX's tracing must not run in)."""
+  """``jax.jit(fn)``, each new signature of its arguments traced, lowered
+  and compiled here within ``budget`` (`Budget.compile`)."""
   jitted = jax.jit(fn)
   if budget.seconds is None:
     return jitted
@@ -82,7 +62,7 @@ def compiled_within(fn: Callable, budget: Budget, what: str) -> Callable:
     except Exception:  # pylint: disable=broad-except  (unhashable: as jax.jit does)
       return jitted(*args)
     if sig not in cache:
-      cache[sig] = budget.within(what, jitted.lower(*args).compile)
+      cache[sig] = budget.compile(what, jitted.lower(*args), probe=True)
     return cache[sig](*args)
   return call
 
@@ -104,7 +84,7 @@ class _Program:
 
 
 class _Ahead:
-  """An executable being compiled in another thread: a call waits for it."""
+  """An executable being compiled (`Budget.begin`): a call waits for it."""
 
   def __init__(self, wait: Callable[[], Callable]):
     self._wait = wait
@@ -205,17 +185,14 @@ class Bundle:
       except Exception:  # pylint: disable=broad-except  (alone, it raises where its check reports it)
         self._compile_alone(key)
     keys = list(templates)
-    built = (self._program(keys, templates, trees, ahead) if len(keys) > 1
-             else None)
-    if built is None and len(keys) > 1:  # leave out what cannot be traced
+    if len(keys) > 1 and not self._program(keys, templates, trees, ahead):
+      # leave out what cannot be traced
       keys = [k for k in keys if self._traces(k, templates[k], trees[k])]
-      built = (self._program(keys, templates, trees, ahead) if len(keys) > 1
-               else None)
+      if len(keys) > 1:
+        self._program(keys, templates, trees, ahead)
     for key in keys:
-      if built is None:
+      if key not in self._where and key not in self._alone:
         self._compile_alone(key)
-      else:
-        self._where[key] = built
 
   def _traces(self, key, flat, in_tree) -> bool:
     try:
@@ -226,12 +203,14 @@ class Bundle:
       self._compile_alone(key)
       return False
 
-  def _program(self, keys, templates, trees, ahead=False) -> _Program | None:
-    """The parts ``keys`` compiled as one program, each traced once (in its
-    branch); None if one of them cannot be traced or the program cannot be
-    compiled. ``ahead``: compiled in the background, its executable waiting
-    for the compile at its first call (where a failed compile raises, and
-    the parts are then compiled alone, as `_run` does for a failed call)."""
+  def _program(self, keys, templates, trees, ahead=False) -> bool:
+    """Compiles the parts ``keys`` as one program, each traced once (in its
+    branch), where its compile fits the budget (else `_in_pieces`); False
+    (nothing compiled) if one of them cannot be traced or the program
+    cannot be compiled. ``ahead``: compiled in the background, its
+    executable waiting for the compile at its first call (where a failed
+    compile raises, and the parts are then compiled alone, as `_run` does
+    for a failed call)."""
     out_trees: list = [None] * len(keys)
 
     def program(which, all_flat):
@@ -254,14 +233,42 @@ class Bundle:
     what = f"compiling the checks' program ({len(keys)} parts)"
     try:
       lowered = jax.jit(program).lower(np.int32(0), flats)
+      size = self.budget.size(lowered)
       if ahead:
-        executable = _Ahead(self.budget.begin(what, lowered.compile))
+        executable = _Ahead(self.budget.begin(what, lowered, size))
+      elif len(keys) == 1 or self.budget.fits(size):
+        executable = self.budget.compile(what, lowered, len(keys) == 1, size)
       else:
-        executable = self.budget.within(what, lowered.compile)
+        self._in_pieces(keys, templates, trees)
+        return True
     except Exception:  # pylint: disable=broad-except
-      return None
-    return _Program({key: k for k, key in enumerate(keys)}, flats,
-                    [_signature(t) for t in flats], out_trees, executable)
+      return False
+    built = _Program({key: k for k, key in enumerate(keys)}, flats,
+                     [_signature(t) for t in flats], out_trees, executable)
+    for key in keys:
+      self._where[key] = built
+    return True
+
+  def _in_pieces(self, keys, templates, trees) -> None:
+    """Compiles the parts ``keys``, whose program would not fit the budget,
+    as several: where no compile has measured the rate yet, the first part
+    alone (it measures it), then the rest in halves, each compiled where it
+    fits; a part that does not fit alone raises `BudgetSpent` where it is
+    called (the checks that need it cannot run)."""
+    cut = 1 if self.budget.rate is None else len(keys) // 2
+    for group in (keys[:cut], keys[cut:]):
+      try:
+        if not self._program(group, templates, trees):
+          for key in group:
+            self._compile_alone(key)
+      except BudgetSpent as e:
+        for key in group:
+          self._alone[key] = self._spent(e)
+
+  def _spent(self, e: BudgetSpent) -> Callable:
+    def spent(*args):
+      raise BudgetSpent(e.what, self.budget.elapsed, e.estimate)
+    return spent
 
 
 class Compiled:

@@ -172,12 +172,7 @@ def custom_kind(eqn) -> str | None:
   return _CUSTOM_CALLS.get(eqn.primitive)
 
 
-def _everywhere(eqn) -> bool:
-  del eqn
-  return True
-
-
-def equations(jaxpr, into=_everywhere):
+def equations(jaxpr, into=lambda eqn: True):
   """Each equation of ``jaxpr``, depth first, and those of the jaxprs an
   equation holds (a call's, a loop's, a branch's, a custom function's)
   where ``into(eqn)``: the package's one walk over a jaxpr's equations."""
@@ -226,18 +221,10 @@ class ExpandStructureError(Exception):
 
 
 def _rebind(eqn, invals):
-  """Binds ``eqn.primitive`` again on ``invals`` with the equation's params.
-
-  `get_bind_params` returns a dict in JAX 0.11 and 0.12 (call-like primitives
-  put their functions in it under ``subfuns``); earlier releases returned
-  ``(subfuns, params)`` with the functions bound positionally. The returned
-  value itself says which shape it is, so this needs no `_compat` probe.
-  """
-  bind_params = eqn.primitive.get_bind_params(eqn.params)
-  subfuns = ()
-  if isinstance(bind_params, tuple):
-    subfuns, bind_params = bind_params
-  outs = eqn.primitive.bind(*subfuns, *invals, **bind_params)
+  """Binds ``eqn.primitive`` again on ``invals`` with the equation's params
+  (`get_bind_params` gives a dict in JAX 0.11 and 0.12)."""
+  outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(
+      eqn.params))
   return outs if eqn.primitive.multiple_results else [outs]
 
 

@@ -1,64 +1,24 @@
 """Central finite differences with a step and an error bound that follow the
-input's magnitude and dtype, and a verdict for each output element.
+input's magnitude and dtype, and a verdict for each output element (the
+model in full: docs/checking-rules.md, "How finite differences are judged").
 
-The tolerance model (documented on the checking-rules page):
-
-* **Tangents scale with the input.** Each element of a random tangent is a
-  signed power of two of the magnitude of its input element, so a step ``h``
-  is relative: ``x ± h t`` moves each element by about ``h |x|``. The
-  tangents are then divided by one power of two, common to all elements, so
-  that the largest is 1: ``J t`` keeps the size of the derivative itself and
-  cannot overflow where ``J`` does not (i0 in float32 near 88, whose
-  derivative times a tangent of 64 would).
-* **No rounding of x ± h t.** ``h`` and the elements of ``t`` are powers of
-  two, so ``x ± h t`` is exactly representable in the input's dtype for every
-  step used (each step is verified; one that would round is dropped). The
-  difference quotient is then a difference quotient along exactly ``t``.
-* **Narrow dtypes are differenced in a wider one.** For bfloat16 and
-  float16 inputs, the function is evaluated on the same points in float32,
-  and for float32 inputs in float64, where it accepts them (a primitive
-  whose types follow its inputs'): the points and tangents are exact in
-  both. An 8-bit significand leaves no step that is both small and above
-  rounding, and float32's own steps cannot resolve a function that varies
-  within a few of its ulps (sici at 1e6, whose period is 25 float32 ulps
-  there), nor one whose float32 values are not smooth at that scale (the
-  derivative of sici's backward pass at 2900, off by 2% between steps of
-  16 and 4 ulps). The rule under test still runs in the narrow dtype.
-* **Many steps, the best one per element.** The quotient ``D(h)`` is computed
-  for ``h`` from about ``eps^(1/3)`` (the best step for a function whose
-  scale is its argument's) down to a few units in the last place of ``x``.
-  For each output element, the error of ``D(h)`` is estimated as its
-  truncation error (``|D(h) - D(h/4)|``: central differences converge as
-  ``h²``) plus its rounding error (``σ / h``, where ``σ`` is the rounding
-  noise of the function, measured from its fourth differences at the two
-  smallest steps, with the curvature they share removed, and at least
-  ``eps |f|`` of its leaf's largest value), and the step with the smallest
-  estimate is used. A step
-  counts only where every finer quotient agrees with it up to twice that
-  quotient's rounding. The comparison allows twice the estimate.
-* **Exact differences are exact.** Where every quotient is the same to
-  the last bit (a function flat, linear or piecewise constant along the
-  tangent at these steps: ``round``, a gradient clipper's backward pass in
-  ``x``), that is the value, with a bound of what the function's rounding
-  could hide at the largest step (``σ / h``, with ``σ`` as below) and the
-  quotient's rounding: a rule that says otherwise fails. It is *resolved*
-  where that bound is small next to the derivative (its own or its leaf's,
-  as below); elsewhere (a flat function, derivative 0) it is *bounded*: a
-  rule outside the bound fails, and one inside it counts as judged only
-  where it gives exactly that value (a piecewise-constant function's exact
-  zero; a small slope hidden by rounding, sech² near 0 in float32, is not
-  confirmed by a rule's value below the bound).
-* **A verdict per element.** An element is *resolved* (compared within its
-  bound), *unresolved* (its error estimate is of the order of its value: it
-  is compared only for NaN), *not smooth* (the second differences
-  ``f(x + h t) - 2 f(x) + f(x - h t)`` do not shrink as ``h²``: a kink or a
-  jump within the step, where one-sided derivatives disagree) or *not
-  finite* (``f`` is not finite at ``x`` or on one side of it: a domain
-  boundary or a pole; or infinite at ``x``). Elements of the last two kinds
-  are not compared at all: a rule may return anything there, NaN included.
-  Where ``f(x)`` itself is NaN, the quotient is NaN and a rule must give NaN
-  too. Each element is judged on its own values, so a NaN at one element
-  changes no other element's verdict.
+* Tangents are signed powers of two of their input elements' magnitudes,
+  scaled by one power of two so that the largest is 1; steps ``h`` are
+  powers of two, so ``x ± h t`` is exact (a step that would round is
+  dropped). bfloat16/float16 inputs are differenced in float32, float32 in
+  float64, where the function accepts it; the rule runs in the narrow dtype.
+* ``D(h)`` for ``h`` from about ``eps^(1/3)`` down to a few ulps of ``x``;
+  per element the step with the smallest error estimate, truncation
+  (``|D(h) - D(h/4)|``, confirmed by every finer quotient) plus rounding
+  (``σ / h``, ``σ`` the noise from fourth differences, at least ``eps |f|``
+  of the leaf's largest value); the comparison allows twice the estimate.
+* Quotients equal to the last bit at every step are exact: *resolved* where
+  their bound is small next to the derivative, else *bounded* (a rule
+  outside fails; one inside counts only where it gives exactly that value).
+* Each element is *resolved*, *unresolved* (compared for NaN only), *not
+  smooth* (second differences do not shrink as ``h²``) or *not finite*
+  (``f`` not finite on one side, or infinite at ``x``); the last two are not
+  compared. Where ``f(x)`` is NaN a rule must give NaN too.
 """
 from __future__ import annotations
 
@@ -68,9 +28,8 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._numerics import on_device
-from hijax.testing._steps import (candidate_steps, normalizer, shifted,
-                                  to64)
+from hijax.testing._numerics import on_device, wide
+from hijax.testing._steps import candidate_steps, normalizer, shifted
 
 RESOLVED, UNRESOLVED, NOT_SMOOTH, NOT_FINITE, BOUNDED = 0, 1, 2, 3, 4
 
@@ -305,10 +264,10 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
   raw = evaluate(points)
   if f_x is None:
     f_x = raw.pop()
-  outs = [to64(o) for o in raw]
+  outs = [[wide(v) for v in o] for o in raw]
   n = len(steps)
   scale = normalizer(ts, tangent_dtypes)
-  f0s = to64(f_x)
+  f0s = [wide(v) for v in f_x]
   values, bounds, status, floors, resolution = [], [], [], [], 0.0
   owns = []
   eps_in = max(float(jnp.finfo(d).eps) for d in (
