@@ -311,3 +311,17 @@ def test_the_budget_of_check_rules_options_and_its_progress_lines(
   assert five.elapsed == 5.0 and not five.spent  # spent past it, not at it
   clocks.run(0.25)
   assert five.spent and not Budget(None).spent
+
+
+def test_a_run_stopped_by_a_compile_that_does_not_fit_says_why(monkeypatch):
+  """Where no program but the probe fits the budget, a check that needs one
+  ends the run: the report says which compile was not started, and why."""
+  clocks = Clocks(monkeypatch)
+  _timed_compiles(monkeypatch, clocks)
+  monkeypatch.setattr(Budget, "fits", lambda self, size: False)
+  with pytest.warns(UserWarning, match="time budget"):
+    report = check_rules(_sin(), X, time_budget=100.0, accept_inconclusive=True)
+  assert report.verdict == "inconclusive", report
+  (line,) = [s for s in report.skipped_for_time if s.startswith("the run stopped")]
+  assert line.startswith("the run stopped: compiling") and (
+      "was not started" in line and "times the time budget" in line), line

@@ -144,9 +144,10 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       30 seconds per rule checked, None no limit. Once it is
       spent, no further check starts: those are listed in the report's
       ``skipped_for_time`` and a warning says so. A check that has started
-      runs to its end, but a compile still running at 1.4 times the budget
-      is abandoned (it runs in a thread of its own) and the run ends there,
-      so a run ends within about 1.5 times its budget.
+      runs to its end; a compile cannot be interrupted, so none starts that
+      would end past 1.4 times the budget by its estimate (a program too
+      long is compiled in pieces; a check whose piece does not fit does not
+      run), and a run ends within about 1.5 times its budget.
     progress: where the run says what it is doing: None prints a line to
       ``stderr`` now and then once a run has taken 10 seconds, True from
       the start, False never; a function receives each line instead.
