@@ -478,7 +478,7 @@ def test_an_implicit_rule_called_at_a_primal_that_is_not_a_root(
     suite, sign, tests, verdict):
   """An implicit rule's derivative holds at roots of its condition only:
   a test calling it elsewhere is said to, not blamed on the rule."""
-  suite.makepyfile(lib=IMPLICIT.replace("SIGN", sign), test_implicit=(
+  suite.makepyfile(lib=IMPLICIT.replace("SIGN", sign), test_called_off_a_root=(
       "import jax.numpy as jnp\nfrom lib import implicit, cube, cbrt, half\n"
       + "".join(f"def test_{f}():\n  implicit({f}, cube, jnp.array(8.0))\n"
                 for f in tests)))
