@@ -499,28 +499,27 @@ def test_an_implicit_rule_called_at_a_primal_that_is_not_a_root(
 
 @pytest.mark.parametrize("load", [0.0, 1000.0])
 def test_a_check_is_given_only_what_it_may_overrun_within_the_budget(
-    suite, load):
+    suite, load, monkeypatch):
   """check_rules may run over its time budget (up to 1.5 times, a compile
   abandoned at 1.4): each check gets what is left of the rule's budget
   divided by 1.5 (the first input the whole 30 s / 1.5, the second what
   the first left), so that a started check ends within the budget. Its
   budget is wall-clock, the plugin's CPU time: on a loaded machine (the
   tests' wall-clock time over their CPU time, and the load per core, both
-  above 1) it is given the wall-clock time the CPU time takes."""
-  suite.makeconftest(f'''
-import json, os
-import hijax.testing
-os.getloadavg = lambda: ({load}, {load}, {load})
-given = []
-_check_rules = hijax.testing.check_rules
-def check_rules(*args, time_budget, **kwargs):
-  given.append(time_budget)
-  return _check_rules(*args, time_budget=time_budget, **kwargs)
-hijax.testing.check_rules = check_rules
-def pytest_unconfigure(config):
-  with open("given.json", "w") as f:
-    json.dump(given, f)
-''')
+  above 1) it is given the wall-clock time the CPU time takes. (The
+  pytester run is in this process: the load and check_rules are replaced
+  by monkeypatch, so that both are restored for the tests after this one.)"""
+  import hijax.testing  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  given = []
+  check_rules = hijax.testing.check_rules
+
+  def recording(*args, time_budget, **kwargs):
+    given.append(time_budget)
+    return check_rules(*args, time_budget=time_budget, **kwargs)
+
+  monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+  monkeypatch.setattr(hijax.testing, "check_rules", recording)
   suite.makepyfile(lib=SIN, test_sin='''
 import time
 import jax.numpy as jnp
@@ -531,7 +530,6 @@ def test_calls():
   sin(jnp.array([1.0, 2.0]))
 ''')
   _rules(suite, "--hijax-rule-budget=30")
-  given = json.loads((suite.path / "given.json").read_text())
   assert len(given) == 2 and 0 < given[1] < given[0], given
   assert 18 < given[0] <= 30 / 1.5 if not load else given[0] > 30 / 1.5, given
 

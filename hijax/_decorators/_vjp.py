@@ -7,7 +7,7 @@ listed in `custom_vjp`'s docstring.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
@@ -250,7 +250,7 @@ def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
   return NonlinearBackwardError(str(detail), e.prim, e.method, e.reason)
 
 
-def _raise_copy(e: NonlinearBackwardError):
+def _raise_copy(e: NonlinearBackwardError) -> NoReturn:
   """Raises a fresh exception like ``e`` (one raised again keeps its
   traceback)."""
   raise NonlinearBackwardError(str(e), e.prim, e.method, e.reason) from None

@@ -177,6 +177,7 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
                     ctx.report, request.modes)
         inner_first(ctx, ctx.report)
     if accel is not None and error is None and not budget.spent:
+      assert plan is not None  # planned with the host's context above
       host_done = True
       device_half(ctx, plan, on_accel, accel_dtype, accel, request.host,
                   request.context, add_parts, devices.get(tuple(plan)))

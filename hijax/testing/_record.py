@@ -5,6 +5,7 @@ labels, the settings and the names it uses. And the comparison of backward
 rules, `check_identity`."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +37,9 @@ class Recorder:
   out_names: list[str]
   out_float_idx: list[int]
 
-  primal_reads_tangent: bool  # the host's (CheckContext)
+  @functools.cached_property
+  def primal_reads_tangent(self) -> bool:
+    raise NotImplementedError  # the host's (CheckContext)
 
   rng: np.random.Generator
 

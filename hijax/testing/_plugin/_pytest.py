@@ -97,10 +97,10 @@ class RuleCheckPlugin:
       raise pytest.UsageError(
           "--hijax-rules-budget takes seconds (600) or a share of the tests' "
           f"CPU time (25%), not {budget!r}") from None
-    self.rule_budget = float(opt("hijax_rule_budget"))
+    self.rule_budget = float(str(opt("hijax_rule_budget")))
     self.fail_on = str(opt("hijax_rules_fail_on"))
     self.json_path = opt("hijax_rules_json")
-    self.recorder = CallRecorder(int(opt("hijax_rules_samples")),
+    self.recorder = CallRecorder(int(str(opt("hijax_rules_samples"))),
                                  bool(opt("hijax_rules_include_jax")))
     self.results: list[RuleResult] = []
     self.unresolved: list[str] = []
