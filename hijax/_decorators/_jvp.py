@@ -199,7 +199,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   kind = "custom_jvp"
   _call_class = JVPCall
   jvp: Callable[..., Any] | None = None
-  symbolic_zeros = False
+  symbolic_zeros: bool = False
 
   def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False
              ) -> Callable[..., Any]:

@@ -350,7 +350,10 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   _call_class = VJPCall
   fwd: Callable[..., Any] | None = None
   bwd: Callable[..., Any] | None = None
-  symbolic_zeros = optimize_remat = with_logs = with_accums = False
+  symbolic_zeros: bool = False
+  optimize_remat: bool = False
+  with_logs: bool = False
+  with_accums: bool = False
 
   def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
              symbolic_zeros: bool = False, optimize_remat: bool = False,
