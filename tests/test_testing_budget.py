@@ -14,6 +14,8 @@ from hijax.testing import _budget, check_rules
 from hijax.testing._budget import HARD_LIMIT, PRIOR_RATE, Budget, BudgetSpent
 from hijax.testing._compiled import Bundle
 
+import zoo
+
 stages = pytest.importorskip("jax.stages")
 X = jnp.array([0.3, 1.7, -2.2])
 
@@ -162,17 +164,6 @@ def test_a_compile_started_ahead_is_waited_for_by_finish(monkeypatch):
     wait()
 
 
-def _sin():
-  @jax.custom_jvp
-  def sin(x):
-    return jnp.sin(x)
-
-  @sin.defjvp
-  def _(primals, tangents):
-    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
-  return sin
-
-
 def _timed_compiles(monkeypatch, clocks):
   """Compiles take the prior rate's seconds per character on ``clocks``;
   returns the list of the sizes compiled."""
@@ -259,14 +250,14 @@ def test_a_run_ends_within_the_hard_limit_with_no_thread_left(monkeypatch):
   on past the call)."""
   clocks = Clocks(monkeypatch)
   sizes = _timed_compiles(monkeypatch, clocks)
-  full = check_rules(_sin(), X, time_budget=None)
+  full = check_rules(zoo.right_sin(), X, time_budget=None)
   assert full.passed and len(sizes) == 1  # one program
   whole = sizes.pop()
   seconds = whole * PRIOR_RATE / 3
   before, hooks = set(threading.enumerate()), atexit._ncallbacks()
   start = clocks.wall
   with pytest.warns(UserWarning, match="time budget"):
-    report = check_rules(_sin(), X, time_budget=seconds,
+    report = check_rules(zoo.right_sin(), X, time_budget=seconds,
                          accept_inconclusive=True)
   assert set(threading.enumerate()) == before
   assert atexit._ncallbacks() == hooks  # and no exit hook
@@ -320,7 +311,7 @@ def test_a_run_stopped_by_a_compile_that_does_not_fit_says_why(monkeypatch):
   _timed_compiles(monkeypatch, clocks)
   monkeypatch.setattr(Budget, "fits", lambda self, size: False)
   with pytest.warns(UserWarning, match="time budget"):
-    report = check_rules(_sin(), X, time_budget=100.0, accept_inconclusive=True)
+    report = check_rules(zoo.right_sin(), X, time_budget=100.0, accept_inconclusive=True)
   assert report.verdict == "inconclusive", report
   (line,) = [s for s in report.skipped_for_time if s.startswith("the run stopped")]
   assert line.startswith("the run stopped: compiling") and (

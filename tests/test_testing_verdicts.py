@@ -11,6 +11,8 @@ import hijax
 from hijax.testing import (InconclusiveCheckError, RuleCheckError,
                            check_rules, surrogate)
 
+import zoo
+
 X = jnp.array([0.3, 1.7, -2.2])
 
 
@@ -316,13 +318,7 @@ def test_the_report_lists_each_failure_it_counts():
 
 
 def test_a_passing_report_says_so_first():
-  @jax.custom_jvp
-  def sin(x):
-    return jnp.sin(x)
-
-  @sin.defjvp
-  def _(primals, tangents):
-    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  sin = zoo.right_sin()
   report = check_rules(sin, X)
   assert report.verdict == "passed"
   assert str(report).splitlines()[0].startswith(
@@ -397,13 +393,7 @@ def test_no_thread_of_a_run_outlives_it(monkeypatch):
   monkeypatch.setattr(stages.Lowered, "compile", slow_in_a_thread)
   monkeypatch.setattr(_flow, "device_half", lambda *args, **kwargs: None)
 
-  @jax.custom_jvp
-  def sin(x):
-    return jnp.sin(x)
-
-  @sin.defjvp
-  def _(primals, tangents):
-    return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
+  sin = zoo.right_sin()
   before = set(threading.enumerate())
   report = check_rules(sin, X, modes=("jvp",), order=1, time_budget=None,
                        device=jax.devices("cpu")[0])
