@@ -5,6 +5,8 @@ its verdict, reason and error those of the per-column backward-error check,
 and every right column passes; where the columns are checked together by a
 sketch (float64, or a loose ``tol``, from about 100 unknowns and columns)
 as where each is checked alone."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,9 +61,11 @@ def one_wrong_column(A, B, column, factor, transpose, rng, tol=TOL):
   return X.astype(A.dtype)
 
 
+@functools.partial(jax.jit, static_argnums=(3, 4))
 def batched_check(A, X, B, transpose, tol=None):
-  return jax.jit(jax.vmap(lambda x, b: Dense(tol)._check(A, x, b, transpose),
-                          in_axes=(0, 0)))(X, B)
+  # A is an argument, not a constant baked into the program: one program per
+  # shape, traced once and then loaded from the persistent compilation cache
+  return jax.vmap(lambda x, b: Dense(tol)._check(A, x, b, transpose))(X, B)
 
 
 # (unknowns, columns): small and large, square and not (a few shapes, each
@@ -103,9 +107,9 @@ def test_right_solutions_of_many_columns_all_pass(seed, shape, log_cond,
   n, m = shape
   A, B, _ = system(seed, n, m, log_cond)
   M = A.T if transpose else A
-  solve = jax.jit(jax.vmap(lambda b: linear_solve(MatMul(), b, jnp.asarray(M),
-                                                  throw=False), in_axes=0))
-  X, status = solve(jnp.asarray(B))
+  solve = jax.jit(jax.vmap(lambda M, b: linear_solve(MatMul(), b, M, throw=False),
+                           in_axes=(None, 0)))
+  X, status = solve(jnp.asarray(M), jnp.asarray(B))
   assert all(status.converged.tolist()), status
   errors = backward_errors(A, X, B, transpose)
   # the errors are at the rounding level: each column's, to rounding
@@ -206,7 +210,7 @@ def test_many_columns_of_a_small_matrix_get_each_columns_own_verdict(
   ok, finite, error = (np.asarray(v) for v in jax.jit(
       lambda A, X, B: _columns(A, X, B, TOL, transpose))(A, X, B))
   ok1, finite1, error1 = (np.asarray(v) for v in jax.jit(jax.vmap(
-      lambda x, b: _one(A, x, b, TOL, transpose)))(X, B))
+      lambda A, x, b: _one(A, x, b, TOL, transpose), in_axes=(None, 0, 0)))(A, X, B))
   np.testing.assert_array_equal(finite, finite1)
   rounding = n * float(jnp.finfo(jnp.float32).eps)
   np.testing.assert_allclose(error, error1, rtol=1e-5, atol=rounding)
