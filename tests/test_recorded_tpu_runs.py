@@ -94,6 +94,7 @@ def test_a_float32_rule_1_percent_off_fails_at_the_tpus_measured_errors(runs, mo
   assert recorded["highest"]["verdict"] == "failed"
   measured = re.search(r"TPU v5 lite \(tpu\), float32: .* ulps of the dtype: "
                        r"matmul (\d+), transcendental (\d+)", recorded["default"]["device check"])
+  assert measured, recorded
   tpu = {"matmul": float(measured[1]), "transcendental": float(measured[2])}
   monkeypatch.setattr(_device, "calibrate", lambda device, dtype: dict(tpu))
 

@@ -129,8 +129,8 @@ def _accelerators():
       "callback_errors": record["seventh"]["facts"]["callback_errors"],
       "runs": rows,
       "float32 rule, run 9": {
-          k: {"verdict": r["verdict"], "tolerance_ulps": round(float(re.search(
-              r"tolerance ([\d.]+) ulps", r.get("device check", r.get("first failure")))[1]))}
+          k: {"verdict": r["verdict"], "tolerance_ulps": round(float(re.findall(
+              r"tolerance ([\d.]+) ulps", r.get("device check", r.get("first failure")))[0]))}
           for k, r in record["ninth"]["float32_rule"].items() if k != "what"},
       "visible cells, run 8": {k: record["eighth"]["tests"]["tests/test_visible_cells.py"][k]
                                for k in ("passed", "failed")},
