@@ -1,6 +1,7 @@
 """tools/accelerator_run.py, which runs the tests and the pages on a TPU: how
 it reads a page's cells and sums up its records. (Running it needs a device
 machine; tools/accelerator_run.py --pages PAGE runs here too.)"""
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -135,6 +136,7 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
   records = [json.loads(r) for r in (out / "pages.jsonl").read_text().splitlines()]
   assert sum(r["kind"] == "cell" for r in records) == 6
   assert results["environment"]["backend"] == "cpu"
+  assert "libtpu" in results["environment"]
   # the run's own precision, not what a page set
   assert results["environment"]["default_matmul_precision"] == "None"
 
@@ -314,3 +316,19 @@ def test_the_tests_find_no_backend_taken_and_the_record_still_names_it(tmp_path)
     assert results["environment"]["commit"] in (head.stdout.strip(),
                                                 head.stdout.strip() + "+changes")
     assert f"| {results['environment']['commit']} |" in table.splitlines()[2]
+
+
+def test_the_libtpu_a_tpu_loads_is_recorded(monkeypatch):
+  """TPU_LIBRARY_PATH where set (the ninth TPU call loaded the machine's own
+  libtpu so, beside a newer JAX), else the libtpu package's version."""
+  monkeypatch.setenv("TPU_LIBRARY_PATH", "/opt/x/libtpu/libtpu.so")
+  tool = _tool()
+  assert tool._libtpu() == "/opt/x/libtpu/libtpu.so"
+  monkeypatch.delenv("TPU_LIBRARY_PATH")
+  monkeypatch.setattr("importlib.metadata.version", lambda name: {"libtpu": "0.0.50"}[name])
+  assert tool._libtpu() == "0.0.50"
+
+  def not_installed(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+  monkeypatch.setattr("importlib.metadata.version", not_installed)
+  assert tool._libtpu() == ""

@@ -24,18 +24,19 @@ def history():
   return " ".join((ROOT / "ACCELERATOR_RUNS.md").read_text().split())  # lines joined
 
 
-CALLS = ["before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
+CALLS = ["before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
+         "ninth"]
 
 
-def _latest_call(results, part):
-  """{test file or page: the label of the last call that ran it}."""
-  return {name: label for label in CALLS for name in results[label].get(part, {})}
+def _latest_call(results, part, calls=tuple(CALLS)):
+  """{test file or page: the label of the last of ``calls`` that ran it}."""
+  return {name: label for label in calls for name in results[label].get(part, {})}
 
 
-def test_the_calls_are_the_eight_the_history_names(results, history):
+def test_the_calls_are_the_nine_the_history_names(results, history):
   assert [k for k, v in results.items() if isinstance(v, dict)
           and ("tests" in v or "pages" in v)] == CALLS
-  assert "`before`, `after`, `third` ... `eighth`" in history
+  assert "`before`, `after`, `third` ... `ninth`" in history
 
 
 def test_the_first_four_calls(results, history):
@@ -261,12 +262,20 @@ def test_the_eighth_call(results, history):
   assert "Address family not supported by protocol" in kernel
 
 
-def test_which_latest_runs_predate_later_calls(results):
-  by_file, by_page = _latest_call(results, "tests"), _latest_call(results, "pages")
+def test_which_latest_runs_predate_later_calls(results, history):
+  """As the eighth call left them, and as the ninth does."""
+  by_file, by_page = (_latest_call(results, part, CALLS[:CALLS.index("eighth") + 1])
+                      for part in ("tests", "pages"))
   assert by_file["tests/test_testing_device.py"] == "seventh"
   assert by_file["tests/test_implicit.py"] == "fourth"
   assert sum(label == "eighth" for label in by_file.values()) == 19
   assert sum(label == "fourth" for label in by_page.values()) == 19, by_page
+  fourth_pages = {p for p, label in by_page.items() if label == "fourth"}
+  by_file, by_page = _latest_call(results, "tests"), _latest_call(results, "pages")
+  assert by_file["tests/test_testing_device.py"] == by_file["tests/test_implicit.py"] == "ninth"
+  assert sum(by_page[p] == "ninth" for p in fourth_pages) == 9
+  assert sum(label == "fourth" for label in by_page.values()) == 10, by_page
+  assert "nine of the 19 pages" in history and "10 others" in history
 
 
 @pytest.mark.parametrize("figure", [
@@ -275,3 +284,83 @@ def test_which_latest_runs_predate_later_calls(results):
 def test_each_figure_is_in_the_history(figure, history):
   """The figures the tests above assert are the ones the history states."""
   assert figure in history, figure
+
+
+def _tool_runs(ninth):
+  """The ninth call's three runs of the tool: the first ran tests and a
+  page, the second tests and two pages, the third pages alone."""
+  parts = ninth["runs"]
+  assert [p["part"] for p in parts[:5]] == ["tests", "pages", "tests", "pages", "pages"]
+  assert all(p["part"] == "pages" for p in parts[5:])
+  return parts[:2], parts[2:5], parts[5:]
+
+
+def test_the_ninth_call(results, history):
+  ninth = results["ninth"]
+  tests9, pages9 = ninth["tests"], ninth["pages"]
+  assert {r["at"] for r in ninth["runs"]} == {"05381dc"} and "at 05381dc" in history
+  assert ninth["environment"]["libtpu"].startswith("0.0.42.1")
+  assert "asks for 0.0.50" in ninth["environment"]["libtpu"]
+  assert "libtpu 0.0.42.1" in history and "asks for 0.0.50" in history
+  first, second, third = _tool_runs(ninth)
+  # the first run: the --todo's 15 files and the performance page
+  files1 = first[0]["tests"]
+  assert len(files1) == 15 and "the 15 test files" in history
+  imp = tests9["tests/test_testing_import.py"]
+  earlier = {n: (t["passed"], t["failed"], t["skipped"]) for n, t in tests9.items()
+             if n in files1}
+  earlier["tests/test_testing_import.py"] = (0, len(imp["earlier_failures"]), 0)
+  assert [sum(v[i] for v in earlier.values()) for i in range(3)] == [224, 5, 14]
+  assert "224 tests passed, 5 failed, 14 skipped" in history
+  assert tests9["tests/test_implicit_kernels.py"]["skipped"] == 14
+  assert all("the counts are of XLA's CPU backend" in s
+             for s in tests9["tests/test_implicit_kernels.py"]["skips"])
+  perf = pages9["performance"]
+  assert perf["cells"] == perf["passed"] == 12 and "12 cells passed" in history
+  # the failures, each as the history tells it
+  assert all("No module named 'jax'" in f for f in imp["earlier_failures"])
+  assert imp["passed"] == 2 and imp["failed"] == 0
+  (budget,) = tests9["tests/test_testing_budget.py"]["failures"]
+  assert "test_a_run_ends_within_the_hard_limit" in budget and "2 == 1" in budget
+  plugin = tests9["tests/test_plugin_behaviours.py"]
+  shared, float32 = plugin["failures"]
+  assert "test_the_rule_budget_is_shared" in shared
+  assert "stopped where the rule's budget ran out" in shared
+  assert "\"stopped where the rule's budget ran out\"" in history
+  assert "test_a_rule_wrong_only_in_float32" in float32 and "ExitCode.OK" in float32
+  rule = ninth["float32_rule"]
+  assert "matmul 18192" in rule["default"]["device check"] and "18192 ulps" in history
+  assert "tolerance 72770 ulps" in rule["default"]["device check"]
+  assert "72770 ulps, about 0.9%" in history
+  assert 0.0085 < 72770 * 2.0 ** -23 < 0.0095
+  assert rule["default"]["verdict"] == "passed" and rule["highest"]["verdict"] == "failed"
+  assert round(rule["highest"]["tolerance_ulps"]) == 866 and rule["highest"]["failures"] == 9
+  assert "tolerance 866 ulps, 9 failures" in history
+  (after,) = plugin["async_errors"]
+  assert "CpuCallback error" in after and "One error came after a test" in history
+  # the second run
+  assert second[0]["tests"] == ["tests/test_testing_import.py",
+                                "tests/test_testing_device.py", "tests/test_implicit.py"]
+  device, implicit = tests9["tests/test_testing_device.py"], tests9["tests/test_implicit.py"]
+  assert (device["passed"], device["failed"], device["skipped"]) == (38, 0, 1)
+  assert (implicit["passed"], implicit["failed"], implicit["skipped"]) == (22, 0, 2)
+  assert all("a TPU has no float64 LU" in s for s in implicit["skips"])
+  assert "(38 passed, one skipped" in history and "(22 passed, two skipped" in history
+  two = [pages9[r["pages"][0]] for r in second[1:]]
+  assert sum(p["cells"] for p in two) == sum(p["passed"] for p in two) == 110
+  assert [round(pages9["checking-rules"]["seconds"]),
+          round(results["seventh"]["pages"]["checking-rules"]["seconds"])] == [62, 66]
+  assert "ran in 62 s (the seventh call's 66 s)" in history
+  # the third run: twelve pages, ten in full
+  twelve = [r["pages"][0] for r in third]
+  assert len(twelve) == 12 and third[-1]["status"] == "killed at the deadline"
+  assert third[-1]["pages"] == ["pytest-plugin"]
+  cells = [pages9[p] for p in twelve]
+  assert (sum(p["passed"] for p in cells), sum(p["cells"] for p in cells)) == (582, 600)
+  assert "582 of 600 cells passed, ten pages in full" in history
+  assert sum(p["passed"] == p["cells"] for p in cells) == 10
+  (table,) = pages9["accelerators"]["failures"]
+  assert "No module named 'IPython'" in table
+  (entry_point,) = pages9["pytest-plugin"]["failures"]
+  assert entry_point.startswith("cell 1 ") and "entry_points" in entry_point
+  assert pages9["pytest-plugin"]["not run"] == 16 and "other 16 cells" in history

@@ -23,8 +23,8 @@ Writes ``DIR/accelerator-results.json`` (``--merge`` an earlier file to add to
 it: the same file's results from an earlier call are kept unless run again)
 and ``DIR/accelerator-results.md``, a table per part:
 
-- the environment: backend, device kind, JAX version, Python, date, and the
-  checkout's commit (``+changes`` where tracked files differed from it);
+- the environment: backend, device kind, JAX version, Python, libtpu, date,
+  and the checkout's commit (``+changes`` where tracked files differed from it);
 - per test file: passed / failed / skipped, each failure's test id and first
   line, each skip's reason;
 - per page: cells passed / failed (a cell tagged ``raises-exception`` passes
@@ -85,6 +85,18 @@ def _commit():
   return head.stdout.strip() + ("+changes" if changed else "")
 
 
+def _libtpu():
+  """The libtpu a TPU backend loads: ``TPU_LIBRARY_PATH`` where set (JAX
+  loads that file), else the installed package's version ("" if none)."""
+  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  if os.environ.get("TPU_LIBRARY_PATH"):
+    return os.environ["TPU_LIBRARY_PATH"]
+  try:
+    return importlib.metadata.version("libtpu")
+  except importlib.metadata.PackageNotFoundError:
+    return ""
+
+
 def _environment():
   import jax  # pylint: disable=import-outside-toplevel
   dev = jax.devices()[0]
@@ -96,6 +108,7 @@ def _environment():
       "jax": jax.__version__,
       "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
       "python": sys.version.split()[0],
+      "libtpu": _libtpu(),
       "date": datetime.date.today().isoformat(),
       # as the run was started: read after a page's cells, JAX's config holds
       # what the page set (spectral-gradients asks for "highest")

@@ -55,7 +55,8 @@ def extractor(page: str, sources: str):
 # --- accelerators (docs/accelerators.md): the runs on a TPU ----------------------
 
 # The runs in docs/accelerator-results.json, in the order they ran.
-_TPU_RUNS = ("before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+_TPU_RUNS = ("before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
+             "ninth")
 
 
 def _tpu_run_commits(record: dict, label: str) -> list[str]:
@@ -127,6 +128,10 @@ def _accelerators():
                         "backend_compiles": float64_check["backend_compiles"]},
       "callback_errors": record["seventh"]["facts"]["callback_errors"],
       "runs": rows,
+      "float32 rule, run 9": {
+          k: {"verdict": r["verdict"], "tolerance_ulps": round(float(re.findall(
+              r"tolerance ([\d.]+) ulps", r.get("device check", r.get("first failure")))[0]))}
+          for k, r in record["ninth"]["float32_rule"].items() if k != "what"},
       "visible cells, run 8": {k: record["eighth"]["tests"]["tests/test_visible_cells.py"][k]
                                for k in ("passed", "failed")},
       "latest": {"test files": len(latest), "pages": len(latest_page_runs),
