@@ -62,11 +62,13 @@ where it pays: it runs in float64, and in float32 with a looser ``tol``
 (``Dense(tol=1e-2)``: hundreds). Products are computed at the checks'
 precision (`hijax.implicit._precision.check_precision`).
 
-One solution's check reads ``|M|_inf`` always (it once did so only where
-the residual was not already within ``tol (|M x|_inf + |b|_inf)``, behind a
-conditional: the same verdict, but a conditional and its kernels cost
-compile time at every first call, and XLA's CPU backend compiles each
-kernel on its own). ``M x`` is a reduction of the elementwise products, one
+One solution's check of fewer than `DEFER_NORM_FROM` unknowns reads
+``|M|_inf`` always (a conditional costs compile time at every first call,
+XLA's CPU backend compiling each kernel on its own, and there it costs more
+run time than the row sums); from `DEFER_NORM_FROM`, only where the
+residual is not already within half of ``tol (|M x|_inf + |b|_inf)``
+(`_one`), since there the row sums cost twice the time of ``M x``.
+``M x`` is a reduction of the elementwise products, one
 kernel where a matrix-vector product was two, and as fast (but from 33 to
 127 unknowns a product: faster there); the row sums of
 ``|M|`` are a product with ones, faster than a reduction there; the four
