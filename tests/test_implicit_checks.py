@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from hijax.implicit import Dense, MatMul, linear_solve
 N = 70
+BIG = 160  # from DEFER_NORM_FROM unknowns |A| is read only where needed
 
 
 def reference(A, x, b, tol, transpose=False):
@@ -37,14 +38,14 @@ def system(seed, log_cond, n=N):
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2 ** 16), st.floats(0., 7.), st.floats(-8., 0.),
-       st.booleans())
+       st.booleans(), st.sampled_from([N, BIG]))
 def test_the_verdict_and_error_are_the_full_checks(seed, log_cond, log_err,
-                                                   transpose):
-  A, x, b = system(seed, log_cond)
+                                                   transpose, n):
+  A, x, b = system(seed, log_cond, n)
   if transpose:
     b = x @ A
   # a solution off by a relative 10**log_err: passes or fails by the bound
-  x_off = x * (1 + 10. ** log_err * jnp.cos(jnp.arange(N, dtype=jnp.float32)))
+  x_off = x * (1 + 10. ** log_err * jnp.cos(jnp.arange(n, dtype=jnp.float32)))
   tol = float(jnp.finfo(jnp.float32).eps) ** 0.5
   st_ = jax.jit(lambda A, x, b: Dense()._check(A, x, b, transpose))(
       A, x_off, b)
@@ -78,6 +79,38 @@ def test_under_vmap_easy_hard_and_failing_instances_get_their_verdicts():
   assert float(jnp.max(jnp.abs(bs[1] - A @ big))) > float(cheap)
   np.testing.assert_allclose(sts.error, [r[1] for r in refs], rtol=1e-4,
                              atol=1e-7)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_large_system_reads_its_norm_where_the_residual_needs_it(transpose):
+  """From DEFER_NORM_FROM unknowns, |A| is read only where the residual is
+  over half of tol (|A x| + |b|), behind a conditional: a solution within
+  that passes, one within the full bound only passes, one outside fails,
+  each with the full check's error (jitted: the conditional compiled)."""
+  from hijax.implicit._backward_error import DEFER_NORM_FROM
+  assert BIG >= DEFER_NORM_FROM
+  A, x, _ = system(0, 1., BIG)
+  A = A.at[:, 0].set(1e-3 * A[:, 0])
+  big = 1e4 * jnp.cos(jnp.arange(BIG, dtype=jnp.float32))
+  product = (lambda v: v @ A) if transpose else (lambda v: A @ v)
+  tol = float(jnp.finfo(jnp.float32).eps) ** 0.5
+  norm = jnp.max(jnp.sum(jnp.abs(A), axis=0 if transpose else 1))
+  r1 = 0.5 * tol * norm * jnp.max(jnp.abs(big))  # within the full bound only
+  cases = [(x, product(x)), (big, product(big).at[0].add(r1)),
+           (x, product(x).at[0].add(1.))]
+  check = jax.jit(lambda x, b: Dense()._check(A, x, b, transpose))
+  verdicts = []
+  for x_i, b_i in cases:
+    st_ = check(x_i, b_i)
+    ok, err = reference(A, x_i, b_i, tol, transpose)
+    assert bool(st_.converged) == bool(ok)
+    np.testing.assert_allclose(st_.error, err, rtol=1e-4, atol=1e-7)
+    verdicts.append(bool(ok))
+  assert verdicts == [True, True, False]
+  # case 1 did need |A|: half the cheap bound alone would fail it
+  x1, b1 = cases[1]
+  cheap = tol / 2 * (jnp.max(jnp.abs(product(x1))) + jnp.max(jnp.abs(b1)))
+  assert float(jnp.max(jnp.abs(b1 - product(x1)))) > float(cheap)
 
 
 def test_a_singular_system_still_fails_and_a_good_one_solves():
