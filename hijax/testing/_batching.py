@@ -124,9 +124,8 @@ def _refused_or_failed(ctx: CheckContext, refusals: list, check: str,
   """A batching check that raised ``e``: a failure, unless the rule itself
   raised it (a ``batch`` or ``batch_dim_rule`` refusing, or failing on, a
   combination of batched arguments, not hijax's check of what it returned)
-  where the checker chose the combinations; that refusal joins
-  ``refusals``, for `CheckContext.judge_refusals` (as ``label``, by default
-  ``check``)."""
+  where the checker chose the combinations; that refusal joins ``refusals``,
+  for `CheckContext.judge_refusals` (as ``label``, by default ``check``)."""
   rule = raised_by(e) if ctx.settings.batch_in_axes is None else None
   if rule is None or rule == HIJAX_CHECK:
     ctx.fail_raised("batch", check, inputs, e)
@@ -141,11 +140,7 @@ def _refused_or_failed(ctx: CheckContext, refusals: list, check: str,
 
 def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
-  ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given).
-  Their programs are parts that `add_batch_parts` added. Where the checker
-  chose the combinations, one for which the rule itself raises is judged
-  with the others by `CheckContext.judge_refusals` (see
-  `_refused_or_failed`)."""
+  ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given)."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
   refs = {}
   refusals = []  # (check, inputs, exception, why skipped)

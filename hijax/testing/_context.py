@@ -86,15 +86,7 @@ class Settings:
 
 @dataclasses.dataclass
 class CheckContext(Recorder):
-  """One function of a flat list of leaves, checked at one point.
-
-  ``label`` prefixes the checks of a sub-function (a second-order check, a
-  function checked alone); ``within`` is the mode its checks are reported
-  under (None: their own); ``requested`` are the modes the user asked
-  for, which the second-order checks follow. ``compiled`` holds the
-  compiled evaluations (`hijax.testing._compiled.Compiled`): ``prepared``
-  where given (sharing another context's programs), else its own.
-  """
+  """One function of a flat list of leaves, checked at one point."""
   prim_fn: Callable
   args: tuple
   leaf_names: list[str]
@@ -228,14 +220,8 @@ class CheckContext(Recorder):
   # -- functions of subsets of the leaves --
 
   def restrict(self, direction, evaluate=False) -> Callable:
-    """``prim_fn`` as a function of the leaves in ``direction`` (others fixed),
-    returning the tuple of its floating-point output leaves.
-
-    With ``evaluate``, it evaluates the compiled ``prim_fn`` (see
-    `Compiled.evaluate`; for plain evaluations, which then compile
-    nothing more); otherwise it calls ``prim_fn`` itself (to be
-    transformed).
-    """
+    """``prim_fn`` as a function of the leaves in ``direction`` (others
+    fixed), returning the tuple of its floating-point output leaves."""
     base = list(self.leaves)
 
     def f(*xs):
@@ -340,10 +326,9 @@ class CheckContext(Recorder):
 
   def add_derivative(self, kind, direction):
     """Adds the part ``(kind, direction)`` (``kind`` is ``jvp``, ``vjp`` or
-    ``lin``) to the compiled program: ``(xs, ṫ) -> (out, J ṫ)`` or
-    ``(xs, ȳ) -> (out, Jᵀ ȳ)`` of ``prim_fn`` in the leaves of
-    ``direction`` (the others held fixed: their tangents are symbolic
-    zeros)."""
+    ``lin``) to the compiled program: ``(xs, ṫ) -> (out, J ṫ)`` or ``(xs, ȳ)
+    -> (out, Jᵀ ȳ)`` of ``prim_fn`` in the leaves of ``direction`` (the
+    others held fixed: their tangents are symbolic zeros)."""
     f = self.restrict(direction)
 
     def jvp_part(xs, ts):
@@ -408,8 +393,7 @@ class CheckContext(Recorder):
     rules' ``J ṫ`` where the finite differences in ``direction`` find the
     function flat (its derivative zero to their resolution): ``FLOOR eps |y|
     max |ṫ|``, the rounding of values of the output's size times the
-    tangent's. There two right rules may lose different parts of a result
-    that cancels (softmax's dominant output: 1 - exp(-40)); elsewhere 0."""
+    tangent's."""
     est = self.fd(direction)
     top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
                  if np.size(t)] or [0.0])

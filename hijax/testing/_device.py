@@ -1,44 +1,13 @@
 """Checking rules where they run: on an accelerator, in the user's dtype.
 
-A TPU has no usable float64 (it is emulated: its programs take a minute to
-compile, and ``solve``, ``inv`` and ``fft`` refuse it), and its float32 is
-not a CPU's: matrix products at JAX's default precision are computed with
-bfloat16 passes (agreeing with float64 to about three digits), and
-transcendental functions differ from the correctly rounded value by up to
-thousands of units in the last place. Finite differences there cannot
-judge a rule to the digits a CPU can.
-
-So on an accelerator `check_rules` judges twice:
-
-1. **On the host CPU** (``jax.devices("cpu")``, beside every accelerator),
-   everything as on a CPU: the rules against finite differences, each
-   other and loops, in float64 where the function runs in it. This is the
-   sharp verdict on the rules' logic.
-2. **On the device**, in the inputs' own dtype: every part of the checks'
-   program that the host run evaluated (the function, its jvp, vjp and
-   linearization in each direction, the vmaps, the second derivatives) is
-   evaluated again on the device, at the same inputs rounded to the dtype,
-   and compared with the host's float64 result there. A rule that is right
-   in float64 and goes wrong where it runs (a dtype-dependent branch, a
-   product that loses what the rule relies on) fails here, named as the
-   host run names it. These comparisons add failures, not conclusive
-   passes: whether a rule was judged at all is the host's verdict (a rule
-   compared with itself on another device says nothing of the function).
-   A part that raises on the host as well (a combination a batch rule
-   refuses, a rule the host half already failed) is left to the host's
-   verdict, not failed again. An output that is zero to rounding (the
-   determinant of a singular matrix) is compared, as on the host, with an
-   absolute floor: the host's, scaled to the device's dtype. The tolerance
-   is the device's *measured* accuracy, not an assumed one: `calibrate`
-   compares a float32 matrix product at the current matmul precision and a
-   set of transcendental functions on the device with float64 on the host,
-   and the function's own output on the device is compared with the
-   host's (less that floor); the tolerance allows four times the
-   worst of these (in units in the last place of the dtype, at most 1/16
-   relative), and never less than the CPU's 256 units.
-
-The report says which device computed what (`RuleReport.devices`).
-"""
+An accelerator has no usable float64 and its float32 is not a CPU's (bfloat16
+passes in matrix products, transcendental functions thousands of ulps off),
+so `check_rules` judges twice: on the host CPU, in float64, the sharp
+verdict; then every part of the checks' program the host evaluated runs
+again on the device in the inputs' dtype and is compared with the host's
+float64, within the device's *measured* accuracy (`calibrate`). The device
+adds failures, never conclusive passes; a part the host saw raise is the
+host's to judge."""
 from __future__ import annotations
 
 import contextlib
@@ -150,8 +119,7 @@ def calibrate(device, dtype) -> dict[str, float]:
   in units of ``dtype``'s epsilon: ``matmul`` (a product at the current
   ``jax.default_matmul_precision``) and ``transcendental`` (the worst of
   exp, log, log1p, expm1, tanh, sin and the logistic function, where the
-  exact value is representable in ``dtype``). Measured once per device,
-  dtype and matmul precision, by one compiled program."""
+  exact value is representable in ``dtype``)."""
   return _calibration(device, np.dtype(dtype).name,
                       jax.config.jax_default_matmul_precision)
 
@@ -259,17 +227,12 @@ def function_floors(ctx, dtype, n_values: int) -> list:
 def check_on_device(ctx, device, device_ctx, host_run, plan,
                     device_x64: bool = False) -> None:
   """The device half of `check_rules` on an accelerator (see the module
-  docstring): each part of ``ctx``'s program (the host's) that the host
-  run evaluated is evaluated again in ``device_ctx`` (the same function at
-  the same point in the inputs' dtype, its parts added, its defaults on
+  docstring): each part of ``ctx``'s program (the host's) that the host run
+  evaluated is evaluated again in ``device_ctx`` (the same function at the
+  same point in the inputs' dtype, its parts added, its defaults on
   ``device``) and compared with the host's result at the rounded inputs
-  (``host_run(key, args)`` runs a part of the host's program under its
-  dtype settings). Failures and the checks run go to ``ctx``'s report. The
-  function itself is always run there (its accuracy sets the tolerance) but
-  compared as a check only where ``plan`` (the modes run) has ``expand``.
-  The device's parts run with ``jax.enable_x64(device_x64)``, as its
-  context was made: a constant the function creates (``jnp.ones(())``)
-  has the dtype it has in the user's own run there."""
+  (``host_run(key, args)`` runs a part of the host's program under its dtype
+  settings)."""
   host_bundle = ctx.compiled.bundle
   bundle = device_ctx.compiled.bundle
   dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
@@ -351,9 +314,8 @@ def device_context(plan, own, own_dtype, accel, make_context, add_parts,
                    ahead=True):
   """The device's context of the checks of ``plan`` at ``own`` (the inputs
   in their own dtypes) on ``accel``; with ``ahead``, its program traced and
-  its compile started in the background (`Bundle.compile_ahead`):
-  the flow makes it so before the host's half runs, so that the two
-  compile at once."""
+  its compile started in the background (`Bundle.compile_ahead`): the flow
+  makes it so before the host's half runs, so that the two compile at once."""
   with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
     device_ctx, _ = make_context(own, own_dtype)
     add_parts(device_ctx, plan)
@@ -364,13 +326,12 @@ def device_context(plan, own, own_dtype, accel, make_context, add_parts,
 
 def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
                 add_parts, device_ctx=None) -> None:
-  """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``):
-  the device's context at ``own`` (the inputs in their own dtypes;
-  ``device_ctx`` if made ahead by `device_context` for ``plan``), and,
-  where the host ran at other values than ``own`` (a Python float rounded
-  to float32 on the device), a host context at ``own`` in float64 as the
-  reference. ``make_context`` (`Request.context`) and ``add_parts`` are
-  the flow's."""
+  """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``): the
+  device's context at ``own`` (the inputs in their own dtypes;
+  ``device_ctx`` if made ahead by `device_context` for ``plan``), and, where
+  the host ran at other values than ``own`` (a Python float rounded to
+  float32 on the device), a host context at ``own`` in float64 as the
+  reference."""
   x64 = _x64(own_dtype)
   host64 = ctx.report.dtype == "float64"
 

@@ -1,12 +1,5 @@
-"""One run of the checks, top to bottom: `check` chooses the dtype (the
-point where ``prim_fn`` runs), then plans the modes (those whose rules are
-defined) and the rules a pass requires, adds every part their checks
-evaluate to the compiled program, runs the check of each mode (the
-second-order mode runs them again on functions derived from ``prim_fn``),
-concludes (a function that raises at the input, a run its budget stopped,
-which failures to list first, custom functions checked alone where a
-program of several failed), and runs the device's half. Its report is the
-only thing it writes; `hijax.testing._api.check_rules` calls it."""
+"""One run of the checks, top to bottom: the dtype, the plan, the parts
+compiled, the checks of each mode, the conclusions, the device's half."""
 from __future__ import annotations
 
 import contextlib
@@ -95,12 +88,7 @@ def _in_own_dtypes(args):
 
 
 def _runs(ctx: CheckContext, plan, ahead) -> bool:
-  """Whether ``ctx``'s function runs compiled at its point. With ``jit``,
-  the program the checks will run (every part of ``plan``) is compiled
-  here and evaluates the function, so that an `expand` whose output
-  contradicts a declared type (a primitive that hard-codes float32) is
-  found before the checks, which then reuse it; ``ahead(plan)`` is called
-  first (it starts the device's compile, where there is one)."""
+  """Whether ``ctx``'s function runs compiled at its point."""
   try:
     if not ctx.settings.jit:
       jax.block_until_ready(jax.jit(ctx.prim_fn)(*ctx.args))
@@ -118,9 +106,8 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
   converted, under ``jax.enable_x64``) unless ``x64`` is False or, with
   ``x64=None``, ``prim_fn`` cannot run in float64 but can in the given
   dtypes (a function that runs in neither is checked in float64, where it
-  traces, and reported as raising); then the checks, and on an
-  accelerator (``accel``, see `hijax.testing._device`) the device's
-  half. A compile past the hard limit (`BudgetSpent`) ends the run here."""
+  traces, and reported as raising); then the checks, and on an accelerator
+  (``accel``, see `hijax.testing._device`) the device's half."""
   prim_fn, budget = request.prim_fn, request.settings.budget
   # the device's half runs the inputs in their own dtypes, on the device
   on_accel, accel_float = _in_own_dtypes(args) if accel else (None, None)
@@ -402,13 +389,10 @@ def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
   ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
   them all), checks each alone, at the inputs the program gives it, and
   reports those failures instead, each naming the one at fault (the modes
-  one of them lacks run for the others). Where none fails alone, the
-  program's failures stand: the fault is in the rules together.
-
-  Not done first: a library's rule can rely on a relation the program
-  keeps between its inputs (equinox's loop wrapper takes the loop's result
-  and recomputes its derivative from the loop's input), which perturbing
-  its inputs independently breaks."""
+  one of them lacks run for the others)."""
+  # Not done first: a library's rule can rely on a relation the program
+  # keeps between its inputs (equinox's loop wrapper), which perturbing its
+  # inputs independently breaks.
   if len(prims) < 2 or not all(isinstance(p, CustomRules) for p in prims):
     return
   try:

@@ -113,11 +113,7 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
   """The ``nzs_out`` that ``rule`` (`vjp_fwd` or `lin`) returns for
   arguments of the types ``p_types``, or None if it returns none (or
   ``values()``, the arguments' values, cannot be found where they are
-  needed). The flags are static, so the rule is only traced (abstractly:
-  nothing is compiled or evaluated for it). It is called eagerly instead
-  with ``jit=False``, for arguments of hi types, where the trace raises and
-  where the flags it returns are values of the trace (a misuse), so that
-  the error reported is what the rule does when called."""
+  needed)."""
   def nzs_of(result):
     if not isinstance(result, tuple) or len(result) < 3:
       return None
@@ -146,9 +142,7 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
 
 def check_nzs_out(ctx: CheckContext, mode):
   """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
-  declared symbolically zero must have a zero derivative. Arguments and
-  outputs of hi types are supported (their derivative is taken with the
-  jvp rule)."""
+  declared symbolically zero must have a zero derivative."""
   method = "vjp_fwd" if mode == "vjp" else "lin"
   if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
     return

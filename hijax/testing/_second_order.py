@@ -1,18 +1,9 @@
 """The second derivative of the rules, against finite differences of the
-first: a backward rule (or a jvp rule) can be right at first order and
-wrong when differentiated again, e.g. ``g * stop_gradient(cos(x))``, whose
-Hessian is 0 instead of ``-sin x``. The rules that bind hijax primitives
-again are checked rule by rule in `hijax.testing._flow`; this check covers
-every rule, at the cost of finite differences of the first derivative.
-
-A rule that says it cannot be differentiated again (JAX's forward mode of
-a ``jax.custom_vjp`` function, reverse mode of a ``while_loop`` such as
-equinox's checkpointed loop, a ``NotImplementedError``) is first-order only:
-reverse over reverse is then replaced by forward over reverse where that
-works, and otherwise the report lists the rule under ``first_order_only``
-instead of failing it (``require_second_order=True`` fails it). Any other
-exception is a failure (``erfcx``'s Hessian raising a shape error).
-"""
+first (``g * stop_gradient(cos(x))`` is right at first order only), and
+the first-order checks again on derived functions that bind hijax
+primitives. A rule that declares it cannot be differentiated again is
+first-order only (reverse over reverse falls back to forward over reverse
+first)."""
 from __future__ import annotations
 
 import dataclasses
@@ -185,8 +176,7 @@ def _raised(ctx, check, inputs, e, rule, what):
 
 def _reverse_over_reverse(ctx, sub, check, inputs, rule):
   """``<w, H ṫ>`` with ``H ṫ`` from finite differences of the backward pass,
-  against ``<vjp of the backward pass (w), ṫ>``. Raises what the vjp of the
-  backward pass raises."""
+  against ``<vjp of the backward pass (w), ṫ>``."""
   direction = tuple(sub.float_idx)
   transpose = lambda w: list(sub.vjp_at(direction, w)[1])
   transpose([np.zeros_like(y) for y in sub.ref_out()])  # may raise
@@ -212,10 +202,7 @@ def _reverse_over_reverse(ctx, sub, check, inputs, rule):
 def _derived_functions(ctx: CheckContext, modes):
   """``(mode, description, function, arguments, argument names)`` of the
   tangent map, the backward pass and the linearized map of ``prim_fn``, for
-  the derivative modes requested whose rules are defined. Their fixed
-  tangents and cotangents are drawn from a generator of their own (spawned
-  from the context's, whose draws they leave as they are), since they are
-  made before the checks run."""
+  the derivative modes requested whose rules are defined."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
   xs = [ctx.leaves[i] for i in direction]
@@ -291,8 +278,7 @@ def add_derived(ctx: CheckContext, modes, add_parts):
 def check_second_order(ctx: CheckContext, run):
   """The first-order checks, on each derived function that binds hijax
   primitives again (recursing while ``order`` allows; ``run`` is the
-  flow's). What they evaluate is part of ``ctx``'s program
-  (`add_derived`)."""
+  flow's)."""
   if not ctx.float_idx or not ctx.out_float_idx:
     ctx.skip("second_order", "no floating-point inputs or outputs")
     return
