@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from hijax._checks import HIJAX_CHECK, raised_by
-from hijax.testing._context import CheckContext
+from hijax.testing._context import CheckContext, Part
 from hijax.testing._numerics import dtype_of, is_float, on_device, to_numpy
 
 
@@ -101,12 +101,17 @@ def _derivative_cases(ctx: CheckContext) -> list:
   return cases
 
 
+def _vmap_part(in_axes) -> Part:
+  # in_axes may hold a pytree's dict (unhashable): its repr tells it apart
+  return Part("batch", "batch", "jax.vmap with in_axes={}", repr(in_axes))
+
+
 def add_batch_parts(ctx: CheckContext):
   """Adds the programs `check_batch` runs to ``ctx``'s compiled program:
   ``vmap`` for each ``in_axes`` and the batched derivatives."""
   for in_axes in _batch_combinations(ctx):
     ctx.compiled.add(
-        ("vmap", repr(in_axes)), jax.vmap(ctx.prim_fn, in_axes=in_axes),
+        _vmap_part(in_axes), jax.vmap(ctx.prim_fn, in_axes=in_axes),
         lambda in_axes=in_axes: tuple(_batched_args(ctx, _broadcast(ctx),
                                                     in_axes)))
   if ctx.settings.batch_in_axes is not None or not ctx.float_idx or (
@@ -114,7 +119,7 @@ def add_batch_parts(ctx: CheckContext):
     return
   leaves_b = lambda: jax.tree.leaves(_broadcast(ctx))
   for check, _, g_b, b in _derivative_cases(ctx):
-    ctx.compiled.add(("batched", check), g_b, lambda b=b: (
+    ctx.compiled.add(Part("batch", "batch", check), g_b, lambda b=b: (
         tuple(leaves_b()[i] for i in ctx.float_idx), tuple(b())))
 
 
@@ -161,7 +166,7 @@ def check_batch(ctx: CheckContext):
         continue
     check = "vmap vs a loop over the batch"
     try:
-      got = jax.tree.leaves(ctx.compiled.run(("vmap", repr(in_axes)), args_b))
+      got = jax.tree.leaves(ctx.compiled.run(_vmap_part(in_axes), args_b))
     except Exception as e:  # pylint: disable=broad-except
       _refused_or_failed(ctx, refusals, check, inputs, e,
               label=f"vmap with in_axes={in_axes}")
@@ -213,7 +218,7 @@ def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
       continue
     a, b = (xs, ts) if kind == "jvp" else (xs, cts)
     try:
-      got = jax.tree.leaves(ctx.compiled.run(("batched", check),
+      got = jax.tree.leaves(ctx.compiled.run(Part("batch", "batch", check),
                                              (tuple(a), tuple(b))))
       a_np, b_np = to_numpy(a), to_numpy(b)
       want = [jax.tree.leaves(one[kind]([on_device(x[k]) for x in a_np],

@@ -68,6 +68,28 @@ def _point_evaluator(compiled, direction, out_float_idx):
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+  """A key of the checks' compiled program (the function itself is
+  `Compiled`'s ``"points"``): the ``mode`` it is reported under, the mode
+  whose ``rule`` it runs, and ``what`` it computes (``{}`` filled with
+  ``where``, which tells apart its inputs: a direction, ``in_axes``)."""
+  mode: str
+  rule: str
+  what: str
+  where: Any = None
+
+  def describe(self) -> str:
+    return self.what.format(self.where)
+
+
+def derivative_part(kind, direction) -> Part:
+  """The part ``jax.jvp`` (``vjp``, ``linearize``: ``kind``) in the leaves
+  of ``direction``."""
+  name = "linearize" if kind == "lin" else kind
+  return Part(kind, kind, f"jax.{name} in {{}}", direction)
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
   """The options of one run of the checks (see `check_rules`)."""
   tol: Tol
@@ -344,13 +366,13 @@ class CheckContext(Recorder):
     part = {"jvp": jvp_part, "vjp": vjp_part, "lin": lin_part}[kind]
     extra = (self.zeros_like_outputs if kind == "vjp"
              else lambda: self.zeros_like_inputs(direction))
-    self.compiled.add((kind, direction), part,
+    self.compiled.add(derivative_part(kind, direction), part,
                       lambda: (self.xs_of(direction), extra()))
 
   def _derivative_at(self, kind, direction, extra, xs):
-    if not self.compiled.has((kind, direction)):
+    if not self.compiled.has(derivative_part(kind, direction)):
       self.add_derivative(kind, direction)
-    return self.compiled.run((kind, direction), (
+    return self.compiled.run(derivative_part(kind, direction), (
         self.xs_of(direction) if xs is None else list(xs), list(extra)))
 
   def jvp_at(self, direction, tangents, xs=None):

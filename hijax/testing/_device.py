@@ -17,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hijax.testing._context import Part
 from hijax.testing._numerics import (RULE_ULPS, Tol, eps_of, is_float,
                                      on_device, wide)
+from hijax.testing._report import MODES
 
 # The device tolerance allows this many times the worst measured error.
 SAFETY = 4.0
@@ -149,44 +151,27 @@ def float_dtypes(args) -> list:
 
 def _mode_of(key, ctx) -> tuple[str, str]:
   """The mode and rule a part of the checks' program belongs to."""
-  kind = key[0] if isinstance(key, tuple) else key
-  if kind == "points":
+  if key == "points":
     return "expand", ctx.rule_name("expand")
-  if kind in ("jvp", "vjp", "lin"):
-    return kind, ctx.rule_name(kind)
-  if kind in ("vmap", "batched"):
-    return "batch", ctx.rule_name("batch")
-  if kind == "again":
-    return "second_order", ctx.rule_name(key[1])
-  # a derived function's part: (name, key) under the second-order mode
-  name = kind[-1] if isinstance(kind, tuple) else kind
-  return "second_order", ctx.rule_name(name if name in (
-      "jvp", "vjp", "lin") else "expand")
+  if isinstance(key, Part):
+    return key.mode, ctx.rule_name(key.rule)
+  # a derived function's part, ``((..., kind), key)``: its kind's rule
+  return "second_order", ctx.rule_name(key[0][-1])
 
 
 def _describe_part(key) -> str:
-  kind = key[0] if isinstance(key, tuple) else key
-  detail = key[1] if isinstance(key, tuple) and len(key) > 1 else None
-  if kind == "vmap":
-    return f"jax.vmap with in_axes={detail}"
-  if kind == "batched":
-    return str(detail)
-  if kind == "again":
-    return f"{detail} differentiated again"
-  if kind in ("jvp", "vjp", "lin"):
-    return f"jax.{ {'lin': 'linearize'}.get(kind, kind)} in {detail}"
-  if kind == "points":
+  if key == "points":
     return "the function"
+  if isinstance(key, Part):
+    return key.describe()
   return f"the second-order part {key!r}"
 
 
-# The order the parts are compared in: a rule before what builds on it.
-_ORDER = ("points", "jvp", "vjp", "lin", "vmap", "batched", "again")
-
-
 def _rank(key) -> int:
-  kind = key[0] if isinstance(key, tuple) else key
-  return _ORDER.index(kind) if kind in _ORDER else len(_ORDER)
+  """Compared first: the function, then a rule before what builds on it."""
+  if key == "points":
+    return 0
+  return MODES.index(key.mode) if isinstance(key, Part) else len(MODES)
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")

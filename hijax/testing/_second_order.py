@@ -15,7 +15,7 @@ import numpy as np
 from hijax._internals import partial_eval as _pe
 
 from hijax.testing._compiled import Compiled
-from hijax.testing._context import CheckContext
+from hijax.testing._context import CheckContext, Part, derivative_part
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
 from hijax.testing._record import check_identity
@@ -85,16 +85,20 @@ def _again(ctx: CheckContext, mode):
   return vjp_again if mode == "vjp" else jvp_again
 
 
+def _again_part(mode) -> Part:
+  return Part("second_order", mode, "{} differentiated again", mode)
+
+
 def add_second_order_parts(ctx: CheckContext):
   """Adds the vjp of the backward pass and the jvp of the tangent map (the
   checks of `check_differentiated_rules`) to ``ctx``'s compiled program."""
   direction = tuple(ctx.float_idx)
   xs = lambda: ctx.xs_of(direction)
   if ctx.has("vjp") and "vjp" in ctx.requested:
-    ctx.compiled.add(("again", "vjp"), _again(ctx, "vjp"), lambda: (
+    ctx.compiled.add(_again_part("vjp"), _again(ctx, "vjp"), lambda: (
         xs(), ctx.zeros_like_outputs(), ctx.zeros_like_inputs(direction)))
   if ctx.has("jvp") and "jvp" in ctx.requested:
-    ctx.compiled.add(("again", "jvp"), _again(ctx, "jvp"), lambda: (
+    ctx.compiled.add(_again_part("jvp"), _again(ctx, "jvp"), lambda: (
         xs(), ctx.zeros_like_inputs(direction),
         ctx.zeros_like_inputs(direction)))
 
@@ -106,8 +110,9 @@ def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
   pass, the jvp of the tangent map) by a part of ``ctx``'s program
   (`add_second_order_parts`)."""
   bound = {}
-  if ctx.compiled.has(("again", mode)):
-    bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
+  if ctx.compiled.has(_again_part(mode)):
+    bound[derivative_part(mode, tuple(range(len(xs))))] = (
+        ctx.compiled, _again_part(mode),
                                             (vector,))
   compiled = Compiled(g, xs, ctx.settings.jit, budget=ctx.settings.budget,
                       evaluate_one=evaluate_one,
