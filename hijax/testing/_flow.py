@@ -159,7 +159,9 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
       ctx.report.required = required_rules(ctx, plan)
       if not function_raises(ctx, prim_fn, plan, error):
         run(ctx, plan)
-      if ctx.report.failures and error is None:
+      # a refusal by design (or a surrogate) in a program names the mode's
+      # rules together, and would excuse them all: checked alone too
+      if (ctx.report.failures or ctx.report.by_intent) and error is None:
         blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
                     ctx.report, request.modes)
         inner_first(ctx, ctx.report)
@@ -385,9 +387,9 @@ def _absorb(report: RuleReport, alone: RuleReport):
 
 
 def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
-  """Where the program as a whole failed and calls several
-  ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
-  them all), checks each alone, at the inputs the program gives it, and
+  """Where the program as a whole failed (or left rules unjudged by intent)
+  and calls several ``jax.custom_jvp`` / ``custom_vjp`` functions (whose
+  failures then name them all), checks each alone, at the inputs the program gives it, and
   reports those failures instead, each naming the one at fault (the modes
   one of them lacks run for the others)."""
   # Not done first: a library's rule can rely on a relation the program
@@ -409,11 +411,12 @@ def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
   if alone.failures:
     named = sorted({f.rule for f in report.failures})
     report.failures[:] = alone.failures
-    report.skipped.append((
-        "all modes", "the failures of the program as a whole (of "
-        f"{'; '.join(named)}) are replaced by those of each function "
-        "alone, at the inputs the program gives it"))
-  else:
+    report.skipped.append(("all modes", (
+        f"the failures of the program as a whole (of {'; '.join(named)}) "
+        "are replaced by those of each function alone" if named else
+        "the rules the program's checks left unjudged by intent together "
+        "failed alone") + ", at the inputs the program gives it"))
+  elif report.failures:
     report.skipped.append((
         "all modes", "the functions checked alone passed, at the inputs the "
         "program gives them (one called only inside a loop or a branch is "
