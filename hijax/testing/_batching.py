@@ -14,9 +14,8 @@ from hijax.testing._numerics import dtype_of, is_float, on_device, to_numpy
 
 
 def _batch_variants(ctx: CheckContext, arg):
-  """``batch_size`` variants of ``arg`` stacked on a new leading axis:
-  the first is ``arg`` itself, the others perturb its floating-point leaves
-  (integer leaves are repeated, as they may be indices)."""
+  """``batch_size`` perturbed variants of ``arg``, stacked (the first
+  ``arg``; integer leaves repeated)."""
   size = ctx.settings.batch_size
 
   def stack(x):
@@ -72,11 +71,8 @@ def _broadcast(ctx: CheckContext) -> list:
 
 
 def _derivative_cases(ctx: CheckContext) -> list:
-  """``(check, rule, batched function of (a, b), b's template)`` of the
-  batched derivatives: ``vmap`` of ``jvp`` / ``vjp`` and ``jvp`` / ``vjp``
-  of ``vmap``, where the rules exist, with every argument batched along
-  axis 0 (``a`` the batched floating-point leaves, ``b`` the tangents or
-  cotangents)."""
+  """``(check, rule, batched function, template)``: vmap of jvp / vjp and
+  jvp / vjp of vmap."""
   direction = tuple(ctx.float_idx)
   size = ctx.settings.batch_size
   f = ctx.restrict(direction)
@@ -126,11 +122,8 @@ def add_batch_parts(ctx: CheckContext):
 def _refused_or_failed(ctx: CheckContext, refusals: list, check: str,
                        inputs: str, e: BaseException,
                        label: str | None = None):
-  """A batching check that raised ``e``: a failure, unless the rule itself
-  raised it (a ``batch`` or ``batch_dim_rule`` refusing, or failing on, a
-  combination of batched arguments, not hijax's check of what it returned)
-  where the checker chose the combinations; that refusal joins ``refusals``,
-  for `CheckContext.judge_refusals` (as ``label``, by default ``check``)."""
+  """A failure, or, where the rule itself raised on a combination the
+  checker chose, a refusal."""
   rule = raised_by(e) if ctx.settings.batch_in_axes is None else None
   if rule is None or rule == HIJAX_CHECK:
     ctx.fail_raised("batch", check, inputs, e)
@@ -197,9 +190,7 @@ def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
 
 
 def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
-  """``vmap`` of ``jvp`` and of ``vjp``, and ``jvp`` and ``vjp`` of ``vmap``
-  (where the rules exist), against loops, with every argument batched along
-  axis 0. Where the rule itself raises, the exception joins ``refusals``."""
+  """vmap of jvp and vjp, and jvp and vjp of vmap, against loops."""
   direction = tuple(ctx.float_idx)
   if not direction or not ctx.out_float_idx:
     return

@@ -93,9 +93,8 @@ def _check_eager_and_jit(ctx: CheckContext, inputs):
 
 
 def check_jvp(ctx: CheckContext, jvp_passed: dict):
-  """``jax.jvp`` against central finite differences, in each direction;
-  writes into ``jvp_passed`` whether it passed there (per direction), which
-  the vjp and lin checks are given next."""
+  """``jax.jvp`` against central finite differences, in each direction
+  (``jvp_passed`` records where it passed)."""
   for direction in ctx.directions():
     if ctx.out_of_time("jvp", ctx.describe_direction(direction)):
       continue
@@ -135,10 +134,8 @@ def _trusts_jvp(ctx: CheckContext, jvp_passed: dict, direction) -> bool:
 
 
 def _identity_reference(ctx: CheckContext, direction, jvp_passed: dict):
-  """``reference(tangents)`` for `check_identity`: ``J ṫ`` from the jvp rule
-  where it is defined and passed its own check (judged where finite
-  differences judged it), else from finite differences (along their own
-  tangents at first; along the tangents given when called again)."""
+  """``J ṫ`` for `check_identity`: from the jvp rule where it passed, else
+  from finite differences."""
   calls = []
 
   def reference(tangents):

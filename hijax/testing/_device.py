@@ -72,11 +72,8 @@ def host():
 
 
 def _ulps(got, want, dtype, floor=None) -> float:
-  """The largest ``|got - want|`` (less ``floor``, an absolute error allowed)
-  in units of ``dtype``'s epsilon relative to ``|want| + max |want|`` (the
-  comparisons' scale), over the elements finite on both sides (an infinite
-  or NaN one is the comparisons' to judge: measured, it would make the
-  device's tolerance infinite or NaN)."""
+  """The largest ``|got - want|`` (less ``floor``) in ulps of ``dtype``,
+  over elements finite on both sides."""
   got, want = wide(got), wide(want)  # a complex error counts both parts
   finite = np.isfinite(got) & np.isfinite(want)
   want = np.where(finite, want, 0.0)
@@ -194,13 +191,8 @@ def _values(out) -> list[np.ndarray]:
 
 
 def function_floors(ctx, dtype, n_values: int) -> list:
-  """For the function's outputs on the device (``n_values`` arrays: its
-  outputs at each call of the part, in order), the absolute errors allowed
-  where an output is zero to rounding (the determinant of a singular
-  matrix): the host's `primal_floors` (its rounding noise and what rounding
-  the inputs changes, both proportional to the epsilon of the dtype) scaled
-  from the host's dtype to ``dtype``; none where the host's checks did not
-  take finite differences in all inputs."""
+  """The host's `primal_floors`, scaled to ``dtype``, for ``n_values``
+  outputs on the device."""
   floors = ctx.primal_floors(all_outputs=True, computed_only=True)
   if not floors or n_values % len(floors):
     return [None] * n_values
@@ -211,13 +203,8 @@ def function_floors(ctx, dtype, n_values: int) -> list:
 
 def check_on_device(ctx, device, device_ctx, host_run, plan,
                     device_x64: bool = False) -> None:
-  """The device half of `check_rules` on an accelerator (see the module
-  docstring): each part of ``ctx``'s program (the host's) that the host run
-  evaluated is evaluated again in ``device_ctx`` (the same function at the
-  same point in the inputs' dtype, its parts added, its defaults on
-  ``device``) and compared with the host's result at the rounded inputs
-  (``host_run(key, args)`` runs a part of the host's program under its dtype
-  settings)."""
+  """Each part the host evaluated, evaluated again on ``device`` and
+  compared with the host's float64."""
   host_bundle = ctx.compiled.bundle
   bundle = device_ctx.compiled.bundle
   dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
@@ -297,10 +284,8 @@ def _x64(own_dtype) -> bool:
 
 def device_context(plan, own, own_dtype, accel, make_context, add_parts,
                    ahead=True):
-  """The device's context of the checks of ``plan`` at ``own`` (the inputs
-  in their own dtypes) on ``accel``; with ``ahead``, its program traced and
-  its compile started in the background (`Bundle.compile_ahead`): the flow
-  makes it so before the host's half runs, so that the two compile at once."""
+  """The device's context of ``plan``, its compile started ahead (so both
+  halves compile at once)."""
   with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
     device_ctx, _ = make_context(own, own_dtype)
     add_parts(device_ctx, plan)
@@ -311,12 +296,8 @@ def device_context(plan, own, own_dtype, accel, make_context, add_parts,
 
 def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
                 add_parts, device_ctx=None) -> None:
-  """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``): the
-  device's context at ``own`` (the inputs in their own dtypes;
-  ``device_ctx`` if made ahead by `device_context` for ``plan``), and, where
-  the host ran at other values than ``own`` (a Python float rounded to
-  float32 on the device), a host context at ``own`` in float64 as the
-  reference."""
+  """Runs `check_on_device` for the host run ``ctx``, against a float64 host
+  context at ``own``."""
   x64 = _x64(own_dtype)
   host64 = ctx.report.dtype == "float64"
 

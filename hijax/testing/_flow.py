@@ -30,9 +30,7 @@ from hijax.testing._second_order import (add_derived,
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """What `check_rules` was asked, but the point: the function, the modes
-  (``explicit`` where the user named them), the settings, the seed, and
-  the device the checks run on (None: JAX's default)."""
+  """What `check_rules` was asked, but the point."""
   prim_fn: Callable
   modes: tuple[str, ...]
   explicit: bool
@@ -79,9 +77,8 @@ def in_dtype(x, dtype):
 
 
 def _in_own_dtypes(args):
-  """``args`` each in its own dtype, without weak types (on the default
-  device), and the name of the first floating dtype among them (None if
-  there is none)."""
+  """``args`` in their own dtypes, without weak types, and the first
+  floating dtype's name."""
   own = jax.tree.map(lambda x: in_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   return own, str(floats[0]) if floats else None
@@ -102,12 +99,8 @@ def _runs(ctx: CheckContext, plan, ahead) -> bool:
 
 
 def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
-  """One run of `check_rules` at ``args``: in float64 (the floating leaves
-  converted, under ``jax.enable_x64``) unless ``x64`` is False or, with
-  ``x64=None``, ``prim_fn`` cannot run in float64 but can in the given
-  dtypes (a function that runs in neither is checked in float64, where it
-  traces, and reported as raising); then the checks, and on an accelerator
-  (``accel``, see `hijax.testing._device`) the device's half."""
+  """One run of `check_rules` at ``args``: the dtype (float64 where prim_fn
+  runs in it), the checks, the device's half."""
   prim_fn, budget = request.prim_fn, request.settings.budget
   # the device's half runs the inputs in their own dtypes, on the device
   on_accel, accel_float = _in_own_dtypes(args) if accel else (None, None)
@@ -214,11 +207,8 @@ def plan_modes(ctx: CheckContext, modes, explicit) -> list[str]:
 
 
 def required_rules(ctx: CheckContext, plan) -> list[str]:
-  """The rules of the modes planned that must be compared conclusively for
-  a report to pass: those of the modes that apply at this point (the
-  derivative modes and transpose need floating-point inputs and outputs);
-  `expand` where it is compared with values (a hijax primitive's, or any
-  with ``jit=False``), not only with types."""
+  """The rules a pass needs compared conclusively: those of the modes
+  planned that apply at this point."""
   rules = []
   for mode in plan:
     if mode == "second_order":
@@ -257,9 +247,8 @@ _USED_BY = {"jvp": ({"jvp", "vjp", "lin"}, {"batch", "second_order"}),
 
 
 def add_parts(ctx: CheckContext, modes):
-  """Adds every program the checks of ``modes`` will run to ``ctx``'s
-  compiled program (`hijax.testing._compiled.Bundle`), so that they are
-  compiled together, once, on the first evaluation."""
+  """Adds every program the checks of ``modes`` run to ``ctx``'s compiled
+  program."""
   if ctx.float_idx and ctx.out_float_idx:
     for kind, (each, together) in _USED_BY.items():
       if not ctx.has(kind):
@@ -316,10 +305,8 @@ def raised_at(prim_fn, args) -> Exception | None:
 
 def function_raises(ctx: CheckContext, prim_fn, plan,
                     error: Exception | None) -> bool:
-  """Where a function whose rules are jax.custom_jvp / custom_vjp ones
-  raises ``error`` at the point in every dtype (optimistix's root_find refusing an
-  input in float32), reports that, naming the function, instead of the
-  failures of the rules it calls there; True if so."""
+  """Where a custom function raises at the point in every dtype, reports
+  that (naming it); True if so."""
   if error is None or ctx.fd_of == "expand":
     return False
   name = getattr(prim_fn, "__name__", None) or type(prim_fn).__name__
@@ -353,10 +340,8 @@ def stopped(ctx: CheckContext, plan, e: BudgetSpent):
 
 
 def inner_first(ctx: CheckContext, report: RuleReport):
-  """Puts first the failures of primitives that the checked rules bind (a
-  jvp rule that calls another primitive, whose own rule is wrong): the
-  outer rules' failures can follow from them, so the error names the rule
-  to fix first."""
+  """Puts first the failures of primitives the checked rules bind (fix those
+  first)."""
   outer = {name for rules in ctx.rules for name in rules.values()}
   inner = [f for f in report.failures
            if f.rule not in outer and f.rule != "prim_fn"]
@@ -368,9 +353,8 @@ def inner_first(ctx: CheckContext, report: RuleReport):
 
 
 def _absorb(report: RuleReport, alone: RuleReport):
-  """Adds to the program's report all that the checks alone ran, skipped,
-  counted and left unjudged by intent, but their failures (which replace
-  the program's only where there are any) and the rules they require."""
+  """Adds to the program's report what the checks alone did, but their
+  failures and requirements."""
   for field in dataclasses.fields(RuleReport):
     mine, theirs = getattr(report, field.name), getattr(alone, field.name)
     if field.name in ("failures", "required", "primitives", "dtype",
@@ -387,11 +371,8 @@ def _absorb(report: RuleReport, alone: RuleReport):
 
 
 def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
-  """Where the program as a whole failed (or left rules unjudged by intent)
-  and calls several ``jax.custom_jvp`` / ``custom_vjp`` functions (whose
-  failures then name them all), checks each alone, at the inputs the program gives it, and
-  reports those failures instead, each naming the one at fault (the modes
-  one of them lacks run for the others)."""
+  """Checks each custom function alone, where a program of several failed or
+  excused its rules together by intent."""
   # Not done first: a library's rule can rely on a relation the program
   # keeps between its inputs (equinox's loop wrapper), which perturbing its
   # inputs independently breaks.

@@ -58,19 +58,16 @@ class Recorder:
     self.report.skipped.append((mode, self.label + why))
 
   def skip_by_intent(self, mode, why, rule=None):
-    """Skips a check of a surrogate's rule that only the function could
-    judge, or of a rule that refuses a mode by design (it raises saying it
-    cannot be differentiated so: equinox's nondifferentiable): the rule is
-    then not required to pass (`RuleReport.by_intent`)."""
+    """Skips a check a surrogate's or a refusing rule cannot pass by design;
+    the rule is then not required (`RuleReport.by_intent`)."""
     self.skip(mode, why)
     name = rule or self.rule_name(mode)
     if name not in self.report.by_intent:
       self.report.by_intent.append(name)
 
   def out_of_time(self, mode, what) -> bool:
-    """Whether the time budget is spent, in which case the check ``what`` of
-    ``mode`` is recorded as skipped for time; else it starts (and progress
-    may say so)."""
+    """Whether the budget is spent (the check then skipped for time); else
+    the check starts."""
     label = f"{self.label}{mode}: {what}"
     if self.settings.budget.spent:
       self.report.skipped_for_time.append(label)
@@ -123,12 +120,8 @@ class Recorder:
               error=exc)
 
   def judge_refusals(self, mode, refusals, handled_some: bool):
-    """Judges the checks of ``mode`` where the rule itself raised, each
-    ``(check, inputs, exc, why)``: where it ran for another argument to
-    transpose in or combination of batched arguments (``handled_some``), it
-    handles only those, by design, and each is listed as skipped with
-    ``why`` (which names the option that says so); otherwise each fails as
-    it raised."""
+    """Checks where the rule raised: skipped (``why``) where it handled
+    other cases (``handled_some``), else failed."""
     for check, inputs, exc, why in refusals:
       if handled_some:
         self.skip(mode, why)
@@ -181,9 +174,8 @@ class Recorder:
 
   def check_types(self, mode, check, inputs, got, like, names,
                   got_label) -> bool:
-    """Checks that each of ``got`` has the shape and dtype of the matching
-    array of ``like`` (a cotangent has the type of its input); records the
-    first mismatch as a failure."""
+    """Checks that each of ``got`` has the type of its input; records the
+    first mismatch."""
     for name, g, x in zip(names, got, like):
       if type_str(g) != type_str(x):
         self.fail(mode, check, inputs,
@@ -216,10 +208,8 @@ class Recorder:
 #   bound instead.
 
 def aligned_cotangents(ctx: Recorder, like, j_t, judged):
-  """Random cotangents whose signs follow those of ``J ṫ`` (random where it
-  is zero): ``<ȳ, J ṫ>`` is then a sum without cancellation, so a wrong
-  backward rule cannot hide in a sum that happens to be small next to the
-  rounding allowed (which matters in low precision)."""
+  """Random cotangents with the signs of ``J ṫ``: ``<ȳ, J ṫ>`` then has no
+  cancellation to hide a wrong rule in."""
   out = []
   for y, t, ok in zip(like, j_t, judged):
     c = np.abs(np.asarray(ctx.random_like(y)))

@@ -39,12 +39,8 @@ def _tangent_map(f, tdot):
 
 
 def _first_derivatives(ctx: CheckContext):
-  """``(mode, description, g, xs, names, scale, evaluate_one, vector)``: the
-  backward pass ``x -> vjp(f, x)[1](ȳ)`` and the tangent map ``x -> jvp(f,
-  x, ṫ)[1]``, for fixed random ``ȳ`` and ``ṫ`` (``vector``), as functions
-  of the floating-point inputs, the size of the values each combines (for
-  `estimate`'s ``scale``), and ``g`` at one point of its own dtypes by the
-  vjp or jvp that the first-order checks compiled."""
+  """The backward pass and the tangent map as functions of the floating-
+  point inputs, with their fixed vectors."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
   xs = ctx.xs_of(direction)
@@ -69,11 +65,8 @@ def _first_derivatives(ctx: CheckContext):
 
 
 def _again(ctx: CheckContext, mode):
-  """The second derivative of ``mode`` as a function of the first's fixed
-  vector: ``(xs, ȳ, w) -> vjp of the backward pass at w`` for ``vjp``,
-  ``(xs, ṫ, u) -> jvp of the tangent map along u`` for ``jvp``; each
-  returns ``(first derivative, second)`` as the checks of a context of the
-  first derivative do (`CheckContext.vjp_at`, ``jvp_at``)."""
+  """The second derivative of ``mode``: ``(first derivative, second)`` at
+  ``(xs, vector, direction)``."""
   f = ctx.restrict(tuple(ctx.float_idx))
 
   def vjp_again(xs, ybar, w):
@@ -105,10 +98,8 @@ def add_second_order_parts(ctx: CheckContext):
 
 def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
                 vector) -> CheckContext:
-  """The context of a first derivative ``g``: its points are evaluated by
-  the first-order programs, and its own check (the vjp of the backward
-  pass, the jvp of the tangent map) by a part of ``ctx``'s program
-  (`add_second_order_parts`)."""
+  """The context of a first derivative ``g``, evaluated by the first-order
+  programs."""
   bound = {}
   if ctx.compiled.has(_again_part(mode)):
     bound[derivative_part(mode, tuple(range(len(xs))))] = (
@@ -122,9 +113,7 @@ def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
 
 
 def check_differentiated_rules(ctx: CheckContext):
-  """The vjp of the backward pass and the jvp of the tangent map (second
-  derivatives as JAX computes them from the rules) against central finite
-  differences of the backward pass and of the tangent map."""
+  """The rules' second derivatives against finite differences of the first."""
   for mode, what, *derivative in _first_derivatives(ctx):
     inputs = ctx.describe_inputs(extra=f"differentiating {what}")
     check = f"{what}, differentiated again, vs its finite differences"
@@ -205,9 +194,8 @@ def _reverse_over_reverse(ctx, sub, check, inputs, rule):
 # --- the first-order checks again, on derived functions ------------------
 
 def _derived_functions(ctx: CheckContext, modes):
-  """``(mode, description, function, arguments, argument names)`` of the
-  tangent map, the backward pass and the linearized map of ``prim_fn``, for
-  the derivative modes requested whose rules are defined."""
+  """The tangent map, the backward pass and the linearized map of
+  ``prim_fn``, as functions."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
   xs = [ctx.leaves[i] for i in direction]
@@ -239,10 +227,8 @@ def _derived_functions(ctx: CheckContext, modes):
 
 @dataclasses.dataclass
 class _Derived:
-  """The first-order checks of a derived function (`_derived_functions`),
-  prepared before the checks run: the context (None where the function binds
-  no hijax primitive or could not be traced), the modes to run in it, and
-  what to report first."""
+  """The first-order checks of a derived function, prepared before the
+  checks run."""
   kind: str
   what: str
   sub: CheckContext | None = None
@@ -252,9 +238,8 @@ class _Derived:
 
 
 def add_derived(ctx: CheckContext, modes, add_parts):
-  """Makes the contexts of the derived functions that bind hijax primitives
-  again (into ``ctx.derived``) and adds their parts to ``ctx``'s program
-  (``add_parts``, the flow's), so that they are compiled with it."""
+  """The contexts of the derived functions that bind hijax primitives, their
+  parts added."""
   ctx.derived = []
   for kind, what, g, g_args, names in _derived_functions(ctx, modes):
     entry = _Derived(kind, what)
@@ -281,9 +266,8 @@ def add_derived(ctx: CheckContext, modes, add_parts):
 
 
 def check_second_order(ctx: CheckContext, run):
-  """The first-order checks, on each derived function that binds hijax
-  primitives again (recursing while ``order`` allows; ``run`` is the
-  flow's)."""
+  """The first-order checks on each derived function that binds hijax
+  primitives again."""
   if not ctx.float_idx or not ctx.out_float_idx:
     ctx.skip("second_order", "no floating-point inputs or outputs")
     return

@@ -20,9 +20,8 @@ _FUNCTIONS: set[tuple[str, str, int]] = set()
 
 
 def _key(obj: Any) -> tuple[str, str, int] | None:
-  """Where the function a decorated function (``jax.custom_jvp``,
-  ``jax.custom_vjp``, hijax's decorators) wraps is defined, as the
-  program names it (`CustomRules.key`)."""
+  """Where a decorated function's function is defined, as the program names
+  it."""
   return definition(getattr(obj, "fun", obj))
 
 
