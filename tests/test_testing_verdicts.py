@@ -595,3 +595,37 @@ def test_a_jvp_rule_whose_primal_output_reads_the_tangent_fails():
     return jnp.sin(x)
   g.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
   assert check_rules(g, X, modes=("jvp", "vjp", "lin"), order=1).passed
+
+
+def test_what_the_functions_checked_alone_cost_is_in_the_report():
+  """issue 61 (blame_alone merging fields by hand, dropping cost: refuted):
+  the program's report adds what each function checked alone cost to its
+  own (here 40 + 80 + 40 second-order evaluations; the program's own are 40
+  of them)."""
+  key = "second-order evaluations"
+  report = check_rules(lambda x: _bad(_good(x) * 2.), X,
+                       raise_on_failure=False)
+  assert {f.rule for f in report.failures} == {"_bad (custom_vjp): fwd/bwd"}
+  alone = [check_rules(f, x, raise_on_failure=False).cost[key]
+           for f, x in ((_good, X), (_bad, 2. * _good(X)))]
+  assert report.cost[key] > sum(alone), (report.cost, alone)
+
+
+def test_a_refusal_by_design_excuses_no_other_rule_of_the_program():
+  """A silent pass (found for issue 61): in a program with a rule that
+  refuses differentiation by design (equinox's nondifferentiable) and a
+  wrong backward rule, the refusal excused the mode's rules together, the
+  wrong one too, and the report passed. Each function is then checked
+  alone: the wrong one fails, named; right ones beside a refusal pass."""
+  from refusing_rule import no_grad
+  report = check_rules(lambda x: _bad(no_grad(x) * 2.), X,
+                       raise_on_failure=False)
+  assert {f.rule for f in report.failures} == {"_bad (custom_vjp): fwd/bwd"}
+  assert "guarded (custom_jvp): the jvp rule" in report.by_intent
+  right = check_rules(lambda x: _good(no_grad(x) * 2.), X)
+  assert right.passed and "guarded (custom_jvp): the jvp rule" in (
+      right.by_intent), right
+  ste = _jax_round_ste()  # a surrogate: the same, declared
+  beside = check_rules(lambda x: _bad(ste(x) * 2.), X, surrogates=[ste],
+                       raise_on_failure=False)
+  assert {f.rule for f in beside.failures} == {"_bad (custom_vjp): fwd/bwd"}

@@ -80,38 +80,11 @@ rule, the input and the largest error. In a pytest suite, call
 """
 from __future__ import annotations
 
-# The modules of this package, each importing only those listed before it:
-#   _foreign_words  the words of others' errors (JAX's, equinox's) that the
-#                checker recognizes, each with the releases it was seen in
-#   _report      RuleFailure, RuleReport, RuleCheckError, the list of modes
-#   _numerics    default tolerances, comparing arrays, inner products
-#   _steps       where finite differences evaluate: tangents, exact steps,
-#                the wider dtype
-#   _finite_diff finite differences with error bounds and a verdict per
-#                element
-#   _discovery   the one walk over a jaxpr: which primitives and custom
-#                functions a function holds, which rules they define,
-#                evaluation in place of calls (expand, custom calls alone)
-#   _surrogate   rules declared not the derivative (surrogate, Surrogates)
-#   _compiled    compiled evaluations shared by the checks
-#   _budget      the time a run may take, and its progress
-#   _record      Recorder: what checks record (runs, skips, comparisons,
-#                failures), a mixin of CheckContext; check_identity, the
-#                inner-product identity that checks backward rules
-#   _context     CheckContext (the point, settings, shared helpers of checks)
-#   _nzs_out     the check of the nzs_out that vjp_fwd and lin return
-#   _checks      check_expand, check_jvp, check_vjp, check_lin, check_transpose
-#   _batching    check_batch
-#   _second_order  second derivatives of the rules vs finite differences, and
-#                the first-order checks again on the derived functions
-#   _device      the checks' parts again on an accelerator, in the inputs'
-#                dtype, against the host's float64 (measured tolerance)
-#   _flow        one run, top to bottom: the dtype chosen, the modes planned
-#                and the rules required, the parts compiled, CHECKS = {mode:
-#                check} and run(), then the conclusions (a function raising
-#                at the input, a run stopped by its budget, failures listed
-#                first, custom functions blamed alone) and the device's half
-#   _api         check_rules, assert_rules
+# Its modules, each importing only those before it: _foreign_words (others'
+# errors recognized), _report, _numerics, _steps, _finite_diff, _discovery
+# (the jaxpr walk), _surrogate, _compiled, _budget, _record (what checks
+# record), _context (the point checked), _nzs_out, _checks, _batching,
+# _second_order, _device (the accelerator's half), _flow (one run), _api.
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules
 from hijax.testing._discovery import defined_rules

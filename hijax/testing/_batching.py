@@ -9,14 +9,13 @@ import jax
 import numpy as np
 
 from hijax._checks import HIJAX_CHECK, raised_by
-from hijax.testing._context import CheckContext
+from hijax.testing._context import CheckContext, Part
 from hijax.testing._numerics import dtype_of, is_float, on_device, to_numpy
 
 
 def _batch_variants(ctx: CheckContext, arg):
-  """``batch_size`` variants of ``arg`` stacked on a new leading axis:
-  the first is ``arg`` itself, the others perturb its floating-point leaves
-  (integer leaves are repeated, as they may be indices)."""
+  """``batch_size`` perturbed variants of ``arg``, stacked (the first
+  ``arg``; integer leaves repeated)."""
   size = ctx.settings.batch_size
 
   def stack(x):
@@ -72,11 +71,8 @@ def _broadcast(ctx: CheckContext) -> list:
 
 
 def _derivative_cases(ctx: CheckContext) -> list:
-  """``(check, rule, batched function of (a, b), b's template)`` of the
-  batched derivatives: ``vmap`` of ``jvp`` / ``vjp`` and ``jvp`` / ``vjp``
-  of ``vmap``, where the rules exist, with every argument batched along
-  axis 0 (``a`` the batched floating-point leaves, ``b`` the tangents or
-  cotangents)."""
+  """``(check, rule, batched function, template)``: vmap of jvp / vjp and
+  jvp / vjp of vmap."""
   direction = tuple(ctx.float_idx)
   size = ctx.settings.batch_size
   f = ctx.restrict(direction)
@@ -101,12 +97,17 @@ def _derivative_cases(ctx: CheckContext) -> list:
   return cases
 
 
+def _vmap_part(in_axes) -> Part:
+  # in_axes may hold a pytree's dict (unhashable): its repr tells it apart
+  return Part("batch", "batch", "jax.vmap with in_axes={}", repr(in_axes))
+
+
 def add_batch_parts(ctx: CheckContext):
   """Adds the programs `check_batch` runs to ``ctx``'s compiled program:
   ``vmap`` for each ``in_axes`` and the batched derivatives."""
   for in_axes in _batch_combinations(ctx):
     ctx.compiled.add(
-        ("vmap", repr(in_axes)), jax.vmap(ctx.prim_fn, in_axes=in_axes),
+        _vmap_part(in_axes), jax.vmap(ctx.prim_fn, in_axes=in_axes),
         lambda in_axes=in_axes: tuple(_batched_args(ctx, _broadcast(ctx),
                                                     in_axes)))
   if ctx.settings.batch_in_axes is not None or not ctx.float_idx or (
@@ -114,19 +115,15 @@ def add_batch_parts(ctx: CheckContext):
     return
   leaves_b = lambda: jax.tree.leaves(_broadcast(ctx))
   for check, _, g_b, b in _derivative_cases(ctx):
-    ctx.compiled.add(("batched", check), g_b, lambda b=b: (
+    ctx.compiled.add(Part("batch", "batch", check), g_b, lambda b=b: (
         tuple(leaves_b()[i] for i in ctx.float_idx), tuple(b())))
 
 
 def _refused_or_failed(ctx: CheckContext, refusals: list, check: str,
                        inputs: str, e: BaseException,
                        label: str | None = None):
-  """A batching check that raised ``e``: a failure, unless the rule itself
-  raised it (a ``batch`` or ``batch_dim_rule`` refusing, or failing on, a
-  combination of batched arguments, not hijax's check of what it returned)
-  where the checker chose the combinations; that refusal joins
-  ``refusals``, for `CheckContext.judge_refusals` (as ``label``, by default
-  ``check``)."""
+  """A failure, or, where the rule itself raised on a combination the
+  checker chose, a refusal."""
   rule = raised_by(e) if ctx.settings.batch_in_axes is None else None
   if rule is None or rule == HIJAX_CHECK:
     ctx.fail_raised("batch", check, inputs, e)
@@ -141,11 +138,7 @@ def _refused_or_failed(ctx: CheckContext, refusals: list, check: str,
 
 def check_batch(ctx: CheckContext):
   """``vmap`` of ``prim_fn`` against a loop, for each ``in_axes``; then
-  ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given).
-  Their programs are parts that `add_batch_parts` added. Where the checker
-  chose the combinations, one for which the rule itself raises is judged
-  with the others by `CheckContext.judge_refusals` (see
-  `_refused_or_failed`)."""
+  ``vmap`` of its ``jvp`` and ``vjp`` (unless ``batch_in_axes`` is given)."""
   stacked = [_batch_variants(ctx, a) for a in ctx.args]
   refs = {}
   refusals = []  # (check, inputs, exception, why skipped)
@@ -166,7 +159,7 @@ def check_batch(ctx: CheckContext):
         continue
     check = "vmap vs a loop over the batch"
     try:
-      got = jax.tree.leaves(ctx.compiled.run(("vmap", repr(in_axes)), args_b))
+      got = jax.tree.leaves(ctx.compiled.run(_vmap_part(in_axes), args_b))
     except Exception as e:  # pylint: disable=broad-except
       _refused_or_failed(ctx, refusals, check, inputs, e,
               label=f"vmap with in_axes={in_axes}")
@@ -197,9 +190,7 @@ def _batched_args(ctx: CheckContext, stacked, in_axes) -> list:
 
 
 def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
-  """``vmap`` of ``jvp`` and of ``vjp``, and ``jvp`` and ``vjp`` of ``vmap``
-  (where the rules exist), against loops, with every argument batched along
-  axis 0. Where the rule itself raises, the exception joins ``refusals``."""
+  """vmap of jvp and vjp, and jvp and vjp of vmap, against loops."""
   direction = tuple(ctx.float_idx)
   if not direction or not ctx.out_float_idx:
     return
@@ -218,7 +209,7 @@ def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
       continue
     a, b = (xs, ts) if kind == "jvp" else (xs, cts)
     try:
-      got = jax.tree.leaves(ctx.compiled.run(("batched", check),
+      got = jax.tree.leaves(ctx.compiled.run(Part("batch", "batch", check),
                                              (tuple(a), tuple(b))))
       a_np, b_np = to_numpy(a), to_numpy(b)
       want = [jax.tree.leaves(one[kind]([on_device(x[k]) for x in a_np],

@@ -16,9 +16,7 @@ from hijax.testing._nzs_out import check_nzs_out
 
 def check_expand(ctx: CheckContext):
   """`expand`'s output types against ``out_aval``; the eager and the jitted
-  call against `expand` evaluated directly. For a function with
-  ``jax.custom_jvp`` / ``custom_vjp`` rules (whose "expand" is the function
-  itself), the jitted call against the eager one."""
+  call against `expand` evaluated directly."""
   inputs = ctx.describe_inputs()
   if ctx.fd_of != "expand":
     _check_eager_and_jit(ctx, inputs)
@@ -66,10 +64,7 @@ def check_expand(ctx: CheckContext):
 
 def _check_eager_and_jit(ctx: CheckContext, inputs):
   """A function with custom rules is its own reference: its compiled call
-  must return the types its trace declares. With ``jit=False`` it is also
-  called eagerly and compared with the compiled call. (An eager call of a
-  special function built from loops costs seconds of op-by-op compiling, and
-  checks JAX rather than the rules.)"""
+  must return the types its trace declares."""
   check = "jitted call's output types vs its trace"
   try:
     got = (ctx.compiled.evaluate([ctx.leaves])[0] if ctx.settings.jit
@@ -98,9 +93,8 @@ def _check_eager_and_jit(ctx: CheckContext, inputs):
 
 
 def check_jvp(ctx: CheckContext, jvp_passed: dict):
-  """``jax.jvp`` against central finite differences, in each direction;
-  writes into ``jvp_passed`` whether it passed there (per direction), which
-  the vjp and lin checks are given next."""
+  """``jax.jvp`` against central finite differences, in each direction
+  (``jvp_passed`` records where it passed)."""
   for direction in ctx.directions():
     if ctx.out_of_time("jvp", ctx.describe_direction(direction)):
       continue
@@ -140,10 +134,8 @@ def _trusts_jvp(ctx: CheckContext, jvp_passed: dict, direction) -> bool:
 
 
 def _identity_reference(ctx: CheckContext, direction, jvp_passed: dict):
-  """``reference(tangents)`` for `check_identity`: ``J ṫ`` from the jvp rule
-  where it is defined and passed its own check (judged where finite
-  differences judged it), else from finite differences (along their own
-  tangents at first; along the tangents given when called again)."""
+  """``J ṫ`` for `check_identity`: from the jvp rule where it passed, else
+  from finite differences."""
   calls = []
 
   def reference(tangents):

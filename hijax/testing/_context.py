@@ -31,11 +31,8 @@ from hijax.testing._report import RuleReport, declared_limit
 
 def _widened(compiled, direction, xs, ts, out_float_idx, out_dtypes, eps,
              scale=None):
-  """Finite differences of ``prim_fn`` on ``xs`` (the leaves ``direction``)
-  converted to the next wider dtype (exactly: bfloat16 and float16 to
-  float32, float32 to float64 under ``jax.enable_x64``), if ``prim_fn``
-  accepts them and returns the wider dtype where it returned a narrower
-  one; else None."""
+  """Finite differences in the next wider dtype, where prim_fn takes and
+  returns it (else None)."""
   wide = [np.asarray(x).astype(wider(np.asarray(x).dtype) or np.asarray(
       x).dtype) for x in xs]
   want = [np.dtype(wider(d) or d) for d in out_dtypes]
@@ -68,6 +65,28 @@ def _point_evaluator(compiled, direction, out_float_idx):
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+  """A key of the checks' compiled program (the function itself is
+  `Compiled`'s ``"points"``): the ``mode`` it is reported under, the mode
+  whose ``rule`` it runs, and ``what`` it computes (``{}`` filled with
+  ``where``, which tells apart its inputs: a direction, ``in_axes``)."""
+  mode: str
+  rule: str
+  what: str
+  where: Any = None
+
+  def describe(self) -> str:
+    return self.what.format(self.where)
+
+
+def derivative_part(kind, direction) -> Part:
+  """The part ``jax.jvp`` (``vjp``, ``linearize``: ``kind``) in the leaves
+  of ``direction``."""
+  name = "linearize" if kind == "lin" else kind
+  return Part(kind, kind, f"jax.{name} in {{}}", direction)
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
   """The options of one run of the checks (see `check_rules`)."""
   tol: Tol
@@ -86,15 +105,7 @@ class Settings:
 
 @dataclasses.dataclass
 class CheckContext(Recorder):
-  """One function of a flat list of leaves, checked at one point.
-
-  ``label`` prefixes the checks of a sub-function (a second-order check, a
-  function checked alone); ``within`` is the mode its checks are reported
-  under (None: their own); ``requested`` are the modes the user asked
-  for, which the second-order checks follow. ``compiled`` holds the
-  compiled evaluations (`hijax.testing._compiled.Compiled`): ``prepared``
-  where given (sharing another context's programs), else its own.
-  """
+  """One function of a flat list of leaves, checked at one point."""
   prim_fn: Callable
   args: tuple
   leaf_names: list[str]
@@ -135,9 +146,8 @@ class CheckContext(Recorder):
     self._fd = {}  # direction -> FDEstimate
 
   def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
-    """A context for another function, with the same settings except
-    ``changes`` (settings fields, or ``report`` / ``label`` / ``within`` /
-    ``prepared``)."""
+    """A context for another function; ``changes`` are settings or own
+    fields."""
     own = {k: changes.pop(k) for k in ("report", "label", "within",
                                        "prepared") if k in changes}
     return CheckContext(
@@ -190,10 +200,7 @@ class CheckContext(Recorder):
 
   @functools.cached_property
   def application_values(self) -> list:
-    """The arguments of each primitive ``prim_fn`` applies outside loops and
-    branches (`applications`), found in one compiled evaluation of its expansion
-    (evaluated op by op, a loop or a solver compiles each of its
-    operations), else eagerly."""
+    """The arguments of each primitive applied outside loops and branches."""
     def application_inputs(*args):
       return [a for _, a in applications(self.prim_fn, args)]
     if self.settings.jit:
@@ -205,9 +212,8 @@ class CheckContext(Recorder):
 
   @functools.cached_property
   def primal_reads_tangent(self) -> bool:
-    """Whether ``jax.jvp``'s primal output depends on the tangent (a jvp
-    rule that computes it from the tangents), seen in the jaxpr: JAX's
-    linearize then fails in words that also name a limit by design."""
+    """Whether ``jax.jvp``'s primal output depends on the tangent (JAX's
+    linearize then fails in words that also name a limit by design)."""
     if not self.has("jvp") or not self.float_idx or not self.out_float_idx:
       return False
     d = tuple(self.float_idx)
@@ -228,14 +234,8 @@ class CheckContext(Recorder):
   # -- functions of subsets of the leaves --
 
   def restrict(self, direction, evaluate=False) -> Callable:
-    """``prim_fn`` as a function of the leaves in ``direction`` (others fixed),
-    returning the tuple of its floating-point output leaves.
-
-    With ``evaluate``, it evaluates the compiled ``prim_fn`` (see
-    `Compiled.evaluate`; for plain evaluations, which then compile
-    nothing more); otherwise it calls ``prim_fn`` itself (to be
-    transformed).
-    """
+    """``prim_fn`` as a function of the leaves in ``direction`` (others
+    fixed), returning the tuple of its floating-point output leaves."""
     base = list(self.leaves)
 
     def f(*xs):
@@ -274,10 +274,8 @@ class CheckContext(Recorder):
     return dirs
 
   def fd(self, direction) -> FDEstimate:
-    """Central differences of the floating-point outputs along random
-    tangents scaled with the inputs (computed once per direction); see
-    `hijax.testing._finite_diff` for the step, the error bound and the
-    verdict per element. The elements it cannot judge are reported."""
+    """Central differences along ``direction`` (once per direction); the
+    elements they cannot judge are reported."""
     if direction not in self._fd:
       xs = [self.leaves[i] for i in direction]
       est = self.fd_along(direction, scaled_tangents(self.rng, xs))
@@ -339,11 +337,8 @@ class CheckContext(Recorder):
             for i in self.out_float_idx]
 
   def add_derivative(self, kind, direction):
-    """Adds the part ``(kind, direction)`` (``kind`` is ``jvp``, ``vjp`` or
-    ``lin``) to the compiled program: ``(xs, ṫ) -> (out, J ṫ)`` or
-    ``(xs, ȳ) -> (out, Jᵀ ȳ)`` of ``prim_fn`` in the leaves of
-    ``direction`` (the others held fixed: their tangents are symbolic
-    zeros)."""
+    """Adds the part ``jax.jvp`` (``vjp``, ``linearize``) in the leaves of
+    ``direction``, the others fixed."""
     f = self.restrict(direction)
 
     def jvp_part(xs, ts):
@@ -359,19 +354,18 @@ class CheckContext(Recorder):
     part = {"jvp": jvp_part, "vjp": vjp_part, "lin": lin_part}[kind]
     extra = (self.zeros_like_outputs if kind == "vjp"
              else lambda: self.zeros_like_inputs(direction))
-    self.compiled.add((kind, direction), part,
+    self.compiled.add(derivative_part(kind, direction), part,
                       lambda: (self.xs_of(direction), extra()))
 
   def _derivative_at(self, kind, direction, extra, xs):
-    if not self.compiled.has((kind, direction)):
+    if not self.compiled.has(derivative_part(kind, direction)):
       self.add_derivative(kind, direction)
-    return self.compiled.run((kind, direction), (
+    return self.compiled.run(derivative_part(kind, direction), (
         self.xs_of(direction) if xs is None else list(xs), list(extra)))
 
   def jvp_at(self, direction, tangents, xs=None):
-    """``(out, J ṫ)`` from ``jax.jvp`` of ``prim_fn`` in the leaves of
-    ``direction`` (the others held fixed: their tangents are symbolic
-    zeros), at their values ``xs`` (default: the point)."""
+    """``(out, J ṫ)`` from ``jax.jvp`` in the leaves of ``direction``, at
+    ``xs`` (default: the point)."""
     return self._derivative_at("jvp", direction, tangents, xs)
 
   def vjp_at(self, direction, cts_out, xs=None):
@@ -385,11 +379,8 @@ class CheckContext(Recorder):
     return self._derivative_at("lin", direction, tangents, xs)
 
   def primal_floors(self, all_outputs=False, computed_only=False) -> list:
-    """Per floating-point output (per output, with ``all_outputs``), the
-    absolute error allowed between two evaluations of the function at the
-    point: its rounding noise and what rounding the inputs changes, from
-    the finite differences in all inputs (see `FDEstimate.floors`; with
-    ``computed_only``, None unless the checks already computed those)."""
+    """Per output, the absolute error allowed between two evaluations at the
+    point (`FDEstimate.floors`)."""
     floors = [None] * len(self.out_float_idx)
     direction = tuple(self.float_idx)
     if direction and self.out_float_idx and not (
@@ -404,12 +395,8 @@ class CheckContext(Recorder):
     return [by_out.get(i) for i in range(len(self.out_avals))]
 
   def flat_floors(self, direction, tangents) -> list:
-    """Per floating-point output, the absolute error allowed between two
-    rules' ``J ṫ`` where the finite differences in ``direction`` find the
-    function flat (its derivative zero to their resolution): ``FLOOR eps |y|
-    max |ṫ|``, the rounding of values of the output's size times the
-    tangent's. There two right rules may lose different parts of a result
-    that cancels (softmax's dominant output: 1 - exp(-40)); elsewhere 0."""
+    """Per output, the error allowed between two rules' ``J ṫ`` where the
+    function is flat: ``FLOOR eps |y| max |ṫ|``."""
     est = self.fd(direction)
     top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
                  if np.size(t)] or [0.0])
@@ -421,11 +408,8 @@ class CheckContext(Recorder):
     return out
 
   def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
-    """Per floating-point output, the elements a reference along
-    ``direction`` can judge: all but those the finite differences (``est``,
-    default: those of the direction, where computed) found not smooth or not
-    finite, and, for finite differences themselves (``bounds`` given), all
-    but the unresolved ones."""
+    """Per output, the elements a reference along ``direction`` can judge
+    (not rough; for finite differences, resolved)."""
     est = self._fd.get(direction) if est is None else est
     out = []
     for k, y in enumerate(self.ref_out()):

@@ -1,44 +1,13 @@
 """Checking rules where they run: on an accelerator, in the user's dtype.
 
-A TPU has no usable float64 (it is emulated: its programs take a minute to
-compile, and ``solve``, ``inv`` and ``fft`` refuse it), and its float32 is
-not a CPU's: matrix products at JAX's default precision are computed with
-bfloat16 passes (agreeing with float64 to about three digits), and
-transcendental functions differ from the correctly rounded value by up to
-thousands of units in the last place. Finite differences there cannot
-judge a rule to the digits a CPU can.
-
-So on an accelerator `check_rules` judges twice:
-
-1. **On the host CPU** (``jax.devices("cpu")``, beside every accelerator),
-   everything as on a CPU: the rules against finite differences, each
-   other and loops, in float64 where the function runs in it. This is the
-   sharp verdict on the rules' logic.
-2. **On the device**, in the inputs' own dtype: every part of the checks'
-   program that the host run evaluated (the function, its jvp, vjp and
-   linearization in each direction, the vmaps, the second derivatives) is
-   evaluated again on the device, at the same inputs rounded to the dtype,
-   and compared with the host's float64 result there. A rule that is right
-   in float64 and goes wrong where it runs (a dtype-dependent branch, a
-   product that loses what the rule relies on) fails here, named as the
-   host run names it. These comparisons add failures, not conclusive
-   passes: whether a rule was judged at all is the host's verdict (a rule
-   compared with itself on another device says nothing of the function).
-   A part that raises on the host as well (a combination a batch rule
-   refuses, a rule the host half already failed) is left to the host's
-   verdict, not failed again. An output that is zero to rounding (the
-   determinant of a singular matrix) is compared, as on the host, with an
-   absolute floor: the host's, scaled to the device's dtype. The tolerance
-   is the device's *measured* accuracy, not an assumed one: `calibrate`
-   compares a float32 matrix product at the current matmul precision and a
-   set of transcendental functions on the device with float64 on the host,
-   and the function's own output on the device is compared with the
-   host's (less that floor); the tolerance allows four times the
-   worst of these (in units in the last place of the dtype, at most 1/16
-   relative), and never less than the CPU's 256 units.
-
-The report says which device computed what (`RuleReport.devices`).
-"""
+An accelerator has no usable float64 and its float32 is not a CPU's (bfloat16
+passes in matrix products, transcendental functions thousands of ulps off),
+so `check_rules` judges twice: on the host CPU, in float64, the sharp
+verdict; then every part of the checks' program the host evaluated runs
+again on the device in the inputs' dtype and is compared with the host's
+float64, within the device's *measured* accuracy (`calibrate`). The device
+adds failures, never conclusive passes; a part the host saw raise is the
+host's to judge."""
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hijax.testing._context import Part
 from hijax.testing._numerics import (RULE_ULPS, Tol, eps_of, is_float,
                                      on_device, wide)
+from hijax.testing._report import MODES
 
 # The device tolerance allows this many times the worst measured error.
 SAFETY = 4.0
@@ -101,11 +72,8 @@ def host():
 
 
 def _ulps(got, want, dtype, floor=None) -> float:
-  """The largest ``|got - want|`` (less ``floor``, an absolute error allowed)
-  in units of ``dtype``'s epsilon relative to ``|want| + max |want|`` (the
-  comparisons' scale), over the elements finite on both sides (an infinite
-  or NaN one is the comparisons' to judge: measured, it would make the
-  device's tolerance infinite or NaN)."""
+  """The largest ``|got - want|`` (less ``floor``) in ulps of ``dtype``,
+  over elements finite on both sides."""
   got, want = wide(got), wide(want)  # a complex error counts both parts
   finite = np.isfinite(got) & np.isfinite(want)
   want = np.where(finite, want, 0.0)
@@ -150,8 +118,7 @@ def calibrate(device, dtype) -> dict[str, float]:
   in units of ``dtype``'s epsilon: ``matmul`` (a product at the current
   ``jax.default_matmul_precision``) and ``transcendental`` (the worst of
   exp, log, log1p, expm1, tanh, sin and the logistic function, where the
-  exact value is representable in ``dtype``). Measured once per device,
-  dtype and matmul precision, by one compiled program."""
+  exact value is representable in ``dtype``)."""
   return _calibration(device, np.dtype(dtype).name,
                       jax.config.jax_default_matmul_precision)
 
@@ -181,44 +148,27 @@ def float_dtypes(args) -> list:
 
 def _mode_of(key, ctx) -> tuple[str, str]:
   """The mode and rule a part of the checks' program belongs to."""
-  kind = key[0] if isinstance(key, tuple) else key
-  if kind == "points":
+  if key == "points":
     return "expand", ctx.rule_name("expand")
-  if kind in ("jvp", "vjp", "lin"):
-    return kind, ctx.rule_name(kind)
-  if kind in ("vmap", "batched"):
-    return "batch", ctx.rule_name("batch")
-  if kind == "again":
-    return "second_order", ctx.rule_name(key[1])
-  # a derived function's part: (name, key) under the second-order mode
-  name = kind[-1] if isinstance(kind, tuple) else kind
-  return "second_order", ctx.rule_name(name if name in (
-      "jvp", "vjp", "lin") else "expand")
+  if isinstance(key, Part):
+    return key.mode, ctx.rule_name(key.rule)
+  # a derived function's part, ``((..., kind), key)``: its kind's rule
+  return "second_order", ctx.rule_name(key[0][-1])
 
 
 def _describe_part(key) -> str:
-  kind = key[0] if isinstance(key, tuple) else key
-  detail = key[1] if isinstance(key, tuple) and len(key) > 1 else None
-  if kind == "vmap":
-    return f"jax.vmap with in_axes={detail}"
-  if kind == "batched":
-    return str(detail)
-  if kind == "again":
-    return f"{detail} differentiated again"
-  if kind in ("jvp", "vjp", "lin"):
-    return f"jax.{ {'lin': 'linearize'}.get(kind, kind)} in {detail}"
-  if kind == "points":
+  if key == "points":
     return "the function"
+  if isinstance(key, Part):
+    return key.describe()
   return f"the second-order part {key!r}"
 
 
-# The order the parts are compared in: a rule before what builds on it.
-_ORDER = ("points", "jvp", "vjp", "lin", "vmap", "batched", "again")
-
-
 def _rank(key) -> int:
-  kind = key[0] if isinstance(key, tuple) else key
-  return _ORDER.index(kind) if kind in _ORDER else len(_ORDER)
+  """Compared first: the function, then a rule before what builds on it."""
+  if key == "points":
+    return 0
+  return MODES.index(key.mode) if isinstance(key, Part) else len(MODES)
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -241,13 +191,8 @@ def _values(out) -> list[np.ndarray]:
 
 
 def function_floors(ctx, dtype, n_values: int) -> list:
-  """For the function's outputs on the device (``n_values`` arrays: its
-  outputs at each call of the part, in order), the absolute errors allowed
-  where an output is zero to rounding (the determinant of a singular
-  matrix): the host's `primal_floors` (its rounding noise and what rounding
-  the inputs changes, both proportional to the epsilon of the dtype) scaled
-  from the host's dtype to ``dtype``; none where the host's checks did not
-  take finite differences in all inputs."""
+  """The host's `primal_floors`, scaled to ``dtype``, for ``n_values``
+  outputs on the device."""
   floors = ctx.primal_floors(all_outputs=True, computed_only=True)
   if not floors or n_values % len(floors):
     return [None] * n_values
@@ -258,18 +203,8 @@ def function_floors(ctx, dtype, n_values: int) -> list:
 
 def check_on_device(ctx, device, device_ctx, host_run, plan,
                     device_x64: bool = False) -> None:
-  """The device half of `check_rules` on an accelerator (see the module
-  docstring): each part of ``ctx``'s program (the host's) that the host
-  run evaluated is evaluated again in ``device_ctx`` (the same function at
-  the same point in the inputs' dtype, its parts added, its defaults on
-  ``device``) and compared with the host's result at the rounded inputs
-  (``host_run(key, args)`` runs a part of the host's program under its
-  dtype settings). Failures and the checks run go to ``ctx``'s report. The
-  function itself is always run there (its accuracy sets the tolerance) but
-  compared as a check only where ``plan`` (the modes run) has ``expand``.
-  The device's parts run with ``jax.enable_x64(device_x64)``, as its
-  context was made: a constant the function creates (``jnp.ones(())``)
-  has the dtype it has in the user's own run there."""
+  """Each part the host evaluated, evaluated again on ``device`` and
+  compared with the host's float64."""
   host_bundle = ctx.compiled.bundle
   bundle = device_ctx.compiled.bundle
   dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
@@ -349,11 +284,8 @@ def _x64(own_dtype) -> bool:
 
 def device_context(plan, own, own_dtype, accel, make_context, add_parts,
                    ahead=True):
-  """The device's context of the checks of ``plan`` at ``own`` (the inputs
-  in their own dtypes) on ``accel``; with ``ahead``, its program traced and
-  its compile started in the background (`Bundle.compile_ahead`):
-  the flow makes it so before the host's half runs, so that the two
-  compile at once."""
+  """The device's context of ``plan``, its compile started ahead (so both
+  halves compile at once)."""
   with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
     device_ctx, _ = make_context(own, own_dtype)
     add_parts(device_ctx, plan)
@@ -364,13 +296,8 @@ def device_context(plan, own, own_dtype, accel, make_context, add_parts,
 
 def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
                 add_parts, device_ctx=None) -> None:
-  """Runs `check_on_device` for a host run ``ctx`` (its modes ``plan``):
-  the device's context at ``own`` (the inputs in their own dtypes;
-  ``device_ctx`` if made ahead by `device_context` for ``plan``), and,
-  where the host ran at other values than ``own`` (a Python float rounded
-  to float32 on the device), a host context at ``own`` in float64 as the
-  reference. ``make_context`` (`Request.context`) and ``add_parts`` are
-  the flow's."""
+  """Runs `check_on_device` for the host run ``ctx``, against a float64 host
+  context at ``own``."""
   x64 = _x64(own_dtype)
   host64 = ctx.report.dtype == "float64"
 

@@ -1,12 +1,5 @@
-"""One run of the checks, top to bottom: `check` chooses the dtype (the
-point where ``prim_fn`` runs), then plans the modes (those whose rules are
-defined) and the rules a pass requires, adds every part their checks
-evaluate to the compiled program, runs the check of each mode (the
-second-order mode runs them again on functions derived from ``prim_fn``),
-concludes (a function that raises at the input, a run its budget stopped,
-which failures to list first, custom functions checked alone where a
-program of several failed), and runs the device's half. Its report is the
-only thing it writes; `hijax.testing._api.check_rules` calls it."""
+"""One run of the checks, top to bottom: the dtype, the plan, the parts
+compiled, the checks of each mode, the conclusions, the device's half."""
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +30,7 @@ from hijax.testing._second_order import (add_derived,
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """What `check_rules` was asked, but the point: the function, the modes
-  (``explicit`` where the user named them), the settings, the seed, and
-  the device the checks run on (None: JAX's default)."""
+  """What `check_rules` was asked, but the point."""
   prim_fn: Callable
   modes: tuple[str, ...]
   explicit: bool
@@ -86,21 +77,15 @@ def in_dtype(x, dtype):
 
 
 def _in_own_dtypes(args):
-  """``args`` each in its own dtype, without weak types (on the default
-  device), and the name of the first floating dtype among them (None if
-  there is none)."""
+  """``args`` in their own dtypes, without weak types, and the first
+  floating dtype's name."""
   own = jax.tree.map(lambda x: in_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   return own, str(floats[0]) if floats else None
 
 
 def _runs(ctx: CheckContext, plan, ahead) -> bool:
-  """Whether ``ctx``'s function runs compiled at its point. With ``jit``,
-  the program the checks will run (every part of ``plan``) is compiled
-  here and evaluates the function, so that an `expand` whose output
-  contradicts a declared type (a primitive that hard-codes float32) is
-  found before the checks, which then reuse it; ``ahead(plan)`` is called
-  first (it starts the device's compile, where there is one)."""
+  """Whether ``ctx``'s function runs compiled at its point."""
   try:
     if not ctx.settings.jit:
       jax.block_until_ready(jax.jit(ctx.prim_fn)(*ctx.args))
@@ -114,13 +99,8 @@ def _runs(ctx: CheckContext, plan, ahead) -> bool:
 
 
 def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
-  """One run of `check_rules` at ``args``: in float64 (the floating leaves
-  converted, under ``jax.enable_x64``) unless ``x64`` is False or, with
-  ``x64=None``, ``prim_fn`` cannot run in float64 but can in the given
-  dtypes (a function that runs in neither is checked in float64, where it
-  traces, and reported as raising); then the checks, and on an
-  accelerator (``accel``, see `hijax.testing._device`) the device's
-  half. A compile past the hard limit (`BudgetSpent`) ends the run here."""
+  """One run of `check_rules` at ``args``: the dtype (float64 where prim_fn
+  runs in it), the checks, the device's half."""
   prim_fn, budget = request.prim_fn, request.settings.budget
   # the device's half runs the inputs in their own dtypes, on the device
   on_accel, accel_float = _in_own_dtypes(args) if accel else (None, None)
@@ -172,7 +152,9 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
       ctx.report.required = required_rules(ctx, plan)
       if not function_raises(ctx, prim_fn, plan, error):
         run(ctx, plan)
-      if ctx.report.failures and error is None:
+      # a refusal by design (or a surrogate) in a program names the mode's
+      # rules together, and would excuse them all: checked alone too
+      if (ctx.report.failures or ctx.report.by_intent) and error is None:
         blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
                     ctx.report, request.modes)
         inner_first(ctx, ctx.report)
@@ -225,11 +207,8 @@ def plan_modes(ctx: CheckContext, modes, explicit) -> list[str]:
 
 
 def required_rules(ctx: CheckContext, plan) -> list[str]:
-  """The rules of the modes planned that must be compared conclusively for
-  a report to pass: those of the modes that apply at this point (the
-  derivative modes and transpose need floating-point inputs and outputs);
-  `expand` where it is compared with values (a hijax primitive's, or any
-  with ``jit=False``), not only with types."""
+  """The rules a pass needs compared conclusively: those of the modes
+  planned that apply at this point."""
   rules = []
   for mode in plan:
     if mode == "second_order":
@@ -268,9 +247,8 @@ _USED_BY = {"jvp": ({"jvp", "vjp", "lin"}, {"batch", "second_order"}),
 
 
 def add_parts(ctx: CheckContext, modes):
-  """Adds every program the checks of ``modes`` will run to ``ctx``'s
-  compiled program (`hijax.testing._compiled.Bundle`), so that they are
-  compiled together, once, on the first evaluation."""
+  """Adds every program the checks of ``modes`` run to ``ctx``'s compiled
+  program."""
   if ctx.float_idx and ctx.out_float_idx:
     for kind, (each, together) in _USED_BY.items():
       if not ctx.has(kind):
@@ -327,10 +305,8 @@ def raised_at(prim_fn, args) -> Exception | None:
 
 def function_raises(ctx: CheckContext, prim_fn, plan,
                     error: Exception | None) -> bool:
-  """Where a function whose rules are jax.custom_jvp / custom_vjp ones
-  raises ``error`` at the point in every dtype (optimistix's root_find refusing an
-  input in float32), reports that, naming the function, instead of the
-  failures of the rules it calls there; True if so."""
+  """Where a custom function raises at the point in every dtype, reports
+  that (naming it); True if so."""
   if error is None or ctx.fd_of == "expand":
     return False
   name = getattr(prim_fn, "__name__", None) or type(prim_fn).__name__
@@ -364,10 +340,8 @@ def stopped(ctx: CheckContext, plan, e: BudgetSpent):
 
 
 def inner_first(ctx: CheckContext, report: RuleReport):
-  """Puts first the failures of primitives that the checked rules bind (a
-  jvp rule that calls another primitive, whose own rule is wrong): the
-  outer rules' failures can follow from them, so the error names the rule
-  to fix first."""
+  """Puts first the failures of primitives the checked rules bind (fix those
+  first)."""
   outer = {name for rules in ctx.rules for name in rules.values()}
   inner = [f for f in report.failures
            if f.rule not in outer and f.rule != "prim_fn"]
@@ -379,9 +353,8 @@ def inner_first(ctx: CheckContext, report: RuleReport):
 
 
 def _absorb(report: RuleReport, alone: RuleReport):
-  """Adds to the program's report all that the checks alone ran, skipped,
-  counted and left unjudged by intent, but their failures (which replace
-  the program's only where there are any) and the rules they require."""
+  """Adds to the program's report what the checks alone did, but their
+  failures and requirements."""
   for field in dataclasses.fields(RuleReport):
     mine, theirs = getattr(report, field.name), getattr(alone, field.name)
     if field.name in ("failures", "required", "primitives", "dtype",
@@ -398,17 +371,11 @@ def _absorb(report: RuleReport, alone: RuleReport):
 
 
 def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
-  """Where the program as a whole failed and calls several
-  ``jax.custom_jvp`` / ``custom_vjp`` functions (whose failures then name
-  them all), checks each alone, at the inputs the program gives it, and
-  reports those failures instead, each naming the one at fault (the modes
-  one of them lacks run for the others). Where none fails alone, the
-  program's failures stand: the fault is in the rules together.
-
-  Not done first: a library's rule can rely on a relation the program
-  keeps between its inputs (equinox's loop wrapper takes the loop's result
-  and recomputes its derivative from the loop's input), which perturbing
-  its inputs independently breaks."""
+  """Checks each custom function alone, where a program of several failed or
+  excused its rules together by intent."""
+  # Not done first: a library's rule can rely on a relation the program
+  # keeps between its inputs (equinox's loop wrapper), which perturbing its
+  # inputs independently breaks.
   if len(prims) < 2 or not all(isinstance(p, CustomRules) for p in prims):
     return
   try:
@@ -425,11 +392,12 @@ def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
   if alone.failures:
     named = sorted({f.rule for f in report.failures})
     report.failures[:] = alone.failures
-    report.skipped.append((
-        "all modes", "the failures of the program as a whole (of "
-        f"{'; '.join(named)}) are replaced by those of each function "
-        "alone, at the inputs the program gives it"))
-  else:
+    report.skipped.append(("all modes", (
+        f"the failures of the program as a whole (of {'; '.join(named)}) "
+        "are replaced by those of each function alone" if named else
+        "the rules the program's checks left unjudged by intent together "
+        "failed alone") + ", at the inputs the program gives it"))
+  elif report.failures:
     report.skipped.append((
         "all modes", "the functions checked alone passed, at the inputs the "
         "program gives them (one called only inside a loop or a branch is "

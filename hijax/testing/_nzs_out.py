@@ -15,9 +15,8 @@ from hijax.testing._report import RuleReport
 
 
 def _nz_in(x) -> bool:
-  """The nzs_in flag of an argument or output leaf (a value or its type):
-  whether its tangent type is a floating-point array (for a hi value, its
-  type's tangent type)."""
+  """Whether the tangent type of a leaf (a value or its type) is a floating-
+  point array."""
   aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   if isinstance(aval, _core.ShapedArray):
     return is_float(aval)
@@ -54,9 +53,8 @@ _prim_jvp_compiled = jax.jit(_prim_jvp, static_argnums=(0, 1))
 
 
 def _zero_derivatives(ctx, prim, p_args, zero_outs):
-  """``{k: (max |J ṫ| of output leaf k, allowed, label)}`` for the outputs in
-  ``zero_outs``, from the jvp rule or finite differences; None if neither
-  applies (an argument of a hi type without a jvp rule)."""
+  """``{k: (max |J ṫ|, allowed, label)}`` of the outputs ``zero_outs``; None
+  where nothing can differentiate them."""
   p_leaves = jax.tree.leaves(p_args)
   direction = tuple(i for i, x in enumerate(p_leaves) if _nz_in(x))
   hi = any(not isinstance(_core.typeof(x), _core.ShapedArray)
@@ -110,14 +108,8 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
 
 
 def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
-  """The ``nzs_out`` that ``rule`` (`vjp_fwd` or `lin`) returns for
-  arguments of the types ``p_types``, or None if it returns none (or
-  ``values()``, the arguments' values, cannot be found where they are
-  needed). The flags are static, so the rule is only traced (abstractly:
-  nothing is compiled or evaluated for it). It is called eagerly instead
-  with ``jit=False``, for arguments of hi types, where the trace raises and
-  where the flags it returns are values of the trace (a misuse), so that
-  the error reported is what the rule does when called."""
+  """The ``nzs_out`` that ``rule`` returns (traced abstractly where it can
+  be), or None."""
   def nzs_of(result):
     if not isinstance(result, tuple) or len(result) < 3:
       return None
@@ -146,9 +138,7 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
 
 def check_nzs_out(ctx: CheckContext, mode):
   """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
-  declared symbolically zero must have a zero derivative. Arguments and
-  outputs of hi types are supported (their derivative is taken with the
-  jvp rule)."""
+  declared symbolically zero must have a zero derivative."""
   method = "vjp_fwd" if mode == "vjp" else "lin"
   if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
     return

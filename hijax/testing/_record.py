@@ -25,9 +25,7 @@ PRIMAL_READS_TANGENT = (
 
 
 class Recorder:
-  """The bookkeeping methods of a check context (see the module docstring).
-  Its host has ``report``, ``label``, ``within``, ``settings``,
-  ``surrogate``, ``out_names``, ``out_float_idx`` and ``rule_name``."""
+  """The bookkeeping methods of a check context (see the module docstring)."""
 
   report: RuleReport
   label: str
@@ -60,19 +58,16 @@ class Recorder:
     self.report.skipped.append((mode, self.label + why))
 
   def skip_by_intent(self, mode, why, rule=None):
-    """Skips a check of a surrogate's rule that only the function could
-    judge, or of a rule that refuses a mode by design (it raises saying it
-    cannot be differentiated so: equinox's nondifferentiable): the rule is
-    then not required to pass (`RuleReport.by_intent`)."""
+    """Skips a check a surrogate's or a refusing rule cannot pass by design;
+    the rule is then not required (`RuleReport.by_intent`)."""
     self.skip(mode, why)
     name = rule or self.rule_name(mode)
     if name not in self.report.by_intent:
       self.report.by_intent.append(name)
 
   def out_of_time(self, mode, what) -> bool:
-    """Whether the time budget is spent, in which case the check ``what`` of
-    ``mode`` is recorded as skipped for time; else it starts (and progress
-    may say so)."""
+    """Whether the budget is spent (the check then skipped for time); else
+    the check starts."""
     label = f"{self.label}{mode}: {what}"
     if self.settings.budget.spent:
       self.report.skipped_for_time.append(label)
@@ -90,8 +85,7 @@ class Recorder:
 
   def conclusive_pass(self, mode, rule=None):
     """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
-    that passed. Second derivatives do not count: they judge a rule's
-    derivative, not the rule."""
+    that passed."""
     if mode == "second_order":
       return
     name = rule or self.rule_name(mode)
@@ -126,12 +120,8 @@ class Recorder:
               error=exc)
 
   def judge_refusals(self, mode, refusals, handled_some: bool):
-    """Judges the checks of ``mode`` where the rule itself raised, each
-    ``(check, inputs, exc, why)``: where it ran for another argument to
-    transpose in or combination of batched arguments (``handled_some``), it
-    handles only those, by design, and each is listed as skipped with
-    ``why`` (which names the option that says so); otherwise each fails as
-    it raised."""
+    """Checks where the rule raised: skipped (``why``) where it handled
+    other cases (``handled_some``), else failed."""
     for check, inputs, exc, why in refusals:
       if handled_some:
         self.skip(mode, why)
@@ -142,18 +132,8 @@ class Recorder:
               got_label="rule", want_label="reference", rule=None,
               bounds=None, skip=None, floors=None, counts=True,
               uncounted=None, own=None) -> bool:
-    """Compares lists of arrays leaf by leaf; records the worst difference as
-    a failure. ``names`` default to the floating-point outputs'; ``bounds``
-    are the reference's error bounds (finite differences), ``skip`` the
-    elements it cannot judge (compared with nothing), ``floors`` absolute
-    errors allowed (rounding, where the value is zero to rounding). A
-    comparison that passes counts as a conclusive comparison of the rule
-    (`RuleReport.compared`) where it judged some element and ``counts``
-    (False for a rule's primal output, which says nothing of its
-    derivative); ``uncounted`` marks elements compared that count only
-    where ``got`` equals ``want`` exactly (a reference that only bounds
-    them: see `FDEstimate.uncounted`); ``own`` the elements judged on their
-    own scale (`FDEstimate.own`)."""
+    """Compares lists of arrays leaf by leaf; records the worst difference
+    as a failure."""
     names = names or [self.out_names[i] for i in self.out_float_idx]
     bounds = bounds or [None] * len(want)
     skip = skip or [None] * len(want)
@@ -194,9 +174,8 @@ class Recorder:
 
   def check_types(self, mode, check, inputs, got, like, names,
                   got_label) -> bool:
-    """Checks that each of ``got`` has the shape and dtype of the matching
-    array of ``like`` (a cotangent has the type of its input); records the
-    first mismatch as a failure."""
+    """Checks that each of ``got`` has the type of its input; records the
+    first mismatch."""
     for name, g, x in zip(names, got, like):
       if type_str(g) != type_str(x):
         self.fail(mode, check, inputs,
@@ -229,11 +208,8 @@ class Recorder:
 #   bound instead.
 
 def aligned_cotangents(ctx: Recorder, like, j_t, judged):
-  """Random cotangents whose signs follow those of ``J ṫ`` (random where it
-  is zero): ``<ȳ, J ṫ>`` is then a sum without cancellation, so a wrong
-  backward rule cannot hide in a sum that happens to be small next to the
-  rounding allowed (which matters in low precision). Zero where ``judged``
-  is False."""
+  """Random cotangents with the signs of ``J ṫ``: ``<ȳ, J ṫ>`` then has no
+  cancellation to hide a wrong rule in."""
   out = []
   for y, t, ok in zip(like, j_t, judged):
     c = np.abs(np.asarray(ctx.random_like(y)))
@@ -261,18 +237,7 @@ def check_identity(ctx: Recorder, mode: str, check: str, inputs: str,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
                    "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = "") -> bool:
   """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``; records a failure or an
-  inconclusive entry. Returns whether it passed.
-
-  ``reference(tangents)`` gives ``(J ṫ, label, bounds, judged, tangents,
-  uncounted)`` (``bounds`` None for a rule; the tangents it used, which
-  finite differences choose themselves; the judged elements that only
-  bound the value, which do not make the check conclusive, or None); ``transpose(ȳ)`` gives the cotangents of
-  the inputs, ``like`` the outputs (for the cotangents' types).
-  ``floors(tangents)``, for a reference that is a rule, gives the absolute
-  error allowed per output element on either side. ``hint`` ends the
-  message of a failure where both sides are finite. ``tangents`` may be None
-  where the reference chooses its own.
-  """
+  inconclusive entry."""
   ref, label, bounds, judged, used, uncounted = reference(tangents)
   if not any(np.any(ok) for ok in judged):
     ctx.judged_nothing(check, "no output element can be judged along this "

@@ -304,10 +304,7 @@ class InconclusiveCheckError(AssertionError):
 def declared_limit(e: BaseException, strict: bool = False,
                    surrogate: bool = False) -> str | None:
   """The reason, if ``e`` says that the function cannot be differentiated in
-  some mode (rather than that it broke). ``strict``: only where it says so
-  in words (a ``NotImplementedError`` may be a missing rule);
-  ``surrogate``: also where a rule that is not a derivative cannot give
-  another mode."""
+  some mode (rather than that it broke)."""
   text = f"{type(e).__name__}: {first_lines(str(e), 2)}"
   if _nonlinear_backward(e):
     # forward mode of a backward rule not linear in the cotangent (hijax's

@@ -1,18 +1,9 @@
 """The second derivative of the rules, against finite differences of the
-first: a backward rule (or a jvp rule) can be right at first order and
-wrong when differentiated again, e.g. ``g * stop_gradient(cos(x))``, whose
-Hessian is 0 instead of ``-sin x``. The rules that bind hijax primitives
-again are checked rule by rule in `hijax.testing._flow`; this check covers
-every rule, at the cost of finite differences of the first derivative.
-
-A rule that says it cannot be differentiated again (JAX's forward mode of
-a ``jax.custom_vjp`` function, reverse mode of a ``while_loop`` such as
-equinox's checkpointed loop, a ``NotImplementedError``) is first-order only:
-reverse over reverse is then replaced by forward over reverse where that
-works, and otherwise the report lists the rule under ``first_order_only``
-instead of failing it (``require_second_order=True`` fails it). Any other
-exception is a failure (``erfcx``'s Hessian raising a shape error).
-"""
+first (``g * stop_gradient(cos(x))`` is right at first order only), and
+the first-order checks again on derived functions that bind hijax
+primitives. A rule that declares it cannot be differentiated again is
+first-order only (reverse over reverse falls back to forward over reverse
+first)."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +15,7 @@ import numpy as np
 from hijax._internals import partial_eval as _pe
 
 from hijax.testing._compiled import Compiled
-from hijax.testing._context import CheckContext
+from hijax.testing._context import CheckContext, Part, derivative_part
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
 from hijax.testing._record import check_identity
@@ -48,12 +39,8 @@ def _tangent_map(f, tdot):
 
 
 def _first_derivatives(ctx: CheckContext):
-  """``(mode, description, g, xs, names, scale, evaluate_one, vector)``: the
-  backward pass ``x -> vjp(f, x)[1](ȳ)`` and the tangent map ``x -> jvp(f,
-  x, ṫ)[1]``, for fixed random ``ȳ`` and ``ṫ`` (``vector``), as functions
-  of the floating-point inputs, the size of the values each combines (for
-  `estimate`'s ``scale``), and ``g`` at one point of its own dtypes by the
-  vjp or jvp that the first-order checks compiled."""
+  """The backward pass and the tangent map as functions of the floating-
+  point inputs, with their fixed vectors."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
   xs = ctx.xs_of(direction)
@@ -78,11 +65,8 @@ def _first_derivatives(ctx: CheckContext):
 
 
 def _again(ctx: CheckContext, mode):
-  """The second derivative of ``mode`` as a function of the first's fixed
-  vector: ``(xs, ȳ, w) -> vjp of the backward pass at w`` for ``vjp``,
-  ``(xs, ṫ, u) -> jvp of the tangent map along u`` for ``jvp``; each
-  returns ``(first derivative, second)`` as the checks of a context of the
-  first derivative do (`CheckContext.vjp_at`, ``jvp_at``)."""
+  """The second derivative of ``mode``: ``(first derivative, second)`` at
+  ``(xs, vector, direction)``."""
   f = ctx.restrict(tuple(ctx.float_idx))
 
   def vjp_again(xs, ybar, w):
@@ -94,29 +78,32 @@ def _again(ctx: CheckContext, mode):
   return vjp_again if mode == "vjp" else jvp_again
 
 
+def _again_part(mode) -> Part:
+  return Part("second_order", mode, "{} differentiated again", mode)
+
+
 def add_second_order_parts(ctx: CheckContext):
   """Adds the vjp of the backward pass and the jvp of the tangent map (the
   checks of `check_differentiated_rules`) to ``ctx``'s compiled program."""
   direction = tuple(ctx.float_idx)
   xs = lambda: ctx.xs_of(direction)
   if ctx.has("vjp") and "vjp" in ctx.requested:
-    ctx.compiled.add(("again", "vjp"), _again(ctx, "vjp"), lambda: (
+    ctx.compiled.add(_again_part("vjp"), _again(ctx, "vjp"), lambda: (
         xs(), ctx.zeros_like_outputs(), ctx.zeros_like_inputs(direction)))
   if ctx.has("jvp") and "jvp" in ctx.requested:
-    ctx.compiled.add(("again", "jvp"), _again(ctx, "jvp"), lambda: (
+    ctx.compiled.add(_again_part("jvp"), _again(ctx, "jvp"), lambda: (
         xs(), ctx.zeros_like_inputs(direction),
         ctx.zeros_like_inputs(direction)))
 
 
 def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
                 vector) -> CheckContext:
-  """The context of a first derivative ``g``: its points are evaluated by
-  the first-order programs, and its own check (the vjp of the backward
-  pass, the jvp of the tangent map) by a part of ``ctx``'s program
-  (`add_second_order_parts`)."""
+  """The context of a first derivative ``g``, evaluated by the first-order
+  programs."""
   bound = {}
-  if ctx.compiled.has(("again", mode)):
-    bound[(mode, tuple(range(len(xs))))] = (ctx.compiled, ("again", mode),
+  if ctx.compiled.has(_again_part(mode)):
+    bound[derivative_part(mode, tuple(range(len(xs))))] = (
+        ctx.compiled, _again_part(mode),
                                             (vector,))
   compiled = Compiled(g, xs, ctx.settings.jit, budget=ctx.settings.budget,
                       evaluate_one=evaluate_one,
@@ -126,9 +113,7 @@ def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
 
 
 def check_differentiated_rules(ctx: CheckContext):
-  """The vjp of the backward pass and the jvp of the tangent map (second
-  derivatives as JAX computes them from the rules) against central finite
-  differences of the backward pass and of the tangent map."""
+  """The rules' second derivatives against finite differences of the first."""
   for mode, what, *derivative in _first_derivatives(ctx):
     inputs = ctx.describe_inputs(extra=f"differentiating {what}")
     check = f"{what}, differentiated again, vs its finite differences"
@@ -185,8 +170,7 @@ def _raised(ctx, check, inputs, e, rule, what):
 
 def _reverse_over_reverse(ctx, sub, check, inputs, rule):
   """``<w, H ṫ>`` with ``H ṫ`` from finite differences of the backward pass,
-  against ``<vjp of the backward pass (w), ṫ>``. Raises what the vjp of the
-  backward pass raises."""
+  against ``<vjp of the backward pass (w), ṫ>``."""
   direction = tuple(sub.float_idx)
   transpose = lambda w: list(sub.vjp_at(direction, w)[1])
   transpose([np.zeros_like(y) for y in sub.ref_out()])  # may raise
@@ -210,12 +194,8 @@ def _reverse_over_reverse(ctx, sub, check, inputs, rule):
 # --- the first-order checks again, on derived functions ------------------
 
 def _derived_functions(ctx: CheckContext, modes):
-  """``(mode, description, function, arguments, argument names)`` of the
-  tangent map, the backward pass and the linearized map of ``prim_fn``, for
-  the derivative modes requested whose rules are defined. Their fixed
-  tangents and cotangents are drawn from a generator of their own (spawned
-  from the context's, whose draws they leave as they are), since they are
-  made before the checks run."""
+  """The tangent map, the backward pass and the linearized map of
+  ``prim_fn``, as functions."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
   xs = [ctx.leaves[i] for i in direction]
@@ -247,10 +227,8 @@ def _derived_functions(ctx: CheckContext, modes):
 
 @dataclasses.dataclass
 class _Derived:
-  """The first-order checks of a derived function (`_derived_functions`),
-  prepared before the checks run: the context (None where the function binds
-  no hijax primitive or could not be traced), the modes to run in it, and
-  what to report first."""
+  """The first-order checks of a derived function, prepared before the
+  checks run."""
   kind: str
   what: str
   sub: CheckContext | None = None
@@ -260,9 +238,8 @@ class _Derived:
 
 
 def add_derived(ctx: CheckContext, modes, add_parts):
-  """Makes the contexts of the derived functions that bind hijax primitives
-  again (into ``ctx.derived``) and adds their parts to ``ctx``'s program
-  (``add_parts``, the flow's), so that they are compiled with it."""
+  """The contexts of the derived functions that bind hijax primitives, their
+  parts added."""
   ctx.derived = []
   for kind, what, g, g_args, names in _derived_functions(ctx, modes):
     entry = _Derived(kind, what)
@@ -289,10 +266,8 @@ def add_derived(ctx: CheckContext, modes, add_parts):
 
 
 def check_second_order(ctx: CheckContext, run):
-  """The first-order checks, on each derived function that binds hijax
-  primitives again (recursing while ``order`` allows; ``run`` is the
-  flow's). What they evaluate is part of ``ctx``'s program
-  (`add_derived`)."""
+  """The first-order checks on each derived function that binds hijax
+  primitives again."""
   if not ctx.float_idx or not ctx.out_float_idx:
     ctx.skip("second_order", "no floating-point inputs or outputs")
     return

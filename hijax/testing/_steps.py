@@ -7,12 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def to64(values) -> list[np.ndarray]:
-  """Arrays as float64 (complex128 where complex)."""
-  return [np.asarray(v).astype(np.complex128 if np.iscomplexobj(v)
-                               else np.float64) for v in values]
-
-
 def _bits(dtype) -> int:
   """Significand bits (with the implicit one): 53 for float64."""
   return int(jnp.finfo(dtype).nmant) + 1
@@ -39,10 +33,7 @@ def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
 def scaled_tangents(rng: np.random.Generator, xs) -> list[np.ndarray]:
   """Random tangents, each element a signed power of two of the magnitude of
   its input element (for a complex element, its real and imaginary parts
-  each). No fraction bits: each would halve the room for the smallest step
-  that keeps ``x ± h t`` exact, and the smallest steps are the ones that
-  resolve a function varying quickly at a large argument (float32 at 1e5);
-  random signs and exponents vary the direction enough."""
+  each)."""
   out = []
   for x in xs:
     x = np.asarray(x)
@@ -78,10 +69,9 @@ def normalizer(ts, keep_in=None) -> float:
 
 
 def candidate_steps(dtypes, eps=None) -> list[float]:
-  """Powers of two from about ``eps^(1/3)`` of the least precise dtype down to
-  the smallest step that keeps ``x ± h t`` exact in the most precise one, by
-  factors of 4. A given ``eps`` gives ``[eps, eps / 4]`` (rounded to a power
-  of two), the second only to estimate the first's error."""
+  """Powers of two from about ``eps^(1/3)`` of the least precise dtype down
+  to the smallest step that keeps ``x ± h t`` exact in the most precise one,
+  by factors of 4."""
   if eps is not None:
     k = int(round(-np.log2(eps)))
     return [2.0 ** -k, 2.0 ** -(k + 2)]

@@ -1,17 +1,6 @@
-"""Rules that are deliberately not the derivative: surrogates.
-
-A straight-through estimator (``round`` whose backward pass is the
-identity), a gradient clipper (``x`` whose backward pass clips the
-cotangent) or any other stop-gradient trick gives a derivative that is not
-the function's on purpose. Compared with the function's finite differences
-such a rule fails, rightly: it is not the derivative. Declared a
-*surrogate* (``check_rules(..., surrogates=[f])``, or `surrogate` where it
-is defined), it is checked for everything else: its rules against each
-other (a backward rule against the jvp rule), ``vmap`` against loops, types,
-and its second order (its own derivative against its own finite
-differences); never against the function, and the report lists it as a
-surrogate rather than as passed against the function.
-"""
+"""Rules deliberately not the derivative (straight-through estimators,
+gradient clippers): checked against each other, loops and types, never
+against the function."""
 from __future__ import annotations
 
 import weakref
@@ -31,9 +20,8 @@ _FUNCTIONS: set[tuple[str, str, int]] = set()
 
 
 def _key(obj: Any) -> tuple[str, str, int] | None:
-  """Where the function a decorated function (``jax.custom_jvp``,
-  ``jax.custom_vjp``, hijax's decorators) wraps is defined, as the
-  program names it (`CustomRules.key`)."""
+  """Where a decorated function's function is defined, as the program names
+  it."""
   return definition(getattr(obj, "fun", obj))
 
 
