@@ -74,12 +74,6 @@ def test_pytest_plugin_one_process_at_a_time_holds_the_tpu(runs):
              for f in failures), failures
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hijax's device tolerance is four times the worst error measured on the "
-    "device, a matrix product's included, also for a program with no matrix "
-    "product: on a TPU at the default precision (bfloat16 passes) that is "
-    "72770 ulps, about 0.9%, and a float32 rule 1% off passes there "
-    "(the ninth run: test_plugin_behaviours' float32 test, and float32_rule)"))
 def test_a_float32_rule_1_percent_off_fails_at_the_tpus_measured_errors(runs, monkeypatch):
   """pytest-plugin: a rule wrong only in float32 fails where the tests ran
   float32. On the TPU it passed at the default precision and failed under
