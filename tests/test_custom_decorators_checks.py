@@ -572,3 +572,41 @@ def test_a_call_without_its_nondiff_argument_is_refused(dec):
                      r"argument\(s\), but nondiff_argnums names position\(s\) "
                      r"\[1\]"):
     jax.jit(f)(1.)
+
+
+# --- a rule's call of a decorated function: which running call it reuses ------------
+
+def _jit_grad(f, x):
+  return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(x)
+
+
+def test_a_rule_calling_the_function_with_another_static_argument_gets_its_value():
+  """fwd of ``x ** n`` calls the function with ``n - 1``: a new call, not the
+  running one (whose static argument is ``n``)."""
+  f = custom_vjp(lambda n, x: x ** n, nondiff_argnums=(0,))
+  f.defvjp(lambda n, x: (f(n, x), f(n - 1, x)),
+           lambda n, x_to_n_minus_1, g: (g * n * x_to_n_minus_1,))
+  x = jnp.array([0.5, 2.0])
+  close(_jit_grad(lambda x: f(3, x), x), 3 * x ** 2)
+
+
+def test_a_rule_calling_the_function_on_other_types_gets_its_value():
+  """fwd calls the function on a float16 copy of ``x``: a new call (the
+  running one is for float32)."""
+  f = custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (f(x), f(x.astype(jnp.float16)).astype(x.dtype) * 0 + x),
+           lambda x, g: (g * jnp.cos(x),))
+  x = jnp.array([0.5, 2.0])
+  close(_jit_grad(f, x), jnp.cos(x))
+
+
+def test_a_rule_calling_another_decorated_function_gets_its_value():
+  """``g``'s fwd calls ``f`` (another decorated function, same argument
+  types) for its residual: ``f``'s value, not ``g``'s."""
+  f = custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (f(x), x), lambda x, g: (g * jnp.cos(x),))
+  g = custom_vjp(lambda x: jnp.sin(x) ** 2)
+  g.defvjp(lambda x: (g(x), (f(x), jnp.cos(x))),
+           lambda res, ct: (ct * 2 * res[0] * res[1],))
+  x = jnp.array([0.5, 2.0])
+  close(_jit_grad(g, x), 2 * jnp.sin(x) * jnp.cos(x))
