@@ -610,3 +610,21 @@ def test_a_rule_calling_another_decorated_function_gets_its_value():
            lambda res, ct: (ct * 2 * res[0] * res[1],))
   x = jnp.array([0.5, 2.0])
   close(_jit_grad(g, x), 2 * jnp.sin(x) * jnp.cos(x))
+
+
+def test_a_rule_calling_a_function_that_closes_over_a_traced_value_traces_it_once():
+  """``fun`` closes over ``y`` (traced by ``jit``), so its call is not kept;
+  ``fwd`` calls ``f`` itself: that call is the running one (``fun`` traced
+  once, not again for each call of ``f`` inside a rule being traced)."""
+  traced = []
+  x = jnp.array([0.5, 2.0])
+
+  def outer(y):
+    def fun(x):
+      traced.append(None)
+      return jnp.sin(x) * y
+    f = custom_vjp(fun)
+    f.defvjp(lambda x: (f(x), x), lambda x, g: (g * jnp.cos(x) * y,))
+    return jax.grad(lambda x: jnp.sum(f(x)))(x)
+  close(jax.jit(outer)(2.), 2. * jnp.cos(x))
+  assert len(traced) == 1
