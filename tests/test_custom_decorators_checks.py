@@ -628,3 +628,27 @@ def test_a_rule_calling_a_function_that_closes_over_a_traced_value_traces_it_onc
     return jax.grad(lambda x: jnp.sum(f(x)))(x)
   close(jax.jit(outer)(2.), 2. * jnp.cos(x))
   assert len(traced) == 1
+
+
+def test_a_rule_calling_the_function_with_an_equal_or_another_static_argument():
+  """``fun`` closes over a traced ``y`` (no call is kept); ``fwd`` calls
+  ``f`` with an equal new static tuple (the running call) and with a float
+  one lower (a call of its own): the gradient of ``x ** 3 * y``, and ``fun``
+  traced a bounded number of times (a call of another static argument is
+  traced anew at each tracing of the rule that makes it)."""
+  traced = []
+  x = jnp.array([0.5, 2.0])
+
+  def outer(y):
+    def fun(n, x):
+      traced.append(n)
+      return x ** n[0] * y
+    f = custom_vjp(fun, nondiff_argnums=(0,))
+
+    def fwd(n, x):
+      lower = f((n[0] - 1.0,), x) if n[0] > 1 else jnp.ones_like(x)
+      return f((n[0],), x), lower
+    f.defvjp(fwd, lambda n, lower, g: (g * n[0] * lower,))
+    return jax.grad(lambda x: jnp.sum(f((3,), x)))(x)
+  close(jax.jit(outer)(2.), 3. * x ** 2 * 2.)
+  assert set(traced) == {(3,), (2.0,), (1.0,)} and len(traced) <= 7
