@@ -580,14 +580,20 @@ def _jit_grad(f, x):
   return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(x)
 
 
-def test_a_rule_calling_the_function_with_another_static_argument_gets_its_value():
-  """fwd of ``x ** n`` calls the function with ``n - 1``: a new call, not the
+@pytest.mark.parametrize("n, lower", [
+    (3, lambda n: n - 1), (3, lambda n: n - 1.0),
+    (np.array([3., 0.]), lambda n: n - np.array([1., 0.]))],
+    ids=["int", "float for int", "numpy array"])
+def test_a_rule_calling_the_function_with_another_static_argument_gets_its_value(
+    n, lower):
+  """fwd of ``x ** n`` calls the function with ``n - 1`` (an int, a float,
+  an array whose comparison has no truth value): a new call, not the
   running one (whose static argument is ``n``)."""
-  f = custom_vjp(lambda n, x: x ** n, nondiff_argnums=(0,))
-  f.defvjp(lambda n, x: (f(n, x), f(n - 1, x)),
-           lambda n, x_to_n_minus_1, g: (g * n * x_to_n_minus_1,))
+  f = custom_vjp(lambda n, x: x ** jnp.ravel(n)[0], nondiff_argnums=(0,))
+  f.defvjp(lambda n, x: (f(n, x), f(lower(n), x)),
+           lambda n, x_to_n_minus_1, g: (g * 3 * x_to_n_minus_1,))
   x = jnp.array([0.5, 2.0])
-  close(_jit_grad(lambda x: f(3, x), x), 3 * x ** 2)
+  close(_jit_grad(lambda x: f(n, x), x), 3 * x ** 2)
 
 
 def test_a_rule_calling_the_function_on_other_types_gets_its_value():
