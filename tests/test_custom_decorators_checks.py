@@ -572,3 +572,89 @@ def test_a_call_without_its_nondiff_argument_is_refused(dec):
                      r"argument\(s\), but nondiff_argnums names position\(s\) "
                      r"\[1\]"):
     jax.jit(f)(1.)
+
+
+# --- a rule's call of a decorated function: which running call it reuses ------------
+
+def _jit_grad(f, x):
+  return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(x)
+
+
+@pytest.mark.parametrize("n, lower", [
+    (3, lambda n: n - 1), (3, lambda n: n - 1.0),
+    (np.array([3., 0.]), lambda n: n - np.array([1., 0.]))],
+    ids=["int", "float for int", "numpy array"])
+def test_a_rule_calling_the_function_with_another_static_argument_gets_its_value(
+    n, lower):
+  """fwd of ``x ** n`` calls the function with ``n - 1`` (an int, a float,
+  an array whose comparison has no truth value): a new call, not the
+  running one (whose static argument is ``n``)."""
+  f = custom_vjp(lambda n, x: x ** jnp.ravel(n)[0], nondiff_argnums=(0,))
+  f.defvjp(lambda n, x: (f(n, x), f(lower(n), x)),
+           lambda n, x_to_n_minus_1, g: (g * 3 * x_to_n_minus_1,))
+  x = jnp.array([0.5, 2.0])
+  close(_jit_grad(lambda x: f(n, x), x), 3 * x ** 2)
+
+
+def test_a_rule_calling_the_function_on_other_types_gets_its_value():
+  """fwd calls the function on a float16 copy of ``x``: a new call (the
+  running one is for float32)."""
+  f = custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (f(x), f(x.astype(jnp.float16)).astype(x.dtype) * 0 + x),
+           lambda x, g: (g * jnp.cos(x),))
+  x = jnp.array([0.5, 2.0])
+  close(_jit_grad(f, x), jnp.cos(x))
+
+
+def test_a_rule_calling_another_decorated_function_gets_its_value():
+  """``g``'s fwd calls ``f`` (another decorated function, same argument
+  types) for its residual: ``f``'s value, not ``g``'s."""
+  f = custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (f(x), x), lambda x, g: (g * jnp.cos(x),))
+  g = custom_vjp(lambda x: jnp.sin(x) ** 2)
+  g.defvjp(lambda x: (g(x), (f(x), jnp.cos(x))),
+           lambda res, ct: (ct * 2 * res[0] * res[1],))
+  x = jnp.array([0.5, 2.0])
+  close(_jit_grad(g, x), 2 * jnp.sin(x) * jnp.cos(x))
+
+
+def test_a_rule_calling_a_function_that_closes_over_a_traced_value_traces_it_once():
+  """``fun`` closes over ``y`` (traced by ``jit``), so its call is not kept;
+  ``fwd`` calls ``f`` itself: that call is the running one (``fun`` traced
+  once, not again for each call of ``f`` inside a rule being traced)."""
+  traced = []
+  x = jnp.array([0.5, 2.0])
+
+  def outer(y):
+    def fun(x):
+      traced.append(None)
+      return jnp.sin(x) * y
+    f = custom_vjp(fun)
+    f.defvjp(lambda x: (f(x), x), lambda x, g: (g * jnp.cos(x) * y,))
+    return jax.grad(lambda x: jnp.sum(f(x)))(x)
+  close(jax.jit(outer)(2.), 2. * jnp.cos(x))
+  assert len(traced) == 1
+
+
+def test_a_rule_calling_the_function_with_an_equal_or_another_static_argument():
+  """``fun`` closes over a traced ``y`` (no call is kept); ``fwd`` calls
+  ``f`` with an equal new static tuple (the running call) and with a float
+  one lower (a call of its own): the gradient of ``x ** 3 * y``, and ``fun``
+  traced a bounded number of times (a call of another static argument is
+  traced anew at each tracing of the rule that makes it)."""
+  traced = []
+  x = jnp.array([0.5, 2.0])
+
+  def outer(y):
+    def fun(n, x):
+      traced.append(n)
+      return x ** n[0] * y
+    f = custom_vjp(fun, nondiff_argnums=(0,))
+
+    def fwd(n, x):
+      lower = f((n[0] - 1.0,), x) if n[0] > 1 else jnp.ones_like(x)
+      return f((n[0],), x), lower
+    f.defvjp(fwd, lambda n, lower, g: (g * n[0] * lower,))
+    return jax.grad(lambda x: jnp.sum(f((3,), x)))(x)
+  close(jax.jit(outer)(2.), 3. * x ** 2 * 2.)
+  assert set(traced) == {(3,), (2.0,), (1.0,)} and len(traced) <= 7

@@ -14,7 +14,6 @@ __all__ = ["nondiff_positions", "resolve", "plain_arity", "Signature",
 
 
 def function_name(fn: Any) -> str:
-  """``fn.__name__``, or what names it best (a ``partial`` names its function)."""
   while isinstance(fn, functools.partial):
     fn = fn.func
   return getattr(fn, "__name__", None) or type(fn).__name__
@@ -32,7 +31,6 @@ def _parameters(fun) -> list[inspect.Parameter] | None:
 def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
                       nondiff_argnames: Sequence[str], decorator: str
                       ) -> tuple[int, ...]:
-  """The sorted positions of the non-differentiable arguments."""
   if isinstance(nondiff_argnums, int):
     nondiff_argnums = (nondiff_argnums,)
   if isinstance(nondiff_argnames, str):
@@ -60,8 +58,6 @@ def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
 
 
 def plain_arity(fun: Callable) -> int | None:
-  """The number of parameters of ``fun`` when all are positional without a
-  default (such a call needs no resolving), else None."""
   params = _parameters(fun)
   if params is None or any(
       p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
@@ -132,12 +128,10 @@ class Signature:
                   else f"at position {i}" for i in self.diff]
 
   def split(self, args: tuple) -> tuple[list[Any], tuple[Any, ...]]:
-    """``(statics, diff_args)``."""
     statics = [args[i] for i in self.nondiff]
     return statics, tuple(args[i] for i in self.diff)
 
   def merge(self, statics: Sequence[Any], diff_args: Sequence[Any]) -> tuple:
-    """The full argument tuple from its two parts."""
     out: list[Any] = [None] * (len(statics) + len(diff_args))
     for i, x in zip(self.nondiff, statics):
       out[i] = x

@@ -1,10 +1,8 @@
-"""``vmap`` of a decorated function: the rules' own batching
-(`batch_dim_rule`: every output batched along its first axis, the rules
-vmapped by `Batched`), or a `defbatch` rule (`BatchedByRule`: its value is
-the rule's, traced when ``vmap`` reaches the call, its derivatives
-`Batched`'s, the function's own rules vmapped). A call with no batched
-argument inside a ``vmap`` that names its axis is batched too, since the
-function may use the name.
+"""``vmap`` of a decorated function: the rules' own batching (every output
+batched along its first axis, the rules vmapped by `Batched`), or a
+`defbatch` rule (`BatchedByRule`, differentiated as `Batched`). A call with
+no batched argument inside a named ``vmap`` is batched too (the function
+may use the name).
 """
 from __future__ import annotations
 
@@ -38,12 +36,9 @@ class BatchRules:
     _batch_unbatched_calls(cls)
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
-    """Every output is batched, along its first axis."""
     return jax.tree.map(lambda _: 0, self.out_aval)
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    """The batch rule of the decorated function where one was defined and
-    no hoisted value is batched; otherwise the vmapped rules."""
     rule = self._call.decorated.batch_rule
     if rule is None or any(d is not None for d in dims[-1]):
       return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
@@ -51,11 +46,6 @@ class BatchRules:
 
 
 def _batch_unbatched_calls(cls: type) -> None:
-  """Batches a call of ``cls``'s primitive with no batched argument inside
-  a ``vmap`` that names its axis: the function may use that name (a
-  ``psum``, an ``axis_index``), which only the vmap's trace can evaluate, so
-  the call is batched (`Batched`, each output batched where vmapping the
-  function makes it so). Elsewhere hijax's own batching rule applies."""
   primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
   own = batching.fancy_primitive_batchers[primitive]
 

@@ -1,14 +1,12 @@
-"""What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator object
-(`Decorated`), `Call`, one call signature of the decorated function, its
-primitive (`CallPrimitive`) and that primitive with unused outputs dropped
+"""What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator
+(`Decorated`), one call signature of it (`Call`), its primitive
+(`CallPrimitive`) and that primitive with unused outputs dropped
 (`PrunedCall`).
 
-A call with no transformation running calls the function itself, as JAX's
-decorators do. Otherwise it binds the primitive of a `Call` for the
-signature: the running one when a rule calls the function itself, a kept
-one (`Decorated._calls_key`), or a new one, which traces the function (and
-the rules, if they may close over traced values) once. A function that
-cannot be traced with abstract arguments is handed to JAX's own decorator.
+Outside any transformation a call runs the function, as JAX's decorators
+do. Otherwise it binds the primitive of a `Call`: the running one when a
+rule calls the function, a kept one, or a new one, which traces the
+function (and the rules, if they may close over traced values) once.
 """
 from __future__ import annotations
 
@@ -38,17 +36,14 @@ __all__ = ["Decorated", "Call", "CallPrimitive", "PrunedCall", "example_of",
 
 
 def example_of(aval: Any) -> Any:
-  """An abstract stand-in for a value of type ``aval`` to trace a rule with
-  (a float0 array itself, which has no abstract form ``make_jaxpr`` takes)."""
+  """A stand-in of type ``aval`` to trace a rule with (float0: an array)."""
   if is_float0(aval):
     return np.zeros(aval.shape, aval.dtype)
   return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
 
 
 def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
-  """Tangents or cotangents as a user rule sees them: hijax's `Zero` becomes
-  a ``jax.custom_derivatives.SymbolicZero`` with ``symbolic_zeros``, an array
-  of zeros otherwise."""
+  """hijax's `Zero` as a rule sees it: a ``SymbolicZero``, or zeros."""
   def convert(x):
     if not is_zero(x):
       return x
@@ -58,9 +53,8 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
 
 def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
          ) -> Any:
-  """The `HiPrim.dce` result for ``prim``, which computes the outputs
-  ``used_before`` of ``of``'s: kept whole when every output is used, dropped
-  when none is (and it has no effects), else a `PrunedCall`."""
+  """`HiPrim.dce` of ``prim``, which computes ``of``'s outputs
+  ``used_before``: kept whole, dropped, or a `PrunedCall`."""
   used = [bool(u) for u in jax.tree.leaves(used_outs)]
   if all(used):
     return True, True, prim
@@ -72,10 +66,8 @@ def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
 
 
 class CallPrimitive[C: Call](BatchRules, HiPrim):
-  """The primitive of one call signature of a decorated function: the base
-  of `custom_jvp`'s and `custom_vjp`'s, which add their rules. Its inputs are
-  the function's differentiable arguments and, last, the tuple of traced
-  values it (or a rule) closes over; ``expand`` runs the traced function."""
+  """The primitive of one call signature: its inputs are the differentiable
+  arguments and, last, the tuple of hoisted values."""
 
   in_avals: tuple[Any, ...]
   out_aval: Any
@@ -96,7 +88,7 @@ class CallPrimitive[C: Call](BatchRules, HiPrim):
     return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
 
   def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
-    """A Python scalar argument reaches the rules as it is, as in JAX."""
+    # a Python scalar argument reaches the rules as it is, as in JAX
     checked = super().check_args(args)
     given = args if self._args_are_leaves else jax.tree.leaves(args)
     return [x if type(x) in (bool, int, float, complex) else c
@@ -104,10 +96,9 @@ class CallPrimitive[C: Call](BatchRules, HiPrim):
 
 
 class Call(RuleOwner):
-  """One call signature of a decorated function: the traced function, the
-  traced values hoisted out of it and its rules, and the primitive.
-  ``rules`` holds the `Traced` form of a rule that closes over a traced
-  value; another rule is called directly, as JAX's decorators call it."""
+  """One call signature: the traced function, the hoisted values, the
+  traced rules (``rules``: only those that close over a traced value; the
+  others run directly, as in JAX) and the primitive."""
 
   primitive_class: type
 
@@ -127,21 +118,16 @@ class Call(RuleOwner):
     self.out_avals_flat = self.primal.out_avals
     self.rules: dict[str, _tracing.Traced] = {}
     self.effects = self.primal.effects
-    # (set before the rules are traced: a rule that calls the function
-    # itself binds this call's primitive while it is traced again)
-    self._instance: Any = None
-    self.trace_rules(diff_args)  # may add hoisted values
-
-  # --- tracing the rules once -------------------------------------------------
+    self._instance: Any = None  # (a rule traced again may bind it)
+    self.trace_rules(diff_args)
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
-    """Traces the rules to find the traced values they close over."""
     raise NotImplementedError
 
   def _trace_rule(self, name: str, fn: Callable[..., Any],
                   args: tuple[Any, ...], mode: str):
-    """``(Traced, shape, reentered)`` of a rule, or None where it cannot be
-    traced here (it then runs directly, when it is used, as in JAX)."""
+    """``(Traced, shape, reentered)``, or None where it cannot be traced
+    here (it then runs directly, as in JAX)."""
     entry = _tracing.Entry(self.decorated, self.key, self,
                            self.hoisted.values, mode)
     before = len(self.hoisted)
@@ -156,11 +142,9 @@ class Call(RuleOwner):
   def _trace_first_and_again(
       self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]
   ) -> None:
-    """Keeps the rules that close over traced values in `rules`.
-    ``traces`` holds ``(name, first, fn, args)``, ``first`` from
-    `_trace_rule` in mode ``"inline"``. A rule that called the function
-    itself is traced again with that call bound to this call's primitive,
-    so that the rule's own derivatives use the function's rules."""
+    """Keeps in `rules` each ``(name, first, fn, args)`` that hoists; one
+    that called the function is traced again binding this primitive (so
+    its own derivatives use the rules), if that hoists nothing new."""
     n_hoisted = len(self.hoisted)
     for name, first, fn, args in traces:
       if first is None or not first[0].hoists:
@@ -170,15 +154,13 @@ class Call(RuleOwner):
         again = self._trace_rule(name, fn, args, "bind")
         if again is not None and len(self.hoisted) == n_hoisted:
           traced = again[0]
-        else:  # keep the first tracing: its first derivatives are the same
+        else:
           self.hoisted.truncate(n_hoisted)
       self.rules[name] = traced
 
-  # --- binding --------------------------------------------------------------------
-
   @property
   def instance(self) -> Any:
-    """The primitive of this call (built once: its types are now fixed)."""
+    """The primitive (built once: its types are then fixed)."""
     if self._instance is None:
       in_avals = (*jax.tree.unflatten(self.in_tree, self.in_avals_flat),
                   tuple(core.typeof(h) for h in self.hoisted.values))
@@ -192,23 +174,17 @@ class Call(RuleOwner):
 
   @contextlib.contextmanager
   def running(self, hoisted_values: Sequence[Any]):
-    """While a rule runs directly, its call of the function binds this
-    call's primitive."""
-    entry = _tracing.Entry(self.decorated, self.key, self, hoisted_values,
-                           "bind")
-    with _tracing.running(entry):
+    """While a rule runs directly, its call of the function binds this."""
+    with _tracing.running(_tracing.Entry(self.decorated, self.key, self,
+                                         hoisted_values, "bind")):
       yield
 
   def full_args(self, diff_args: Sequence[Any]) -> tuple[Any, ...]:
-    """All the arguments of the function, the static ones put back."""
     return self.signature.merge(self.statics, diff_args)
-
-  # --- closed-over values being differentiated --------------------------------
 
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:
-    """The function of the hoisted values ``which`` (the arguments held at
-    ``xs``), whose derivative the code gives where the rules give none."""
+    """The function of the hoisted values ``which``, the rest fixed."""
     def f(*chosen):
       values = list(hvals)
       for i, v in zip(which, chosen):
@@ -217,8 +193,7 @@ class Call(RuleOwner):
     return f
 
   def differentiating(self, transform: Callable[..., Any], *args: Any) -> Any:
-    """``transform(*args)``, differentiating the function's own code with
-    respect to closed-over values; a failure is explained."""
+    """``transform(*args)`` on the function's own code; a failure explained."""
     try:
       return transform(*args)
     except Exception as e:  # noqa: BLE001
@@ -231,17 +206,13 @@ class Call(RuleOwner):
           "the rule.") from e
 
 
-_CALLS_KEPT = 64
-"""Calls kept per decorated function (its argument types and statics)."""
-
-_rules_version = [0]
-"""Bumped whenever rules are (re)defined: kept calls are then not found."""
+_CALLS_KEPT = 64  # per decorated function
+_rules_version = [0]  # bumped when rules are defined: kept calls not found
 
 
 class Decorated:
-  """The part of `hijax.custom_vjp` and `hijax.custom_jvp` that is the same.
-  A `Call` is kept for the next call with the same key (`_calls_key`), but
-  one whose function or rules close over traced values (of one trace)."""
+  """What `hijax.custom_vjp` and `hijax.custom_jvp` share. A `Call` is kept
+  for the next call with the same key (`_calls_key`) unless it hoists."""
 
   kind: str = ""
   _call_class: type[Call]
@@ -260,8 +231,7 @@ class Decorated:
     self._arity = plain_arity(fun)
     self._signatures: dict[int, Signature] = {}
 
-  # Keyed by identity in what a function reads (`hijax._function_key`): the
-  # rules are read when they run, and redefining them changes the version.
+  # by identity in a function key: redefined rules change `_rules_version`
   def __eq__(self, other: object) -> bool:
     return self is other
 
@@ -272,8 +242,7 @@ class Decorated:
     _rules_version[0] += 1
 
   def __getattr__(self, name: str) -> Any:
-    # As JAX's decorators do: a `def...` method of a decorated decorated
-    # function (a custom_vmap inside, say) is reached through this one.
+    # as JAX's: a `def...` method of a decorated decorated function
     if name.startswith("def") and "fun" in vars(self):
       return getattr(self.fun, name)
     raise AttributeError(
@@ -288,9 +257,8 @@ class Decorated:
     arguments, a batched one with its batch axis first; ``in_batched`` and
     ``out_batched`` are pytrees of booleans like the arguments and ``out``
     (``out_batched`` may be one boolean). The derivatives of the batched
-    function are the function's rules, vmapped (the rule need not be
-    differentiable). Where a value the function closes over is batched,
-    the function itself is vmapped instead.
+    function are the function's rules, vmapped. Where a value the function
+    closes over is batched, the function itself is vmapped instead.
     """
     self.batch_rule = rule
     self._rules_defined()
@@ -327,17 +295,15 @@ class Decorated:
       try:
         call = self._call_class(self, signature, statics, diff_args, key)
       except jax.errors.ConcretizationTypeError:
-        # The function branches in Python on the values of its arguments, so
-        # it cannot be traced once for all values of their types. JAX's own
-        # decorator runs it on concrete values under eager autodiff; do that.
+        # it branches on its arguments' values: JAX's decorator runs it on
+        # concrete values under eager autodiff
         return self.as_jax()(*args)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
     return call.bind(diff_args, call.hoisted.values)
 
   def _calls_key(self, statics: list[Any], key: Any) -> Any:
-    """The key of the kept calls (see the class), None where the function
-    or a static argument reaches a traced value (or too many values)."""
+    """None where the function or a static argument reaches a traced value."""
     try:
       spec = by_value(self.fun, *statics)
     except Uncacheable:
@@ -347,14 +313,12 @@ class Decorated:
             _rules_version[0])
 
   def as_jax(self) -> Callable[..., Any]:
-    """The same function and rules under JAX's own decorator."""
     raise NotImplementedError
 
 
 class PrunedCall(HiPrim):
-  """A call of a decorated function of which only the outputs ``used`` (one
-  flag per output leaf of ``of``) are kept, as a tuple of those leaves; its
-  rules are ``of``'s (a dropped output's tangent or cotangent a zero)."""
+  """A call of which only the output leaves ``used`` are kept, as a tuple;
+  its rules are ``of``'s (a dropped output's tangent or cotangent zero)."""
 
   in_avals: tuple[Any, ...]
   out_aval: Any
@@ -370,14 +334,12 @@ class PrunedCall(HiPrim):
     super().__init__()
 
   def _select(self, tree: Any) -> Any:
-    """The kept leaves of one of ``of``'s outputs (or tangents)."""
     if tree is None:
       return None
     flat = self._of.out_tree.flatten_up_to(tree)
     return tuple(x for x, u in zip(flat, self._used) if u)
 
   def _full(self, kept: Any) -> Any:
-    """``of``'s output cotangent from the kept leaves, zeros elsewhere."""
     it = iter(self.out_tree.flatten_up_to(kept))
     return jax.tree.unflatten(self._of.out_tree, [
         next(it) if u else Zero(a.to_ct_aval())

@@ -1,7 +1,5 @@
-"""`hijax.custom_jvp`: ``jax.custom_jvp``'s API on a hijax primitive,
-`CustomJVPCall`, whose reverse mode transposes the linearized jvp rule, as
-JAX's does (``linearize_from_jvp``, then ``vjp_from_lin``).
-"""
+"""`hijax.custom_jvp` and its primitive, `CustomJVPCall`, whose reverse
+mode transposes the linearized jvp rule, as JAX's does."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -52,8 +50,7 @@ class JVPCall(Call):
 
   def run_jvp(self, xs: Sequence[Any], txs: Sequence[Any],
               hvals: Sequence[Any]) -> tuple[Any, list[Any]]:
-    """The jvp rule at ``xs`` with tangents ``txs`` (hijax `Zero` for
-    zeros): the primal output and its tangent leaves (None for zero)."""
+    """The primal output and its tangent leaves (None for zero)."""
     traced = self.rules.get("jvp")
     if traced is not None:
       result = traced(hvals, tuple(xs), to_rule_zeros(tuple(txs), False))
@@ -94,8 +91,7 @@ def _nonzero(t) -> bool:
 
 
 class CustomJVPCall(CallPrimitive[JVPCall]):
-  """The primitive of one call signature of a `custom_jvp` function
-  (see `CallPrimitive`), with its rules."""
+  """The primitive of one call signature of a `custom_jvp` function."""
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     call = self._call
@@ -122,20 +118,15 @@ class CustomJVPCall(CallPrimitive[JVPCall]):
 
   linearized = linearize_from_jvp.second
   vjp_fwd, vjp_bwd_retval = vjp_from_lin
-  # Under grad, `lin` and `linearized` are used and JAX's backward pass
-  # transposes what `linearized` records (hijax.autodiff), as it does for
-  # jax.custom_jvp; vjp_from_lin serves where the rules are called directly.
+  # grad transposes what `linearized` records, as for jax.custom_jvp
   _grad_by_lin = True
 
 
 class LinearCustomJVPCall(CustomJVPCall):
-  """`CustomJVPCall` of a function linear in some of its arguments, which
-  can therefore be transposed (as when a jvp rule applies the function to
-  its tangent: reverse mode then transposes that application)."""
+  """`CustomJVPCall` of a function linear in some input, transposable (as
+  when a jvp rule applies the function to its tangent)."""
 
   def transpose(self, ct: Any, *args: Any) -> Any:
-    """For a function linear in the inputs being transposed: the transpose of
-    the function itself (``jax.linear_transpose`` of its traced code)."""
     leaves, tree = jax.tree.flatten(
         args, is_leaf=lambda x: isinstance(x, GradAccum))
     linear = [isinstance(x, GradAccum) for x in leaves]
@@ -154,15 +145,10 @@ class LinearCustomJVPCall(CustomJVPCall):
       acc.accum(c)
 
 
-_LINEARITY_LEAVES = 32
-"""Input leaves whose linearity is tested (each walk is one pass over the
-function's equations); a function linear only in a later leaf is not
-transposable."""
+_LINEARITY_LEAVES = 32  # leaves tested (one pass over the equations each)
 
 
 def _linear_in_some_input(traced: Any) -> bool:
-  """Whether the traced function is linear in one of its (floating-point)
-  input leaves, the others held fixed (`hijax._linearity`)."""
   avals = [v.aval for v in traced.jaxpr.invars]
   n = len(avals)
   for i, aval in enumerate(avals[:_LINEARITY_LEAVES]):

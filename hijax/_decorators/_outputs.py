@@ -2,9 +2,6 @@
 types (shape and dtype, weak types ignored). Each message begins with JAX's
 wording of the error, then names the function, the rule, the argument or
 output, what was declared and what came back.
-
-Imports: `hijax._checks`, `hijax._cotangents`, `hijax._util`,
-`hijax._internals`, and jax.
 """
 from __future__ import annotations
 
@@ -39,13 +36,10 @@ def _is_symbolic(x) -> bool:
 
 
 def _shown(tree: Any, names: list[str]) -> str:
-  """The structure ``tree`` with each leaf's type name, unquoted, as JAX
-  prints it (``(float32[], float32[])``)."""
   return str(jax.tree.unflatten(tree, names)).replace("'", "")
 
 
 def _source_info(fun: Callable[..., Any]) -> str:
-  """``name at file:line`` of a function, as JAX's messages name it."""
   fun = inspect.unwrap(fun)
   while isinstance(fun, functools.partial):
     fun = inspect.unwrap(fun.func)
@@ -56,9 +50,7 @@ def _source_info(fun: Callable[..., Any]) -> str:
 
 
 class RuleOwner:
-  """Names for messages (the base of `_common.Call`): ``hijax.custom_vjp
-  function f``, its rules, its arguments (``signature.names``, one per
-  differentiable argument) and its output, whose types it holds."""
+  """The base of `_common.Call`: names and types for messages."""
 
   decorated: Any
   name: str
@@ -73,14 +65,10 @@ class RuleOwner:
 
   def error(self, rule: str, message: str, cls: type = TypeError,
             jax_words: str | None = None) -> Exception:
-    """``cls`` with JAX's wording of the error (if given), then hijax's
-    detail: ``hijax.custom_vjp function f: the fwd rule f_fwd ...``."""
     detail = f"{self}: {rule} {message}"
     return cls(detail if jax_words is None else f"{jax_words}\n{detail}")
 
   def types(self, tree: Any, leaves: list[Any]) -> str:
-    """The types of ``leaves`` in the structure ``tree``, as JAX prints
-    them (a leaf that is not a JAX value by its class name)."""
     return _shown(tree, [type(x).__name__ if a is None else a.str_short()
                          for a, x in zip(map(_checks.type_of, leaves), leaves)])
 
@@ -94,8 +82,6 @@ def _type_message(declared, value, kind: str) -> tuple[str, str]:
 
 def pair(owner: RuleOwner, rule: str, result: Any, what: str,
          jax_words: Callable[[Any], str] | None = None) -> tuple:
-  """``result`` as a pair; TypeError (naming ``what`` it holds) if it is not.
-  ``jax_words(result)`` is JAX's wording of that error, if JAX has one."""
   if not isinstance(result, (tuple, list)) or len(result) != 2:
     raise owner.error(rule, f"must return a pair {what}, but returned "
                       f"{describe_value(result)}", TypeError,
@@ -104,7 +90,6 @@ def pair(owner: RuleOwner, rule: str, result: Any, what: str,
 
 
 def _out_paths(owner: RuleOwner) -> list[str]:
-  """``output``, or ``output['a'][0]`` and so on for each output leaf."""
   dummy = jax.tree.unflatten(owner.out_tree,
                              [0] * len(owner.out_avals_flat))
   return ["output" + jax.tree_util.keystr(p) for p, _ in
@@ -114,25 +99,19 @@ def _out_paths(owner: RuleOwner) -> list[str]:
 def first_element_words(head: str, decorator: str, rule_output: str,
                         fun: str, shapes: bool, got: str, expected: str
                         ) -> str:
-  """JAX's words for a rule whose primal output has another structure
-  (``shapes`` False) or other leaf types than the function's."""
   what = "shapes/dtypes of" if shapes else "container/pytree structure"
   return (f"{head}, but instead the {rule_output}'s first element had "
           f"{what}:\n    {got}\nwhile the {decorator}-decorated function "
           f"{fun} had output {what}:\n    {expected}{'' if shapes else '.'}")
 
 
+# JAX's words for a primal output unlike the function's: (shapes, got,
+# expected, mismatch), mismatch (where, got, declared) of the first leaf
 PrimalWords = Callable[[bool, str, str, Any], str]
-"""JAX's wording of a rule's primal output that differs from the function's:
-``(shapes, got, expected, mismatch)``, ``shapes`` False for another
-structure, ``mismatch`` ``(where, got_aval, declared)`` of the first leaf
-whose type differs (or None)."""
 
 
 def primal_out(owner: RuleOwner, rule: str, out: Any,
                jax_words: PrimalWords | None = None) -> list[Any]:
-  """The primal output a rule returned, flattened and checked against the
-  function's output (structure, then each leaf's shape and dtype)."""
   flat, tree = jax.tree.flatten(out)
   expected = lambda: _shown(owner.out_tree, [  # noqa: E731
       a.str_short() for a in owner.out_avals_flat])
@@ -159,9 +138,6 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
 
 def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
                 jvp_name: str) -> list[Any]:
-  """The output tangent of a jvp rule, flattened, each leaf checked against
-  its output's tangent type; None, a symbolic zero and a float0 tangent of a
-  float output become None. ``jvp_name`` names the rule in JAX's wording."""
   flat = None
   for is_leaf in (lambda x: x is None or _is_symbolic(x), _is_symbolic):
     leaves, tree = jax.tree.flatten(tangent, is_leaf=is_leaf)
@@ -205,8 +181,6 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
 
 def _tangent_words(owner: RuleOwner, declared: list[Any], flat: list[Any]
                    ) -> str:
-  """JAX's words for output tangents of the wrong types (a None or non-JAX
-  leaf is shown as what was declared)."""
   def shown(t, d):
     a = t.aval if _is_symbolic(t) else _checks.type_of(t)
     return strong(d if t is None or a is None else a)
@@ -233,14 +207,6 @@ def _bwd_structure_words(cts: Any, in_tree: Any) -> str:
 
 
 def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
-  """What a bwd rule returned, as one cotangent or None per input leaf.
-
-  ``cts`` has one entry per differentiable argument (a list is read as a
-  tuple, as ``jax.custom_vjp`` does); None at any level of an entry stands
-  for zeros, as does a symbolic zero. Each other leaf must have its input's
-  cotangent type; for an integer or boolean input (cotangent type float0)
-  anything of the input's shape is dropped.
-  """
   n = len(owner.signature.names)
   if isinstance(cts, list):
     cts = tuple(cts)
@@ -266,11 +232,6 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
 
 
 def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
-  """``(path, leaf)`` for each leaf of the argument's structure ``tree``.
-
-  ``ct`` may be a prefix of that structure: a None (or any leaf) standing
-  for a whole subtree applies to each of its leaves, as in ``jax.custom_vjp``.
-  """
   dummy = jax.tree.unflatten(tree, [object() for _ in range(tree.num_leaves)])
   paths = [jax.tree_util.keystr(p) for p, _ in
            jax.tree_util.tree_flatten_with_path(dummy)[0]]
@@ -294,18 +255,12 @@ def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
 
 
 def _unchecked_cotangent(aval, ct):
-  """With ``jax_disable_bwd_checks``: zeros (None, a symbolic zero, a
-  float0 input's cotangent) dropped, everything else passed on as it is."""
   if ct is None or _is_symbolic(ct) or is_float0(aval.to_ct_aval()):
     return None
   return ct
 
 
 def _weak_float_mismatch(aval, declared, actual) -> bool:
-  """A floating cotangent of another dtype for a weakly typed floating
-  argument (a Python float, whose dtype is only the default: float64 under
-  ``jax_enable_x64``). JAX accepts it; hijax converts it to the argument's
-  dtype, as the gradient of a Python float has."""
   return (getattr(aval, "weak_type", False)
           and isinstance(actual, core.ShapedArray)
           and actual.shape == declared.shape
@@ -315,9 +270,6 @@ def _weak_float_mismatch(aval, declared, actual) -> bool:
 
 
 def _bwd_type_words(owner, path, got, expected, aval, symbolic: bool) -> str:
-  """JAX's words for a cotangent (at ``output{path}``) whose type is not its
-  input's: those of its newer custom_vjp, then (for an array) those of its
-  custom_vjp, which JAX 0.11's tests match."""
   source = _source_info(owner.decorated.fun)
   words = (f"at output{path} the bwd rule attached to {source} produced an "
            f"output of type {got.str_short()} which doesn't match expected "

@@ -1,8 +1,6 @@
-"""`hijax.custom_vjp`: ``jax.custom_vjp``'s API on a hijax primitive,
-`CustomVJPCall`, whose forward mode is ``bwd`` transposed in ``g``
-(`jvp_from_vjp`, with its linearity check), or else the equation whose
-transpose runs ``bwd`` (`_linearized_value`). What it adds to JAX's is
-listed in `custom_vjp`'s docstring.
+"""`hijax.custom_vjp` and its primitive, `CustomVJPCall`, whose forward
+mode is ``bwd`` transposed in ``g`` (`jvp_from_vjp`), or else the equation
+whose transpose runs ``bwd`` (`_linearized_value`).
 """
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ __all__ = ["custom_vjp", "CustomVJPCall"]
 class VJPCall(Call):
   """A call of a `custom_vjp` function: the function, ``fwd`` and ``bwd``."""
 
-  forward_mode_error: NonlinearBackwardError | None = None
-  """Why forward mode is refused, once `CustomVJPCall.jvp` found out."""
+  forward_mode_error: NonlinearBackwardError | None = None  # once found
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
     d = self.decorated
@@ -56,9 +53,8 @@ class VJPCall(Call):
                                   bwd_args)])
 
   def _fwd_with(self, nzs: Any) -> Callable[..., Any]:
-    """``fwd`` as a function of the differentiable arguments; with
-    ``symbolic_zeros``, each leaf is a ``CustomVJPPrimal`` whose
-    ``perturbed`` is read from ``nzs`` (all True if None)."""
+    """``fwd`` of the differentiable arguments (``CustomVJPPrimal`` leaves
+    with ``symbolic_zeros``, perturbed as ``nzs`` says, all if None)."""
     d = self.decorated
 
     def fwd(*xs):
@@ -72,8 +68,6 @@ class VJPCall(Call):
     d = self.decorated
     if not d.with_accums:
       return d.bwd(*self.statics, res, g)
-    # bwd(res, g, *accums), as `(cotangents, logs)`: one value accumulator
-    # per argument leaf, read back (a zero stays JAX's Zero, not None)
     accums = [ValAccum(a.to_ct_aval()) for a in self.in_avals_flat]
     logs = d.bwd(*self.statics, res, g,
                  *jax.tree.unflatten(self.in_tree, accums))
@@ -87,8 +81,6 @@ class VJPCall(Call):
           f"backward-pass log entries, but got {type(logs).__name__}.")
     cts = jax.tree.unflatten(self.in_tree, [a.freeze() for a in accums])
     return tuple(cts), logs
-
-  # --- the rules, as the primitive runs them ------------------------------------
 
   def run_fwd(self, nzs: Any, xs: Sequence[Any], hvals: Sequence[Any]):
     traced = self.rules.get("fwd")
@@ -114,8 +106,6 @@ class VJPCall(Call):
 
   def _fwd_primal_words(self, shapes: bool, got: str, expected: str,
                         mismatch: Any) -> str:
-    """JAX's wording for fwd's primal output of another structure or type
-    (in both the words of JAX's custom_vjp and of its newer one)."""
     words = first_element_words(
         self._fwd_head("the output"), "custom_vjp",
         "fwd rule output", self.name, shapes, got, expected)
@@ -175,8 +165,6 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
-    """Runs bwd and adds its cotangents, leaf by leaf, into the accumulators;
-    returns bwd's logs, if it has them."""
     call = self._call
     user_res, bwd_hvals, closure_vjp, closed = res
     cts_flat, logs = call.run_bwd(user_res, g, bwd_hvals or ())
@@ -192,11 +180,8 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     return logs if call.decorated.with_logs else None
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
-    """Forward mode: ``bwd`` transposed in the cotangent (`jvp_from_vjp`).
-    For a ``bwd`` not linear in ``g``, and with logs, the tangent is (as JAX
-    makes it) an equation whose transpose is ``bwd``: reverse mode through
-    it works; its forward-mode value is ``bwd`` transposed, or the error
-    that says why there is none."""
+    """``bwd`` transposed in ``g`` (`jvp_from_vjp`); for a ``bwd`` not
+    linear in ``g``, or with logs, an equation whose transpose is ``bwd``."""
     call = self._call
     derived = None
     if not call.decorated.with_logs:
@@ -234,9 +219,6 @@ VJPCall.primitive_class = CustomVJPCall
 
 def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
                          ) -> NonlinearBackwardError:
-  """`jvp_from_vjp`'s error for a bwd not linear in ``g``, in the terms of
-  the decorated function: JAX's words, then why hijax cannot derive forward
-  mode. A `NonlinearBackwardError` (a TypeError, as JAX's)."""
   detail = call.error(
       f"the bwd rule {call.bwd_name}",
       "is not linear in the cotangent g, so forward mode (jax.jvp, "
@@ -251,15 +233,11 @@ def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
 
 
 def _raise_copy(e: NonlinearBackwardError) -> NoReturn:
-  """Raises a fresh exception like ``e`` (one raised again keeps its
-  traceback)."""
   raise NonlinearBackwardError(str(e), e.prim, e.method, e.reason) from None
 
 
-# The tangent equation of `_transpose_only_tangent` is this class's linearized
-# primitive (hijax.autodiff registers its transpose, which calls bwd). Its
-# value, where one is needed, is bwd transposed in g, or the error that says
-# why forward mode is refused; its vmap and jvp are those of that value.
+# `_transpose_only_tangent`'s equation (its transpose runs bwd): its value is
+# bwd transposed in g, or the error saying why there is none.
 def _linearized_value(*args: Any, prim: Any, res_tree: Any,
                       nzs_in: tuple[bool, ...], nzs_out: tuple[bool, ...],
                       has_sres: bool) -> list[Any]:
