@@ -587,3 +587,71 @@ def test_calls():
   assert (tried["verdict"], tried["detail"]) == (
       "skipped for time", "stopped where the rule's budget ran out"), tried
   assert result.ret == 0
+
+
+# a library's own primitives (like lineax's linear_solve_p): sin with a jvp
+# rule of the given slope (1: right), and twice with a transpose rule of
+# the given factor (2: right)
+PRIMITIVES = '''
+import jax, jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+def sin_primitive(name, slope):
+  p = Primitive(name)
+  p.def_impl(jnp.sin)
+  p.def_abstract_eval(lambda x: x)
+  mlir.register_lowering(p, mlir.lower_fun(jnp.sin, multiple_results=False))
+  def sin_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return p.bind(x), slope * jnp.cos(x) * ad.instantiate_zeros(t)
+  ad.primitive_jvps[p] = sin_jvp
+  batching.primitive_batchers[p] = lambda a, d: (p.bind(*a), d[0])
+  return p
+
+def twice_primitive(name, factor):
+  p = Primitive(name)
+  p.def_impl(lambda x: 2 * x)
+  p.def_abstract_eval(lambda x: x)
+  mlir.register_lowering(p, mlir.lower_fun(lambda x: 2 * x,
+                                           multiple_results=False))
+  def twice_jvp(primals, tangents):
+    return p.bind(primals[0]), p.bind(ad.instantiate_zeros(tangents[0]))
+  ad.primitive_jvps[p] = twice_jvp
+  ad.primitive_transposes[p] = lambda ct, x: [factor * ct]
+  batching.primitive_batchers[p] = lambda a, d: (p.bind(*a), d[0])
+  return p
+
+right_sin_p = sin_primitive("right_sin", 1.0)
+wrong_sin_p = sin_primitive("wrong_sin", 1.5)
+right_twice_p = twice_primitive("right_twice", 2.0)
+wrong_twice_p = twice_primitive("wrong_twice", -2.0)
+'''
+
+
+def test_a_library_primitive_is_checked_by_its_registered_rules(suite):
+  """A primitive whose jvp (and transpose) rule a library registers is
+  recorded at its binds and checked against its impl: the right rules
+  pass, a wrong jvp and a wrong transpose fail, named."""
+  suite.makepyfile(primlib=PRIMITIVES, test_prims='''
+import jax, jax.numpy as jnp
+import primlib
+def test_binds():
+  x = jnp.array([0.2, 0.3])
+  for p in (primlib.right_sin_p, primlib.wrong_sin_p, primlib.right_twice_p,
+            primlib.wrong_twice_p):
+    p.bind(x)
+    jax.grad(lambda x: p.bind(x).sum())(x)
+''')
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+  verdicts = {name: (r["kind"], r["verdict"]) for name, r in rules.items()}
+  assert verdicts == {"right_sin": ("Primitive", "passed"),
+                      "wrong_sin": ("Primitive", "failed"),
+                      "right_twice": ("Primitive", "passed"),
+                      "wrong_twice": ("Primitive", "failed")}, verdicts
+  assert rules["wrong_sin"]["defined_at"].startswith("primlib.py:"), rules
+  assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
+  assert re.search("vjp|transpose", rules["wrong_twice"]["detail"]), rules[
+      "wrong_twice"]
+  assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())

@@ -266,7 +266,7 @@ def _functions_of(obj: Any) -> list[Any]:
 def is_surrogate(rule: RecordedRule, objects: list[Any]) -> bool:
   """Whether one of ``objects`` names ``rule``."""
   target = rule.identity.target
-  fns = [target] + [s.fn for s in rule.samples.values()]
+  fns = [target, rule.identity.fun] + [s.fn for s in rule.samples.values()]
   return any(obj is target if isinstance(obj, type) else
              any(f is g for f in _functions_of(obj) for g in fns)
              for obj in objects)
@@ -394,7 +394,8 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
   fn = lambda *a: sample.call(list(a))
   if declared.outputs:
     fn = _without_outputs(fn, declared.outputs)
-  names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else sample.fn]
+  names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else
+            getattr(sample.fn, "custom_jvp", sample.fn)]
            if declared.surrogate else [])
   options = _options(rule, sample, arrays, declared)
   if _left(deadline) <= 0:

@@ -43,7 +43,7 @@ VERDICTS = ("passed", "failed", "inconclusive", "skipped for time")
 
 def _mode_of(detail: str) -> str:
   """The `check_rules` mode a failure's detail names."""
-  for word, mode in (("vmap", "batch"), ("second", "second_order"),
+  for word, mode in (("transposed by JAX", "vjp"), ("vmap", "batch"), ("second", "second_order"),
                      ("transpos", "transpose"), ("vjp", "vjp"),
                      ("fwd/bwd", "vjp"), ("jvp", "jvp"), ("lineari", "lin")):
     if word in detail:
@@ -113,6 +113,7 @@ class RuleCheckPlugin:
 
   def pytest_runtest_logstart(self, nodeid: str) -> None:
     self.recorder.test = nodeid
+    self.recorder.watch()
 
   def pytest_sessionfinish(self, session: pytest.Session,
                            exitstatus: int) -> None:

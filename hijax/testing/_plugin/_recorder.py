@@ -32,6 +32,7 @@ from hijax import primitive
 from hijax._decorators import _common
 from hijax._function_key import code_of, unwrap
 from hijax._internals import core
+from hijax._internals.ad import Zero, instantiate_zeros, primitive_jvps
 from hijax._internals.batching import BatchTrace
 
 # Rules defined in these packages are recorded only on request: their own
@@ -95,7 +96,7 @@ def _functions_held(fn: Any) -> list[Any]:
 
 def named_function(fun: Any) -> Any:
   """The function a decorated ``fun`` stands for: itself, or the first
-  function it holds defined in another file, followed down."""
+  function it holds defined in another file (not JAX's), followed down."""
   fun = unwrap(fun)
   for _ in range(5):
     try:
@@ -103,7 +104,8 @@ def named_function(fun: Any) -> Any:
     except TypeError:
       return fun
     inner = [f for f in _functions_held(fun)
-             if f.__code__.co_filename != here]
+             if f.__code__.co_filename != here
+             and not _in_jax(getattr(f, "__module__", None) or "")]
     if not inner:
       return fun
     fun = inner[0]
@@ -126,6 +128,10 @@ def _in_jax(module: str) -> bool:
 
 def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
   """The rule of a call of ``obj`` (None for hijax's own machinery)."""
+  if kind == "Primitive":
+    named = named_function(primitive_jvps[obj.prim])
+    return RuleIdentity(("Primitive", obj.prim), kind, obj.prim.name, named,
+                        False, obj.prim)
   if kind == "HiPrim":
     cls = type(obj)
     module = cls.__module__ or ""
@@ -153,6 +159,50 @@ def short_path(path: str, root: str) -> str:
     pass
   marker = "site-packages" + os.sep
   return path.split(marker, 1)[1] if marker in path else path
+
+
+class PrimitiveCall:
+  """A bind of a library's primitive (``prim`` with ``params``) as a
+  function of its array inputs: a ``jax.custom_jvp`` of the bind whose
+  rule is the primitive's registered jvp rule, so that `check_rules`
+  checks it (and the transpose and batching rules it reaches) against
+  the primitive's impl."""
+
+  def __init__(self, prim: Any, params: dict[str, Any]) -> None:
+    self.prim, self.params = prim, params
+
+  @functools.cached_property
+  def custom_jvp(self) -> Any:
+    prim, params = self.prim, self.params
+
+    def bound(*args):
+      out = prim.bind(*args, **params)
+      return tuple(out) if prim.multiple_results else out
+    bound.__name__ = bound.__qualname__ = prim.name
+
+    def jvp(primals, tangents):
+      tangents = [Zero(jax.typeof(p).to_tangent_aval())
+                  if np.result_type(t) == jax.dtypes.float0 else t
+                  for p, t in zip(primals, tangents)]
+      out, t_out = primitive_jvps[prim](list(primals), tangents, **params)
+      if prim.multiple_results:
+        return tuple(out), tuple(map(instantiate_zeros, t_out))
+      return out, instantiate_zeros(t_out)
+    fun = jax.custom_jvp(bound)
+    fun.defjvp(jvp)
+    return fun
+
+  def __call__(self, *args: Any) -> Any:
+    return self.custom_jvp(*args)
+
+
+def library_primitives(seen: Any) -> list[Any]:
+  """The primitives, not in ``seen``, whose jvp rule is registered from
+  outside JAX and hijax (a library's own, like lineax's
+  ``linear_solve_p``)."""
+  return [p for p, rule in list(primitive_jvps.items()) if p not in seen
+          and "bind" not in vars(p) and not _in_jax(
+              getattr(unwrap(rule), "__module__", None) or "jax")]
 
 
 # --- what a call passed -------------------------------------------------------
@@ -297,9 +347,20 @@ class CallRecorder:
     # the rule of each decorated function or HiPrim class called
     self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     self._saved: list[tuple[Any, Any]] = []
+    self._watched: weakref.WeakSet = weakref.WeakSet()
+    self._jvps_seen = -1
+
+  def watch(self) -> None:
+    """Wraps the ``bind`` of the `library_primitives` registered since
+    the last call (cheap where none was)."""
+    if self._saved and len(primitive_jvps) != self._jvps_seen:
+      self._jvps_seen = len(primitive_jvps)
+      for prim in library_primitives(self._watched):
+        self._watched.add(prim)
+        prim.bind = self._wrap(prim.bind, "Primitive", prim)
 
   def install(self) -> None:
-    """Wraps the four ``__call__`` methods (idempotent)."""
+    """Wraps the four ``__call__`` methods (idempotent), and `watch`."""
     if self._saved:
       return
     for cls, kind in ((jax.custom_jvp, "jax.custom_jvp"),
@@ -308,22 +369,30 @@ class CallRecorder:
       original = cls.__dict__["__call__"]
       self._saved.append((cls, original))
       setattr(cls, "__call__", self._wrap(original, kind))
+    self.watch()
 
   def remove(self) -> None:
-    """Restores the ``__call__`` methods `install` wrapped."""
+    """Restores what `install` and `watch` wrapped."""
     while self._saved:
       cls, original = self._saved.pop()
       setattr(cls, "__call__", original)
+    for prim in self._watched:
+      vars(prim).pop("bind", None)
+    self._watched, self._jvps_seen = weakref.WeakSet(), -1
 
-  def _wrap(self, original, kind: str | None):
+  def _wrap(self, original, kind: str | None, prim: Any = None):
     record = self.record
 
     @functools.wraps(original)
-    def __call__(obj, *args, **kwargs):  # noqa: N807
+    def __call__(*args, **kwargs):  # noqa: N807
       __tracebackhide__ = True  # pylint: disable=unused-variable
-      sample = record(kind or f"hijax.{obj.kind}", obj, args, kwargs)
+      if prim is None:
+        sample = record(kind or f"hijax.{args[0].kind}", args[0], args[1:],
+                        kwargs)
+      else:
+        sample = record("Primitive", PrimitiveCall(prim, kwargs), args, {})
       start = time.process_time()
-      out = original(obj, *args, **kwargs)
+      out = original(*args, **kwargs)
       if sample is not None:
         sample.seconds = time.process_time() - start
       return out
@@ -348,7 +417,8 @@ class CallRecorder:
     return sample
 
   def _rule_of(self, kind: str, obj: Any) -> RecordedRule | None:
-    key = type(obj) if kind == "HiPrim" else obj
+    key = (type(obj) if kind == "HiPrim" else obj.prim
+           if kind == "Primitive" else obj)
     try:
       return self._known[key]
     except KeyError:
