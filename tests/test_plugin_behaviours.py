@@ -622,6 +622,19 @@ def twice_primitive(name, factor):
   batching.primitive_batchers[p] = lambda a, d: (p.bind(*a), d[0])
   return p
 
+# x * s, whose jvp rule refuses a tangent of s (like lineax's solver state)
+times_p = Primitive("times")
+times_p.def_impl(lambda x, s: x * s)
+times_p.def_abstract_eval(lambda x, s: x)
+mlir.register_lowering(times_p, mlir.lower_fun(lambda x, s: x * s,
+                                               multiple_results=False))
+def times_jvp(primals, tangents):
+  assert type(tangents[1]) is ad.Zero, "s takes no tangent"
+  return times_p.bind(*primals), times_p.bind(tangents[0], primals[1])
+ad.primitive_jvps[times_p] = times_jvp
+ad.primitive_transposes[times_p] = lambda ct, x, s: [times_p.bind(ct, s),
+                                                  None]
+
 right_sin_p = sin_primitive("right_sin", 1.0)
 wrong_sin_p = sin_primitive("wrong_sin", 1.5)
 right_twice_p = twice_primitive("right_twice", 2.0)
@@ -642,6 +655,8 @@ def test_binds():
             primlib.wrong_twice_p):
     p.bind(x)
     jax.grad(lambda x: p.bind(x).sum())(x)
+  jax.jit(primlib.right_sin_p.bind)(jnp.ones((2, 2)))
+  jax.jvp(lambda x: primlib.times_p.bind(x, jnp.float32(3)), (x,), (x,))
 ''')
   result, rules = _rules(suite)
   assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
@@ -649,9 +664,15 @@ def test_binds():
   assert verdicts == {"right_sin": ("Primitive", "passed"),
                       "wrong_sin": ("Primitive", "failed"),
                       "right_twice": ("Primitive", "passed"),
-                      "wrong_twice": ("Primitive", "failed")}, verdicts
+                      "wrong_twice": ("Primitive", "failed"),
+                      "times": ("Primitive", "passed")}, verdicts
   assert rules["wrong_sin"]["defined_at"].startswith("primlib.py:"), rules
   assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
   assert re.search("vjp|transpose", rules["wrong_twice"]["detail"]), rules[
       "wrong_twice"]
   assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
+  # inside jit its inputs are types only: not drawn (they may depend on
+  # each other, as a solver's state on its operator)
+  assert [(i["types"], i["verdict"]) for i in rules["right_sin"][
+      "inputs"]] == [(["f32[2]"], "passed"), (["f32[2,2]"], "not checked")]
+  assert "bound inside jit" in rules["right_sin"]["inputs"][1]["detail"]

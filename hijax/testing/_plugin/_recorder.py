@@ -27,12 +27,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from hijax import primitive
 from hijax._decorators import _common
 from hijax._function_key import code_of, unwrap
 from hijax._internals import core
-from hijax._internals.ad import Zero, instantiate_zeros, primitive_jvps
+from hijax._internals.ad import (JVPTrace, LinearizeTrace, Zero,
+                                 instantiate_zeros, primitive_jvps)
 from hijax._internals.batching import BatchTrace
 
 # Rules defined in these packages are recorded only on request: their own
@@ -181,15 +183,14 @@ class PrimitiveCall:
     bound.__name__ = bound.__qualname__ = prim.name
 
     def jvp(primals, tangents):
-      tangents = [Zero(jax.typeof(p).to_tangent_aval())
-                  if np.result_type(t) == jax.dtypes.float0 else t
-                  for p, t in zip(primals, tangents)]
+      tangents = [Zero(t.aval) if isinstance(t, SymbolicZero) else t
+                  for t in tangents]
       out, t_out = primitive_jvps[prim](list(primals), tangents, **params)
       if prim.multiple_results:
         return tuple(out), tuple(map(instantiate_zeros, t_out))
       return out, instantiate_zeros(t_out)
     fun = jax.custom_jvp(bound)
-    fun.defjvp(jvp)
+    fun.defjvp(jvp, symbolic_zeros=True)
     return fun
 
   def __call__(self, *args: Any) -> Any:
@@ -275,6 +276,10 @@ class RecordedRule:
   # per pytree structure, the in_axes (an int or None per array input) of
   # the calls made under vmap
   batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
+  # per pytree structure, the array inputs (by position) some call
+  # differentiated (a library primitive is checked in those only)
+  differentiated: dict[Any, set[int]] = dataclasses.field(
+      default_factory=dict)
 
   @property
   def first_test(self) -> str:
@@ -307,6 +312,10 @@ def _batch_axis(x: Any) -> int | None:
     axis = getattr(x, "batch_dim", None)
     return axis if isinstance(axis, int) else None
   return None
+
+
+def _differentiated(x: Any) -> bool:
+  return isinstance(getattr(x, "_trace", None), (JVPTrace, LinearizeTrace))
 
 
 def _leaf_of(x: Any) -> tuple[Any, str]:
@@ -408,7 +417,8 @@ class CallRecorder:
       if rule is not None:
         rule.calls += 1
         if (not rule.full or self.test not in rule.tests_done
-            or any(_batch_axis(a) is not None for a in args)):
+            or any(_batch_axis(a) is not None for a in args)
+            or kind == "Primitive" and any(map(_differentiated, args))):
           sample = self._sample(rule, obj, args, kwargs)
     except Exception as e:  # pylint: disable=broad-except  (never break a test)
       if len(self.errors) < 20:
@@ -444,7 +454,7 @@ class CallRecorder:
       args = tuple(_Static(a) if i in nondiff else a
                    for i, a in enumerate(args))
     flat, treedef = jax.tree.flatten((args, kwargs))
-    leaves, statics, sources, axes = [], {}, set(), []
+    leaves, statics, sources, axes, diff = [], {}, set(), [], []
     for i, x in enumerate(flat):
       kept, source = _leaf_of(x)
       if source == "static":
@@ -453,8 +463,11 @@ class CallRecorder:
         statics[i] = _unwrap_static(x)
       else:
         axes.append(_batch_axis(x))
+        diff.append(_differentiated(x))
       sources.add(source)
       leaves.append(kept)
+    rule.differentiated.setdefault(treedef, set()).update(
+        i for i, d in enumerate(diff) if d)
     if any(a is not None for a in axes):
       patterns = rule.batched.setdefault(treedef, set())
       if len(patterns) < 8:
