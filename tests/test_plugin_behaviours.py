@@ -263,17 +263,19 @@ def test_calls():
 RESIDUAL = '''
 import jax, jax.numpy as jnp
 @jax.custom_jvp
-def solve(x):  # (root, residual): the residual's tangent is zero by design
-  return jnp.sqrt(x), x - 2.0
-solve.defjvp(lambda p, t: (solve(p[0]), (t[0] / (2 * jnp.sqrt(p[0])),
-                                         jnp.zeros_like(t[0]))))
+def solve(x):  # (root, (residual, state)): their tangents zero by design
+  return jnp.sqrt(x), (x - 2.0, 2 * x)
+solve.defjvp(lambda p, t: (solve(p[0]), (t[0] / (2 * jnp.sqrt(p[0])), (
+    jnp.zeros_like(t[0]), jnp.zeros_like(t[0])))))
 '''
 
 
 @pytest.mark.parametrize("declaration, verdict", [
     (None, "failed"),
     ("lib.solve: output out[1]", "passed"),
-    ("lib.solve: output 1", "passed"),
+    ("lib.solve: output 1,2", "passed"),
+    ("lib.solve: output 1", "failed"),
+    ("lib.solve: output out[1][0],out[1][1]", "passed"),
     ("lib.py:2: output out[1]", "passed"),  # by where it is defined
     ("ib.py:2: output out[1]", "failed"),  # a path's end is whole names
     ("lib.py::solve: skip jvp,vjp,lin,transpose", "passed"),  # vmap's
@@ -295,7 +297,7 @@ def test_calls():
   if verdict == "failed":  # the message says how to declare it
     assert rule["how_to_declare"] == (
         "if deliberate, declare it in the ini file (hijax_deliberate = "
-        "lib.py:2: surrogate, or: skip jvp, or: output out[1]); "
+        "lib.py:2: surrogate, or: skip jvp, or: output out[1][0]); "
         "--hijax-rules-fail-on=never reports without failing"), rule
     assert rule["how_to_declare"] in " ".join(result.stdout.str().split())
   else:

@@ -373,12 +373,18 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
 
 def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
   """``fn`` returning its output leaves but those named in ``outputs`` (a
-  flat index, or a path like ``out[1]``), as a tuple."""
+  flat index, or a path like ``out[1]``: the leaves under it), as a
+  tuple."""
+  def left_out(i, path):
+    path = "out" + jax.tree_util.keystr(path)
+    return str(i) in outputs or any(
+        path == o or path.startswith(o) and path[len(o)] in "[."
+        for o in outputs)
+
   def kept(*args):
     paths = jax.tree_util.tree_flatten_with_path(fn(*args))[0]
     return tuple(leaf for i, (path, leaf) in enumerate(paths)
-                 if str(i) not in outputs
-                 and "out" + jax.tree_util.keystr(path) not in outputs)
+                 if not left_out(i, path))
   return kept
 
 
