@@ -294,10 +294,12 @@ def test_calls():
   result, rules = _rules(suite)
   rule = rules["solve"]
   assert rule["verdict"] == verdict, rule
-  if verdict == "failed":  # the message says how to declare it
+  # the message says how to declare it (where outputs were left out, the
+  # others are numbered anew: not asserted there)
+  if verdict == "failed" and declaration != "lib.solve: output 1":
     assert rule["how_to_declare"] == (
         "if deliberate, declare it in the ini file (hijax_deliberate = "
-        "lib.py:2: surrogate, or: skip jvp, or: output out[1][0]); "
+        "lib.py:2: surrogate, or: skip jvp, or: output out[1][1]); "
         "--hijax-rules-fail-on=never reports without failing"), rule
     assert rule["how_to_declare"] in " ".join(result.stdout.str().split())
   else:
