@@ -639,6 +639,12 @@ ad.primitive_jvps[times_p] = times_jvp
 ad.primitive_transposes[times_p] = lambda ct, x, s: [times_p.bind(ct, s),
                                                   None]
 
+# not differentiable on purpose (like equinox's nontraceable_p)
+def refuse(primals, tangents):
+  raise TypeError("refused_p cannot be differentiated")
+refused_p = sin_primitive("refused", 1.0)
+ad.primitive_jvps[refused_p] = refuse
+
 right_sin_p = sin_primitive("right_sin", 1.0)
 wrong_sin_p = sin_primitive("wrong_sin", 1.5)
 right_twice_p = twice_primitive("right_twice", 2.0)
@@ -651,7 +657,7 @@ def test_a_library_primitive_is_checked_by_its_registered_rules(suite):
   recorded at its binds and checked against its impl: the right rules
   pass, a wrong jvp and a wrong transpose fail, named."""
   suite.makepyfile(primlib=PRIMITIVES, test_prims='''
-import jax, jax.numpy as jnp
+import jax, jax.numpy as jnp, pytest
 import primlib
 def test_binds():
   x = jnp.array([0.2, 0.3])
@@ -661,6 +667,8 @@ def test_binds():
     jax.grad(lambda x: p.bind(x).sum())(x)
   jax.jit(primlib.right_sin_p.bind)(jnp.ones((2, 2)))
   jax.jvp(lambda x: primlib.times_p.bind(x, jnp.float32(3)), (x,), (x,))
+  with pytest.raises(TypeError, match="cannot be differentiated"):
+    jax.jvp(primlib.refused_p.bind, (x,), (x,))
 ''')
   result, rules = _rules(suite)
   assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
@@ -669,7 +677,10 @@ def test_binds():
                       "wrong_sin": ("Primitive", "failed"),
                       "right_twice": ("Primitive", "passed"),
                       "wrong_twice": ("Primitive", "failed"),
-                      "times": ("Primitive", "passed")}, verdicts
+                      "times": ("Primitive", "passed"),
+                      "refused": ("Primitive", "inconclusive")}, verdicts
+  assert rules["refused"]["detail"].startswith(
+      "differentiating it raised in the tests too"), rules["refused"]
   assert rules["wrong_sin"]["defined_at"].startswith("primlib.py:"), rules
   assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
   assert re.search("vjp|transpose", rules["wrong_twice"]["detail"]), rules[

@@ -158,8 +158,7 @@ def candidates(rule: RecordedRule, sample: Sample,
   return out
 
 
-def _as_jax(arrays: list[Any]) -> list[Any]:
-  """NumPy values as JAX arrays (as the tests passed them)."""
+def _as_jax(arrays: list[Any]) -> list[Any]:  # (as the tests passed them)
   return [jax.numpy.asarray(x) if isinstance(x, (np.ndarray, np.generic))
           else x for x in arrays]
 
@@ -300,6 +299,9 @@ def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
     return ("bound inside jit (values unknown): a primitive's inputs may "
             "depend on each other (a solver's state on its operator), so "
             "drawn values would judge nothing")
+  if rule.refused:
+    return ("differentiating it raised in the tests too: not "
+            "differentiable on purpose")
   if not rule.differentiated.get(sample.treedef):
     return "no test differentiated it at inputs of these types"
   return ""
@@ -311,10 +313,8 @@ def _differentiated_only(rule, sample, fn, arrays, options):
   keep = sorted(rule.differentiated[sample.treedef])
 
   def kept(*a):
-    full = list(arrays)
-    for i, x in zip(keep, a):
-      full[i] = x
-    return fn(*full)
+    given = dict(zip(keep, a))
+    return fn(*(given.get(i, x) for i, x in enumerate(arrays)))
   if "batch_in_axes" in options:
     options["batch_in_axes"] = sorted({tuple(p[i] for i in keep) for p in
                                        options["batch_in_axes"]}, key=repr)

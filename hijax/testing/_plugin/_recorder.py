@@ -260,6 +260,7 @@ class RecordedRule:
   batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
   differentiated: dict[Any, set[int]] = dataclasses.field(
       default_factory=dict)
+  refused: bool = False  # a primitive whose jvp raised in the tests
 
   @property
   def first_test(self) -> str:
@@ -376,7 +377,13 @@ class CallRecorder:
       else:
         sample = record("Primitive", PrimitiveCall(prim, kwargs), args, {})
       start = time.process_time()
-      out = original(*args, **kwargs)
+      try:
+        out = original(*args, **kwargs)
+      except Exception:
+        rule = self._known.get(prim) if prim is not None else None
+        if rule is not None and any(map(_differentiated, args)):
+          rule.refused = True  # (its rule raises on purpose)
+        raise
       if sample is not None:
         sample.seconds = time.process_time() - start
       return out
