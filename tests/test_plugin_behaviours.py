@@ -644,6 +644,12 @@ def refuse(primals, tangents):
 refused_p = sin_primitive("refused", 1.0)
 ad.primitive_jvps[refused_p] = refuse
 
+# not reverse-differentiable on purpose (equinox's nondifferentiable_backward)
+one_way_p = twice_primitive("one_way", 2.0)
+def no_transpose(ct, x):
+  raise RuntimeError("one_way_p cannot be transposed")
+ad.primitive_transposes[one_way_p] = no_transpose
+
 right_sin_p = sin_primitive("right_sin", 1.0)
 wrong_sin_p = sin_primitive("wrong_sin", 1.5)
 right_twice_p = twice_primitive("right_twice", 2.0)
@@ -666,6 +672,7 @@ def test_binds():
     jax.grad(lambda x: p.bind(x).sum())(x)
   jax.jit(primlib.right_sin_p.bind)(jnp.ones((2, 2)))
   jax.jvp(lambda x: primlib.times_p.bind(x, jnp.float32(3)), (x,), (x,))
+  jax.jvp(primlib.one_way_p.bind, (x,), (x,))
   with pytest.raises(TypeError, match="cannot be differentiated"):
     jax.jvp(primlib.refused_p.bind, (x,), (x,))
 ''')
@@ -677,7 +684,11 @@ def test_binds():
                       "right_twice": ("Primitive", "passed"),
                       "wrong_twice": ("Primitive", "failed"),
                       "times": ("Primitive", "passed"),
-                      "refused": ("Primitive", "inconclusive")}, verdicts
+                      "refused": ("Primitive", "inconclusive"),
+                      "one_way": ("Primitive", "inconclusive")}, verdicts
+  assert rules["one_way"]["detail"].startswith("its rules raised ("), rules[
+      "one_way"]
+  assert "one_way_p cannot be transposed" in rules["one_way"]["detail"]
   assert rules["refused"]["detail"].startswith(
       "differentiating it raised in the tests too"), rules["refused"]
   assert rules["wrong_sin"]["defined_at"].startswith("primlib.py:"), rules

@@ -45,8 +45,7 @@ class _OutOfTime(BaseException):
 
 @contextlib.contextmanager
 def _stop_at(seconds: float):
-  """Raises `_OutOfTime` once ``seconds`` more CPU time are spent (what
-  `check_rules`' own budget cannot stop: tracing a large function)."""
+  """Raises `_OutOfTime` once ``seconds`` more CPU time are spent."""
   if not hasattr(signal, "setitimer") or (
       threading.current_thread() is not threading.main_thread()):
     yield
@@ -179,8 +178,7 @@ def _bits(sample: Sample) -> set[int]:
 
 @contextlib.contextmanager
 def _quiet():
-  """No warnings or prints; the suite's strict promotion and debug_nans/infs
-  off (the checks mix dtypes, and step where a function is not finite)."""
+  """No warnings or prints; strict promotion and debug_nans/infs off."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
       contextlib.redirect_stderr(sink), \
@@ -210,8 +208,7 @@ def _check_rules(fn: Callable, arrays: list[Any], seconds: float,
 
 
 def one_line(text: str, error: BaseException | None = None) -> str:
-  """The first line of ``text``, or of the exception ending a traceback in
-  it (or in ``error``'s text, where the report cut it)."""
+  """The first line of ``text``, or of the exception ending its traceback."""
   head, sep, rest = text.partition("Traceback (most recent call last):")
   if sep:
     if error is not None:
@@ -223,8 +220,7 @@ def one_line(text: str, error: BaseException | None = None) -> str:
 
 
 def _functions_of(obj: Any) -> list[Any]:
-  """What a declared name may stand for: the object, what it decorates, and
-  the (decorated) functions a wrapper object holds."""
+  """What a declared name may stand for (what it decorates or holds)."""
   found = [obj, unwrap(obj)]
   if getattr(obj, "fun", None) is not None:
     found += [obj.fun, named_function(obj.fun)]
@@ -248,8 +244,7 @@ def check_rule(rule: RecordedRule, seconds: float,
                declared: Declaration | None = None,
                progress: Callable[[str], None] | None = None,
                seed: int = 0, pace: float = 1.0) -> RuleResult:
-  """Checks ``rule`` within ``seconds`` of CPU time (``pace``: wall-clock
-  seconds per CPU second now; `check_rules` counts wall-clock time)."""
+  """Checks ``rule`` within ``seconds`` CPU (``pace``: wall s per CPU s)."""
   declared = declared or Declaration()
   start = time.process_time()
   result = RuleResult(rule, "skipped for time")
@@ -308,8 +303,7 @@ def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
 
 
 def _differentiated_only(rule, sample, fn, arrays, options):
-  """A primitive's ``fn`` of the inputs the tests differentiated only (jvp
-  rules may refuse other tangents), those inputs, and their in_axes."""
+  """A primitive's ``fn`` of the inputs the tests differentiated only."""
   keep = sorted(rule.differentiated[sample.treedef])
 
   def kept(*a):
@@ -340,9 +334,8 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
 
 
 def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
-  """``fn`` returning its output leaves but those named in ``outputs`` (a
-  flat index, or a path like ``out[1]``: the leaves under it), as a
-  tuple."""
+  """``fn``'s output leaves as a tuple, but those ``outputs`` name (a flat
+  index, or a path like ``out[1]``: the leaves under it)."""
   def left_out(i, path):
     path = "out" + jax.tree_util.keystr(path)
     return str(i) in outputs or any(
@@ -429,12 +422,19 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
       report.failures[:] = keep
       report.required[:] = [r for r in report.required
                             if "vmap" not in r or report.compared.get(r)]
-  if (report.failures and not _a_rule_raised(report)
-      and rule.identity.kind != "Primitive"):
-    outside = _not_a_root(sample, arrays)
-    if outside:
-      tried.verdict, tried.detail = "not checked", outside
-      return
+  if rule.identity.kind == "Primitive" and report.failures and all(
+      f.error is not None for f in report.failures):
+    f = report.failures[0]  # (not a wrong value: it refuses, on purpose?)
+    tried.verdict, tried.detail = "inconclusive", (
+        f"its rules raised ({f.check}: {one_line(f.detail, f.error)}): a "
+        "library primitive may refuse a transformation on purpose")
+    return
+  outside = (report.failures and not _a_rule_raised(report)
+             and rule.identity.kind != "Primitive"
+             and _not_a_root(sample, arrays))
+  if outside:
+    tried.verdict, tried.detail = "not checked", outside
+    return
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
