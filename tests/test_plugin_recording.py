@@ -163,6 +163,34 @@ def test_removing_restores_every_call(recorder):
   recorder.install()  # (the fixture removes it again)
 
 
+def test_a_library_primitive_is_recorded_once_registered(recorder):
+  """A primitive whose jvp rule is registered outside JAX is watched from
+  the next `watch` (each test's start) until `remove`."""
+  from jax.extend.core import Primitive
+  from jax.interpreters import ad
+  p = Primitive("halved")
+  p.def_impl(lambda x: x / 2)
+  p.def_abstract_eval(lambda x: x)
+  p.bind(1.0)
+  ad.primitive_jvps[p] = lambda x, t: (p.bind(*x), p.bind(*t))
+  try:
+    p.bind(2.0)  # not watched yet
+    recorder.watch()
+    assert "bind" in vars(p)
+    p.bind(jnp.array([3.0, 4.0]))
+    (rule,) = [r for r in recorder.rules.values() if r.identity.name ==
+               "halved"]
+    assert (rule.identity.kind, rule.calls) == ("Primitive", 1)
+    (sample,) = rule.samples.values()
+    np.testing.assert_array_equal(sample.leaves[0], [3.0, 4.0])
+    assert float(jax.jvp(sample.fn, (3.0,), (1.0,))[1]) == 0.5
+    recorder.remove()
+    assert "bind" not in vars(p)
+    recorder.install()
+  finally:
+    del ad.primitive_jvps[p]
+
+
 def test_a_library_wrapper_is_named_after_the_function_it_wraps(recorder):
   eqx = pytest.importorskip("equinox")
 

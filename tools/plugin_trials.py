@@ -41,10 +41,15 @@ SELECTIONS = {
     "optax": ["optax/projections/_projections_test.py",
               "optax/losses/_classification_test.py",
               "optax/_src/utils_test.py",
-              "-k", "simplex or SoftmaxCrossEntropyTest or scale_gradient"],
+              "-k", "simplex or SoftmaxCrossEntropyTest or scale_gradient",
+              # scales the gradient: deliberately not the derivative
+              "-o", "hijax_deliberate=optax/_src/utils.py::_scale_gradient: "
+              "surrogate"],
     "optimistix": ["tests/test_root_find.py", "-k",
                    "test_root_find_jvp and solver0 and "
-                   "(_cos or _nn or _midpoint_y_linear)"],
+                   "(_cos or _nn or _midpoint_y_linear)", "-o",
+                   # the solver's state: a zero tangent by design
+                   "hijax_deliberate=optimistix/_ad.py:64: output out[1]"],
     "lineax": ["tests/test_jvp.py", "-k",
                "float64 and construct_matrix and make_matrix_operator and "
                "(solver12- or solver13- or solver14-)"],
@@ -70,6 +75,7 @@ class Trial:
   name: str
   library: str
   kind: str  # dtype | domain | input | output | transpose | vmap | sign
+  # | primitive
   rule: str  # the rule's name as the plugin reports it (or its "via")
   what: str
   patch: str  # Python run by the -p module before collection
@@ -188,6 +194,16 @@ def _broken(x, tx):
   out, t = m._two_norm_jvp(x, tx)
   return out, jnp.where(out > 1, 1.1 * t, t)
 m._two_norm.defjvp(_broken)
+'''),
+    Trial("lineax_linear_solve_jvp", "lineax", "primitive", "linear_solve",
+          "linear_solve_p's registered jvp rule 10% too large", '''
+from jax.interpreters import ad
+from lineax import _solve as m
+_orig = ad.primitive_jvps[m.linear_solve_p]
+def _broken(primals, tangents, **params):
+  out, t = _orig(primals, tangents, **params)
+  return out, _leaves_map(lambda x: 1.1 * x, t)
+ad.primitive_jvps[m.linear_solve_p] = _broken
 '''),
     Trial("diffrax_backsolve_bwd", "diffrax", "transpose", "_loop_backsolve",
           "backsolve's cotangents 10% too small", '''

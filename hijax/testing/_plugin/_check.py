@@ -1,20 +1,12 @@
-"""Checking a recorded rule (`._recorder`) with `check_rules` at its
-samples, within a budget of CPU time: one verdict per rule.
+"""Checking a recorded rule with `check_rules` at its samples within a
+CPU-time budget: one verdict per rule (failed if a sample failed, else
+passed if one passed, else inconclusive, else skipped for time).
 
-Inputs: a sample's values; for one recorded as types (inside ``jit``,
-``vmap``...), values from other calls of the rule (`candidates`), else
-drawn from `DRAW_RANGE`. Not checked, and said why: an input or output
-that is not finite, a function raising there (failed if hijax's check of
-a rule's output raised), an implicit rule at outputs that are not a root
-of its condition (`_not_a_root`). Dtypes: 64-bit values are checked with
-x64 on, 32-bit ones in float64 and again in their own dtypes on the CPU
-(``device``); a rule raising in float64 only is checked with ``x64=False``;
-the suite's strict promotion and debug flags are off. ``vmap`` is checked
-at the tests' ``in_axes``; where they never batched, its failures are
-advisories. Declarations (`Declaration`): surrogate, modes skipped,
-outputs left out. A rule failed if a sample failed, else passed if one
-passed, else inconclusive, else skipped for time, else inconclusive with
-why none could be checked.
+Inputs recorded as types take other calls' values or drawn ones
+(`candidates`); inputs or outputs not finite, a function raising, an
+implicit rule off a root (`_not_a_root`): not checked, said why. 32-bit
+samples are checked again in their own dtypes (``device``); ``vmap`` at
+the tests' ``in_axes`` (others: advisories); `Declaration`s apply.
 """
 from __future__ import annotations
 
@@ -38,19 +30,13 @@ from hijax import RuleTypeError, testing
 from hijax.testing._plugin._recorder import (RecordedRule, Sample,
                                              named_function, unwrap)
 
-# check_rules stops within this many times its time budget (a compile
-# running at its end is abandoned at 1.4 times): it gets what is left of
-# the rule's budget divided by this, so that a started check ends within.
+# check_rules overruns its time budget by at most this factor
 OVERRUN = 1.5
-# A sample's checks take about this many times its call in the tests (each
-# mode traces, and compiles, the function again): one whose estimate is
-# over what is left of the budget is not started.
+# a sample's checks cost about this many times its call in the tests
 CHECK_COST = 5
-# The interval floating-point inputs are drawn from, where no call showed
-# values.
+# where floating-point inputs are drawn, where no call showed values
 DRAW_RANGE = (0.1, 0.9)
-_SOURCE_ORDER = ("eager", "traced, values known", "traced",
-                 "too large to keep")
+_SOURCE_ORDER = ("eager", "traced, values known", "traced", "too large to keep")
 
 
 class _OutOfTime(BaseException):
@@ -59,9 +45,7 @@ class _OutOfTime(BaseException):
 
 @contextlib.contextmanager
 def _stop_at(seconds: float):
-  """Raises `_OutOfTime` here once the process has spent ``seconds`` more
-  CPU time (``ITIMER_PROF``), where the platform has it: what
-  `check_rules`' own budget cannot stop (tracing a large function)."""
+  """Raises `_OutOfTime` once ``seconds`` more CPU time are spent."""
   if not hasattr(signal, "setitimer") or (
       threading.current_thread() is not threading.main_thread()):
     yield
@@ -79,8 +63,7 @@ def _stop_at(seconds: float):
 
 @dataclasses.dataclass
 class Tried:
-  """One sample as checked (``skipped``: "mode: why"; ``advisory``: vmap
-  failures at in_axes no test used, not failing)."""
+  """One sample as checked (``advisory``: vmap failures no test reaches)."""
   types: list[str]
   source: str
   verdict: str
@@ -110,14 +93,11 @@ class RuleResult:
 
 @dataclasses.dataclass
 class Declaration:
-  """A rule's ``hijax_deliberate`` lines: a surrogate, modes not to run,
-  outputs (flat indices, or paths like ``out[1]``) left out."""
+  """A rule's ``hijax_deliberate`` lines: surrogate, modes, outputs."""
   surrogate: bool = False
   skip: set[str] = dataclasses.field(default_factory=set)
   outputs: set[str] = dataclasses.field(default_factory=set)
 
-
-# --- inputs -------------------------------------------------------------------
 
 def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
            lo: float = DRAW_RANGE[0], hi: float = DRAW_RANGE[1]) -> Any:
@@ -150,10 +130,9 @@ def _from_calls(spec: jax.ShapeDtypeStruct, seen: list[Any],
 
 def candidates(rule: RecordedRule, sample: Sample,
                rng: np.random.Generator) -> list[tuple[list[Any], str]]:
-  """``(array inputs, where they came from)`` to try for ``sample``, in
-  order: leaf by leaf, a value of another call of the same structure and
-  shape, else drawn in the range those took (integers: the smallest), else
-  drawn; then all drawn (a test may call the rule where it raises)."""
+  """``(array inputs, where from)`` to try for ``sample``: per leaf, another
+  call's value of its shape, else drawn in their range, else drawn; then
+  all drawn (a test may call the rule where it raises)."""
   if sample.concrete:
     return [([x for x in sample.leaves if x is not None], sample.source)]
   others = [s for s in rule.samples.values()
@@ -178,9 +157,7 @@ def candidates(rule: RecordedRule, sample: Sample,
   return out
 
 
-def _as_jax(arrays: list[Any]) -> list[Any]:
-  """NumPy values as JAX arrays (as the tests passed them); Python scalars
-  as they are."""
+def _as_jax(arrays: list[Any]) -> list[Any]:  # (as the tests passed them)
   return [jax.numpy.asarray(x) if isinstance(x, (np.ndarray, np.generic))
           else x for x in arrays]
 
@@ -199,13 +176,9 @@ def _bits(sample: Sample) -> set[int]:
           and np.dtype(x.dtype).kind in "fciu"}
 
 
-# --- check_rules --------------------------------------------------------------
-
 @contextlib.contextmanager
 def _quiet():
-  """No warnings (a suite's ``filterwarnings = error``) or prints, and the
-  suite's strict promotion and ``jax_debug_nans/infs`` off (the checks mix
-  float64 with float32, and step where a function is not finite)."""
+  """No warnings or prints; strict promotion and debug_nans/infs off."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
       contextlib.redirect_stderr(sink), \
@@ -218,8 +191,7 @@ def _quiet():
 def _check_rules(fn: Callable, arrays: list[Any], seconds: float,
                  progress: Callable[[str], None] | None,
                  surrogates: list[Any], **options: Any) -> testing.RuleReport:
-  """`check_rules` quietly, not raising for a verdict; ``modes`` the rules
-  do not define are dropped."""
+  """`check_rules` quietly, not raising; undefined ``modes`` dropped."""
   modes = options.pop("modes", None)
   while True:
     try:
@@ -236,9 +208,7 @@ def _check_rules(fn: Callable, arrays: list[Any], seconds: float,
 
 
 def one_line(text: str, error: BaseException | None = None) -> str:
-  """The first line of ``text``; where it holds a Python traceback (a
-  callback's error JAX passes on), the exception at its end (in
-  ``error``'s text, where the report cut it) instead."""
+  """The first line of ``text``, or of the exception ending its traceback."""
   head, sep, rest = text.partition("Traceback (most recent call last):")
   if sep:
     if error is not None:
@@ -250,9 +220,7 @@ def one_line(text: str, error: BaseException | None = None) -> str:
 
 
 def _functions_of(obj: Any) -> list[Any]:
-  """What a declared name may stand for: the object, the function it
-  decorates (and the one naming it), and the functions and decorated
-  functions a wrapper object holds."""
+  """What a declared name may stand for (what it decorates or holds)."""
   found = [obj, unwrap(obj)]
   if getattr(obj, "fun", None) is not None:
     found += [obj.fun, named_function(obj.fun)]
@@ -266,21 +234,17 @@ def _functions_of(obj: Any) -> list[Any]:
 def is_surrogate(rule: RecordedRule, objects: list[Any]) -> bool:
   """Whether one of ``objects`` names ``rule``."""
   target = rule.identity.target
-  fns = [target] + [s.fn for s in rule.samples.values()]
+  fns = [target, rule.identity.fun] + [s.fn for s in rule.samples.values()]
   return any(obj is target if isinstance(obj, type) else
              any(f is g for f in _functions_of(obj) for g in fns)
              for obj in objects)
 
 
-# --- one rule -----------------------------------------------------------------
-
 def check_rule(rule: RecordedRule, seconds: float,
                declared: Declaration | None = None,
                progress: Callable[[str], None] | None = None,
                seed: int = 0, pace: float = 1.0) -> RuleResult:
-  """Checks ``rule`` at its samples within ``seconds`` of CPU time
-  (``pace``: the wall-clock seconds a CPU second takes on this machine
-  now, as `check_rules` counts wall-clock time)."""
+  """Checks ``rule`` within ``seconds`` CPU (``pace``: wall s per CPU s)."""
   declared = declared or Declaration()
   start = time.process_time()
   result = RuleResult(rule, "skipped for time")
@@ -296,6 +260,9 @@ def check_rule(rule: RecordedRule, seconds: float,
     result.tried.append(tried)
     if all(x is None for x in sample.leaves):
       tried.verdict, tried.detail = "not checked", "no array inputs"
+    elif rule.identity.kind == "Primitive" and (
+        why := _primitive_unchecked(rule, sample)):
+      tried.verdict, tried.detail = "not checked", why
     elif (left := seconds - (time.process_time() - start)) <= 0:
       continue
     elif CHECK_COST * sample.seconds > left:
@@ -321,9 +288,36 @@ def check_rule(rule: RecordedRule, seconds: float,
   return result
 
 
+def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
+  """Why a primitive's ``sample`` cannot be checked ("" if it can)."""
+  if not sample.concrete:
+    return ("bound inside jit (values unknown): a primitive's inputs may "
+            "depend on each other (a solver's state on its operator), so "
+            "drawn values would judge nothing")
+  if rule.refused:
+    return ("differentiating it raised in the tests too: not "
+            "differentiable on purpose")
+  if not rule.differentiated.get(sample.treedef):
+    return "no test differentiated it at inputs of these types"
+  return ""
+
+
+def _differentiated_only(rule, sample, fn, arrays, options):
+  """A primitive's ``fn`` of the inputs the tests differentiated only."""
+  keep = sorted(rule.differentiated[sample.treedef])
+
+  def kept(*a):
+    given = dict(zip(keep, a))
+    return fn(*(given.get(i, x) for i, x in enumerate(arrays)))
+  if "batch_in_axes" in options:
+    options["batch_in_axes"] = sorted({tuple(p[i] for i in keep) for p in
+                                       options["batch_in_axes"]}, key=repr)
+  return kept, [arrays[i] for i in keep]
+
+
 def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
-  """Why ``sample``'s function cannot be checked at ``arrays`` ("" if it
-  can), and whether that is a rule's fault (`RuleTypeError`)."""
+  """Why ``sample`` cannot be checked at ``arrays`` ("" if it can), and
+  whether that is a rule's fault (`RuleTypeError`)."""
   if _not_finite(arrays):
     return ("an input is not finite (a test passed inf or nan): finite "
             "differences cannot step from it", False)
@@ -340,19 +334,23 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
 
 
 def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
-  """``fn`` returning its output leaves but those named in ``outputs`` (a
-  flat index, or a path like ``out[1]``), as a tuple."""
+  """``fn``'s output leaves as a tuple, but those ``outputs`` name (a flat
+  index, or a path like ``out[1]``: the leaves under it)."""
+  def left_out(i, path):
+    path = "out" + jax.tree_util.keystr(path)
+    return str(i) in outputs or any(
+        path == o or path.startswith(o) and path[len(o)] in "[."
+        for o in outputs)
+
   def kept(*args):
     paths = jax.tree_util.tree_flatten_with_path(fn(*args))[0]
     return tuple(leaf for i, (path, leaf) in enumerate(paths)
-                 if str(i) not in outputs
-                 and "out" + jax.tree_util.keystr(path) not in outputs)
+                 if not left_out(i, path))
   return kept
 
 
 def _options(rule, sample, arrays, declared) -> dict[str, Any]:
-  """`check_rules`' options: the modes not declared skipped, the in_axes
-  the tests used, the tests' own dtypes on the CPU."""
+  """`check_rules`' options: modes, the tests' in_axes and dtypes."""
   options: dict[str, Any] = {}
   if declared.skip:
     options["modes"] = [m for m in testing.MODES if m not in declared.skip]
@@ -369,8 +367,7 @@ def _options(rule, sample, arrays, declared) -> dict[str, Any]:
 
 
 def _left(deadline: tuple[float, float]) -> float:
-  """The wall-clock budget to give `check_rules` by ``deadline``: (CPU
-  time, wall-clock seconds per CPU second)."""
+  """The wall-clock budget left by ``deadline`` (CPU time, pace)."""
   return (deadline[0] - time.process_time()) / OVERRUN * deadline[1]
 
 
@@ -388,15 +385,18 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
     if not why:
       break
   if why:
-    tried.verdict = "failed" if rule_at_fault else "not checked"
-    tried.detail = why
+    tried.verdict, tried.detail = ("failed" if rule_at_fault
+                                   else "not checked"), why
     return
   fn = lambda *a: sample.call(list(a))
   if declared.outputs:
     fn = _without_outputs(fn, declared.outputs)
-  names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else sample.fn]
+  names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else
+            getattr(sample.fn, "custom_jvp", sample.fn)]
            if declared.surrogate else [])
   options = _options(rule, sample, arrays, declared)
+  if rule.identity.kind == "Primitive":
+    fn, arrays = _differentiated_only(rule, sample, fn, arrays, options)
   if _left(deadline) <= 0:
     tried.detail = "calling the function spent the rule's budget"
     return
@@ -410,9 +410,8 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
         tried.source += "; in its own dtypes (its rules raise in float64)"
         report = again
   except Exception as e:  # pylint: disable=broad-except  (reported)
-    tried.verdict = "inconclusive"
-    tried.detail = (f"check_rules raised {type(e).__name__}: "
-                    f"{one_line(str(e))[:200]}")
+    tried.verdict, tried.detail = "inconclusive", (
+        f"check_rules raised {type(e).__name__}: {one_line(str(e))[:200]}")
     return
   if "batch_in_axes" not in options:  # failures no caller reaches
     keep = [f for f in report.failures if "vmap" not in f"{f.rule} {f.check}"]
@@ -423,11 +422,19 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
       report.failures[:] = keep
       report.required[:] = [r for r in report.required
                             if "vmap" not in r or report.compared.get(r)]
-  if report.failures and not _a_rule_raised(report):
-    outside = _not_a_root(sample, arrays)
-    if outside:
-      tried.verdict, tried.detail = "not checked", outside
-      return
+  if rule.identity.kind == "Primitive" and report.failures and all(
+      f.error is not None for f in report.failures):
+    f = report.failures[0]  # (not a wrong value: it refuses, on purpose?)
+    tried.verdict, tried.detail = "inconclusive", (
+        f"its rules raised ({f.check}: {one_line(f.detail, f.error)}): a "
+        "library primitive may refuse a transformation on purpose")
+    return
+  outside = (report.failures and not _a_rule_raised(report)
+             and rule.identity.kind != "Primitive"
+             and _not_a_root(sample, arrays))
+  if outside:
+    tried.verdict, tried.detail = "not checked", outside
+    return
   tried.verdict = report.verdict
   tried.surrogate = bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
@@ -453,9 +460,8 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
 
 def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
   """Why ``sample`` judges nothing of an implicit rule ("" if it may): a
-  function among the call's non-array arguments takes the outputs, then
-  the array inputs (the condition ``condition(*outputs, *inputs) = 0``
-  the outputs solve), and is not about 0 there."""
+  function among its non-array arguments, ``condition(*outputs, *inputs)``,
+  is not about 0 there."""
   with _quiet():
     out = sample.call(arrays)
   outs = out if isinstance(out, tuple) else (out,)
@@ -481,16 +487,13 @@ def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
 
 
 def _conclude(result: RuleResult) -> None:
-  by_verdict: dict[str, list[Tried]] = {}
-  for t in result.tried:
-    by_verdict.setdefault(t.verdict, []).append(t)
   for verdict in ("failed", "passed", "inconclusive", "skipped for time"):
-    if verdict in by_verdict:
+    if any(t.verdict == verdict for t in result.tried):
       result.verdict = verdict
-      result.detail = next((t.detail for t in by_verdict[verdict]
-                            if t.detail), "")
+      result.detail = next((t.detail for t in result.tried
+                            if t.verdict == verdict and t.detail), "")
       return
-  details = [t.detail for t in by_verdict.get("not checked", [])]
+  details = [t.detail for t in result.tried if t.verdict == "not checked"]
   result.verdict = "inconclusive"
   result.detail = next((d for d in details if d != "no array inputs"),
                        details[0] if details else

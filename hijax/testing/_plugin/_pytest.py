@@ -1,15 +1,12 @@
-"""``pytest --hijax-check-rules``: records the custom derivative rules the
-tests call (`._recorder`), checks each at the end of the run (`._check`)
-in the order first called until the budget is spent (by default 25% of
-the CPU time the tests took, ``--hijax-rules-budget``), prints a table,
-can fail the run and write a JSON report.
+"""``pytest --hijax-check-rules``: records the rules the tests call, checks
+each at the end in the order first called until the budget (by default
+25% of the tests' CPU time) is spent, prints a table, can fail the run and
+write a JSON report.
 
-Declarations (ini ``hijax_deliberate``, one per line ``TARGET: WHAT``):
-TARGET a dotted name or where the rule is defined (``path/file.py:LINE``
-or ``path/file.py::qualname``, matched at the path's end: a rule in a
-test file); WHAT ``surrogate``, ``skip MODE[,MODE]`` (`check_rules`
-modes) or ``output OUT[,OUT]`` (a flat output index or a path like
-``out[1]``). ``hijax_surrogates`` lists dotted names of surrogates.
+Declarations (ini ``hijax_deliberate``, one ``TARGET: WHAT`` per line):
+TARGET a dotted name, ``path/file.py:LINE`` or ``path/file.py::qualname``
+(matched at the path's end); WHAT ``surrogate``, ``skip MODE,...`` or
+``output OUT,...`` (a flat index or a path like ``out[1]``).
 """
 from __future__ import annotations
 
@@ -43,7 +40,7 @@ VERDICTS = ("passed", "failed", "inconclusive", "skipped for time")
 
 def _mode_of(detail: str) -> str:
   """The `check_rules` mode a failure's detail names."""
-  for word, mode in (("vmap", "batch"), ("second", "second_order"),
+  for word, mode in (("transposed by JAX", "vjp"), ("vmap", "batch"), ("second", "second_order"),
                      ("transpos", "transpose"), ("vjp", "vjp"),
                      ("fwd/bwd", "vjp"), ("jvp", "jvp"), ("lineari", "lin")):
     if word in detail:
@@ -53,9 +50,8 @@ def _mode_of(detail: str) -> str:
 
 def table(rows: list[tuple[str, list[str], list[str], str, str]],
           width: int = 120) -> list[str]:
-  """One row per rule (``(rule, defined at, inputs tried, verdict,
-  detail)``, the second and third a line each), with the detail of a
-  verdict other than "passed" below, indented."""
+  """One row per rule ``(rule, [defined at], [inputs], verdict, detail)``,
+  the detail of a verdict other than "passed" below, indented."""
   if not rows:
     return ["no custom derivative rule was called by the tests"]
   columns = ([r[0] for r in rows], [w for r in rows for w in r[1]],
@@ -113,6 +109,7 @@ class RuleCheckPlugin:
 
   def pytest_runtest_logstart(self, nodeid: str) -> None:
     self.recorder.test = nodeid
+    self.recorder.watch()
 
   def pytest_sessionfinish(self, session: pytest.Session,
                            exitstatus: int) -> None:
@@ -223,10 +220,8 @@ class RuleCheckPlugin:
       self._progress("")
 
   def pace(self) -> float:
-    """Wall-clock seconds per CPU second (`check_rules` counts the first,
-    the budget the second): the smaller of the tests' own and the load
-    per core now, at least 1, so a machine growing quiet cannot let a
-    check overrun by much."""
+    """Wall-clock seconds per CPU second: the smaller of the tests' own and
+    the load per core now, at least 1."""
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     return max(1.0, min(load, self.suite_wall / max(self.suite_seconds,
                                                      1e-9)))
@@ -239,8 +234,7 @@ class RuleCheckPlugin:
                                  output=found.group(0) if found else "0")
 
   def _where(self, rule) -> list[str]:
-    """Where ``rule`` is defined, and the library wrapper it is defined
-    through, if any."""
+    """Where ``rule`` is defined, and its library wrapper, if any."""
     root = str(self.config.rootpath)
     where = [rule.identity.where()] + (
         [rule.identity.where(via=True)] if rule.identity.via else [])
@@ -265,9 +259,8 @@ class RuleCheckPlugin:
       tr.write_line(line)
 
   def summary(self) -> list[str]:
-    """The lines after the table: counts, what recording and checking
-    cost, advisories, what was skipped for time, declarations not used,
-    and whether the run fails because of the rules."""
+    """The lines after the table: counts, costs, advisories, what was
+    skipped, declarations not used, whether the run fails."""
     results, rec = self.results, self.recorder
     label = lambda r: r.rule.identity.label()
     counts = collections.Counter(r.verdict for r in results)

@@ -1,16 +1,11 @@
-"""Recording the custom derivative rules a test suite calls, and their
-inputs (``pytest --hijax-check-rules``).
+"""Recording the custom rules a test suite calls, and their inputs.
 
-`CallRecorder.install` wraps the ``__call__`` of ``jax.custom_jvp``,
-``jax.custom_vjp``, hijax's decorators and `HiPrim`; `remove` restores
-them. A rule is the code that defines it (the decorated function's and
-its rules', or a `HiPrim`'s class), named after the function a library's
-wrapper closes over in another file (`named_function`; the wrapper is
-``via``). Each keeps at most ``samples`` calls, chosen to vary
-(`variety`): values before types, then distinct signatures, test
-functions, tests and regions; values copied to NumPy, traced values as
-JAX knows them or as types, non-array arguments by reference; and the
-``in_axes`` of calls under ``vmap``. Recording never raises into a test.
+`CallRecorder` wraps the ``__call__`` of ``jax.custom_jvp``/``custom_vjp``,
+hijax's decorators and `HiPrim`, and the ``bind`` of `library_primitives`.
+A rule is keyed by its code, named after the function a library's wrapper
+(``via``) closes over (`named_function`); it keeps at most ``samples``
+calls, chosen to vary (`variety`), the ``in_axes`` of calls under ``vmap``
+and the inputs differentiated. Recording never raises into a test.
 """
 from __future__ import annotations
 
@@ -27,15 +22,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from hijax import primitive
 from hijax._decorators import _common
 from hijax._function_key import code_of, unwrap
 from hijax._internals import core
+from hijax._internals.ad import (JVPTrace, LinearizeTrace, Zero,
+                                 instantiate_zeros, primitive_jvps)
 from hijax._internals.batching import BatchTrace
 
-# Rules defined in these packages are recorded only on request: their own
-# test suites check them.
+# Rules defined here are recorded only on request (their suites check them)
 JAX_PACKAGES = ("jax", "jaxlib", "hijax")
 # hijax's own primitives (its decorators' and vmap's): not rules of a user.
 _MACHINERY = ("hijax._decorators", "hijax.batching")
@@ -48,10 +45,8 @@ _SCALARS = (bool, int, float, complex)
 
 @dataclasses.dataclass
 class RuleIdentity:
-  """A rule: its key (code objects, or the class), kind (``jax.custom_jvp``,
-  ``hijax.custom_vjp``, ``HiPrim``...), name, the function or class that
-  names it (``target``), whether JAX or hijax defines it, the decorated
-  function (``fun``) and the library's wrapper it is defined through."""
+  """A rule: key, kind, name, the function or class naming it (``target``),
+  the decorated function or primitive (``fun``), the library's wrapper."""
   key: Any
   kind: str
   name: str
@@ -77,8 +72,7 @@ class RuleIdentity:
 
 
 def _functions_held(fn: Any) -> list[Any]:
-  """The functions ``fn`` closes over, directly or as attributes of an
-  object it closes over."""
+  """The functions ``fn`` closes over, or an object it closes over holds."""
   found = []
   for cell in getattr(fn, "__closure__", None) or ():
     try:
@@ -95,7 +89,7 @@ def _functions_held(fn: Any) -> list[Any]:
 
 def named_function(fun: Any) -> Any:
   """The function a decorated ``fun`` stands for: itself, or the first
-  function it holds defined in another file, followed down."""
+  function it holds defined in another file (not JAX's), followed down."""
   fun = unwrap(fun)
   for _ in range(5):
     try:
@@ -103,7 +97,8 @@ def named_function(fun: Any) -> Any:
     except TypeError:
       return fun
     inner = [f for f in _functions_held(fun)
-             if f.__code__.co_filename != here]
+             if f.__code__.co_filename != here
+             and not _in_jax(getattr(f, "__module__", None) or "")]
     if not inner:
       return fun
     fun = inner[0]
@@ -126,6 +121,10 @@ def _in_jax(module: str) -> bool:
 
 def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
   """The rule of a call of ``obj`` (None for hijax's own machinery)."""
+  if kind == "Primitive":
+    named = named_function(primitive_jvps[obj.prim])
+    return RuleIdentity(("Primitive", obj.prim), kind, obj.prim.name, named,
+                        False, obj.prim)
   if kind == "HiPrim":
     cls = type(obj)
     module = cls.__module__ or ""
@@ -147,12 +146,50 @@ def short_path(path: str, root: str) -> str:
   """``path`` relative to ``root`` if inside it, else from its package."""
   try:
     rel = os.path.relpath(path, root)
-    if not rel.startswith(".."):
-      return rel
   except ValueError:
-    pass
-  marker = "site-packages" + os.sep
-  return path.split(marker, 1)[1] if marker in path else path
+    rel = ".."
+  return (rel if not rel.startswith("..") else
+          path.split(f"site-packages{os.sep}", 1)[-1])
+
+
+class PrimitiveCall:
+  """A bind of a library's ``prim`` as a ``jax.custom_jvp`` of its arrays
+  whose rule is the registered jvp rule: `check_rules` checks it (and the
+  transpose and batching rules it reaches) against the impl."""
+
+  def __init__(self, prim: Any, params: dict[str, Any]) -> None:
+    self.prim, self.params = prim, params
+
+  @functools.cached_property
+  def custom_jvp(self) -> Any:
+    prim, params = self.prim, self.params
+
+    def bound(*args):
+      out = prim.bind(*args, **params)
+      return tuple(out) if prim.multiple_results else out
+    bound.__name__ = bound.__qualname__ = prim.name
+
+    def jvp(primals, tangents):
+      tangents = [Zero(t.aval) if isinstance(t, SymbolicZero) else t
+                  for t in tangents]
+      out, t_out = primitive_jvps[prim](list(primals), tangents, **params)
+      if prim.multiple_results:
+        return tuple(out), tuple(map(instantiate_zeros, t_out))
+      return out, instantiate_zeros(t_out)
+    fun = jax.custom_jvp(bound)
+    fun.defjvp(jvp, symbolic_zeros=True)
+    return fun
+
+  def __call__(self, *args: Any) -> Any:
+    return self.custom_jvp(*args)
+
+
+def library_primitives(seen: Any) -> list[Any]:
+  """The primitives not in ``seen`` whose jvp rule is registered outside
+  JAX and hijax (like lineax's ``linear_solve_p``)."""
+  return [p for p, rule in list(primitive_jvps.items()) if p not in seen
+          and "bind" not in vars(p) and not _in_jax(
+              getattr(unwrap(rule), "__module__", None) or "jax")]
 
 
 # --- what a call passed -------------------------------------------------------
@@ -170,9 +207,7 @@ def _unwrap_static(x: Any) -> Any:
 @dataclasses.dataclass
 class Sample:
   """One call's inputs: per leaf of ``(args, kwargs)`` a value, a
-  ``jax.ShapeDtypeStruct`` (traced, value unknown) or None (non-array, in
-  ``statics``); ``source``: ``"eager"``, ``"traced, values known"``,
-  ``"traced"`` or ``"too large to keep"``."""
+  ``ShapeDtypeStruct`` (traced) or None (non-array, in ``statics``)."""
   fn: Any
   treedef: Any
   leaves: list[Any]
@@ -192,7 +227,6 @@ class Sample:
     return sum(math.prod(np.shape(x)) for x in self.leaves if x is not None)
 
   def types(self) -> list[str]:
-    """One short type per array input, like ``f32[3]``."""
     return [_short_type(x) for x in self.leaves if x is not None]
 
   def call(self, arrays: list[Any]) -> Any:
@@ -220,11 +254,13 @@ class RecordedRule:
   calls: int = 0
   samples: dict[Any, Sample] = dataclasses.field(default_factory=dict)
   full: bool = False  # as many concrete samples as kept
-  # the tests whose calls were weighed once full (further calls: a lookup)
-  tests_done: set[str] = dataclasses.field(default_factory=set)
-  # per pytree structure, the in_axes (an int or None per array input) of
-  # the calls made under vmap
+  tests_done: set[str] = dataclasses.field(default_factory=set)  # once full
+  # per pytree structure: the in_axes of calls under vmap; the array inputs
+  # (by position) a call differentiated
   batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
+  differentiated: dict[Any, set[int]] = dataclasses.field(
+      default_factory=dict)
+  refused: bool = False  # a primitive whose jvp raised in the tests
 
   @property
   def first_test(self) -> str:
@@ -232,8 +268,8 @@ class RecordedRule:
 
 
 def variety(samples: list[Sample]) -> tuple[int, ...]:
-  """How varied ``samples`` are, compared as a tuple: the number with
-  values, then of distinct signatures, test functions, tests, regions."""
+  """How varied ``samples`` are: the number with values, then of distinct
+  signatures, test functions, tests, regions."""
   return (sum(s.concrete for s in samples),
           len({s.signature for s in samples}),
           len({s.test.split("[", 1)[0] for s in samples}),
@@ -259,10 +295,12 @@ def _batch_axis(x: Any) -> int | None:
   return None
 
 
+def _differentiated(x: Any) -> bool:
+  return isinstance(getattr(x, "_trace", None), (JVPTrace, LinearizeTrace))
+
+
 def _leaf_of(x: Any) -> tuple[Any, str]:
-  """``(what the sample keeps, how it was known)`` for one argument leaf:
-  ``"eager"``, ``"known"`` (traced, value known), ``"traced"`` (its type)
-  or ``"static"`` (None: kept by reference)."""
+  """``(what a sample keeps of a leaf, "eager"|"known"|"traced"|"static")``."""
   if isinstance(x, core.Tracer):
     aval = jax.typeof(x)
     if not hasattr(aval, "shape") or jnp.issubdtype(aval.dtype,
@@ -281,9 +319,8 @@ def _leaf_of(x: Any) -> tuple[Any, str]:
 
 
 class CallRecorder:
-  """Records the calls of custom rules while installed: ``samples`` kept
-  per rule; ``include_jax``: the rules defined in JAX, jaxlib and hijax
-  too (else counted in `skipped_rules`)."""
+  """Records the calls of custom rules while installed (``include_jax``:
+  JAX's and hijax's too, else counted in `skipped_rules`)."""
 
   def __init__(self, samples: int = 3, include_jax: bool = False) -> None:
     self.max_samples = max(1, samples)
@@ -294,12 +331,21 @@ class CallRecorder:
     self.errors: list[str] = []
     self.seconds = 0.0  # spent recording
     self.test = ""
-    # the rule of each decorated function or HiPrim class called
     self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     self._saved: list[tuple[Any, Any]] = []
+    self._watched: weakref.WeakSet = weakref.WeakSet()
+    self._jvps_seen = -1
+
+  def watch(self) -> None:
+    """Wraps the ``bind`` of `library_primitives` registered since."""
+    if self._saved and len(primitive_jvps) != self._jvps_seen:
+      self._jvps_seen = len(primitive_jvps)
+      for prim in library_primitives(self._watched):
+        self._watched.add(prim)
+        prim.bind = self._wrap(prim.bind, "Primitive", prim)
 
   def install(self) -> None:
-    """Wraps the four ``__call__`` methods (idempotent)."""
+    """Wraps the four ``__call__`` methods (idempotent), and `watch`."""
     if self._saved:
       return
     for cls, kind in ((jax.custom_jvp, "jax.custom_jvp"),
@@ -308,22 +354,36 @@ class CallRecorder:
       original = cls.__dict__["__call__"]
       self._saved.append((cls, original))
       setattr(cls, "__call__", self._wrap(original, kind))
+    self.watch()
 
   def remove(self) -> None:
-    """Restores the ``__call__`` methods `install` wrapped."""
+    """Restores what `install` and `watch` wrapped."""
     while self._saved:
       cls, original = self._saved.pop()
       setattr(cls, "__call__", original)
+    for prim in self._watched:
+      vars(prim).pop("bind", None)
+    self._watched, self._jvps_seen = weakref.WeakSet(), -1
 
-  def _wrap(self, original, kind: str | None):
+  def _wrap(self, original, kind: str | None, prim: Any = None):
     record = self.record
 
     @functools.wraps(original)
-    def __call__(obj, *args, **kwargs):  # noqa: N807
+    def __call__(*args, **kwargs):  # noqa: N807
       __tracebackhide__ = True  # pylint: disable=unused-variable
-      sample = record(kind or f"hijax.{obj.kind}", obj, args, kwargs)
+      if prim is None:
+        sample = record(kind or f"hijax.{args[0].kind}", args[0], args[1:],
+                        kwargs)
+      else:
+        sample = record("Primitive", PrimitiveCall(prim, kwargs), args, {})
       start = time.process_time()
-      out = original(obj, *args, **kwargs)
+      try:
+        out = original(*args, **kwargs)
+      except Exception:
+        rule = self._known.get(prim) if prim is not None else None
+        if rule is not None and any(map(_differentiated, args)):
+          rule.refused = True  # (its rule raises on purpose)
+        raise
       if sample is not None:
         sample.seconds = time.process_time() - start
       return out
@@ -339,7 +399,8 @@ class CallRecorder:
       if rule is not None:
         rule.calls += 1
         if (not rule.full or self.test not in rule.tests_done
-            or any(_batch_axis(a) is not None for a in args)):
+            or any(_batch_axis(a) is not None for a in args)
+            or kind == "Primitive" and any(map(_differentiated, args))):
           sample = self._sample(rule, obj, args, kwargs)
     except Exception as e:  # pylint: disable=broad-except  (never break a test)
       if len(self.errors) < 20:
@@ -348,7 +409,8 @@ class CallRecorder:
     return sample
 
   def _rule_of(self, kind: str, obj: Any) -> RecordedRule | None:
-    key = type(obj) if kind == "HiPrim" else obj
+    key = (type(obj) if kind == "HiPrim" else obj.prim
+           if kind == "Primitive" else obj)
     try:
       return self._known[key]
     except KeyError:
@@ -374,7 +436,7 @@ class CallRecorder:
       args = tuple(_Static(a) if i in nondiff else a
                    for i, a in enumerate(args))
     flat, treedef = jax.tree.flatten((args, kwargs))
-    leaves, statics, sources, axes = [], {}, set(), []
+    leaves, statics, sources, axes, diff = [], {}, set(), [], []
     for i, x in enumerate(flat):
       kept, source = _leaf_of(x)
       if source == "static":
@@ -383,8 +445,11 @@ class CallRecorder:
         statics[i] = _unwrap_static(x)
       else:
         axes.append(_batch_axis(x))
+        diff.append(_differentiated(x))
       sources.add(source)
       leaves.append(kept)
+    rule.differentiated.setdefault(treedef, set()).update(
+        i for i, d in enumerate(diff) if d)
     if any(a is not None for a in axes):
       patterns = rule.batched.setdefault(treedef, set())
       if len(patterns) < 8:
@@ -410,27 +475,20 @@ class CallRecorder:
 
   def _keep(self, rule: RecordedRule, sample: Sample) -> None:
     """Keeps ``sample`` where that makes the samples more varied."""
-    key = (sample.signature, sample.test, sample.region)
-    same = [k for k, s in rule.samples.items()
-            if s.signature == sample.signature]
-    if not sample.concrete and same:  # the same types: nothing new
+    key, kept = (sample.signature, sample.test, sample.region), rule.samples
+    same = [k for k, s in kept.items() if s.signature == sample.signature]
+    if same and not sample.concrete:  # the same types: nothing new
       return
-    for k in same:  # a call with values replaces one of the same types
-      if not rule.samples[k].concrete:
-        del rule.samples[k]
-        rule.samples[key] = sample
+    # a call with values replaces one of the same types; else, once full,
+    # the one whose place makes the samples most varied
+    out = next((k for k in same if not kept[k].concrete), None)
+    if out is None and key in kept:
+      return
+    if out is None and len(kept) >= self.max_samples:
+      varied = lambda k: variety(
+          [s for j, s in kept.items() if j != k] + [sample])
+      out = max(kept, key=varied)
+      if varied(out) <= variety(list(kept.values())):
         return
-    if key in rule.samples:
-      return
-    if len(rule.samples) < self.max_samples:
-      rule.samples[key] = sample
-      return
-    kept = list(rule.samples.items())
-    best, best_variety = None, variety([s for _, s in kept])
-    for k, _ in kept:
-      v = variety([s for j, s in kept if j != k] + [sample])
-      if v > best_variety:
-        best, best_variety = k, v
-    if best is not None:
-      del rule.samples[best]
-      rule.samples[key] = sample
+    kept.pop(out, None)
+    kept[key] = sample
