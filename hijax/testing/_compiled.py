@@ -1,21 +1,14 @@
 """Compiled evaluations shared by the checks.
 
 Compiling is what a check mostly costs, per program more than per
-operation, so every evaluation a run needs is a *part* of one program:
-
-* `Bundle`: the parts, each traced once, compiled as one program whose
-  branches (a ``lax.cond`` on the part asked for) are the parts: a call
-  costs what its part costs and runs only its side effects. A part that
-  cannot be traced, one added after the compile, one called with other
-  types, every part once the program fails, and every part of a program
-  too long for the time budget (`hijax.testing._budget`), is compiled alone.
-* `Compiled`: ``prim_fn`` of a flat list of leaves, evaluated at up to
-  `POINTS` points by one part (a loop: the batching rule under test is not
-  involved), and the parts the checks add (jvp, vjp, vmaps, second
-  derivatives, those of derived functions: ``shared=``, `Compiled.nested`).
-
-Everything compiles with XLA's default options, as a user's ``jax.jit``
-(tests/test_testing_compiles.py). With ``jit=False`` everything runs eagerly.
+operation, so every evaluation of a run is a part of one program (`Bundle`:
+a ``lax.cond`` on the part asked for, so that a call costs what its part
+costs and runs its side effects only). A part that cannot be traced, added
+after the compile or called with other types, every part once the program
+fails, and every part of a program too long for the time budget, is
+compiled alone. `Compiled`: ``prim_fn``'s evaluations at up to `POINTS`
+points (one part: a loop), and the parts the checks add. Compiled with
+XLA's default options, as a user's ``jax.jit``; ``jit=False``: eagerly.
 """
 from __future__ import annotations
 
@@ -205,17 +198,15 @@ class Bundle:
 
 
 class Compiled:
-  """``prim_fn`` of a flat list of leaves (its arguments ``args``), and the
-  compiled evaluations of it and its transformations (`Bundle` parts).
+  """``prim_fn`` of the flat leaves of ``args``, and the compiled
+  evaluations of it and its transformations (`Bundle` parts).
 
-  ``evaluate_one``, where given, evaluates ``prim_fn`` at one point (its
-  floating-point leaves) with a program compiled elsewhere (a backward pass
-  is its context's vjp): points are evaluated with it, one call each.
-  ``bound``: ``{key: (other, other_key, extra)}`` runs ``key`` at ``(xs,
-  *rest)`` as ``other``'s part ``other_key`` at ``(xs, *extra, *rest)``
-  (the second derivatives of a backward pass, with the cotangent as an
-  argument). ``shared``: ``(bundle, name)`` (see `nested`), the parts go
-  into that `Bundle`, under keys ``(name, key)``."""
+  ``evaluate_one``: evaluates ``prim_fn`` at one point's floating-point
+  leaves with a program compiled elsewhere (a backward pass: its context's
+  vjp). ``bound``: ``{key: (other, other_key, extra)}`` runs ``key`` at
+  ``(xs, *rest)`` as ``other``'s ``other_key`` at ``(xs, *extra, *rest)``.
+  ``shared``: ``(bundle, name)`` (`nested`): the parts go into that
+  `Bundle`, under keys ``(name, key)``."""
 
   def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool,
                evaluate_one: Callable | None = None,
@@ -235,8 +226,7 @@ class Compiled:
       self.add("points", self._points, self._points_template)
 
   def nested(self, name: Hashable) -> tuple[Bundle, Hashable]:
-    """The ``shared`` of a `Compiled` whose parts go into this one's
-    program, under ``name`` (unique among this one's nested ones)."""
+    """The ``shared`` of a `Compiled` whose parts go into this program."""
     return self.bundle, (self._name, name)
 
   def _in_bundle(self, key: Hashable) -> Hashable:
@@ -267,9 +257,8 @@ class Compiled:
         self._jitted(*jax.tree.unflatten(self.in_tree, list(full))))
 
   def evaluate(self, fulls: Sequence[Sequence[Any]]) -> list[list]:
-    """``prim_fn``'s output leaves at each of ``fulls`` (flat leaves), in one
-    call of the points part where their non-floating-point leaves are the
-    point's (an integer index, a flag), else one jitted call each."""
+    """``prim_fn``'s output leaves at each of ``fulls`` (flat leaves): by the
+    points part where their other leaves are the point's, else one by one."""
     same = lambda x, y: x is y or np.array_equal(np.asarray(x),
                                                  np.asarray(y))
     if all(same(full[i], x) for full in fulls
