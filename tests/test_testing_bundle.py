@@ -9,6 +9,7 @@ import pytest
 
 from compile_count import Lowered
 from hijax.testing import check_rules
+from hijax.testing._budget import Budget
 from hijax.testing._compiled import Bundle, Compiled
 
 def _counting(name, counts):
@@ -154,3 +155,57 @@ def test_a_backward_rule_failing_at_run_time_fails_its_checks_only():
   assert all("CpuCallback error" in f.detail for f in report.failures)
   assert "expand: jitted call's output types vs its trace" in report.ran
   assert "batch: vmap vs a loop over the batch (in_axes=(0,))" in report.ran
+
+
+def _parts(bundle, *factors):
+  x = np.ones(2, np.float32)
+  for k in factors:
+    bundle.add(k, lambda v, k=k: v * k, lambda: (x,))
+  return x
+
+
+def test_the_first_and_last_two_calls_of_each_part_are_kept():
+  """The device's half runs each part again at them (hijax.testing._device),
+  and leaves the parts that raised here to the checks that ran them."""
+  bundle = Bundle()
+  _parts(bundle, 2)
+  def broken(v):
+    raise ValueError("a broken part")
+  bundle.add("broken", broken, lambda: (np.ones(2, np.float32),))
+  for k in range(5):
+    bundle.run(2, (np.full(2, k, np.float32),))
+  assert [int(args[0][0]) for args in bundle.seen[2]] == [0, 3, 4]
+  with pytest.raises(ValueError, match="a broken part"):
+    bundle.run("broken", (np.ones(2, np.float32),))
+  assert bundle.raised == {"broken"}
+
+
+def test_compile_ahead_compiles_in_a_thread_waited_for_at_the_first_call(
+    monkeypatch):
+  started = []
+  begin = Budget.begin
+
+  def spy(self, what, lowered, size=None):
+    started.append(what)
+    return begin(self, what, lowered, size)
+  monkeypatch.setattr(Budget, "begin", spy)
+  bundle = Bundle()
+  x = _parts(bundle, 2, 3)
+  bundle.compile_ahead()
+  assert started == ["compiling the checks' program (2 parts)"]
+  with Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)
+    np.testing.assert_array_equal(bundle.run(2, (x,)), 2 * x)
+  assert names == [], names  # lowered ahead, not again
+  bundle.budget.finish()
+
+
+def test_a_program_too_long_for_the_budget_is_lowered_once(monkeypatch):
+  """Its parts are then compiled alone (tests/test_testing_budget.py: where
+  each fits)."""
+  monkeypatch.setattr(Budget, "fits", lambda self, size: False)
+  bundle = Bundle()
+  x = _parts(bundle, 2, 3)
+  with Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)
+  assert names == ["jit(program)", "jit(<lambda>)"], names

@@ -29,9 +29,8 @@ MAX_RULE_RTOL = 1 / 16
 
 def eps_of(dtype) -> float:
   """The machine epsilon of a floating or complex dtype (else float64's)."""
-  dtype = np.dtype(dtype)
-  return float(jnp.finfo(dtype).eps) if jnp.issubdtype(
-      dtype, jnp.inexact) else float(np.finfo(np.float64).eps)
+  inexact = jnp.issubdtype(dtype, jnp.inexact)
+  return float(jnp.finfo(dtype if inexact else np.float64).eps)
 
 
 def ulp_factor(tol: Tol, dtype) -> float:
@@ -49,9 +48,7 @@ def defaults(atol=None, rtol=None) -> Tol:
 def describe_tol(tol: Tol) -> str:
   """``tolerance 256 ulps`` or ``tolerance atol=1e-06, rtol=1e-05``."""
   parts = [f"{k}={v:g}" for k, v in (("atol", tol.atol), ("rtol", tol.rtol))
-           if v]
-  if tol.ulps:
-    parts.append(f"{tol.ulps:g} ulps")
+           if v] + ([f"{tol.ulps:g} ulps"] if tol.ulps else [])
   return "tolerance " + (", ".join(parts) or "0")
 
 
@@ -74,17 +71,12 @@ def is_float(x) -> bool:
   """Whether ``x`` is an array or scalar of a floating or complex dtype
   (False for a value of a hi type)."""
   try:
-    aval = _core.typeof(x) if not isinstance(x, _core.AbstractValue) else x
-  except Exception:  # pylint: disable=broad-except
+    aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
+    dtype = (aval.dtype if isinstance(aval, _core.ShapedArray)
+             else np.result_type(x))  # pyright: ignore[reportArgumentType]
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
+  except Exception:  # pylint: disable=broad-except  (a hi type's value)
     return False
-  dtype = getattr(aval, "dtype", None) if isinstance(
-      aval, _core.ShapedArray) else None
-  if dtype is None:
-    try:
-      dtype = np.result_type(x)  # pyright: ignore[reportArgumentType]
-    except Exception:  # pylint: disable=broad-except
-      return False
-  return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 def wide(x) -> np.ndarray:
