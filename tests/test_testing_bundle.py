@@ -209,3 +209,73 @@ def test_a_program_too_long_for_the_budget_is_lowered_once(monkeypatch):
   with Lowered() as names:
     np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)
   assert names == ["jit(program)", "jit(<lambda>)"], names
+
+
+def test_without_jit_every_evaluation_runs_eagerly():
+  """(an expand that branches in Python on values)"""
+  def fn(x):
+    return x * 2 if float(x[0]) > 0 else x * 3
+  bundle = Bundle(jit=False)
+  bundle.add("fn", fn, lambda: (np.ones(2, np.float32),))
+  np.testing.assert_array_equal(bundle.run("fn", (-np.ones(2),)), -3 * np.ones(2))
+  compiled = Compiled(fn, (jnp.ones(2),), jit=False)
+  assert not compiled.has("points")
+  (y,), (z,) = compiled.evaluate([[jnp.ones(2)], [-jnp.ones(2)]])
+  np.testing.assert_array_equal(z, -3 * np.ones(2))
+  np.testing.assert_array_equal(y, 2 * np.ones(2))
+
+
+def test_a_part_alone_is_compiled_as_itself():
+  """(no branch of a program around it: a plain jit of the part)"""
+  bundle = Bundle()
+  x = _parts(bundle, 2)
+  with Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(2, (x,)), 2 * x)
+  assert names == ["jit(<lambda>)"], names
+
+
+def test_each_part_is_traced_once_and_one_left_beside_a_broken_one_alone():
+  traces = []
+  bundle = Bundle()
+  x = np.ones(2, np.float32)
+  for k in (2, 3):
+    def part(v, k=k):
+      traces.append(k)
+      return v * k
+    bundle.add(k, part, lambda: (x,))
+  bundle.run(2, (x,))
+  bundle.run(3, (x,))
+  assert sorted(traces) == [2, 3]
+
+  def broken(v):
+    raise ValueError("a broken part")
+  lone = Bundle()
+  _parts(lone, 4)
+  lone.add("broken", broken, lambda: (x,))
+  with Lowered() as names:
+    np.testing.assert_array_equal(lone.run(4, (x,)), 4 * x)
+  assert names[-1:] == ["jit(<lambda>)"] and "jit(program)" not in names[1:], (
+      names)
+
+
+def test_points_in_some_leaves_are_evaluated_by_the_points_part():
+  """Once that fails (a function that cannot run in a loop's body), every
+  later point is evaluated one by one, without trying again."""
+  fn = lambda x, y: jnp.sin(x) * y
+  x, y = jnp.array([0.5, 1.5]), jnp.array([2.0])
+  compiled = Compiled(fn, (x, y), jit=True)
+  with Lowered() as names:
+    got = compiled.at_points([0], [[x + k] for k in range(3)])
+  assert len(names) == 1 and "program" not in names[0], names
+  for (out,), k in zip(got, range(3)):
+    np.testing.assert_allclose(out, 2 * np.sin(np.asarray(x) + k), rtol=1e-6)
+  tries = []
+
+  def failing(idx, points):
+    tries.append(len(points))
+    raise TypeError("cannot run in a loop's body")
+  compiled._mapped = failing
+  for _ in range(2):
+    (out,), = compiled.at_points([0], [[x + 1]])
+    np.testing.assert_allclose(out, 2 * np.sin(np.asarray(x) + 1), rtol=1e-6)
+  assert tries == [1]

@@ -43,11 +43,7 @@ def compiled_within(fn: Callable, budget: Budget, what: str) -> Callable:
 
   def call(*args):
     flat, tree = jax.tree.flatten(args)
-    try:
-      sig = (tree, tuple(_signature(flat)))
-      hash(sig)
-    except Exception:  # pylint: disable=broad-except  (unhashable: as jax.jit does)
-      return jitted(*args)
+    sig = (tree, tuple(_signature(flat)))  # (a treedef hashes its structure)
     if sig not in cache:
       cache[sig] = budget.compile(what, jitted.lower(*args), probe=True)
     return cache[sig](*args)
@@ -277,13 +273,11 @@ class Compiled:
                 ) -> list[list[np.ndarray]]:
     """``prim_fn``'s output leaves at each point, where a point gives the
     values of the leaves ``idx`` (the others keep their values)."""
-    if not points:
-      return []
     one = self._evaluate_one
     if one is not None and all(
         np.shape(v) == np.shape(self.leaves[i])
         and dtype_of(v) == dtype_of(self.leaves[i])
-        for i, v in zip(idx, points[0])):
+        for p in points[:1] for i, v in zip(idx, p)):
       return [[np.asarray(y) for y in one(
           [self._full(idx, p)[i] for i in self.float_idx])] for p in points]
     if self.jit and not self._mapped_failed and one is None:
