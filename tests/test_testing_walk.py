@@ -114,3 +114,15 @@ def test_custom_functions_are_taken_out_where_they_run_in_place(where):
   first = 2. * X if where in IN_PLACE else X
   np.testing.assert_allclose(inputs, first, rtol=1e-6)
   np.testing.assert_allclose(fn(inputs), jnp.sin(first), rtol=1e-6)
+
+
+def test_a_custom_function_without_source_information():
+  """(a callable object: JAX names it "<unknown>", with no file or line)"""
+  class Sine:
+    def __call__(self, x):
+      return jnp.sin(x)
+  f = jax.custom_jvp(Sine())
+  f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+  (rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
+  assert rules.key == ("<unknown>", "", 0) and rules.kind == "custom_jvp"
+  assert repr(rules) == "<unknown> (custom_jvp)"

@@ -25,8 +25,8 @@ class CustomRules:
   (``"custom_jvp"`` or ``"custom_vjp"``) and where its jaxpr says it is."""
   name: str
   kind: str
-  file: str = ""
-  line: int = 0
+  file: str
+  line: int
 
   @property
   def key(self) -> tuple[str, str, int]:

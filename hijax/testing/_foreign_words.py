@@ -5,12 +5,11 @@ hijax's own conditions are told by type, never by these words.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
+from typing import NamedTuple
 
 
-@dataclasses.dataclass(frozen=True)
-class Words:
+class Words(NamedTuple):
   """A regular expression searched in the message, who raises it, and the
   releases whose error it was seen to match."""
   pattern: str
