@@ -279,3 +279,42 @@ def test_points_in_some_leaves_are_evaluated_by_the_points_part():
     (out,), = compiled.at_points([0], [[x + 1]])
     np.testing.assert_allclose(out, 2 * np.sin(np.asarray(x) + 1), rtol=1e-6)
   assert tries == [1]
+
+
+def test_nested_functions_put_their_parts_in_one_program_under_their_names():
+  x = jnp.array([0.5, 1.5])
+  outer = Compiled(jnp.sin, (x,), jit=True)
+  inner = {name: Compiled(fn, (x,), jit=True, shared=outer.nested(name))
+           for name, fn in (("cos", jnp.cos), ("exp", jnp.exp))}
+  x1 = np.asarray(x) + 1
+  with Lowered() as names:
+    for name, c in [("sin", outer), *inner.items()]:
+      (y,), = c.evaluate([[x1]])
+      np.testing.assert_allclose(y, getattr(np, name)(x1), rtol=1e-6)
+  assert names == ["jit(program)"], names
+  assert len(outer.bundle.parts) == 3 and inner["exp"].has("points")
+
+
+def test_points_whose_other_leaves_equal_the_points_are_evaluated_together():
+  fn = lambda x, k: jnp.sin(x) * k
+  x, k, x1, k_equal = (jnp.array([0.5, 1.5]), jnp.array(3), jnp.array([1.5, 2.5]),
+                       jnp.array(3))
+  compiled = Compiled(fn, (x, k), jit=True)
+  with Lowered() as names:
+    got = compiled.evaluate([[x, k], [x1, k_equal]])  # equal, not the same
+  assert len(names) == 1, names  # the points part, no call of its own
+  np.testing.assert_allclose(got[1][0], 3 * np.sin(np.asarray(x1)), rtol=1e-6)
+
+
+def test_evaluate_one_serves_points_of_the_leaves_types_only():
+  seen = []
+
+  def one(floats):
+    seen.append((floats[0].shape, floats[0].dtype))
+    return [jnp.sin(floats[0])]
+  x = jnp.array([0.5, 1.5], jnp.float32)
+  compiled = Compiled(jnp.sin, (x,), jit=True, evaluate_one=one)
+  for point in (np.asarray(x), np.asarray(x, np.float16), np.ones(3, np.float32)):
+    (y,), = compiled.at_points([0], [[point]])
+    np.testing.assert_allclose(y, np.sin(point), rtol=1e-3)
+  assert seen == [((2,), np.float32)]
