@@ -126,3 +126,40 @@ def test_a_custom_function_without_source_information():
   (rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
   assert rules.key == ("<unknown>", "", 0) and rules.kind == "custom_jvp"
   assert repr(rules) == "<unknown> (custom_jvp)"
+
+
+def test_the_rules_each_custom_function_and_primitive_defines():
+  from hijax import HiPrim
+  from hijax.testing import defined_rules
+
+  @jax.custom_jvp
+  def f(x):
+    return jnp.sin(x)
+  f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+
+  @jax.custom_vjp
+  def g(x):
+    return jnp.sin(x)
+  g.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, ct: (c * ct,))
+  (jvp_rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
+  (vjp_rules,) = find_custom_rules(jax.make_jaxpr(g)(1.).jaxpr, [])
+  assert defined_rules(jvp_rules) == {
+      "expand": "f (custom_jvp): the function",
+      "jvp": "f (custom_jvp): the jvp rule",
+      "vjp": "f (custom_jvp): the jvp rule, transposed by JAX",
+      "lin": "f (custom_jvp): the jvp rule, linearized by JAX",
+      "batch": "f (custom_jvp): vmap of the function and its jvp rule"}
+  assert defined_rules(vjp_rules) == {
+      "expand": "g (custom_vjp): the function",
+      "vjp": "g (custom_vjp): fwd/bwd",
+      "batch": "g (custom_vjp): vmap of the function, fwd and bwd"}
+
+  class Called(HiPrim):  # a decorator's call: named after its function
+    def __init__(self):
+      self.in_avals, self.params = (), {"fun": "h"}
+  assert defined_rules(Called()) == {"expand": "Called[fun=h].expand"}
+  assert defined_rules(Called) == {"expand": "Called.expand"}
+  # half a pair of rules is no rule
+  for half in ("vjp_fwd", "vjp_bwd_retval", "lin", "linearized"):
+    cls = type("Half", (HiPrim,), {half: lambda self, *a: None})
+    assert defined_rules(cls) == {"expand": "Half.expand"}, half
