@@ -163,3 +163,10 @@ def test_the_rules_each_custom_function_and_primitive_defines():
   for half in ("vjp_fwd", "vjp_bwd_retval", "lin", "linearized"):
     cls = type("Half", (HiPrim,), {half: lambda self, *a: None})
     assert defined_rules(cls) == {"expand": "Half.expand"}, half
+
+
+def test_each_primitive_instance_is_found_once():
+  same = Log1pExp(jax.typeof(X))
+  closed = jax.make_jaxpr(lambda x: same(same(x)) + log1pexp(x))(X)
+  found = find_hiprims(closed.jaxpr, [])
+  assert len(found) == 2 and found[0] is same and found[1] is not same
