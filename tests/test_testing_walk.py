@@ -170,3 +170,26 @@ def test_each_primitive_instance_is_found_once():
   closed = jax.make_jaxpr(lambda x: same(same(x)) + log1pexp(x))(X)
   found = find_hiprims(closed.jaxpr, [])
   assert len(found) == 2 and found[0] is same and found[1] is not same
+
+
+def test_applications_their_types_and_an_expand_of_another_structure():
+  from hijax.testing._discovery import (ExpandStructureError,
+                                        application_types, applications)
+  fn = lambda x: log1pexp(x) * 2
+  ((prim, p_args),) = applications(fn, (X,))
+  assert type(prim) is Log1pExp and len(p_args) == 1
+  np.testing.assert_array_equal(p_args[0], X)
+  ((prim_t, types),) = application_types(fn, (X,))
+  assert type(prim_t) is Log1pExp and types == (jax.typeof(X),)
+
+  class Pair(Log1pExp):
+    def expand(self, x):
+      return x, x
+  closed = jax.make_jaxpr(lambda x: Pair(jax.typeof(x))(x))(X)
+  found = []
+  with pytest.raises(ExpandStructureError, match="Pair.expand returned"):
+    eval_expanded(closed.jaxpr, closed.consts, [X], found)
+  assert len(found) == 1
+  # applications: those found up to the failure (the expand check says why)
+  assert [type(p) for p, _ in applications(
+      lambda x: Pair(jax.typeof(x))(x), (X,))] == [Pair]

@@ -244,7 +244,7 @@ def application_types(prim_fn, args) -> list[tuple]:
 
 def applications(prim_fn, args) -> list[tuple]:
   """``(prim, prim_args)`` for each hijax primitive ``prim_fn(*args)`` binds
-  outside loops and branches (evaluated through `expand`); empty if
+  outside loops and branches (evaluated through `expand`), up to one whose
   `expand` fails."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   found = []
