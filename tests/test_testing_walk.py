@@ -193,3 +193,17 @@ def test_applications_their_types_and_an_expand_of_another_structure():
   # applications: those found up to the failure (the expand check says why)
   assert [type(p) for p, _ in applications(
       lambda x: Pair(jax.typeof(x))(x), (X,))] == [Pair]
+
+
+def test_expand_replaces_each_application_not_binds_it():
+  calls = []
+
+  class Counted(Log1pExp):
+    def expand(self, x):
+      calls.append(None)
+      return super().expand(x)
+  closed = jax.make_jaxpr(lambda x: Counted(jax.typeof(x))(x))(X)
+  calls.clear()
+  (out,) = eval_expanded(closed.jaxpr, closed.consts, [X], [])
+  np.testing.assert_allclose(out, np.logaddexp(np.asarray(X), 0), rtol=1e-6)
+  assert len(calls) == 1
