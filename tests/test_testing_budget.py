@@ -201,13 +201,14 @@ def test_parts_whose_program_would_not_fit_are_compiled_in_pieces(
   whole = bundle(Budget(None))
   assert np.allclose(whole.run(2, (x,)), part(x, 2))
   (size,) = sizes
-  budget = Budget(size * PRIOR_RATE / 2.5)
+  seconds = size * PRIOR_RATE / 2.5
+  budget = Budget(seconds)
   sizes.clear()
   pieces = bundle(budget)
   assert np.allclose(pieces.run(1, (x,)), part(x, 1))
   assert len(sizes) == 1 and sizes[0] < size / 2  # part 1 alone
   assert np.allclose(pieces.run(0, (x,)), part(x, 0))
-  assert len(sizes) == 2 and budget.elapsed <= HARD_LIMIT * budget.seconds
+  assert len(sizes) == 2 and budget.elapsed <= HARD_LIMIT * seconds
   for k in (2, 3):
     with pytest.raises(BudgetSpent, match="was not started"):
       pieces.run(k, (x,))

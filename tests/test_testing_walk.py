@@ -183,7 +183,7 @@ def test_applications_their_types_and_an_expand_of_another_structure():
   assert type(prim_t) is Log1pExp and types == (jax.typeof(X),)
 
   class Pair(Log1pExp):
-    def expand(self, x):
+    def expand(self, x):  # pyright: ignore[reportIncompatibleMethodOverride]
       return x, x
   closed = jax.make_jaxpr(lambda x: Pair(jax.typeof(x))(x))(X)
   found = []
