@@ -9,6 +9,7 @@ import pytest
 
 from compile_count import Lowered
 from hijax.testing import check_rules
+from hijax.testing._budget import Budget
 from hijax.testing._compiled import Bundle, Compiled
 
 def _counting(name, counts):
@@ -154,3 +155,170 @@ def test_a_backward_rule_failing_at_run_time_fails_its_checks_only():
   assert all("CpuCallback error" in f.detail for f in report.failures)
   assert "expand: jitted call's output types vs its trace" in report.ran
   assert "batch: vmap vs a loop over the batch (in_axes=(0,))" in report.ran
+
+
+def _parts(bundle, *factors):
+  x = np.ones(2, np.float32)
+  for k in factors:
+    bundle.add(k, lambda v, k=k: v * k, lambda: (x,))
+  return x
+
+
+def test_the_first_and_last_two_calls_of_each_part_are_kept():
+  """The device's half runs each part again at them (hijax.testing._device),
+  and leaves the parts that raised here to the checks that ran them."""
+  bundle = Bundle()
+  _parts(bundle, 2)
+  def broken(v):
+    raise ValueError("a broken part")
+  bundle.add("broken", broken, lambda: (np.ones(2, np.float32),))
+  for k in range(5):
+    bundle.run(2, (np.full(2, k, np.float32),))
+  assert [int(args[0][0]) for args in bundle.seen[2]] == [0, 3, 4]
+  with pytest.raises(ValueError, match="a broken part"):
+    bundle.run("broken", (np.ones(2, np.float32),))
+  assert bundle.raised == {"broken"}
+
+
+def test_compile_ahead_compiles_in_a_thread_waited_for_at_the_first_call(
+    monkeypatch):
+  started = []
+  begin = Budget.begin
+
+  def spy(self, what, lowered, size=None):
+    started.append(what)
+    return begin(self, what, lowered, size)
+  monkeypatch.setattr(Budget, "begin", spy)
+  bundle = Bundle()
+  x = _parts(bundle, 2, 3)
+  bundle.compile_ahead()
+  assert started == ["compiling the checks' program (2 parts)"]
+  with Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)
+    np.testing.assert_array_equal(bundle.run(2, (x,)), 2 * x)
+  assert names == [], names  # lowered ahead, not again
+  bundle.budget.finish()
+
+
+def test_a_program_too_long_for_the_budget_is_lowered_once(monkeypatch):
+  """Its parts are then compiled alone (tests/test_testing_budget.py: where
+  each fits)."""
+  monkeypatch.setattr(Budget, "fits", lambda self, size: False)
+  bundle = Bundle()
+  x = _parts(bundle, 2, 3)
+  with Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(3, (x,)), 3 * x)
+  assert names == ["jit(program)", "jit(<lambda>)"], names
+
+
+def test_without_jit_every_evaluation_runs_eagerly():
+  """(an expand that branches in Python on values)"""
+  def fn(x):
+    return x * 2 if float(x[0]) > 0 else x * 3
+  bundle = Bundle(jit=False)
+  bundle.add("fn", fn, lambda: (np.ones(2, np.float32),))
+  np.testing.assert_array_equal(bundle.run("fn", (-np.ones(2),)), -3 * np.ones(2))
+  compiled = Compiled(fn, (jnp.ones(2),), jit=False)
+  assert not compiled.has("points")
+  (y,), (z,) = compiled.evaluate([[jnp.ones(2)], [-jnp.ones(2)]])
+  np.testing.assert_array_equal(z, -3 * np.ones(2))
+  np.testing.assert_array_equal(y, 2 * np.ones(2))
+
+
+def test_a_part_alone_is_compiled_as_itself():
+  """(no branch of a program around it: a plain jit of the part)"""
+  bundle = Bundle()
+  x = _parts(bundle, 2)
+  with Lowered() as names:
+    np.testing.assert_array_equal(bundle.run(2, (x,)), 2 * x)
+  assert names == ["jit(<lambda>)"], names
+
+
+def test_each_part_is_traced_once_and_one_left_beside_a_broken_one_alone():
+  traces = []
+  bundle = Bundle()
+  x = np.ones(2, np.float32)
+  for k in (2, 3):
+    def part(v, k=k):
+      traces.append(k)
+      return v * k
+    bundle.add(k, part, lambda: (x,))
+  bundle.run(2, (x,))
+  bundle.run(3, (x,))
+  assert sorted(traces) == [2, 3]
+
+  def broken(v):
+    raise ValueError("a broken part")
+  lone = Bundle()
+  _parts(lone, 4)
+  lone.add("broken", broken, lambda: (x,))
+  with Lowered() as names:
+    np.testing.assert_array_equal(lone.run(4, (x,)), 4 * x)
+  assert names[-1:] == ["jit(<lambda>)"] and "jit(program)" not in names[1:], (
+      names)
+
+
+def test_points_in_some_leaves_are_evaluated_by_the_points_part():
+  """Once that fails (a function that cannot run in a loop's body), every
+  later point is evaluated one by one, without trying again."""
+  fn = lambda x, y: jnp.sin(x) * y
+  x, y = jnp.array([0.5, 1.5]), jnp.array([2.0])
+  compiled = Compiled(fn, (x, y), jit=True)
+  with Lowered() as names:
+    got = compiled.at_points([0], [[x + k] for k in range(3)])
+  assert len(names) == 1 and "program" not in names[0], names
+  for (out,), k in zip(got, range(3)):
+    np.testing.assert_allclose(out, 2 * np.sin(np.asarray(x) + k), rtol=1e-6)
+  tries = []
+
+  def failing(idx, points):
+    tries.append(len(points))
+    raise TypeError("cannot run in a loop's body")
+  compiled._mapped = failing
+  for _ in range(2):
+    (out,), = compiled.at_points([0], [[x + 1]])
+    np.testing.assert_allclose(out, 2 * np.sin(np.asarray(x) + 1), rtol=1e-6)
+  assert tries == [1]
+
+
+def test_nested_functions_put_their_parts_in_one_program_under_their_names():
+  x = jnp.array([0.5, 1.5])
+  outer = Compiled(jnp.sin, (x,), jit=True)
+  inner = {name: Compiled(fn, (x,), jit=True, shared=outer.nested(name))
+           for name, fn in (("cos", jnp.cos), ("exp", jnp.exp))}
+  x1 = np.asarray(x) + 1
+  with Lowered() as names:
+    for name, c in [("sin", outer), *inner.items()]:
+      (y,), = c.evaluate([[x1]])
+      np.testing.assert_allclose(y, getattr(np, name)(x1), rtol=1e-6)
+  assert names == ["jit(program)"], names
+  assert len(outer.bundle.parts) == 3 and inner["exp"].has("points")
+  # a part bound to another Compiled's, with more arguments
+  bound = Compiled(jnp.sin, (x,), jit=True,
+                   bound={"cos": (inner["cos"], "points", ())})
+  assert bound.has("cos") and not bound.has("exp")
+
+
+def test_points_whose_other_leaves_equal_the_points_are_evaluated_together():
+  fn = lambda x, k: jnp.sin(x) * k
+  x, k, x1, k_equal = (jnp.array([0.5, 1.5]), jnp.array(3), jnp.array([1.5, 2.5]),
+                       jnp.array(3))
+  compiled = Compiled(fn, (x, k), jit=True)
+  with Lowered() as names:
+    got = compiled.evaluate([[x, k], [x1, k_equal]])  # equal, not the same
+  assert len(names) == 1 and "points" in names[0], names  # no call of its own
+  np.testing.assert_allclose(got[1][0], 3 * np.sin(np.asarray(x1)), rtol=1e-6)
+
+
+def test_evaluate_one_serves_points_of_the_leaves_types_only():
+  seen = []
+
+  def one(floats):
+    seen.append((floats[0].shape, floats[0].dtype))
+    return [jnp.sin(floats[0])]
+  x = jnp.array([0.5, 1.5], jnp.float32)
+  compiled = Compiled(jnp.sin, (x,), jit=True, evaluate_one=one)
+  for point in (np.asarray(x), np.asarray(x, np.float16), np.ones(3, np.float32)):
+    (y,), = compiled.at_points([0], [[point]])
+    np.testing.assert_allclose(y, np.sin(point), rtol=1e-3)
+  assert seen == [((2,), np.float32)]

@@ -114,3 +114,96 @@ def test_custom_functions_are_taken_out_where_they_run_in_place(where):
   first = 2. * X if where in IN_PLACE else X
   np.testing.assert_allclose(inputs, first, rtol=1e-6)
   np.testing.assert_allclose(fn(inputs), jnp.sin(first), rtol=1e-6)
+
+
+def test_a_custom_function_without_source_information():
+  """(a callable object: JAX names it "<unknown>", with no file or line)"""
+  class Sine:
+    def __call__(self, x):
+      return jnp.sin(x)
+  f = jax.custom_jvp(Sine())
+  f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+  (rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
+  assert rules.key == ("<unknown>", "", 0) and rules.kind == "custom_jvp"
+  assert repr(rules) == "<unknown> (custom_jvp)"
+
+
+def test_the_rules_each_custom_function_and_primitive_defines():
+  from hijax import HiPrim
+  from hijax.testing import defined_rules
+
+  @jax.custom_jvp
+  def f(x):
+    return jnp.sin(x)
+  f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+
+  @jax.custom_vjp
+  def g(x):
+    return jnp.sin(x)
+  g.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, ct: (c * ct,))
+  (jvp_rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
+  (vjp_rules,) = find_custom_rules(jax.make_jaxpr(g)(1.).jaxpr, [])
+  assert defined_rules(jvp_rules) == {
+      "expand": "f (custom_jvp): the function",
+      "jvp": "f (custom_jvp): the jvp rule",
+      "vjp": "f (custom_jvp): the jvp rule, transposed by JAX",
+      "lin": "f (custom_jvp): the jvp rule, linearized by JAX",
+      "batch": "f (custom_jvp): vmap of the function and its jvp rule"}
+  assert defined_rules(vjp_rules) == {
+      "expand": "g (custom_vjp): the function",
+      "vjp": "g (custom_vjp): fwd/bwd",
+      "batch": "g (custom_vjp): vmap of the function, fwd and bwd"}
+
+  class Called(HiPrim):  # a decorator's call: named after its function
+    def __init__(self):
+      self.in_avals, self.params = (), {"fun": "h"}
+  assert defined_rules(Called()) == {"expand": "Called[fun=h].expand"}
+  assert defined_rules(Called) == {"expand": "Called.expand"}
+  # half a pair of rules is no rule
+  for half in ("vjp_fwd", "vjp_bwd_retval", "lin", "linearized"):
+    cls = type("Half", (HiPrim,), {half: lambda self, *a: None})
+    assert defined_rules(cls) == {"expand": "Half.expand"}, half
+
+
+def test_each_primitive_instance_is_found_once():
+  same = Log1pExp(jax.typeof(X))
+  closed = jax.make_jaxpr(lambda x: same(same(x)) + log1pexp(x))(X)
+  found = find_hiprims(closed.jaxpr, [])
+  assert len(found) == 2 and found[0] is same and found[1] is not same
+
+
+def test_applications_their_types_and_an_expand_of_another_structure():
+  from hijax.testing._discovery import (ExpandStructureError,
+                                        application_types, applications)
+  fn = lambda x: log1pexp(x) * 2
+  ((prim, p_args),) = applications(fn, (X,))
+  assert type(prim) is Log1pExp and len(p_args) == 1
+  np.testing.assert_array_equal(p_args[0], X)
+  ((prim_t, types),) = application_types(fn, (X,))
+  assert type(prim_t) is Log1pExp and types == (jax.typeof(X),)
+
+  class Pair(Log1pExp):
+    def expand(self, x):  # pyright: ignore[reportIncompatibleMethodOverride]
+      return x, x
+  closed = jax.make_jaxpr(lambda x: Pair(jax.typeof(x))(x))(X)
+  found = []
+  with pytest.raises(ExpandStructureError, match="Pair.expand returned"):
+    eval_expanded(closed.jaxpr, closed.consts, [X], found)
+  assert len(found) == 1
+  # applications: those found up to the failure (the expand check says why)
+  assert [type(p) for p, _ in applications(
+      lambda x: Pair(jax.typeof(x))(x), (X,))] == [Pair]
+
+
+def test_expand_replaces_each_application_not_binds_it():
+  calls = []
+
+  class Counted(Log1pExp):
+    def expand(self, x):
+      calls.append(None)
+      return super().expand(x)
+  closed = jax.make_jaxpr(lambda x: Counted(jax.typeof(x))(x))(X)
+  calls.clear()
+  (out,) = eval_expanded(closed.jaxpr, closed.consts, [X], [])
+  np.testing.assert_allclose(out, np.logaddexp(np.asarray(X), 0), rtol=1e-6)
+  assert len(calls) == 1

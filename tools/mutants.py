@@ -111,8 +111,8 @@ MODULE_TESTS.update({
                            "tests/test_testing_import.py",
                            "tests/test_testing_jax_rules.py",
                            "tests/test_testing_verdicts.py", *TESTING],
-    "testing/_compiled.py": ["tests/test_testing_budget.py",
-                             "tests/test_testing_bundle.py",
+    "testing/_compiled.py": ["tests/test_testing_bundle.py",
+                             "tests/test_testing_budget.py",
                              "tests/test_testing_compiles.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.

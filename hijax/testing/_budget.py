@@ -1,21 +1,18 @@
-"""The time a run of `check_rules` may take, and the progress it shows.
+"""The time budget of one run of `check_rules`, and the progress it shows.
 
 No check starts once the budget is spent (the rest are listed as skipped
 for time); one that started runs to its end. A compile cannot be
-interrupted (a special function built from long loops: minutes), so none
-starts that would end past `HARD_LIMIT` times the budget by its estimate
-(`Budget.compile` raises `BudgetSpent` instead, which ends the run): its
-program's size (characters of StableHLO) times the slowest rate of this
-run's compiles, or before the first `PRIOR_RATE` times how much slower than
-CPU time the run's wall time goes. A program too long is compiled in pieces
-(`hijax.testing._compiled`). So a run ends within `HARD_LIMIT` times its
-budget plus what its last compile took beyond its estimate, with no thread
-left: compiles run in the caller's thread but the device's compile started
-ahead (`Budget.begin`), which `Budget.finish` waits for.
+interrupted, so none starts that would end past `HARD_LIMIT` times the
+budget by its estimate (`BudgetSpent` instead, which ends the run): its
+program's characters of StableHLO times the slowest rate of this run's
+compiles, or before the first, `PRIOR_RATE` times how much slower than CPU
+time the run's wall time goes. Compiles run in the caller's thread, but
+the one `Budget.begin` starts ahead, which `Budget.finish` waits for.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 import time
@@ -33,10 +30,9 @@ PROGRESS_AFTER = 10.0
 # No compile starts that would end past this many times the budget.
 HARD_LIMIT = 1.4
 
-# Seconds per character of StableHLO a compile takes before this run has
-# measured its own: hyp2f1's check program, 351,387 characters in 19.8 s of
-# CPU time (jax 0.12.0.1, the 2-core development machine), the slowest of
-# bench/bench_checker.py's special functions per character (i0: 6e-6).
+# Seconds per character of StableHLO a compile takes before the run measured
+# its own: hyp2f1's program, 351,387 characters in 19.8 s of CPU time (jax
+# 0.12.0.1), the slowest per character of bench/bench_checker.py's (i0: 6e-6).
 PRIOR_RATE = 6e-5
 
 # The clocks (a test replaces them).
@@ -46,9 +42,8 @@ _cpu_clock = time.process_time
 
 class BudgetSpent(BaseException):
   """A compile would end past `HARD_LIMIT` times the time budget: the run
-  ends and reports what did not run as skipped for time. A BaseException,
-  so that the checks' handlers of a rule's exceptions do not take it for a
-  failure of the rule."""
+  ends, what did not run skipped for time. A BaseException: the checks'
+  handlers of a rule's exceptions do not take it for the rule's failure."""
 
   # where it stopped the preparation of the checks: (context, modes)
   prepared: tuple | None = None
@@ -60,10 +55,6 @@ class BudgetSpent(BaseException):
         "the time budget was spent" if estimate is None else
         f"it would take about {estimate:.1f} s, past {HARD_LIMIT:g} times "
         "the time budget"))
-
-
-def _to_stderr(line: str) -> None:
-  print(line, file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -99,7 +90,8 @@ class Budget:
       return cls(seconds, progress, always=True)
     if progress is False:
       return cls(seconds)
-    return cls(seconds, _to_stderr, always=bool(progress))
+    return cls(seconds, lambda line: print(line, file=sys.stderr, flush=True),
+               always=bool(progress))
 
   @property
   def elapsed(self) -> float:
@@ -110,8 +102,7 @@ class Budget:
     return self.seconds is not None and self.elapsed > self.seconds
 
   def estimate(self, size: int) -> float:
-    """The seconds a compile of a program of ``size`` characters would take
-    (see the module docstring)."""
+    """The seconds a compile of ``size`` characters would take."""
     if self.rate is not None:
       return size * self.rate
     wall, cpu = _clock() - self.start, _cpu_clock() - self._cpu_start
@@ -119,21 +110,19 @@ class Budget:
 
   def fits(self, size: int) -> bool:
     """Whether a compile of ``size`` characters would end within
-    `HARD_LIMIT` times the budget (always, without a budget)."""
+    `HARD_LIMIT` times the budget."""
     return self.seconds is None or (
         self.elapsed + self.estimate(size) <= HARD_LIMIT * self.seconds)
 
   def size(self, lowered: Any) -> int:
-    """The size of a lowered program: its characters of StableHLO (0
-    without a budget: not needed)."""
+    """A lowered program's characters of StableHLO (0 without a budget)."""
     return 0 if self.seconds is None else len(lowered.as_text())
 
   def compile(self, what: str, lowered: Any, probe: bool = False,
               size: int | None = None) -> Any:
-    """``lowered.compile()``, here; `BudgetSpent` instead where the budget
-    is spent or the compile would not end within `HARD_LIMIT` times it
-    (`fits`), unless it is a ``probe`` and no rate is measured yet (the
-    smallest program, compiled to measure it). Measures the rate."""
+    """``lowered.compile()``, measuring the rate; `BudgetSpent` instead
+    where the budget is spent or it does not `fits`, unless it is a
+    ``probe`` (a small program) and no rate is measured yet."""
     if self.seconds is None:
       return lowered.compile()
     size = self.size(lowered) if size is None else size
@@ -149,12 +138,11 @@ class Budget:
   def begin(self, what: str, lowered: Any,
             size: int | None = None) -> Callable[[], Any]:
     """A function that returns ``lowered.compile()``: compiled in a thread
-    of its own, started now, where it fits the budget (`fits`); else
-    compiled by `compile` at the call. The run waits for the thread before
-    it returns (`finish`). (A compile reads no JAX setting of the thread:
-    dtypes, precision and devices are fixed in the lowered program.)"""
+    started now, where it fits (`fits`; `finish` waits for it); else by
+    `compile` at the first call. (A compile reads no JAX setting of the
+    thread: dtypes, precision and devices are fixed in the lowered program.)"""
     if not self.fits(self.size(lowered) if size is None else size):
-      return lambda: self.compile(what, lowered, probe=True)
+      return functools.cache(lambda: self.compile(what, lowered, probe=True))
     box: dict[str, Any] = {}
 
     def work():
@@ -174,9 +162,7 @@ class Budget:
     return wait
 
   def finish(self) -> None:
-    """Waits for the compiles `begin` started (that nothing waited for: the
-    device's half of the checks did not run): no thread of the run
-    outlives it."""
+    """Waits for the compiles `begin` started: no thread outlives the run."""
     for worker in self._threads:
       worker.join()
     self._threads = []

@@ -1,24 +1,15 @@
-"""Central finite differences with a step and an error bound that follow the
-input's magnitude and dtype, and a verdict for each output element (the
-model in full: docs/checking-rules.md, "How finite differences are judged").
+"""Central finite differences with steps and error bounds that follow the
+input's magnitude and dtype, and a verdict per output element (the model:
+docs/checking-rules.md, "How finite differences are judged").
 
-* Tangents are signed powers of two of their input elements' magnitudes,
-  scaled by one power of two so that the largest is 1; steps ``h`` are
-  powers of two, so ``x ± h t`` is exact (a step that would round is
-  dropped). bfloat16/float16 inputs are differenced in float32, float32 in
-  float64, where the function accepts it; the rule runs in the narrow dtype.
-* ``D(h)`` for ``h`` from about ``eps^(1/3)`` down to a few ulps of ``x``;
-  per element the step with the smallest error estimate, truncation
-  (``|D(h) - D(h/4)|``, confirmed by every finer quotient) plus rounding
-  (``σ / h``, ``σ`` the noise from fourth differences, at least ``eps |f|``
-  of the leaf's largest value); the comparison allows twice the estimate.
-* Quotients equal to the last bit at every step are exact: *resolved* where
-  their bound is small next to the derivative, else *bounded* (a rule
-  outside fails; one inside counts only where it gives exactly that value).
-* Each element is *resolved*, *unresolved* (compared for NaN only), *not
-  smooth* (second differences do not shrink as ``h²``) or *not finite*
-  (``f`` not finite on one side, or infinite at ``x``); the last two are not
-  compared. Where ``f(x)`` is NaN a rule must give NaN too.
+Tangents and steps are powers of two, so ``x ± h t`` is exact; narrow
+inputs are differenced in a wider dtype where the function accepts it.
+Per element, the step with the smallest error estimate (truncation, seen
+to converge, plus rounding ``σ / h`` from fourth differences); quotients
+equal to the last bit at every step are exact (*resolved* or *bounded*).
+Verdicts: *resolved*, *unresolved* (compared for NaN only), *not smooth*,
+*not finite* (the last two not compared); where ``f(x)`` is NaN a rule
+must give NaN too.
 """
 from __future__ import annotations
 
@@ -58,34 +49,26 @@ FLOOR = 4.0
 
 @dataclasses.dataclass
 class FDEstimate:
-  """Finite-difference estimates of ``J t`` along exact tangents.
+  """Finite-difference estimates of ``J t`` along exact tangents; per
+  floating-point output leaf:
 
   Attributes:
     tangents: the tangents, arrays of the inputs' dtypes.
-    values: ``J t`` per floating-point output leaf (in the output's dtype).
-    bounds: the estimated error of each element of ``values`` (float64);
-      ``inf`` where the element is not resolved.
-    status: the verdict of each element, per output leaf (`RESOLVED`,
-      `UNRESOLVED`, `NOT_SMOOTH` or `NOT_FINITE`).
-    resolution: the largest ``bound / max |value|`` over the output leaves
-      (elements not resolved left out): how large a relative error in a rule
-      the estimate can still see.
+    values: ``J t`` (in the output's dtype).
+    bounds: the estimated error of each element (``inf``: not resolved).
+    status: each element's verdict (`RESOLVED`, `UNRESOLVED`, ...).
     evaluations: the number of evaluations of the function it took.
-    floors: per output leaf, how much two correct evaluations of the
-      function itself at the point may differ: its measured rounding noise,
-      plus what rounding its inputs to their dtype changes (times `FLOOR`).
-      An output that is zero to rounding (the determinant of a singular
-      matrix) is compared with this absolute floor.
+    floors: how much two correct evaluations of the function may differ
+      (its rounding noise and that of its inputs, times `FLOOR`): an output
+      zero to rounding is compared with this absolute floor.
     center: the outputs at the point, as the function returned them.
-    own: per output leaf, the elements resolved on their own scale (their
-      bound at most half their value): a rule is judged there against the
-      element itself, not against its leaf's largest.
+    own: the elements resolved on their own scale (bound at most half their
+      value): a rule is judged there against the element, not its leaf.
   """
   tangents: list
   values: list
   bounds: list
   status: list
-  resolution: float
   evaluations: int
   floors: list = dataclasses.field(default_factory=list)
   center: list = dataclasses.field(default_factory=list)
@@ -95,46 +78,28 @@ class FDEstimate:
     """The number of output elements with ``verdict``."""
     return int(sum(np.sum(s == verdict) for s in self.status))
 
-  @property
-  def unresolved(self) -> int:
-    """The number of output elements not resolved (their bound is ``inf``)."""
-    return self.count(UNRESOLVED)
-
   def flat(self) -> list[np.ndarray]:
-    """Per output leaf, the elements whose derivative is zero to the
-    estimate's resolution (judged, and no larger than their bound)."""
-    out = []
-    for v, b, s in zip(self.values, self.bounds, self.status):
-      with np.errstate(invalid="ignore"):
-        out.append(~np.isin(s, SKIPPED) & ~(np.abs(np.asarray(v)) > b))
-    return out
+    """The elements whose derivative is zero to the estimate's resolution
+    (judged, and no larger than their bound)."""
+    with np.errstate(invalid="ignore"):
+      return [~np.isin(s, SKIPPED) & ~(np.abs(np.asarray(v)) > b)
+              for v, b, s in zip(self.values, self.bounds, self.status)]
 
   def uncounted(self) -> list[np.ndarray]:
-    """Per output leaf, the elements compared with a finite bound that do
-    not count as judged unless a rule gives exactly their value
-    (`BOUNDED`: they can refute a rule, not confirm a small one)."""
+    """The `BOUNDED` elements: they refute a rule, never confirm one."""
     return [s == BOUNDED for s in self.status]
 
   def skipped(self) -> list[np.ndarray]:
-    """Per output leaf, the elements compared with nothing (not smooth or
-    not finite)."""
+    """The elements compared with nothing (not smooth or not finite)."""
     return [np.isin(s, SKIPPED) for s in self.status]
 
 
 def _truncation(D, diff, noise, agree=None):
-  """The truncation error of each quotient, ``inf`` where the quotients are
-  not seen to converge (or are NaN: a step where the function is not finite).
-
-  The estimate at step ``k`` is the largest of ``|D_k - D_k+1|``, of the
-  next difference, of ``|D_k-1 - D_k| / 16`` (the previous difference,
-  scaled as an ``h²`` error) and of the disagreement with every finer
-  quotient beyond ``agree`` (that quotient's rounding; default ``noise``), so
-  that coarse quotients agreeing by chance do not pass for converged ones. A
-  step counts only where the differences are seen to shrink into it (by at
-  least 4 where 16 is expected) or are already explained by rounding
-  (``noise``, per step): a sequence that has not yet converged can have small
-  differences by chance.
-  """
+  """The truncation error of each quotient ``D_k``: the largest of the next
+  two differences, the previous one / 16 and the disagreement with every
+  finer quotient beyond ``agree`` (its rounding); ``inf`` where the
+  differences are not seen to shrink into step k (by 4 where 16 is
+  expected) nor explained by rounding (``noise``), or ``D_k`` is NaN."""
   agree = noise if agree is None else agree
   n = len(D)
   if n == 1:
@@ -161,11 +126,9 @@ def _truncation(D, diff, noise, agree=None):
 
 
 def _noise(fm2, fm1, f0, fp1, fp2, fm4=None, fp4=None):
-  """Per element, the rounding noise of ``f`` from its fourth difference at
-  the smallest step ``q1`` and (where the points ``± 4 h`` exist) at twice
-  that step ``q2``: ``|q2 - 16 q1| / 64`` removes the curvature both share
-  (a fourth difference of a smooth function grows as ``h^4``), and is about
-  ``|q1| / 4`` where rounding dominates."""
+  """Per element, the rounding noise of ``f``: ``|q1| / 4`` (``q1`` the
+  fourth difference at the smallest step) or, with the points at ``± 4h``,
+  ``|q2 - 16 q1| / 64``, which removes the curvature both share."""
   q1 = fm2 - 4 * fm1 + 6 * f0 - 4 * fp1 + fp2
   if fm4 is None:
     return np.abs(q1) / 4
@@ -174,10 +137,9 @@ def _noise(fm2, fm1, f0, fp1, fp2, fm4=None, fp4=None):
 
 
 def _not_smooth(S, valid, sigma):
-  """Elements whose second differences ``S_k`` (at steps shrinking by 4) do
-  not shrink by about 16 between the two finest steps where both are well
-  above rounding (``16 σ``): a kink (they shrink by 4) or a jump (they do
-  not shrink)."""
+  """Elements whose second differences (steps shrinking by 4) do not shrink
+  by about 16 between the two finest steps well above rounding (``16 σ``):
+  a kink (they shrink by 4) or a jump (they do not shrink)."""
   n = len(S)
   found = np.zeros(S.shape[1:], bool)
   decided = np.zeros(S.shape[1:], bool)
@@ -192,9 +154,8 @@ def _not_smooth(S, valid, sigma):
 
 
 def _rough(S, valid, sigma):
-  """Elements whose second differences, where two at successive steps are
-  both above rounding (``4 σ``), do not shrink by at least 4 between them
-  (16 is expected where ``f`` is smooth at that scale): ``f`` varies faster
+  """Elements whose second differences above rounding (``4 σ``) at two
+  successive steps do not shrink by 4 between them: ``f`` varies faster
   than the steps resolve (float32 at a large argument)."""
   found = np.zeros(S.shape[1:], bool)
   with np.errstate(invalid="ignore", divide="ignore"):
@@ -206,9 +167,8 @@ def _rough(S, valid, sigma):
 
 
 def _curvature(S, valid, sigma, h):
-  """Per element, ``|t'H t|`` from the finest second difference well above
-  rounding (``4 σ``), or, where none is, the largest the rounding allows at
-  the coarsest step."""
+  """Per element, ``|t'H t|`` from the finest second difference above
+  rounding (``4 σ``), else the largest rounding allows at the coarsest."""
   with np.errstate(invalid="ignore", divide="ignore"):
     big = valid & (np.abs(S) > 4 * sigma)
     curv = np.where(big, np.abs(S) / h ** 2, np.nan)
@@ -231,20 +191,15 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
   """``J t`` of a function by central differences along ``ts``, with an
   error bound and a verdict per element (see the module docstring).
 
-  ``evaluate`` takes a list of points (each a list of arrays like ``xs``) and
-  returns, for each point, the tuple of the function's floating-point
-  outputs; every point is passed in one call (so that they can be evaluated
-  in one compiled program). ``f_x`` are the outputs at ``xs`` (None: they
-  are evaluated with the other points, and returned as ``center``). The
-  values are
-  returned in ``cast_to`` (default ``out_dtypes``), along the tangents ``ts``
-  divided by a power of two (see `hijax.testing._steps.normalizer`) and returned in
-  ``tangent_dtypes`` (default: the dtypes of ``ts``), where they are exact.
-  ``combines`` is the size of the values the function combines, where
-  known (a backward pass combines the output and its cotangent): an element
-  far smaller is the remainder of a cancellation, whose rounding noise is at
-  least ``eps combines`` even where it happens to be exactly zero everywhere
-  (the backward pass of softmax's dominant output).
+  ``evaluate`` takes a list of points (lists of arrays like ``xs``, all in
+  one call) and returns each point's floating-point outputs. ``f_x``: the
+  outputs at ``xs`` (None: evaluated with the others, returned as
+  ``center``). The values are in ``cast_to`` (default ``out_dtypes``),
+  along ``ts`` divided by a power of two (`_steps.normalizer`), returned in
+  ``tangent_dtypes`` (default: the dtypes of ``ts``). ``combines``: the
+  size of what the function combines, where known (a backward pass: its
+  output and cotangent): an element far smaller is a cancellation's
+  remainder, with rounding noise at least ``eps combines``.
   """
   steps, points = [], []
   for h in candidate_steps([np.asarray(x).dtype for x in xs], eps):
@@ -268,8 +223,7 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
   n = len(steps)
   scale = normalizer(ts, tangent_dtypes)
   f0s = [wide(v) for v in f_x]
-  values, bounds, status, floors, resolution = [], [], [], [], 0.0
-  owns = []
+  values, bounds, status, floors, owns = [], [], [], [], []
   eps_in = max(float(jnp.finfo(d).eps) for d in (
       tangent_dtypes or [np.asarray(t).dtype for t in ts]))
   with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -365,13 +319,9 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
       values.append(value.astype((cast_to or out_dtypes)[j]))
       bounds.append(bound)
       status.append(verdict)
-      with np.errstate(invalid="ignore"):
-        owns.append((verdict == RESOLVED) & (bound <= 0.5 * np.abs(value)))
-      finite = bound[np.isfinite(bound)]
-      if finite.size and top > 0:
-        resolution = max(resolution, float(np.max(finite)) / (top / scale))
+      owns.append((verdict == RESOLVED) & (bound <= 0.5 * np.abs(value)))
   tangents = [on_device((np.asarray(t) / scale).astype(
       np.asarray(t).dtype if tangent_dtypes is None else tangent_dtypes[i]))
               for i, t in enumerate(ts)]
-  return FDEstimate(tangents, values, bounds, status, resolution, len(points),
+  return FDEstimate(tangents, values, bounds, status, len(points),
                     floors, list(f_x), owns)

@@ -1,21 +1,17 @@
-"""The one place where the checker recognizes an error raised by others
-(JAX, a JAX library) by its words, where no exception type tells: each
-pattern, who raises it, and the releases it was seen in (each is tested in
-tests/test_testing_words.py, which reproduces those it can).
-
-hijax's own conditions are told by type (`hijax.derived.NonlinearBackwardError`,
-`hijax.testing._budget.BudgetSpent`), never by these words.
+"""The one place where the checker recognizes an error raised by others (JAX,
+a JAX library) by its words, where no exception type tells: each pattern,
+who raises it, the releases it was seen in (tests/test_testing_words.py).
+hijax's own conditions are told by type, never by these words.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
+from typing import NamedTuple
 
 
-@dataclasses.dataclass(frozen=True)
-class Words:
-  """A pattern (a regular expression searched in the message), who raises
-  it, and the releases whose error it was seen to match."""
+class Words(NamedTuple):
+  """A regular expression searched in the message, who raises it, and the
+  releases whose error it was seen to match."""
   pattern: str
   raised_by: str
   seen_in: tuple[str, ...]

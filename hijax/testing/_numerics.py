@@ -12,13 +12,9 @@ from hijax._internals import core as _core
 
 @dataclasses.dataclass(frozen=True)
 class Tol:
-  """A comparison of ``got`` with ``want`` passes where
-
-      |got - want| <= atol + rtol |want| + ulps eps (|want| + max |want|)
-
-  with ``eps`` the machine epsilon of ``want``'s dtype and ``max |want|`` taken
-  over the leaf (so that an element near zero, computed with cancellation,
-  is judged on the leaf's scale), plus any error bound of the reference."""
+  """``|got - want| <= atol + rtol |want| + ulps eps (|want| + max |want|)``
+  passes (``eps`` of ``want``'s dtype, ``max`` over the leaf: an element
+  near zero is judged on its leaf's scale), plus the reference's bound."""
   atol: float = 0.0
   rtol: float = 0.0
   ulps: float = 0.0
@@ -32,11 +28,9 @@ MAX_RULE_RTOL = 1 / 16
 
 
 def eps_of(dtype) -> float:
-  """The machine epsilon of a floating or complex dtype (of its parts; of
-  float64 for other dtypes)."""
-  dtype = np.dtype(dtype)
-  return float(jnp.finfo(dtype).eps) if jnp.issubdtype(
-      dtype, jnp.inexact) else float(np.finfo(np.float64).eps)
+  """The machine epsilon of a floating or complex dtype (else float64's)."""
+  inexact = jnp.issubdtype(dtype, jnp.inexact)
+  return float(jnp.finfo(dtype if inexact else np.float64).eps)
 
 
 def ulp_factor(tol: Tol, dtype) -> float:
@@ -45,8 +39,7 @@ def ulp_factor(tol: Tol, dtype) -> float:
 
 
 def defaults(atol=None, rtol=None) -> Tol:
-  """The tolerance between rules: `RULE_ULPS` units in the last place of the
-  compared values' dtype, or the ``atol`` and ``rtol`` given instead."""
+  """`RULE_ULPS` units in the last place, or the ``atol`` and ``rtol`` given."""
   if atol is None and rtol is None:
     return Tol(ulps=RULE_ULPS)
   return Tol(atol or 0.0, rtol or 0.0)
@@ -55,17 +48,13 @@ def defaults(atol=None, rtol=None) -> Tol:
 def describe_tol(tol: Tol) -> str:
   """``tolerance 256 ulps`` or ``tolerance atol=1e-06, rtol=1e-05``."""
   parts = [f"{k}={v:g}" for k, v in (("atol", tol.atol), ("rtol", tol.rtol))
-           if v]
-  if tol.ulps:
-    parts.append(f"{tol.ulps:g} ulps")
+           if v] + ([f"{tol.ulps:g} ulps"] if tol.ulps else [])
   return "tolerance " + (", ".join(parts) or "0")
 
 
 def on_device(x, dtype=None) -> jax.Array:
-  """``x`` (a NumPy array or a JAX one) as a JAX array, in ``dtype`` where
-  given, without compiling anything: ``jnp.asarray`` of a NumPy array
-  compiles a small program per shape and dtype on some JAX versions, which
-  the checks would pay for at every new shape."""
+  """``x`` as a JAX array (in ``dtype``), compiling nothing (``jnp.asarray``
+  compiles a program per shape and dtype on some JAX versions)."""
   if isinstance(x, jax.Array) and (dtype is None or x.dtype == dtype):
     return x
   x = np.asarray(x)
@@ -79,21 +68,15 @@ def dtype_of(x) -> np.dtype:
 
 
 def is_float(x) -> bool:
-  """Whether ``x`` is an array (or scalar) of a floating or complex dtype
-  (one that is differentiated); False for a value of a hi type, which has
-  no dtype."""
+  """Whether ``x`` is an array or scalar of a floating or complex dtype
+  (False for a value of a hi type)."""
   try:
-    aval = _core.typeof(x) if not isinstance(x, _core.AbstractValue) else x
-  except Exception:  # pylint: disable=broad-except
+    aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
+    dtype = (aval.dtype if isinstance(aval, _core.ShapedArray)
+             else np.result_type(x))  # pyright: ignore[reportArgumentType]
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
+  except Exception:  # pylint: disable=broad-except  (a hi type's value)
     return False
-  dtype = getattr(aval, "dtype", None) if isinstance(
-      aval, _core.ShapedArray) else None
-  if dtype is None:
-    try:
-      dtype = np.result_type(x)  # pyright: ignore[reportArgumentType]
-    except Exception:  # pylint: disable=broad-except
-      return False
-  return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 def wide(x) -> np.ndarray:
@@ -103,15 +86,13 @@ def wide(x) -> np.ndarray:
 
 
 def real_or_int(dtype) -> bool:
-  """Whether the checks support ``dtype``: floating, complex, integer or
-  boolean."""
+  """Whether ``dtype`` is floating, complex, integer or boolean."""
   return any(jnp.issubdtype(dtype, t) for t in (jnp.inexact, jnp.integer,
                                                 jnp.bool_))
 
 
 def check_arrays(what, root, paths_and_leaves, ok) -> None:
-  """Raises TypeError naming the first leaf for which ``ok`` fails: the
-  checks support arrays of real or integer dtypes only."""
+  """Raises TypeError naming the first leaf for which ``ok`` fails."""
   for path, x in paths_and_leaves:
     try:
       good = ok(x)
@@ -156,7 +137,7 @@ def fmt_array(x, limit=6) -> str:
 
 
 def describe_leaf(x) -> str:
-  """`fmt_array` for an array; the type for a value of a hi type."""
+  """`fmt_array`, or the type of a value of a hi type."""
   aval = _core.typeof(x)
   if isinstance(aval, _core.ShapedArray):
     return fmt_array(x)
@@ -164,9 +145,8 @@ def describe_leaf(x) -> str:
 
 
 def inner(xs, ys) -> tuple[float, float]:
-  """``Re sum(x y)`` over two lists of arrays (the pairing of a cotangent
-  with a tangent: for complex numbers JAX's, with no conjugate), and the sum
-  of ``|x y|``."""
+  """``Re sum(x y)`` over two lists of arrays (JAX's pairing of a cotangent
+  and a tangent: no conjugate), and the sum of ``|x y|``."""
   total, scale = 0.0, 0.0
   for x, y in zip(xs, ys):
     p = wide(x) * wide(y)
@@ -176,10 +156,9 @@ def inner(xs, ys) -> tuple[float, float]:
 
 
 def inner_identity(cts_out, j_t, cts_in, tangents, tol: Tol, bounds=None):
-  """Both sides of ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` and the error allowed:
-  ``(lhs, rhs, bound)``. ``bounds`` are error bounds of ``J ṫ`` (from finite
-  differences), weighted by ``|ȳ|``; the rounding allowed is relative to the
-  sum of the products' magnitudes, in the least precise dtype involved."""
+  """``(lhs, rhs, bound)`` of ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>``: rounding relative to
+  the products' magnitudes in the least precise dtype, plus ``bounds`` (of
+  ``J ṫ``, from finite differences) weighted by ``|ȳ|``."""
   lhs, lscale = inner(cts_out, j_t)
   rhs, rscale = inner(cts_in, tangents)
   ybar = sum(float(np.sum(np.abs(wide(c)))) for c in cts_out)
@@ -195,12 +174,10 @@ def inner_identity(cts_out, j_t, cts_in, tangents, tol: Tol, bounds=None):
 
 
 def allowed_error(want, tol: Tol, bound=None, own=None) -> np.ndarray:
-  """``atol + rtol |want| + ulps eps (|want| + max |want|) + bound``; where
-  ``own`` is True, ``ulps eps 2 |want|``: the element is judged on its own
-  scale (a reference that resolves it to a fraction of itself, next to
-  elements far larger, log_ndtr's slope at 12.5 beside slopes of order 1).
-  Plus the dtype's smallest normal number, below which results may be
-  flushed to zero."""
+  """``atol + rtol |want| + ulps eps (|want| + max |want|) + bound``, with
+  ``2 |want|`` for ``|want| + max |want|`` where ``own`` (an element
+  resolved on its own scale beside far larger ones), plus the dtype's
+  smallest normal number (below it results may be flushed to zero)."""
   w = np.abs(wide(want))
   with np.errstate(invalid="ignore"):
     w = np.where(np.isfinite(w), w, 0.0)
@@ -216,10 +193,8 @@ def allowed_error(want, tol: Tol, bound=None, own=None) -> np.ndarray:
 
 
 def judged_elements(want, tol: Tol, bound=None, skip=None) -> int:
-  """How many elements of ``want`` a comparison with it judges: those not
-  skipped, with a finite error allowed, where ``want`` is not NaN (an
-  element allowed any error, as an unresolved finite difference is, is
-  compared only for NaN, which judges nothing of its value)."""
+  """How many elements of ``want`` a comparison judges: not skipped, not
+  NaN, with a finite error allowed."""
   want = np.asarray(want)
   if not is_float(want):
     return int(want.size)
@@ -232,18 +207,10 @@ def judged_elements(want, tol: Tol, bound=None, skip=None) -> int:
 
 
 def compare_leaf(got, want, tol: Tol, bound=None, skip=None, own=None):
-  """Returns (max_abs_error, index, got_value, want_value) of the worst
-  violation of ``|got - want| <= allowed_error(want, tol, bound)``, or None.
-  Elements where ``skip`` is True are not compared; those where ``own`` is
-  True are judged on their own scale (see `allowed_error`).
-
-  Where exactly one side is NaN the error is ``inf`` whatever the bound:
-  NaN agrees only with NaN (a bound of ``inf`` marks an element the
-  reference cannot resolve, never a NaN). A different shape or dtype is a
-  violation with error ``inf``, its index a description and the values
-  None: a tangent has the dtype of its primal, so the reference's dtype is
-  the one expected.
-  """
+  """``(error, index, got, want)`` of the worst violation of ``|got - want|
+  <= allowed_error(want, tol, bound, own)`` outside ``skip``, or None. NaN
+  agrees only with NaN, whatever the bound; a different shape or dtype is
+  a violation of error ``inf``, the index saying which, the values None."""
   got = np.asarray(got)
   want = np.asarray(want)
   if got.shape != want.shape:
