@@ -298,14 +298,51 @@ def test_calls():
   rule = rules["solve"]
   assert rule["verdict"] == verdict, rule
   assert (result.ret == 0) == (verdict == "passed")
-  # the message says how to declare it (where outputs were left out, the
-  # others are numbered anew: not asserted there)
-  if verdict == "failed" and declaration != "lib.solve: output 1":
+  # the message says how to declare it (the failing output by its path,
+  # where another is declared too)
+  if verdict == "failed":
     assert rule["how_to_declare"] == (
         "if deliberate, declare it in the ini file (hijax_deliberate = "
         "lib.py:2: surrogate, or: skip jvp, or: output out[1][1]); "
         "--hijax-rules-fail-on=never reports without failing"), rule
     assert rule["how_to_declare"] in " ".join(result.stdout.str().split())
+
+
+# out (a, b, c) or (a, (b, c)): a's and c's tangents wrong, b's right
+@pytest.mark.parametrize("nested, declared, hint", [
+    (False, "0", "out[2]"),
+    (True, "out[0]", "out[1][1]"),
+    (True, "0", "out[1][1]"),  # (a flat index)
+])
+def test_the_hint_names_the_failing_output_by_its_own_path(
+    suite, nested, declared, hint):
+  """With a declared deliberate, the hint names c by its path in the
+  rule's output (not among the outputs left), and declaring what it says
+  makes the run pass."""
+  pack = "{}, ({}, {})" if nested else "{}, {}, {}"
+  suite.makepyfile(lib=f'''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def f(x):
+  return {pack.format("x + 1.0", "jnp.sin(x)", "x * x")}
+f.defjvp(lambda p, t: (f(p[0]), ({pack.format(
+    "2 * t[0]", "jnp.cos(p[0]) * t[0]", "3 * p[0] * t[0]")})))
+''', test_f='''
+import jax.numpy as jnp
+from lib import f
+def test_calls():
+  f(jnp.array([0.5, 1.5]))
+''')
+  ini = f"[pytest]\nhijax_deliberate =\n  lib.f: output {declared}\n"
+  suite.makeini(ini)
+  result, rules = _rules(suite)
+  assert rules["f"]["verdict"] == "failed", rules["f"]
+  said = re.search(r"hijax_deliberate = (\S+): surrogate, or: skip \w+, "
+                   r"or: (output \S+)\); ", rules["f"]["how_to_declare"])
+  assert said is not None and said.group(2) == f"output {hint}", rules["f"]
+  suite.makeini(f"{ini}  {said.group(1)}: {said.group(2)}\n")
+  result, rules = _rules(suite)
+  assert (rules["f"]["verdict"], result.ret) == ("passed", 0), rules["f"]
 
 
 def test_a_rule_in_a_test_file_is_declared_by_its_location(suite):

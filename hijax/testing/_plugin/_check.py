@@ -334,8 +334,8 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
 
 
 def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
-  """``fn``'s output leaves as a tuple, but those ``outputs`` name (a flat
-  index, or a path like ``out[1]``: the leaves under it)."""
+  """``fn`` with None for the leaves ``outputs`` name (a flat index, or a
+  path like ``out[1]``: the leaves under it); the others keep their paths."""
   def left_out(i, path):
     path = "out" + jax.tree_util.keystr(path)
     return str(i) in outputs or any(
@@ -343,9 +343,9 @@ def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
         for o in outputs)
 
   def kept(*args):
-    paths = jax.tree_util.tree_flatten_with_path(fn(*args))[0]
-    return tuple(leaf for i, (path, leaf) in enumerate(paths)
-                 if not left_out(i, path))
+    paths, tree = jax.tree_util.tree_flatten_with_path(fn(*args))
+    return jax.tree.unflatten(tree, [None if left_out(i, path) else leaf
+                                     for i, (path, leaf) in enumerate(paths)])
   return kept
 
 
