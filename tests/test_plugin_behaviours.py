@@ -345,6 +345,33 @@ def test_calls():
   assert (rules["f"]["verdict"], result.ret) == ("passed", 0), rules["f"]
 
 
+def test_the_hint_names_no_output_where_the_failure_names_none(suite):
+  """A vjp rule wrong for out[0] and out[2], out[0] declared: its check
+  (<ȳ, J ṫ> = <vjp(ȳ), ṫ>) cannot tell which output is wrong, so the hint
+  names none (it named output 0, the one declared)."""
+  suite.makeini("[pytest]\nhijax_deliberate =\n  lib.f: output 0\n")
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_vjp
+def f(x):
+  return x + 1.0, jnp.sin(x), x * x
+f.defvjp(lambda x: (f(x), x),
+         lambda x, g: (2 * g[0] + jnp.cos(x) * g[1] + 3 * x * g[2],))
+''', test_f='''
+import jax.numpy as jnp
+from lib import f
+def test_calls():
+  f(jnp.array([0.5, 1.5]))
+''')
+  result, rules = _rules(suite)
+  assert rules["f"]["verdict"] == "failed", rules["f"]
+  assert rules["f"]["how_to_declare"] == (
+      "if deliberate, declare it in the ini file (hijax_deliberate = "
+      "lib.py:2: surrogate, or: skip vjp); --hijax-rules-fail-on=never "
+      "reports without failing"), rules["f"]
+  assert rules["f"]["how_to_declare"] in " ".join(result.stdout.str().split())
+
+
 def test_a_rule_in_a_test_file_is_declared_by_its_location(suite):
   suite.makeini("[pytest]\nhijax_deliberate =\n"
                 "  test_ste.py::round_ste: surrogate\n")

@@ -31,7 +31,7 @@ PLUGIN_NAME = "hijax-check-rules"
 PROGRESS_EVERY = 1.0  # seconds between rewrites of the progress line
 HOW_TO_DECLARE = (
     "if deliberate, declare it in the ini file (hijax_deliberate = "
-    "{where}: surrogate, or: skip {mode}, or: output {output}); "
+    "{where}: surrogate, or: skip {mode}{output}); "
     "--hijax-rules-fail-on=never reports without failing")
 HEADER = ("rule", "defined at", "inputs tried", "verdict")
 MAX_WIDTHS = (44, 48, 50)  # the widest a column gets (longer: cut, "…")
@@ -227,11 +227,12 @@ class RuleCheckPlugin:
                                                      1e-9)))
 
   def hint(self, result: RuleResult) -> str:
-    """How to declare ``result``'s failure deliberate, or report it."""
-    found = re.search(r"\bout(\[[^\]\s]*\])*", result.detail)
-    return HOW_TO_DECLARE.format(where=self._where(result.rule)[0],
-                                 mode=_mode_of(result.detail),
-                                 output=found.group(0) if found else "0")
+    """How to declare ``result``'s failure deliberate, or report it (an
+    output only where its detail names one)."""
+    found = re.search(r"\bout\b(\[[^\]\s]*\])*", result.detail)
+    return HOW_TO_DECLARE.format(
+        where=self._where(result.rule)[0], mode=_mode_of(result.detail),
+        output=f", or: output {found.group(0)}" if found else "")
 
   def _where(self, rule) -> list[str]:
     """Where ``rule`` is defined, and its library wrapper, if any."""
