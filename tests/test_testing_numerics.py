@@ -1,0 +1,226 @@
+"""The checker's numbers: default tolerances, how a tolerance is described,
+the error allowed, how leaves are compared and shown in a report. Every
+expected value is a closed form."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hijax.testing import _numerics as nu
+from hijax.testing._numerics import Tol
+
+EPS32 = float(np.finfo(np.float32).eps)
+EPS64 = float(np.finfo(np.float64).eps)
+TINY64 = float(np.finfo(np.float64).tiny)
+
+
+def test_default_tolerance_is_256_ulps_unless_atol_or_rtol_is_given():
+  assert nu.defaults() == Tol(ulps=256.0)
+  assert nu.defaults(atol=1e-3) == Tol(1e-3, 0.0, 0.0)
+  assert nu.defaults(rtol=1e-2) == Tol(0.0, 1e-2, 0.0)
+  assert nu.defaults(1e-3, 1e-2) == Tol(1e-3, 1e-2, 0.0)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    nu.defaults().atol = 1.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_ulps_scale_with_the_dtype_and_stop_at_one_sixteenth():
+  assert nu.ulp_factor(Tol(ulps=256), np.float32) == 256 * EPS32
+  assert nu.ulp_factor(Tol(ulps=256), jnp.bfloat16) == 1 / 16
+  assert nu.ulp_factor(Tol(ulps=256), np.float16) == 1 / 16
+  assert nu.ulp_factor(Tol(atol=1.0), np.float32) == 0.0
+  assert nu.eps_of(np.int32) == EPS64
+  assert nu.eps_of(np.complex64) == EPS32
+
+
+def test_a_tolerance_is_described_as_a_report_shows_it():
+  assert nu.describe_tol(Tol(ulps=256)) == "tolerance 256 ulps"
+  assert nu.describe_tol(Tol(1e-6, 1e-5)) == "tolerance atol=1e-06, rtol=1e-05"
+  assert nu.describe_tol(Tol(1e-6, 0, 4)) == "tolerance atol=1e-06, 4 ulps"
+  assert nu.describe_tol(Tol()) == "tolerance 0"
+
+
+def test_on_device_keeps_a_jax_array_of_the_dtype_and_converts_others():
+  a = jnp.ones(2, jnp.float32)
+  assert nu.on_device(a) is a
+  assert nu.on_device(a, jnp.float32) is a
+  assert nu.on_device(a, jnp.float16).dtype == jnp.float16
+  b = nu.on_device(np.arange(3, dtype=np.int32))
+  assert isinstance(b, jax.Array) and b.dtype == np.int32
+  assert nu.on_device(np.arange(3, dtype=np.int32), np.float32).dtype == np.float32
+
+
+def test_dtypes_of_arrays_and_scalars():
+  assert nu.dtype_of(np.ones(2, np.float16)) == np.float16
+  assert nu.dtype_of(1) == np.result_type(1)
+  assert nu.dtype_of(1.0) == np.float64
+  assert nu.is_float(np.ones(2, np.float32)) is True
+  assert nu.is_float(np.complex64(1)) is True
+  assert nu.is_float(np.arange(2)) is False
+  assert nu.is_float(object()) is False
+  assert nu.wide(np.ones(2, np.float32)).dtype == np.float64
+  assert nu.wide(np.ones(2, np.complex64)).dtype == np.complex128
+  assert nu.real_or_int(np.int8) is True
+  assert nu.real_or_int(np.bool_) is True
+  assert nu.real_or_int(np.dtype("U1")) is False
+  assert nu.type_str(np.ones((2, 3), np.float32)) == "float32[2,3]"
+  assert [x.tolist() for x in nu.to_numpy([1, [2.0]])] == [1, [2.0]]
+
+
+def test_check_arrays_names_the_first_bad_leaf():
+  leaves = [((jax.tree_util.DictKey("a"),), np.ones(2, np.float32)),
+            ((jax.tree_util.DictKey("b"),), np.ones((2, 3), np.float32))]
+  nu.check_arrays("argument", "x", leaves, lambda x: True)
+  with pytest.raises(TypeError, match=r"but argument x\['b'\] is float32\[2,3\]; "
+                     "hi types are not supported"):
+    nu.check_arrays("argument", "x", leaves, lambda x: x.ndim < 2)
+  with pytest.raises(TypeError, match=r"x\['a'\] is float32\[2\]"):
+    nu.check_arrays("argument", "x", leaves, lambda x: 1 / 0)
+
+
+def test_fmt_array_shows_six_values_with_four_digits():
+  assert nu.fmt_array(np.arange(7.0)) == "f64[7] [0., 1., 2., 3., 4., 5., ...]"
+  assert nu.fmt_array(np.arange(6.0) / 3) == (
+      "f64[6] [0.    , 0.3333, 0.6667, 1.    , 1.3333, 1.6667]")
+  assert nu.fmt_array(np.arange(7, dtype=np.uint8).reshape(7, 1)) == (
+      "u8[7, 1] [0, 1, 2, 3, 4, 5, ...]")
+  assert nu.fmt_array(np.float32(1 / 3)) == "f32[] 0.333333"
+  assert nu.fmt_array(np.int32(3)) == "i32[] 3"
+  assert nu.describe_leaf(np.int32(3)) == "i32[] 3"
+
+
+def test_inner_pairs_without_conjugate():
+  assert nu.inner([np.array([1 + 2j])], [np.array([3 + 0j])]) == (
+      3.0, np.sqrt(45.0))
+
+
+def test_inner_identity_bound_closed_form():
+  ct, jt = [np.array([2.0, 0.0])], [np.array([3.0, 5.0])]
+  ci, t = [np.array([1.0])], [np.array([4.0])]
+  lhs, rhs, bound = nu.inner_identity(ct, jt, ci, t, Tol(0.5, 0.25))
+  # <ct, jt> = 6, |ct| = 2, products' magnitudes max(6, 4)
+  assert (lhs, rhs, bound) == (6.0, 4.0, 0.5 * 2 + 0.25 * 6)
+  f32 = [np.array([2.0, 0.0], np.float32)]
+  _, _, bound = nu.inner_identity(f32, jt, ci, t, Tol(ulps=2))
+  assert bound == 2 * EPS32 * 6
+  # finite-difference bounds weighted by |ct|; an element of ct that is 0
+  # ignores its (infinite) bound
+  _, _, bound = nu.inner_identity(
+      [np.array([0.5, 0.0])], jt, ci, t, Tol(),
+      bounds=[np.array([0.25, np.inf])])
+  assert bound == 0.5 * 0.25
+
+
+def test_allowed_error_closed_form():
+  want = np.array([1.0, -3.0, np.inf])
+  tol = Tol(0.5, 0.25, 2)
+  ulp = 2 * EPS64
+  expect = [0.5 + 0.25 * 1 + ulp * (1 + 3) + TINY64,
+            0.5 + 0.25 * 3 + ulp * (3 + 3) + TINY64,
+            0.5 + ulp * 3 + TINY64]
+  np.testing.assert_array_equal(nu.allowed_error(want, tol), expect)
+  own = np.array([True, False, False])
+  expect[0] = 0.5 + 0.25 * 1 + ulp * 2 + TINY64
+  np.testing.assert_array_equal(nu.allowed_error(want, tol, own=own), expect)
+  bound = np.array([1.0, 2.0, 0.0])
+  np.testing.assert_array_equal(
+      nu.allowed_error(want, tol, bound, own), np.add(expect, bound))
+
+
+def test_judged_elements_leave_out_nan_skipped_and_unbounded():
+  want = np.array([1.0, np.nan, 2.0, 3.0])
+  assert nu.judged_elements(want, Tol()) == 3
+  assert nu.judged_elements(want, Tol(), bound=[0, 0, np.inf, 0]) == 2
+  assert nu.judged_elements(want, Tol(), skip=[0, 0, 0, 1]) == 2
+  # integers are compared exactly: every element is judged, whatever bound
+  assert nu.judged_elements(np.arange(3), Tol(), bound=[0, np.inf, 0]) == 3
+
+
+def test_compare_leaf_of_different_shapes_dtypes_and_integers():
+  assert nu.compare_leaf(np.ones(2), np.ones(3), Tol()) == (
+      np.inf, "shape (2,) instead of (3,)", None, None)
+  assert nu.compare_leaf(np.ones(2, np.float32), np.ones(2), Tol()) == (
+      np.inf, "dtype float32 instead of float64", None, None)
+  assert nu.compare_leaf(np.array([1, 5, 3]), np.array([1, 2, 3]), Tol()) == (
+      3.0, (1,), 5, 2)
+  assert nu.compare_leaf(np.array([1, 2]), np.array([1, 2]), Tol()) is None
+  assert nu.compare_leaf(np.int32(4), np.int32(1), Tol()) == (3.0, (), 4, 1)
+
+
+def test_compare_leaf_of_floats():
+  tol = Tol(atol=1e-6)
+  assert nu.compare_leaf(np.array([1.0]), np.array([1.0 + 1e-9]), tol) is None
+  assert nu.compare_leaf(np.array([1.0, 2.0]), np.array([1.0, 2.5]), tol) == (
+      0.5, (1,), 2.0, 2.5)
+  assert nu.compare_leaf(np.float64(1.0), np.float64(2.0), tol) == (
+      1.0, (), 1.0, 2.0)
+  nan = np.array([np.nan, 1.0])
+  assert nu.compare_leaf(nan, nan, tol) is None
+  assert nu.compare_leaf(nan, np.array([np.nan, 1.5]), tol, skip=[0, 1]) is None
+  worst = nu.compare_leaf(np.array([1.0, np.nan]), np.array([1.0, 1.0]), tol)
+  assert worst is not None and worst[:2] == (np.inf, (1,))
+  # an error at the limit passes; the worst violation is reported, not the
+  # largest error
+  assert nu.compare_leaf(np.array([11.0, 0.5]), np.array([10.0, 0.0]),
+                         Tol(rtol=0.1)) == (0.5, (1,), 0.5, 0.0)
+  assert nu.compare_leaf(np.array([11.0, 0.25]), np.array([10.0, 0.0]),
+                         Tol(rtol=0.1)) == (0.25, (1,), 0.25, 0.0)
+
+
+# --- finite differences -----------------------------------------------------
+from hijax.testing import _finite_diff as fd  # noqa: E402
+
+
+def _estimate(f, x, t, dtype=np.float64, **kwargs):
+  x, t = np.asarray(x, dtype), np.asarray(t, dtype)
+  with np.errstate(all="ignore"):
+    return fd.estimate(lambda points: [[f(*p)] for p in points], [x], [t],
+                       [np.dtype(dtype)], **kwargs)
+
+
+def test_fd_of_a_smooth_function_is_resolved_within_its_bound():
+  x = np.array([1.0, 2.0, 0.5])
+  e = _estimate(lambda x: x ** 3, x, np.ones(3))
+  assert e.status[0].tolist() == [fd.RESOLVED] * 3
+  assert np.all(np.abs(e.values[0] - 3 * x ** 2) <= e.bounds[0])
+  assert np.all(e.bounds[0] < 1e-9) and np.all(e.bounds[0] > 0)
+  assert e.own[0].tolist() == [True] * 3
+  assert 0 < e.floors[0].max() < 1e-13
+  assert e.evaluations == 39 and len(e.center) == 1
+  assert e.tangents[0].tolist() == [1.0] * 3
+  assert e.count(fd.RESOLVED) == 3 and e.count(fd.UNRESOLVED) == 0
+  assert [f.tolist() for f in e.flat()] == [[False] * 3]
+  assert [u.tolist() for u in e.uncounted()] == [[False] * 3]
+  assert [s.tolist() for s in e.skipped()] == [[False] * 3]
+
+
+def test_fd_verdicts_at_a_kink_a_pole_and_a_flat_point():
+  e = _estimate(np.abs, [0.0, 1.0], [1.0, 1.0])
+  assert e.status[0].tolist() == [fd.NOT_SMOOTH, fd.RESOLVED]
+  assert np.isnan(e.values[0][0]) and e.bounds[0][0] == np.inf
+  assert [s.tolist() for s in e.skipped()] == [[True, False]]
+  e = _estimate(np.log, [0.0, 1.0], [1.0, 1.0])
+  assert e.status[0].tolist() == [fd.NOT_FINITE, fd.RESOLVED]
+  e = _estimate(lambda x: 0 * x + 3, [0.5, 1.0], [1.0, 1.0])
+  assert e.status[0].tolist() == [fd.BOUNDED] * 2
+  assert e.values[0].tolist() == [0.0, 0.0]
+  assert np.all(e.bounds[0] < 1e-9) and np.all(e.bounds[0] > 0)
+  assert [f.tolist() for f in e.flat()] == [[True, True]]
+  assert [u.tolist() for u in e.uncounted()] == [[True, True]]
+  assert e.count(fd.BOUNDED) == 2
+
+
+def test_fd_noise_is_a_fourth_difference():
+  f = np.array([16.0, 1.0, 0.0, 1.0, 16.0])  # x^4 at -2..2: q1 = 24
+  assert fd._noise(*f) == 6.0
+  # with the points at -4 and 4 (q2 = 24 * 16) the curvature cancels
+  assert fd._noise(*f, 256.0, 256.0) == 0.0
+  # one point off by 1 (fm2, fm1, f0, fp1, fp2, fm4, fp4): |q2 - 16 q1| / 64
+  expect = [20, 64, 90, 64, 20, 1, 1]
+  for i, e in enumerate(expect):
+    assert fd._noise(*np.eye(7)[i]) == e / 64
+    if i < 5:
+      assert fd._noise(*np.eye(5)[i]) == [1, 4, 6, 4, 1][i] / 4
+  cubic = np.array([-8.0, -1.0, 0.0, 1.0, 8.0])
+  assert fd._noise(*cubic) == 0.0
