@@ -224,3 +224,60 @@ def test_fd_noise_is_a_fourth_difference():
       assert fd._noise(*np.eye(5)[i]) == [1, 4, 6, 4, 1][i] / 4
   cubic = np.array([-8.0, -1.0, 0.0, 1.0, 8.0])
   assert fd._noise(*cubic) == 0.0
+
+
+def _cols(*cols):
+  """Columns of second differences (one per element), steps coarse to fine."""
+  return np.array(cols, np.float64).T
+
+
+def test_fd_kinks_are_second_differences_not_shrinking_by_8():
+  s = _cols([64, 4, 0.25],   # shrinks by 16: smooth
+            [64, 16, 4],     # by 4 at the finest pair: a kink
+            [64, 32, 4],     # by 8 exactly: smooth
+            [64, 32, 2.5],   # the finest pair above 16 sigma decides
+            [64, 16, 2],     # 2 = 16 sigma is rounding: the coarser pair
+            [64, 32, 2.1],
+            [64, 7.68, 0.01])
+  found = fd._not_smooth(s, np.ones(s.shape, bool), 0.125)
+  assert found.tolist() == [False, True, False, False, True, False, False]
+
+
+def test_fd_rough_where_second_differences_shrink_by_less_than_4():
+  s = _cols([8, 4, 0.01], [8, 1, 0.01], [8, 2, 0.01], [0.5, 0.5, 0.01],
+            [0.6, 0.6, 0.01], [8, 1.8, 0.01], [8, 1, 1])
+  valid = np.ones(s.shape, bool)
+  found = fd._rough(s, valid, 0.125)
+  assert found.tolist() == [True, False, False, False, True, False, True]
+  valid[0] = False
+  assert fd._rough(s, valid, 0.125).tolist()[:2] == [False, False]
+
+
+def test_fd_curvature_from_the_finest_second_difference_above_rounding():
+  s = _cols([8, 0.6], [8, 0.5], [0.1, 0.1])
+  h = np.array([2.0, 1.0]).reshape(2, 1)
+  curv = fd._curvature(s, np.ones(s.shape, bool), 0.125, h)
+  assert curv.tolist() == [0.6, 2.0, 0.125]
+
+
+def test_fd_truncation_of_one_step_is_unknown():
+  assert fd._truncation(np.ones((1, 2)), np.zeros((0, 2)),
+                        np.zeros((1, 2))).tolist() == [[np.inf, np.inf]]
+
+
+def test_fd_truncation_closed_forms():
+  def trunc(d, noise, agree=None):
+    d = np.array(d, np.float64)[:, None]
+    diff = np.abs(np.diff(d, axis=0))
+    full = lambda v: np.full(d.shape, v, np.float64)
+    return fd._truncation(d, diff, full(noise),
+                          None if agree is None else full(agree))[:, 0].tolist()
+  # quotients converging by 16: the first is not seen to converge, each
+  # later one is judged by the next difference or its gap to every finer one
+  assert trunc([2, 1 + 1 / 16, 1 + 1 / 256, 1 + 1 / 4096], 0.0) == [
+      np.inf, 255 / 4096, 15 / 4096, 15 / 4096]
+  # not shrinking but within the noise; gaps beyond `agree` count
+  assert trunc([1, 1.5, 2, 2.5], 1.0, 0.25) == [1.25, 0.75, 0.5, 0.5]
+  assert trunc([1, 1.5, 2, 2.5], 1.0) == [0.5, 0.5, 0.5, 0.5]
+  assert trunc([1, 1.5, 2, 2.5], 0.25) == [np.inf] * 4
+  assert trunc([1, 1.5, 2, np.nan], 1.0) == [0.5, np.inf, np.inf, np.inf]
