@@ -281,3 +281,49 @@ def test_fd_truncation_closed_forms():
   assert trunc([1, 1.5, 2, 2.5], 1.0) == [0.5, 0.5, 0.5, 0.5]
   assert trunc([1, 1.5, 2, 2.5], 0.25) == [np.inf] * 4
   assert trunc([1, 1.5, 2, np.nan], 1.0) == [0.5, np.inf, np.inf, np.inf]
+
+
+# --- a value of a hi type ---------------------------------------------------
+from dataclasses import dataclass  # noqa: E402
+
+from hijax import HiType, ShapedArray, register_hitype  # noqa: E402
+
+
+@dataclass(frozen=True)
+class NBox:
+  x: jax.Array
+
+
+@dataclass(frozen=True)
+class NBoxTy(HiType):
+  shape: tuple
+
+  def lo_ty(self):
+    return [ShapedArray(self.shape, jnp.float32)]
+
+  def lower_val(self, b):
+    return [b.x]
+
+  def raise_val(self, x):
+    return NBox(x)
+
+
+register_hitype(NBox, lambda b: NBoxTy(tuple(b.x.shape)))
+
+
+def test_a_hi_value_is_not_float_and_is_described_by_its_type():
+  box = NBox(jnp.ones(2))
+  assert nu.is_float(box) is False
+  assert nu.describe_leaf(box) == (
+      f"a value of hi type {NBoxTy((2,)).str_short()}")
+  with pytest.raises(TypeError, match="is " + NBoxTy((2,)).str_short()):
+    nu.check_arrays("argument", "x", [((), box)], nu.is_float)
+
+
+def test_a_result_flushed_to_zero_below_the_normal_numbers_passes():
+  tiny = float(np.finfo(np.float32).tiny)
+  assert nu.allowed_error(np.zeros(1, np.float32), Tol()).tolist() == [tiny]
+  sub = np.array([tiny / 4], np.float32)
+  assert nu.compare_leaf(np.zeros(1, np.float32), sub, Tol()) is None
+  assert nu.compare_leaf(np.zeros(1, np.float32), 4 * sub * 2, Tol()) == (
+      2 * tiny, (0,), 0.0, 2 * tiny)
