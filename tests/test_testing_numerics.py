@@ -162,6 +162,7 @@ def test_compare_leaf_of_floats():
   assert worst is not None and worst[:2] == (np.inf, (1,))
   # an error at the limit passes; the worst violation is reported, not the
   # largest error
+  assert nu.compare_leaf(np.array([11.0]), np.array([10.0]), Tol(rtol=0.1)) is None
   assert nu.compare_leaf(np.array([11.0, 0.5]), np.array([10.0, 0.0]),
                          Tol(rtol=0.1)) == (0.5, (1,), 0.5, 0.0)
   assert nu.compare_leaf(np.array([11.0, 0.25]), np.array([10.0, 0.0]),
