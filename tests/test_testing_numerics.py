@@ -328,3 +328,53 @@ def test_a_result_flushed_to_zero_below_the_normal_numbers_passes():
   assert nu.compare_leaf(np.zeros(1, np.float32), sub, Tol()) is None
   assert nu.compare_leaf(np.zeros(1, np.float32), 4 * sub * 2, Tol()) == (
       2 * tiny, (0,), 0.0, 2 * tiny)
+
+
+def test_fd_options_of_estimate():
+  cube = lambda x: x ** 3
+  with pytest.raises(ValueError, match="no finite-difference step keeps"):
+    _estimate(cube, [2.0 ** 60], [1.0])
+  x = np.array([1.0, 2.0])
+  e = _estimate(cube, x, [1.0, 1.0], f_x=[x ** 3])
+  assert e.evaluations == 38 and e.center[0] is not None
+  assert e.center[0].tolist() == [1.0, 8.0]
+  e = _estimate(cube, x, [1.0, 1.0], eps=2.0 ** -20)  # two steps, no noise
+  assert e.evaluations == 5 and e.status[0].tolist() == [fd.RESOLVED] * 2
+  assert np.all(np.abs(e.values[0] - 3 * x ** 2) <= e.bounds[0])
+  # tangents are divided by a power of two: values are along t / 8
+  e = _estimate(lambda x: x ** 2, [1.0], [8.0], cast_to=[np.float32],
+                tangent_dtypes=[np.float32])
+  assert e.tangents[0].tolist() == [1.0]
+  assert e.tangents[0].dtype == np.float32 and e.values[0].dtype == np.float32
+  assert abs(float(e.values[0][0]) - 2.0) <= e.bounds[0][0]
+  e = _estimate(lambda x: 1 / x, [0.0, 1.0], [1.0, 1.0])
+  assert e.status[0].tolist() == [fd.NOT_FINITE, fd.RESOLVED]
+  assert abs(e.values[0][1] + 1) <= e.bounds[0][1] < 1e-9
+
+
+def test_fd_a_cancellation_remainder_has_the_noise_of_what_it_combines():
+  f = lambda x: 1e-10 * x
+  quiet = _estimate(f, [1.0], [1.0])
+  loud = _estimate(f, [1.0], [1.0], combines=1.0)
+  assert quiet.floors[0][0] < 1e-20
+  assert loud.floors[0][0] >= fd.FLOOR * EPS64
+
+
+def test_fd_of_several_outputs():
+  x = np.array([0.5, 1.0], np.float64)
+  with np.errstate(all="ignore"):
+    e = fd.estimate(lambda ps: [[p[0] ** 2, np.sin(p[0])] for p in ps], [x],
+                    [np.ones(2)], [np.dtype(np.float64)] * 2)
+  assert [s.tolist() for s in e.status] == [[fd.RESOLVED] * 2] * 2
+  assert np.all(np.abs(e.values[0] - 2 * x) <= e.bounds[0])
+  assert np.all(np.abs(e.values[1] - np.cos(x)) <= e.bounds[1])
+  assert np.all(e.bounds[1] < 1e-9)
+
+
+def test_fd_a_jump_between_the_steps_is_unresolved_and_still_compared():
+  e = _estimate(np.floor, [0.5, 1.0], [1.0, 1.0])
+  assert e.status[0].tolist() == [fd.BOUNDED, fd.UNRESOLVED]
+  assert e.count(fd.UNRESOLVED) == 1 and e.bounds[0][1] == np.inf
+  assert [s.tolist() for s in e.skipped()] == [[False, False]]
+  # each verdict has its own reason in a report
+  assert len(fd.REASONS) == 4 and fd.RESOLVED not in fd.REASONS
