@@ -378,3 +378,14 @@ def test_fd_a_jump_between_the_steps_is_unresolved_and_still_compared():
   assert [s.tolist() for s in e.skipped()] == [[False, False]]
   # each verdict has its own reason in a report
   assert len(fd.REASONS) == 4 and fd.RESOLVED not in fd.REASONS
+
+
+def test_fd_flat_elements_are_judged_ones_within_their_bound():
+  e = fd.FDEstimate([], [np.array([1.0, 2.0, 0.0, 0.0])],
+                    [np.full(4, 1.0)],
+                    [np.array([fd.RESOLVED, fd.RESOLVED, fd.NOT_SMOOTH,
+                               fd.BOUNDED], np.int8)], 0)
+  assert [f.tolist() for f in e.flat()] == [[True, False, False, True]]
+  assert [u.tolist() for u in e.uncounted()] == [[False, False, False, True]]
+  assert [s.tolist() for s in e.skipped()] == [[False, False, True, False]]
+  assert e.count(fd.RESOLVED) == 2
