@@ -281,6 +281,10 @@ def test_fd_truncation_closed_forms():
   assert trunc([1, 1.5, 2, 2.5], 1.0, 0.25) == [1.25, 0.75, 0.5, 0.5]
   assert trunc([1, 1.5, 2, 2.5], 1.0) == [0.5, 0.5, 0.5, 0.5]
   assert trunc([1, 1.5, 2, 2.5], 0.25) == [np.inf] * 4
+  # differences shrinking by exactly 4 are seen to converge
+  assert trunc([0, 4, 5, 5.25], 0.0) == [np.inf, 1.25, 0.25, 0.25]
+  # differences exactly at the noise are explained by it
+  assert trunc([1, 1.5, 2, 2.5], 0.5) == [1.0, 0.5, 0.5, 0.5]
   # a step after a large difference keeps 1/16 of it
   assert trunc([0, 1, 1, 1], 1.0, 0.0) == [1.0, 1 / 16, 0.0, 0.0]
   assert trunc([1, 1.5, 2, np.nan], 1.0) == [0.5, np.inf, np.inf, np.inf]
