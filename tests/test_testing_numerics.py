@@ -239,17 +239,20 @@ def test_fd_kinks_are_second_differences_not_shrinking_by_8():
             [64, 32, 2.5],   # the finest pair above 16 sigma decides
             [64, 16, 2],     # 2 = 16 sigma is rounding: the coarser pair
             [64, 32, 2.1],
-            [64, 7.68, 0.01])
+            [64, 7.68, 0.01],
+            [64, 1, 8])      # no pair of successive steps above 16 sigma
   found = fd._not_smooth(s, np.ones(s.shape, bool), 0.125)
-  assert found.tolist() == [False, True, False, False, True, False, False]
+  assert found.tolist() == [False, True, False, False, True, False, False,
+                            False]
 
 
 def test_fd_rough_where_second_differences_shrink_by_less_than_4():
   s = _cols([8, 4, 0.01], [8, 1, 0.01], [8, 2, 0.01], [0.5, 0.5, 0.01],
-            [0.6, 0.6, 0.01], [8, 1.8, 0.01], [8, 1, 1])
+            [0.6, 0.6, 0.01], [8, 1.8, 0.01], [8, 1, 1], [0.6, 0.45, 0.01])
   valid = np.ones(s.shape, bool)
   found = fd._rough(s, valid, 0.125)
-  assert found.tolist() == [True, False, False, False, True, False, True]
+  assert found.tolist() == [True, False, False, False, True, False, True,
+                            False]
   valid[0] = False
   assert fd._rough(s, valid, 0.125).tolist()[:2] == [False, False]
 
