@@ -398,3 +398,17 @@ def test_fd_flat_elements_are_judged_ones_within_their_bound():
   assert [u.tolist() for u in e.uncounted()] == [[False, False, False, True]]
   assert [s.tolist() for s in e.skipped()] == [[False, False, True, False]]
   assert e.count(fd.RESOLVED) == 2
+
+
+def test_fd_evaluates_exact_steps_by_4_then_twice_the_finest_and_the_point():
+  seen = []
+
+  def evaluate(points):
+    seen.extend(float(p[0][0]) - 1.0 for p in points)
+    return [[p[0] ** 2] for p in points]
+
+  fd.estimate(evaluate, [np.array([1.0])], [np.array([1.0])],
+              [np.dtype(np.float64)])
+  steps = [2.0 ** -k for k in range(17, 52, 2)]
+  assert seen == [s for h in steps for s in (h, -h)] + [2 * 2.0 ** -51,
+                                                       -2 * 2.0 ** -51, 0.0]
