@@ -412,3 +412,17 @@ def test_fd_evaluates_exact_steps_by_4_then_twice_the_finest_and_the_point():
   steps = [2.0 ** -k for k in range(17, 52, 2)]
   assert seen == [s for h in steps for s in (h, -h)] + [2 * 2.0 ** -51,
                                                        -2 * 2.0 ** -51, 0.0]
+
+
+def test_fd_noise_from_the_points_at_1_2_and_4_finest_steps():
+  h = 2.0 ** -51  # the finest step about 1.0 (float64)
+
+  def evaluate(points):
+    u = [(float(p[0][0]) - 1.0) / h for p in points]
+    # a quartic (its fourth differences cancel) plus 1 at the point itself
+    return [[np.array([v ** 4 + (v == 0)])] for v in u]
+
+  e = fd.estimate(evaluate, [np.array([1.0])], [np.array([1.0])],
+                  [np.dtype(np.float64)])
+  # q1 = 24 + 6, q2 = 384 + 6: noise |q2 - 16 q1| / 64 = 90 / 64, times FLOOR
+  assert e.floors[0].tolist() == [fd.FLOOR * 90 / 64]
