@@ -426,3 +426,22 @@ def test_fd_noise_from_the_points_at_1_2_and_4_finest_steps():
                   [np.dtype(np.float64)])
   # q1 = 24 + 6, q2 = 384 + 6: noise |q2 - 16 q1| / 64 = 90 / 64, times FLOOR
   assert e.floors[0].tolist() == [fd.FLOOR * 90 / 64]
+
+
+def test_fd_bound_of_a_converging_quotient_closed_form():
+  h, c = 2.0 ** -51, 2.0 ** -40  # the finest step about 1.0; a small cubic
+
+  def evaluate(points):
+    u = [(float(p[0][0]) - 1.0) / h for p in points]
+    return [[np.array([v + c * v ** 3])] for v in u]  # every value exact
+
+  e = fd.estimate(evaluate, [np.array([1.0])], [np.array([1.0])],
+                  [np.dtype(np.float64)])
+  # D_k = (1 + c s^2) / h at s = h_k / h: the finest quotient, its
+  # truncation the last difference 15 c / h, its rounding 4 eps |D|
+  d = (1 + c) / h
+  assert e.values[0].tolist() == [d]
+  assert e.status[0].tolist() == [fd.RESOLVED]
+  assert e.bounds[0].tolist() == [2 * (15 * c / h + 4 * EPS64 * d)]
+  f = lambda x: 2.0 ** -26 * x  # exactly sqrt(eps) times what it combines
+  assert _estimate(f, [1.0], [1.0], combines=1.0).floors[0][0] < 1e-20
