@@ -213,7 +213,7 @@ def test_fd_verdicts_at_a_kink_a_pole_and_a_flat_point():
 
 
 def test_fd_noise_is_a_fourth_difference():
-  f = np.array([16.0, 1.0, 0.0, 1.0, 16.0])  # x^4 at -2..2: q1 = 24
+  f = (16.0, 1.0, 0.0, 1.0, 16.0)  # x^4 at -2..2: q1 = 24
   assert fd._noise(*f) == 6.0
   # with the points at -4 and 4 (q2 = 24 * 16) the curvature cancels
   assert fd._noise(*f, 256.0, 256.0) == 0.0
