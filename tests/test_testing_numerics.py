@@ -445,3 +445,25 @@ def test_fd_bound_of_a_converging_quotient_closed_form():
   assert e.bounds[0].tolist() == [2 * (15 * c / h + 4 * EPS64 * d)]
   f = lambda x: 2.0 ** -26 * x  # exactly sqrt(eps) times what it combines
   assert _estimate(f, [1.0], [1.0], combines=1.0).floors[0][0] < 1e-20
+
+
+def test_fd_a_quotient_that_never_converges_is_bounded_by_its_spread():
+  h = 2.0 ** -51  # the finest step about 1.0 (float64)
+
+  def evaluate(points):
+    out = []
+    for p in points:
+      u = (float(p[0][0]) - 1.0) / h
+      m = np.log2(abs(u)) / 2 if abs(u) > 2 else 0  # the step is 4^m h
+      out.append([np.array([2.0 ** 20 * u, u * (1 + m % 2)])])
+    return out
+
+  with np.errstate(all="ignore"):
+    e = fd.estimate(evaluate, [np.ones(2)], [np.ones(2)],
+                    [np.dtype(np.float64)])
+  # element 1: quotients 1/h and 2/h by turns, never converging: the
+  # finest, 1/h, within 2 (spread + |finest|) plus its rounding; resolved
+  # on the scale of its leaf (element 0's 2^20 / h)
+  assert e.status[0].tolist() == [fd.RESOLVED, fd.RESOLVED]
+  assert e.values[0][1] == 1 / h
+  assert e.bounds[0][1] == 2 * (1 / h + 1 / h) + 4 * EPS64 / h
