@@ -467,3 +467,9 @@ def test_fd_a_quotient_that_never_converges_is_bounded_by_its_spread():
   assert e.status[0].tolist() == [fd.RESOLVED, fd.RESOLVED]
   assert e.values[0][1] == 1 / h
   assert e.bounds[0][1] == 2 * (1 / h + 1 / h) + 4 * EPS64 / h
+
+
+def test_fd_bfloat16_has_three_steps_enough_to_see_a_flat_function():
+  e = _estimate(lambda x: 0 * x + 3, [0.5], [1.0], dtype=jnp.bfloat16)
+  assert e.evaluations == 2 * 3 + 2 + 1
+  assert e.status[0].tolist() == [fd.BOUNDED] and e.values[0].tolist() == [0]
