@@ -426,6 +426,12 @@ def test_fd_noise_from_the_points_at_1_2_and_4_finest_steps():
                   [np.dtype(np.float64)])
   # q1 = 24 + 6, q2 = 384 + 6: noise |q2 - 16 q1| / 64 = 90 / 64, times FLOOR
   assert e.floors[0].tolist() == [fd.FLOOR * 90 / 64]
+  # flat along t: bounded by the noise the coarsest step could hide, plus
+  # eps t'H t from the finest second difference above 4 sigma (at 4h:
+  # 2 * 4^4 - 2 = 510)
+  assert e.status[0].tolist() == [fd.BOUNDED]
+  assert e.bounds[0].tolist() == [
+      2 * (90 / 64) / 2.0 ** -17 + fd.FLOOR * EPS64 * 510 / (4 * h) ** 2]
 
 
 def test_fd_bound_of_a_converging_quotient_closed_form():
@@ -443,6 +449,8 @@ def test_fd_bound_of_a_converging_quotient_closed_form():
   assert e.values[0].tolist() == [d]
   assert e.status[0].tolist() == [fd.RESOLVED]
   assert e.bounds[0].tolist() == [2 * (15 * c / h + 4 * EPS64 * d)]
+  # two correct evaluations differ by the rounding of x: eps |J t|
+  assert e.floors[0].tolist() == [fd.FLOOR * EPS64 * d]
   f = lambda x: 2.0 ** -26 * x  # exactly sqrt(eps) times what it combines
   assert _estimate(f, [1.0], [1.0], combines=1.0).floors[0][0] < 1e-20
 
@@ -455,9 +463,10 @@ def test_fd_a_quotient_that_never_converges_is_bounded_by_its_spread():
     for p in points:
       u = (float(p[0][0]) - 1.0) / h
       m = np.log2(abs(u)) / 2 if abs(u) > 2 else 0  # the step is 4^m h
-      out.append([np.array([2.0 ** 20 * u, u * (1 + m % 2)])])
+      out.append([np.array([top * u, u * (1 + m % 2)])])
     return out
 
+  top = 2.0 ** 20
   with np.errstate(all="ignore"):
     e = fd.estimate(evaluate, [np.ones(2)], [np.ones(2)],
                     [np.dtype(np.float64)])
@@ -467,6 +476,13 @@ def test_fd_a_quotient_that_never_converges_is_bounded_by_its_spread():
   assert e.status[0].tolist() == [fd.RESOLVED, fd.RESOLVED]
   assert e.values[0][1] == 1 / h
   assert e.bounds[0][1] == 2 * (1 / h + 1 / h) + 4 * EPS64 / h
+  # resolved still where the bound is exactly half its leaf's scale
+  top = 2 * (4 + 4 * EPS64)
+  with np.errstate(all="ignore"):
+    e = fd.estimate(evaluate, [np.ones(2)], [np.ones(2)],
+                    [np.dtype(np.float64)])
+  assert e.bounds[0][1] == 0.5 * top / h
+  assert e.status[0].tolist() == [fd.RESOLVED, fd.RESOLVED]
 
 
 def test_fd_bfloat16_has_three_steps_enough_to_see_a_flat_function():
