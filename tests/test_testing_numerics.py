@@ -476,6 +476,8 @@ def test_fd_a_quotient_that_never_converges_is_bounded_by_its_spread():
   assert e.status[0].tolist() == [fd.RESOLVED, fd.RESOLVED]
   assert e.values[0][1] == 1 / h
   assert e.bounds[0][1] == 2 * (1 / h + 1 / h) + 4 * EPS64 / h
+  # element 0, linear: every quotient the same, bounded by its rounding
+  assert e.bounds[0][0] == 2 * (TINY64 / 2.0 ** -17 + 4 * EPS64 * top / h)
   # resolved still where the bound is exactly half its leaf's scale
   top = 2 * (4 + 4 * EPS64)
   with np.errstate(all="ignore"):
@@ -489,3 +491,14 @@ def test_fd_bfloat16_has_three_steps_enough_to_see_a_flat_function():
   e = _estimate(lambda x: 0 * x + 3, [0.5], [1.0], dtype=jnp.bfloat16)
   assert e.evaluations == 2 * 3 + 2 + 1
   assert e.status[0].tolist() == [fd.BOUNDED] and e.values[0].tolist() == [0]
+
+
+def test_fd_steps_where_x_plus_or_minus_h_t_rounds_are_left_out():
+  # 1 + 2^-53 rounds, 1 - 2^-53 does not: the finest step is left out
+  e = _estimate(lambda x: x ** 2, [1.0, 1.0], [1.0, 0.25])
+  assert e.evaluations == 2 * 17 + 2 + 1
+  assert np.all(np.abs(e.values[0] - [2.0, 0.5]) <= e.bounds[0])
+  # one step only: estimated (not resolved) without the points at 4h
+  e = _estimate(lambda x: x ** 2, [1.0], [2.0 ** -34])
+  assert e.evaluations == 2 + 2 + 1
+  assert e.status[0].tolist() == [fd.UNRESOLVED]
