@@ -432,6 +432,11 @@ def test_fd_noise_from_the_points_at_1_2_and_4_finest_steps():
   assert e.status[0].tolist() == [fd.BOUNDED]
   assert e.bounds[0].tolist() == [
       2 * (90 / 64) / 2.0 ** -17 + fd.FLOOR * EPS64 * 510 / (4 * h) ** 2]
+  # the same with two steps only (t = 2^-32: 1 + 2^-53 would round)
+  e = fd.estimate(evaluate, [np.array([1.0])], [np.array([2.0 ** -32])],
+                  [np.dtype(np.float64)])
+  assert e.evaluations == 2 * 2 + 2 + 1
+  assert e.floors[0].tolist() == [fd.FLOOR * 90 / 64]
 
 
 def test_fd_bound_of_a_converging_quotient_closed_form():
