@@ -2,6 +2,7 @@
 the error allowed, how leaves are compared and shown in a report. Every
 expected value is a closed form."""
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -173,7 +174,7 @@ def test_compare_leaf_of_floats():
 from hijax.testing import _finite_diff as fd  # noqa: E402
 
 
-def _estimate(f, x, t, dtype=np.float64, **kwargs):
+def _estimate(f, x, t, dtype: Any = np.float64, **kwargs):
   x, t = np.asarray(x, dtype), np.asarray(t, dtype)
   with np.errstate(all="ignore"):
     return fd.estimate(lambda points: [[f(*p)] for p in points], [x], [t],
