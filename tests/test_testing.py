@@ -484,6 +484,16 @@ def test_modes_option():
                         "second_order"}
 
 
+def test_negative_tolerance_is_refused_naming_the_argument():
+  for name in ("atol", "rtol"):
+    with pytest.raises(ValueError, match=(
+        rf"check_rules: {name}=-1e-06 is not a tolerance \(a number >= 0\); "
+        r"pass a value >= 0, or None for the dtype's default")):
+      check_rules(zoo.log1pexp, 1.0, **{name: -1e-6})
+  with pytest.raises(ValueError, match=r"atol=nan is not a tolerance"):
+    check_rules(zoo.log1pexp, 1.0, atol=float("nan"))
+
+
 def test_raise_on_failure_false_returns_the_failures():
   report = check_rules(lambda x: BadJvp(jax.typeof(x))(x), 0.5,
                        raise_on_failure=False)

@@ -185,6 +185,11 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   unknown = [m for m in modes if m not in MODES]
   if unknown:
     raise ValueError(f"unknown mode(s) {unknown}; the modes are {MODES}")
+  for name, tol in (("atol", atol), ("rtol", rtol)):
+    if tol is not None and not tol >= 0:
+      raise ValueError(f"check_rules: {name}={tol!r} is not a tolerance (a "
+                       "number >= 0); pass a value >= 0, or None for the "
+                       "dtype's default")
   check_arrays("argument", "args",
                jax.tree_util.tree_flatten_with_path(args)[0],
                lambda x: real_or_int(jnp.result_type(x)))
