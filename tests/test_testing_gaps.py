@@ -310,7 +310,8 @@ def test_tangents_are_signed_powers_of_two_and_every_step_is_exact(dtype):
   """Each element of a tangent is a signed power of two of its input's size
   (no fraction bits), so no candidate step rounds unless it carries an
   element into the next binade."""
-  from hijax.testing._steps import candidate_steps, scaled_tangents, shifted
+  from hijax.testing._finite_diff import (candidate_steps, scaled_tangents,
+                                         shifted)
   rng = np.random.default_rng(0)
   top = 10 if dtype == "float16" else 20
   # significands in [1, 1.5): no step carries x +- h t into the next binade

@@ -99,7 +99,6 @@ MODULE_TESTS.update({
     "testing/_record.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_device.py": ["tests/test_testing_device.py", *TESTING],
     "testing/_batching.py": TESTING,
-    "testing/_steps.py": TESTING,
     "testing/_second_order.py": ["tests/test_testing_jax_rules.py", *TESTING],
     "testing/_api.py": ["tests/test_testing_verdicts.py",
                         "tests/test_testing_device.py", *TESTING],

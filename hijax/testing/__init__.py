@@ -81,7 +81,7 @@ rule, the input and the largest error. In a pytest suite, call
 from __future__ import annotations
 
 # Its modules, each importing only those before it: _foreign_words (others'
-# errors recognized), _report, _numerics, _steps, _finite_diff, _discovery
+# errors recognized), _report, _numerics, _finite_diff, _discovery
 # (the jaxpr walk), _surrogate, _compiled, _budget, _record (what checks
 # record), _context (the point checked), _nzs_out, _checks, _batching,
 # _second_order, _device (the accelerator's half), _flow (one run), _api.

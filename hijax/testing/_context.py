@@ -19,8 +19,7 @@ from hijax.testing._compiled import Compiled
 from hijax.testing._discovery import (application_types, applications,
                                       defined_rules)
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
-                                       estimate)
-from hijax.testing._steps import scaled_tangents, wider
+                                       estimate, scaled_tangents, wider)
 from hijax.testing._surrogate import Surrogates
 from hijax.testing._numerics import (Tol, check_arrays, dtype_of, eps_of,
                                      fmt_array, is_float, on_device,
