@@ -82,13 +82,12 @@ from __future__ import annotations
 
 # Its modules, each importing only those before it: _foreign_words (others'
 # errors recognized), _report, _numerics, _finite_diff, _discovery
-# (the jaxpr walk), _surrogate, _compiled, _budget, _record (what checks
+# (the jaxpr walk, surrogates), _compiled, _budget, _record (what checks
 # record), _context (the point checked), _nzs_out, _checks, _batching,
 # _second_order, _device (the accelerator's half), _flow (one run), _api.
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules
-from hijax.testing._discovery import defined_rules
-from hijax.testing._surrogate import surrogate
+from hijax.testing._discovery import defined_rules, surrogate
 from hijax.testing._report import (InconclusiveCheckError, RuleCheckError,
                                    RuleFailure, RuleReport)
 

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 
 from hijax.testing._budget import Budget
 from hijax.testing._context import Settings
+from hijax.testing._discovery import Surrogates
 from hijax.testing._device import accelerator, host, on_accelerator
 from hijax.testing._flow import Request, check
 from hijax.testing._numerics import check_arrays, defaults, real_or_int
 from hijax.testing._report import (INCONCLUSIVE, MODES, InconclusiveCheckError,
                                    RuleCheckError, RuleReport)
-from hijax.testing._surrogate import Surrogates
 
 
 def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None = None,

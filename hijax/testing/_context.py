@@ -16,11 +16,10 @@ import numpy as np
 from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
 from hijax.testing._compiled import Compiled
-from hijax.testing._discovery import (application_types, applications,
-                                      defined_rules)
+from hijax.testing._discovery import (Surrogates, application_types,
+                                      applications, defined_rules)
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
-from hijax.testing._surrogate import Surrogates
 from hijax.testing._numerics import (Tol, check_arrays, dtype_of, eps_of,
                                      fmt_array, is_float, on_device,
                                      real_or_int)
@@ -129,7 +128,7 @@ class CheckContext(Recorder):
     self.leaves, self.in_tree = jax.tree.flatten(self.args)
     self.rules = [defined_rules(p) for p in self.prims]
     # a surrogate's derivative is not the function's: never compared with
-    # its finite differences (hijax.testing._surrogate)
+    # its finite differences (hijax.testing._discovery.Surrogates)
     self.surrogate = any(p in self.settings.surrogates for p in self.prims)
     self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
     out_shape = jax.eval_shape(self.prim_fn, *self.args)

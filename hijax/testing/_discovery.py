@@ -4,12 +4,15 @@ they define, and evaluating a function with each primitive replaced by its
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import weakref
+from collections.abc import Iterable
+from typing import Any, TypeVar, cast
 
 import jax
 from jax.extend.core import primitives
 
 from hijax import derived
+from hijax._function_key import definition
 from hijax._internals import core as _core
 from hijax.primitive import HiPrim
 
@@ -86,6 +89,72 @@ def defined_rules(prim: Any) -> dict[str, str]:
   if batch:
     rules["batch"] = f"{name}.{batch}"
   return rules
+
+
+# -- surrogates: rules deliberately not the derivative (straight-through
+# estimators, gradient clippers), checked against each other, loops and
+# types, never against the function --
+
+T = TypeVar("T")
+
+# Marked with `surrogate`: HiPrim classes, and functions by where they are
+# defined (name, file, first line), as a jaxpr names a custom function.
+_CLASSES: weakref.WeakSet = weakref.WeakSet()
+_FUNCTIONS: set[tuple[str, str, int]] = set()
+_WHAT = ("a HiPrim subclass or a custom derivative function (jax.custom_jvp, "
+         "jax.custom_vjp, hijax.custom_jvp, hijax.custom_vjp)")
+
+
+def _marked(obj: Any, refusal: str) -> Any:
+  """``obj`` itself where it is a HiPrim subclass, else where its function
+  is defined, as the program names it; TypeError ``refusal`` otherwise."""
+  if isinstance(obj, type) and issubclass(obj, HiPrim):
+    return obj
+  key = None if isinstance(obj, type) else definition(getattr(obj, "fun", obj))
+  if key is None:
+    raise TypeError(refusal)
+  return key
+
+
+def surrogate(obj: T) -> T:
+  """Marks ``obj`` as a surrogate: its derivative rules are deliberately not
+  the derivative of the function (a straight-through estimator, a gradient
+  clipper), so `check_rules` never compares them with the function, only
+  with each other, with loops and for types (see ``surrogates=``).
+
+  ``obj`` is a ``jax.custom_jvp`` or ``jax.custom_vjp`` function, a
+  ``hijax.custom_jvp`` or ``hijax.custom_vjp`` one, or a `HiPrim` subclass
+  (its subclasses are not marked). Returns ``obj``, so it can be used as a
+  decorator (outermost)::
+
+      @hijax.testing.surrogate
+      @jax.custom_vjp
+      def round_ste(x):
+        return jnp.round(x)
+  """
+  key = _marked(obj, f"surrogate: cannot mark {obj!r}, not a HiPrim "
+                f"subclass nor a custom derivative function: pass {_WHAT}")
+  (_CLASSES if isinstance(key, type) else _FUNCTIONS).add(key)
+  return obj
+
+
+class Surrogates:
+  """Which of a run's primitives are surrogates: those marked with
+  `surrogate` and those ``declared`` (``check_rules``' ``surrogates=``)."""
+
+  def __init__(self, declared: Iterable[Any] = ()):
+    self.declared = {_marked(obj, f"check_rules: surrogates= names {obj!r}, "
+                             f"which is neither {_WHAT}") for obj in declared}
+
+  def __contains__(self, prim: Any) -> bool:
+    marked = self.declared | _FUNCTIONS | set(_CLASSES)
+    if isinstance(prim, CustomRules):
+      return prim.key in marked
+    decorated = getattr(getattr(prim, "params", {}).get("_call"),
+                        "decorated", None)
+    return type(prim) in marked or (
+        decorated is not None and definition(getattr(
+            decorated, "fun", decorated)) in marked)
 
 
 # -- the walk --
