@@ -99,7 +99,7 @@ def check_jvp(ctx: CheckContext, jvp_passed: dict):
     if ctx.out_of_time("jvp", ctx.describe_direction(direction)):
       continue
     inputs = ctx.describe_inputs(direction)
-    tangents = ctx.tangents_for(direction)
+    tangents = list(ctx.fd(direction).tangents)  # those of the reference
     check = f"jvp vs central finite differences of {ctx.fd_of}"
     try:
       out, t_out = ctx.jvp_at(direction, tangents)
@@ -230,7 +230,7 @@ def check_lin(ctx: CheckContext, jvp_passed: dict):
                          "tangent is not compared with the function")
       continue
     try:
-      out, t_out = ctx.lin_at(direction, tangents)
+      out, t_out = ctx.derivative_at("lin", direction, tangents)
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("lin", "linearize", inputs, e)
       continue

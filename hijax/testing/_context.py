@@ -145,15 +145,13 @@ class CheckContext(Recorder):
 
   def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
     """A context for another function; ``changes`` are settings or own
-    fields."""
+    fields (``prepared``: not inherited)."""
     own = {k: changes.pop(k) for k in ("report", "label", "within",
                                        "prepared") if k in changes}
-    return CheckContext(
-        prim_fn, tuple(args), leaf_names,
-        dataclasses.replace(self.settings, **changes), self.rng,
-        own.get("report", self.report), prims, own.get("label", self.label),
-        self.requested, own.get("within", self.within),
-        own.get("prepared"))
+    return dataclasses.replace(
+        self, prim_fn=prim_fn, args=tuple(args), leaf_names=leaf_names,
+        prims=prims, settings=dataclasses.replace(self.settings, **changes),
+        **own)
 
   # -- bookkeeping --
 
@@ -339,42 +337,27 @@ class CheckContext(Recorder):
     ``direction``, the others fixed."""
     f = self.restrict(direction)
 
-    def jvp_part(xs, ts):
-      return jax.jvp(f, tuple(xs), tuple(ts))
-
-    def vjp_part(xs, cts):
-      out, f_vjp = jax.vjp(f, *xs)
-      return out, f_vjp(tuple(cts))
-
-    def lin_part(xs, ts):
-      out, f_lin = jax.linearize(f, *xs)
-      return out, f_lin(*ts)
-    part = {"jvp": jvp_part, "vjp": vjp_part, "lin": lin_part}[kind]
+    def part(xs, extra):  # extra: tangents (a cotangent for vjp)
+      if kind == "jvp":
+        return jax.jvp(f, tuple(xs), tuple(extra))
+      out, f_vjp = (jax.vjp if kind == "vjp" else jax.linearize)(f, *xs)
+      return out, f_vjp(tuple(extra)) if kind == "vjp" else f_vjp(*extra)
     extra = (self.zeros_like_outputs if kind == "vjp"
              else lambda: self.zeros_like_inputs(direction))
     self.compiled.add(derivative_part(kind, direction), part,
                       lambda: (self.xs_of(direction), extra()))
 
-  def _derivative_at(self, kind, direction, extra, xs):
+  def derivative_at(self, kind, direction, extra, xs=None):
+    """``(out, J ṫ)`` (``Jᵀ ȳ`` for vjp) from ``jax.jvp`` (``vjp``,
+    ``linearize``: ``kind``) in the leaves of ``direction``, at their values
+    ``xs`` (default: the point)."""
     if not self.compiled.has(derivative_part(kind, direction)):
       self.add_derivative(kind, direction)
     return self.compiled.run(derivative_part(kind, direction), (
         self.xs_of(direction) if xs is None else list(xs), list(extra)))
 
-  def jvp_at(self, direction, tangents, xs=None):
-    """``(out, J ṫ)`` from ``jax.jvp`` in the leaves of ``direction``, at
-    ``xs`` (default: the point)."""
-    return self._derivative_at("jvp", direction, tangents, xs)
-
-  def vjp_at(self, direction, cts_out, xs=None):
-    """``(out, Jᵀ ȳ)`` from ``jax.vjp`` of ``prim_fn`` in the leaves of
-    ``direction``, at their values ``xs`` (default: the point)."""
-    return self._derivative_at("vjp", direction, cts_out, xs)
-
-  def lin_at(self, direction, tangents, xs=None):
-    """``(out, J ṫ)`` from ``jax.linearize`` of ``prim_fn`` in the leaves of
-    ``direction``, at their values ``xs`` (default: the point)."""
-    return self._derivative_at("lin", direction, tangents, xs)
+  jvp_at = functools.partialmethod(derivative_at, "jvp")
+  vjp_at = functools.partialmethod(derivative_at, "vjp")
 
   def primal_floors(self, all_outputs=False, computed_only=False) -> list:
     """Per output, the absolute error allowed between two evaluations at the
@@ -419,7 +402,3 @@ class CheckContext(Recorder):
       out.append(ok)
     return out
 
-  def tangents_for(self, direction):
-    """The tangents of ``direction``'s finite differences (so that the jvp
-    rule and finite differences are compared along the same tangents)."""
-    return list(self.fd(direction).tangents)

@@ -135,13 +135,9 @@ class Recorder:
     """Compares lists of arrays leaf by leaf; records the worst difference
     as a failure."""
     names = names or [self.out_names[i] for i in self.out_float_idx]
-    bounds = bounds or [None] * len(want)
-    skip = skip or [None] * len(want)
-    floors = floors or [None] * len(want)
-    uncounted = uncounted or [None] * len(want)
-    own = own or [None] * len(want)
-    worst = None
-    judged = 0
+    bounds, skip, floors, uncounted, own = (
+        x or [None] * len(want) for x in (bounds, skip, floors, uncounted, own))
+    worst, judged = None, 0
     for name, g, w, b, k, fl, u, o in zip(names, got, want, bounds, skip,
                                           floors, uncounted, own):
       if fl is not None:
