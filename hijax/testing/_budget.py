@@ -45,9 +45,6 @@ class BudgetSpent(BaseException):
   ends, what did not run skipped for time. A BaseException: the checks'
   handlers of a rule's exceptions do not take it for the rule's failure."""
 
-  # where it stopped the preparation of the checks: (context, modes)
-  prepared: tuple | None = None
-
   def __init__(self, what: str, seconds: float,
                estimate: float | None = None):
     self.what, self.seconds, self.estimate = what, seconds, estimate

@@ -92,6 +92,15 @@ def _check_eager_and_jit(ctx: CheckContext, inputs):
               want_label="eager call", floors=ctx.primal_floors(True))
 
 
+def _same_primal(ctx: CheckContext, mode, inputs, out) -> bool:
+  """Whether a derivative's primal output is the function's (not counted as
+  a comparison of the rule)."""
+  return ctx.compare(mode, f"{mode}'s primal output vs the primitive's "
+                     "output", inputs, out, ctx.ref_out(), ctx.settings.tol,
+                     got_label=mode, want_label="the primitive",
+                     floors=ctx.primal_floors(), counts=False)
+
+
 def check_jvp(ctx: CheckContext, jvp_passed: dict):
   """``jax.jvp`` against central finite differences, in each direction
   (``jvp_passed`` records where it passed)."""
@@ -107,10 +116,7 @@ def check_jvp(ctx: CheckContext, jvp_passed: dict):
       ctx.fail_raised("jvp", check, inputs, e)
       jvp_passed[direction] = False
       continue
-    ok = ctx.compare("jvp", "jvp's primal output vs the primitive's output",
-                     inputs, out, ctx.ref_out(), ctx.settings.tol,
-                     got_label="jvp", want_label="the primitive",
-                     floors=ctx.primal_floors(), counts=False)
+    ok = _same_primal(ctx, "jvp", inputs, out)
     if ctx.surrogate:  # its tangent is not the function's: nothing to compare
       jvp_passed[direction] = ok
       ctx.skip_by_intent(
@@ -181,10 +187,7 @@ def check_vjp(ctx: CheckContext, jvp_passed: dict):
           "surrogate's backward pass is not compared with the function")
       continue
     ctx.ran("vjp", f"{check} ({ctx.describe_direction(direction)})")
-    ctx.compare("vjp", "vjp's primal output vs the primitive's output",
-                inputs, out, ctx.ref_out(), ctx.settings.tol, got_label="vjp",
-                want_label="the primitive", floors=ctx.primal_floors(),
-                counts=False)
+    _same_primal(ctx, "vjp", inputs, out)
     seen = []
 
     def transpose(ybar):
@@ -236,10 +239,7 @@ def check_lin(ctx: CheckContext, jvp_passed: dict):
       continue
     check = f"linearized vs {ref_label}"
     ctx.ran("lin", f"{check} ({ctx.describe_direction(direction)})")
-    ctx.compare("lin", "lin's primal output vs the primitive's output",
-                inputs, out, ctx.ref_out(), ctx.settings.tol, got_label="lin",
-                want_label="the primitive", floors=ctx.primal_floors(),
-                counts=False)
+    _same_primal(ctx, "lin", inputs, out)
     floors = None
     if bounds is None:  # two rules: each may lose what cancels
       floors = [2 * f for f in ctx.flat_floors(direction, tangents)]
@@ -252,12 +252,9 @@ def check_lin(ctx: CheckContext, jvp_passed: dict):
 def _linear_sets(ctx: CheckContext):
   """The sets of leaves in which prim_fn is linear (each transposed alone),
   and how they were found."""
-  arg_leaves = []
-  start = 0
-  for a in ctx.args:
-    n = len(jax.tree.leaves(a))
-    arg_leaves.append(tuple(range(start, start + n)))
-    start += n
+  ends = np.cumsum([len(jax.tree.leaves(a)) for a in ctx.args], dtype=int)
+  arg_leaves = [tuple(range(e - len(jax.tree.leaves(a)), e))
+                for a, e in zip(ctx.args, ends)]
   if ctx.settings.linear_argnums is not None:
     sets = []
     for entry in ctx.settings.linear_argnums:

@@ -86,16 +86,13 @@ def _in_own_dtypes(args):
 
 def _runs(ctx: CheckContext, plan, ahead) -> bool:
   """Whether ``ctx``'s function runs compiled at its point."""
-  try:
+  def run():
     if not ctx.settings.jit:
-      jax.block_until_ready(jax.jit(ctx.prim_fn)(*ctx.args))
-      return True
+      return jax.jit(ctx.prim_fn)(*ctx.args)
     add_parts(ctx, plan)
     ahead(plan)
-    jax.block_until_ready(ctx.compiled.evaluate([ctx.leaves]))
-    return True
-  except Exception:  # pylint: disable=broad-except
-    return False
+    return ctx.compiled.evaluate([ctx.leaves])
+  return _raised(run) is None
 
 
 def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
@@ -126,27 +123,26 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
       own_dtype = own_float or "no floating-point inputs"
       with jax.enable_x64(True):
         args64 = jax.tree.map(lambda x: in_dtype(x, jnp.float64), args)
+      points = {True: (args64, "float64"), False: (own, own_dtype)}
       wide = x64 is not False
       if x64 is None:  # the first dtype where it runs, else float64
-        for point, dtype, wide in ((args64, "float64", True),
-                                   (own, own_dtype, False)):
+        for wide in (True, False):
           with jax.enable_x64(True) if wide else contextlib.nullcontext():
             try:
-              ctx, plan = request.context(point, dtype)
+              ctx, plan = request.context(*points[wide])
             except Exception:  # pylint: disable=broad-except
               continue
             if _runs(ctx, plan, ahead):
               break
         else:
-          error = raised_at(prim_fn, own)
+          error = _raised(lambda: jax.jit(prim_fn)(*own))
           with jax.enable_x64(True):
-            wide = _traces(prim_fn, args64)
+            wide = _raised(lambda: jax.make_jaxpr(prim_fn)(*args64)) is None
           ctx = None
       if wide:
         stack.enter_context(jax.enable_x64(True))
       if ctx is None:
-        ctx, plan = request.context(*((args64, "float64") if wide
-                                      else (own, own_dtype)))
+        ctx, plan = request.context(*points[wide])
       if error is None:
         ahead(plan)
       ctx.report.required = required_rules(ctx, plan)
@@ -170,14 +166,6 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
     budget.finish()
   ctx.report.seconds = budget.elapsed
   return ctx.report
-
-
-def _traces(prim_fn, args) -> bool:
-  try:
-    jax.make_jaxpr(prim_fn)(*args)
-    return True
-  except Exception:  # pylint: disable=broad-except
-    return False
 
 
 # --- plan ------------------------------------------------------------------
@@ -294,10 +282,10 @@ def run(ctx: CheckContext, modes):
 
 # --- conclude ----------------------------------------------------------------
 
-def raised_at(prim_fn, args) -> Exception | None:
-  """What ``prim_fn`` raises, compiled, at ``args`` (None if it runs)."""
+def _raised(run: Callable[[], Any]) -> Exception | None:
+  """What ``run()`` raises (waited for), or None."""
   try:
-    jax.block_until_ready(jax.jit(prim_fn)(*args))
+    jax.block_until_ready(run())
     return None
   except Exception as e:  # pylint: disable=broad-except
     return e

@@ -183,25 +183,17 @@ class RuleReport:
     """Per rule not judged, why, and what would make it judgeable."""
     if not self.required and not any(self.compared.values()):
       return ["no rule was compared with anything"]
-    lines = []
-    timed_out = bool(self.skipped_for_time)
-    unresolved = any("not resolved" in line for line in self.inconclusive)
-    rough = any("not smooth" in line or "not finite" in line
-                for line in self.inconclusive)
-    hints = []
-    if timed_out:
-      hints.append("a larger time_budget (or None)")
-    if unresolved:
-      hints.append("float64 (x64=True) or another point, where finite "
-                   "differences resolve the derivative")
-    if rough:
-      hints.append("a point away from kinks and domain boundaries")
-    if not hints:
-      hints.append("another point or other modes")
-    for rule in self.not_judged or ["every rule"]:
-      lines.append(f"{rule}: no conclusive comparison; try "
-                   + "; or ".join(hints))
-    return lines
+    said = lambda *words: any(w in line for line in self.inconclusive
+                              for w in words)
+    hints = [hint for cause, hint in (
+        (self.skipped_for_time, "a larger time_budget (or None)"),
+        (said("not resolved"), "float64 (x64=True) or another point, where "
+         "finite differences resolve the derivative"),
+        (said("not smooth", "not finite"),
+         "a point away from kinks and domain boundaries")) if cause]
+    return [f"{rule}: no conclusive comparison; try " + "; or ".join(
+        hints or ["another point or other modes"])
+            for rule in self.not_judged or ["every rule"]]
 
   def __str__(self) -> str:
     lines = [self.headline()]
