@@ -27,41 +27,6 @@ from hijax.testing._record import Recorder
 from hijax.testing._report import RuleReport, declared_limit
 
 
-def _widened(compiled, direction, xs, ts, out_float_idx, out_dtypes, eps,
-             scale=None):
-  """Finite differences in the next wider dtype, where prim_fn takes and
-  returns it (else None)."""
-  wide = [np.asarray(x).astype(wider(np.asarray(x).dtype) or np.asarray(
-      x).dtype) for x in xs]
-  want = [np.dtype(wider(d) or d) for d in out_dtypes]
-  x64 = any(w.dtype.itemsize > np.asarray(x).dtype.itemsize
-            and np.dtype(w.dtype) in (np.dtype(np.float64),
-                                      np.dtype(np.complex128))
-            for w, x in zip(wide, xs))
-  with jax.enable_x64(True) if x64 else contextlib.nullcontext():
-    try:
-      est = estimate(_point_evaluator(compiled, direction, out_float_idx),
-                     wide, [np.asarray(t).astype(w.dtype)
-                            for t, w in zip(ts, wide)],
-                     want, None, eps, cast_to=out_dtypes,
-                     tangent_dtypes=[np.asarray(t).dtype for t in ts],
-                     combines=scale)
-    except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
-      return None
-  if [np.asarray(y).dtype for y in est.center] != want:
-    return None
-  return est
-
-
-def _point_evaluator(compiled, direction, out_float_idx):
-  """The floating-point outputs of ``prim_fn`` at many points (one compiled
-  call), for `estimate`."""
-  def evaluate(points):
-    return [[outs[i] for i in out_float_idx]
-            for outs in compiled.at_points(direction, points)]
-  return evaluate
-
-
 @dataclasses.dataclass(frozen=True)
 class Part:
   """A key of the checks' compiled program (the function itself is
@@ -290,20 +255,33 @@ class CheckContext(Recorder):
   def fd_along(self, direction, tangents) -> FDEstimate:
     """Central differences along ``tangents`` (signed powers of two, or
     zeros), not cached and not reported."""
-    xs = [self.leaves[i] for i in direction]
+    xs = [np.asarray(x) for x in self.xs_of(direction)]
     ts = [np.asarray(t) for t in tangents]
     out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
-    est = None
-    if any(wider(np.asarray(x).dtype) for x in xs):
-      est = _widened(self.compiled, direction, xs, ts, self.out_float_idx,
-                     out_dtypes, self.settings.eps, self.settings.fd_scale)
-    if est is None:
-      est = estimate(_point_evaluator(self.compiled, direction,
-                                      self.out_float_idx),
-                     xs, ts, out_dtypes, self._ref_out, self.settings.eps,
-                     combines=self.settings.fd_scale)
-      if self._ref_out is None:  # the point was evaluated with the others
-        self._ref_out = tuple(on_device(y) for y in est.center)
+    eps, scale = self.settings.eps, self.settings.fd_scale
+
+    def evaluate(points):  # the floating-point outputs, one compiled call
+      return [[outs[i] for i in self.out_float_idx]
+              for outs in self.compiled.at_points(direction, points)]
+    # in the next wider dtype, where prim_fn takes and returns it
+    wide = [x.astype(wider(x.dtype) or x.dtype) for x in xs]
+    want = [np.dtype(wider(d) or d) for d in out_dtypes]
+    x64 = any(w.dtype != x.dtype and w.dtype in (np.float64, np.complex128)
+              for w, x in zip(wide, xs))
+    if any(w.dtype != x.dtype for w, x in zip(wide, xs)):
+      with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+        try:
+          est = estimate(evaluate, wide, [t.astype(w.dtype) for t, w in zip(
+              ts, wide)], want, None, eps, cast_to=out_dtypes,
+                         tangent_dtypes=[t.dtype for t in ts], combines=scale)
+          if [np.asarray(y).dtype for y in est.center] == want:
+            return est
+        except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
+          pass
+    est = estimate(evaluate, xs, ts, out_dtypes, self._ref_out, eps,
+                   combines=scale)
+    if self._ref_out is None:  # the point was evaluated with the others
+      self._ref_out = tuple(on_device(y) for y in est.center)
     return est
 
   def _which(self, est, verdict) -> str:
