@@ -177,8 +177,15 @@ def test_a_surrogate_still_fails_its_own_consistency():
 def test_surrogate_refuses_what_is_neither_a_class_nor_a_rule():
   with pytest.raises(TypeError, match="not a HiPrim subclass"):
     surrogate(int)
+  with pytest.raises(TypeError, match=r"surrogate: cannot mark 3, which is "
+                     r"not a HiPrim subclass or a custom derivative function "
+                     r"\(jax.custom_jvp"):
+    surrogate(3)
   with pytest.raises(TypeError, match="surrogates= names 3"):
     check_rules(_round_ste(), X, surrogates=[3])
+  with pytest.raises(TypeError, match="surrogates= names int, a class but not "
+                     "a HiPrim subclass; pass a HiPrim subclass or a custom"):
+    check_rules(_round_ste(), X, surrogates=[int])
 
 
 # --- the jvp check's verdict, handed to the vjp and lin checks --------------

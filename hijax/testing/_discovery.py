@@ -101,18 +101,21 @@ T = TypeVar("T")
 # defined (name, file, first line), as a jaxpr names a custom function.
 _CLASSES: weakref.WeakSet = weakref.WeakSet()
 _FUNCTIONS: set[tuple[str, str, int]] = set()
-_WHAT = ("a HiPrim subclass or a custom derivative function (jax.custom_jvp, "
-         "jax.custom_vjp, hijax.custom_jvp, hijax.custom_vjp)")
+_KINDS = ("a HiPrim subclass or a custom derivative function (jax.custom_jvp, "
+          "jax.custom_vjp, hijax.custom_jvp, hijax.custom_vjp)")
 
 
-def _marked(obj: Any, refusal: str) -> Any:
+def _marked(obj: Any, who: str) -> Any:
   """``obj`` itself where it is a HiPrim subclass, else where its function
-  is defined, as the program names it; TypeError ``refusal`` otherwise."""
-  if isinstance(obj, type) and issubclass(obj, HiPrim):
-    return obj
-  key = None if isinstance(obj, type) else definition(getattr(obj, "fun", obj))
+  is defined, as the program names it; a TypeError naming ``who`` else."""
+  if isinstance(obj, type):
+    if issubclass(obj, HiPrim):
+      return obj
+    raise TypeError(f"{who} {obj.__name__}, a class but not a HiPrim "
+                    f"subclass; pass {_KINDS}")
+  key = definition(getattr(obj, "fun", obj))
   if key is None:
-    raise TypeError(refusal)
+    raise TypeError(f"{who} {obj!r}, which is not {_KINDS}")
   return key
 
 
@@ -132,8 +135,7 @@ def surrogate(obj: T) -> T:
       def round_ste(x):
         return jnp.round(x)
   """
-  key = _marked(obj, f"surrogate: cannot mark {obj!r}, not a HiPrim "
-                f"subclass nor a custom derivative function: pass {_WHAT}")
+  key = _marked(obj, "surrogate: cannot mark")
   (_CLASSES if isinstance(key, type) else _FUNCTIONS).add(key)
   return obj
 
@@ -143,8 +145,8 @@ class Surrogates:
   `surrogate` and those ``declared`` (``check_rules``' ``surrogates=``)."""
 
   def __init__(self, declared: Iterable[Any] = ()):
-    self.declared = {_marked(obj, f"check_rules: surrogates= names {obj!r}, "
-                             f"which is neither {_WHAT}") for obj in declared}
+    self.declared = {_marked(obj, "check_rules: surrogates= names")
+                     for obj in declared}
 
   def __contains__(self, prim: Any) -> bool:
     marked = self.declared | _FUNCTIONS | set(_CLASSES)
