@@ -136,7 +136,10 @@ def surrogate(obj: T) -> T:
         return jnp.round(x)
   """
   key = _marked(obj, "surrogate: cannot mark")
-  (_CLASSES if isinstance(key, type) else _FUNCTIONS).add(key)
+  if isinstance(key, type):
+    _CLASSES.add(key)
+  else:
+    _FUNCTIONS.add(key)
   return obj
 
 
