@@ -82,9 +82,10 @@ from __future__ import annotations
 
 # Its modules, each importing only those before it: _foreign_words (others'
 # errors recognized), _report, _numerics, _finite_diff, _discovery
-# (the jaxpr walk, surrogates), _compiled, _budget, _record (what checks
-# record), _context (the point checked), _nzs_out, _checks, _batching,
-# _second_order, _device (the accelerator's half), _flow (one run), _api.
+# (the jaxpr walk, surrogates), _budget, _compiled, _record (the identity
+# of backward rules), _context (the point checked, what the checks record),
+# _nzs_out, _checks, _batching, _second_order, _device (the accelerator's
+# half), _flow (one run), _api.
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules
 from hijax.testing._discovery import defined_rules, surrogate

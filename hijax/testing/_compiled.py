@@ -65,6 +65,28 @@ class _Program:
   broken: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """A key of the checks' compiled program (the function itself is
+  `Compiled`'s ``"points"``): the ``mode`` it is reported under, the mode
+  whose ``rule`` it runs, and ``what`` it computes (``{}`` filled with
+  ``where``, which tells apart its inputs: a direction, ``in_axes``)."""
+  mode: str
+  rule: str
+  what: str
+  where: Any = None
+
+  def describe(self) -> str:
+    return self.what.format(self.where)
+
+
+def derivative_part(kind, direction) -> Part:
+  """The part ``jax.jvp`` (``vjp``, ``linearize``: ``kind``) in the leaves
+  of ``direction``."""
+  name = "linearize" if kind == "lin" else kind
+  return Part(kind, kind, f"jax.{name} in {{}}", direction)
+
+
 class Bundle:
   """Parts, each a function of a tuple of arguments, compiled as one program
   at the first call of one of them; parts added later, likewise."""

@@ -15,38 +15,22 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
-from hijax.testing._compiled import Compiled
+from hijax.testing._compiled import Compiled, Part, derivative_part
 from hijax.testing._discovery import (Surrogates, application_types,
                                       applications, defined_rules)
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
-from hijax.testing._numerics import (Tol, check_arrays, dtype_of, eps_of,
-                                     fmt_array, is_float, on_device,
-                                     real_or_int)
-from hijax.testing._record import Recorder
-from hijax.testing._report import RuleReport, declared_limit
+from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
+                                     describe_tol, dtype_of, eps_of,
+                                     fmt_array, is_float, judged_elements,
+                                     on_device, real_or_int, type_str)
+from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
+                                   declared_limit, first_lines)
 
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-  """A key of the checks' compiled program (the function itself is
-  `Compiled`'s ``"points"``): the ``mode`` it is reported under, the mode
-  whose ``rule`` it runs, and ``what`` it computes (``{}`` filled with
-  ``where``, which tells apart its inputs: a direction, ``in_axes``)."""
-  mode: str
-  rule: str
-  what: str
-  where: Any = None
-
-  def describe(self) -> str:
-    return self.what.format(self.where)
-
-
-def derivative_part(kind, direction) -> Part:
-  """The part ``jax.jvp`` (``vjp``, ``linearize``: ``kind``) in the leaves
-  of ``direction``."""
-  name = "linearize" if kind == "lin" else kind
-  return Part(kind, kind, f"jax.{name} in {{}}", direction)
+# A declared limit in JAX's words that is in fact a broken jvp rule.
+PRIMAL_READS_TANGENT = (
+    "raised {}\nthe jvp rule's primal output depends on the tangent, so JAX "
+    "cannot linearize it: compute the primal output from the primals alone")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +51,7 @@ class Settings:
 
 
 @dataclasses.dataclass
-class CheckContext(Recorder):
+class CheckContext:
   """One function of a flat list of leaves, checked at one point."""
   prim_fn: Callable
   args: tuple
@@ -118,7 +102,140 @@ class CheckContext(Recorder):
         prims=prims, settings=dataclasses.replace(self.settings, **changes),
         **own)
 
-  # -- bookkeeping --
+  # -- what the checks record --
+  def ran(self, mode, what):
+    if self.within:  # e.g. a sub-check of the second-order mode
+      what, mode = f"{self.label}{mode}: {what}", self.within
+    else:
+      what = self.label + what
+    self.report.ran.append(f"{mode}: {what}")
+
+  def skip(self, mode, why):
+    self.report.skipped.append((mode, self.label + why))
+
+  def skip_by_intent(self, mode, why, rule=None):
+    """Skips a check a surrogate's or a refusing rule cannot pass by design;
+    the rule is then not required (`RuleReport.by_intent`)."""
+    self.skip(mode, why)
+    name = rule or self.rule_name(mode)
+    if name not in self.report.by_intent:
+      self.report.by_intent.append(name)
+
+  def out_of_time(self, mode, what) -> bool:
+    """Whether the budget is spent (the check then skipped for time); else
+    the check starts."""
+    label = f"{self.label}{mode}: {what}"
+    if self.settings.budget.spent:
+      self.report.skipped_for_time.append(label)
+      return True
+    self.settings.budget.starting(label)
+    return False
+
+  def inconclusive(self, check, why):
+    self.report.inconclusive.append(f"{self.label}{check}: {why}")
+
+  def judged_nothing(self, check, why):
+    """Records a comparison that judged no element (see `RuleReport`)."""
+    self.report.unjudged += 1
+    self.inconclusive(check, why)
+
+  def conclusive_pass(self, mode, rule=None):
+    """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
+    that passed."""
+    if mode == "second_order":
+      return
+    name = rule or self.rule_name(mode)
+    self.report.compared[name] = self.report.compared.get(name, 0) + 1
+
+  def fail(self, mode, check, inputs, detail, max_error=None, rule=None,
+           error=None):
+    self.report.failures.append(RuleFailure(
+        rule=rule or self.rule_name(mode), check=self.label + check,
+        inputs=inputs, detail=detail, max_error=max_error, error=error))
+
+  def fail_raised(self, mode, check, inputs, exc, rule=None):
+    why = None
+    if not (mode == "second_order" and self.settings.require_second_order):
+      if self.surrogate:
+        why = declared_limit(exc, surrogate=True)
+      elif mode in DERIVATIVE_MODES + ("batch", "second_order"):
+        why = declared_limit(exc, strict=True)
+    if why is not None and mode != "jvp" and self.primal_reads_tangent:
+      self.fail(mode, check, inputs, PRIMAL_READS_TANGENT.format(
+          f"{type(exc).__name__}: {first_lines(str(exc), 2)}"),
+          float("inf"), rule=self.rule_name("jvp"), error=exc)
+      return
+    if why is not None:  # a rule that refuses a mode by design
+      short = why if len(why) <= 160 else why[:157] + "..."
+      who = "the surrogate" if self.surrogate else "the rule"
+      self.skip_by_intent(mode, f"{check}: {who} declares it cannot "
+                          f"({short})", rule)
+      return
+    detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
+    self.fail(mode, check, inputs, detail, float("inf"), rule=rule,
+              error=exc)
+
+  def judge_refusals(self, mode, refusals, handled_some: bool):
+    """Checks where the rule raised: skipped (``why``) where it handled
+    other cases (``handled_some``), else failed."""
+    for check, inputs, exc, why in refusals:
+      if handled_some:
+        self.skip(mode, why)
+      else:
+        self.fail_raised(mode, check, inputs, exc)
+
+  def compare(self, mode, check, inputs, got, want, tol, names=None,
+              got_label="rule", want_label="reference", rule=None,
+              bounds=None, skip=None, floors=None, counts=True,
+              uncounted=None, own=None) -> bool:
+    """Compares lists of arrays leaf by leaf; records the worst difference
+    as a failure."""
+    names = names or [self.out_names[i] for i in self.out_float_idx]
+    bounds, skip, floors, uncounted, own = (
+        x or [None] * len(want) for x in (bounds, skip, floors, uncounted, own))
+    worst, judged = None, 0
+    for name, g, w, b, k, fl, u, o in zip(names, got, want, bounds, skip,
+                                          floors, uncounted, own):
+      if fl is not None:
+        b = fl if b is None else b + fl
+      res = compare_leaf(g, w, tol, b, k, o)
+      if u is not None:  # bounded only: counted where the rule is exact
+        u = np.asarray(u, bool) & (np.asarray(g) != np.asarray(w))
+        k = u if k is None else np.asarray(k, bool) | u
+      judged += judged_elements(w, tol, b, k)
+      if res is not None and (worst is None or res[0] > worst[1][0]):
+        worst = (name, res)
+    if worst is None:
+      if judged and counts:
+        self.conclusive_pass(mode, rule)
+      elif not judged:
+        self.judged_nothing(check, f"{want_label} judges no element of "
+                            f"{got_label}'s result here")
+      return True
+    name, (err, idx, gv, wv) = worst
+    if gv is None:
+      detail = f"{name}: {got_label} has {idx}"
+    else:
+      where = f" at index {tuple(int(i) for i in idx)}" if idx != () else ""
+      detail = (f"{name}: max abs error {err:.3g}{where} ({got_label} gives "
+                f"{gv:.8g}, {want_label} gives {wv:.8g}; {describe_tol(tol)}"
+                + (" plus the finite differences' error bound"
+                   if bounds[0] is not None else "") + ")")
+    self.fail(mode, check, inputs, detail, err, rule=rule)
+    return False
+
+  def check_types(self, mode, check, inputs, got, like, names,
+                  got_label) -> bool:
+    """Checks that each of ``got`` has the type of its input; records the
+    first mismatch."""
+    for name, g, x in zip(names, got, like):
+      if type_str(g) != type_str(x):
+        self.fail(mode, check, inputs,
+                  f"{name}: {got_label} gives {type_str(g)}, but the input is "
+                  f"{type_str(x)} (a cotangent has the shape and dtype of "
+                  "its input)", float("inf"))
+        return False
+    return True
 
   def has(self, mode) -> bool:
     """Whether every primitive found defines the rule of ``mode``."""

@@ -1,189 +1,16 @@
-"""What every check records: the checks run and skipped, comparisons (and
-whether they judged anything), failures with the rule they name. A mixin of
-`hijax.testing._context.CheckContext`, which supplies the report, the
-labels, the settings and the names it uses. And the comparison of backward
-rules, `check_identity`."""
+"""The inner-product identity that checks a backward rule against a
+reference for ``J ṫ``: `check_identity`."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from hijax.testing._numerics import (compare_leaf, describe_tol,
-                                     inner_identity, judged_elements,
-                                     on_device, type_str)
-from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure,
-                                   RuleReport, declared_limit, first_lines)
+from hijax.testing._numerics import inner_identity, on_device
 
 
-# A declared limit in JAX's words that is in fact a broken jvp rule.
-PRIMAL_READS_TANGENT = (
-    "raised {}\nthe jvp rule's primal output depends on the tangent, so JAX "
-    "cannot linearize it: compute the primal output from the primals alone")
-
-
-class Recorder:
-  """The bookkeeping methods of a check context (see the module docstring)."""
-
-  report: RuleReport
-  label: str
-  within: str | None
-  settings: Any
-  surrogate: bool
-  out_names: list[str]
-  out_float_idx: list[int]
-
-  @functools.cached_property
-  def primal_reads_tangent(self) -> bool:
-    raise NotImplementedError  # the host's (CheckContext)
-
-  rng: np.random.Generator
-
-  def rule_name(self, mode) -> str:
-    raise NotImplementedError  # the host's
-
-  def random_like(self, x, rng: np.random.Generator | None = None):
-    raise NotImplementedError  # the host's
-
-  def ran(self, mode, what):
-    if self.within:  # e.g. a sub-check of the second-order mode
-      what, mode = f"{self.label}{mode}: {what}", self.within
-    else:
-      what = self.label + what
-    self.report.ran.append(f"{mode}: {what}")
-
-  def skip(self, mode, why):
-    self.report.skipped.append((mode, self.label + why))
-
-  def skip_by_intent(self, mode, why, rule=None):
-    """Skips a check a surrogate's or a refusing rule cannot pass by design;
-    the rule is then not required (`RuleReport.by_intent`)."""
-    self.skip(mode, why)
-    name = rule or self.rule_name(mode)
-    if name not in self.report.by_intent:
-      self.report.by_intent.append(name)
-
-  def out_of_time(self, mode, what) -> bool:
-    """Whether the budget is spent (the check then skipped for time); else
-    the check starts."""
-    label = f"{self.label}{mode}: {what}"
-    if self.settings.budget.spent:
-      self.report.skipped_for_time.append(label)
-      return True
-    self.settings.budget.starting(label)
-    return False
-
-  def inconclusive(self, check, why):
-    self.report.inconclusive.append(f"{self.label}{check}: {why}")
-
-  def judged_nothing(self, check, why):
-    """Records a comparison that judged no element (see `RuleReport`)."""
-    self.report.unjudged += 1
-    self.inconclusive(check, why)
-
-  def conclusive_pass(self, mode, rule=None):
-    """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
-    that passed."""
-    if mode == "second_order":
-      return
-    name = rule or self.rule_name(mode)
-    self.report.compared[name] = self.report.compared.get(name, 0) + 1
-
-  def fail(self, mode, check, inputs, detail, max_error=None, rule=None,
-           error=None):
-    self.report.failures.append(RuleFailure(
-        rule=rule or self.rule_name(mode), check=self.label + check,
-        inputs=inputs, detail=detail, max_error=max_error, error=error))
-
-  def fail_raised(self, mode, check, inputs, exc, rule=None):
-    why = None
-    if not (mode == "second_order" and self.settings.require_second_order):
-      if self.surrogate:
-        why = declared_limit(exc, surrogate=True)
-      elif mode in DERIVATIVE_MODES + ("batch", "second_order"):
-        why = declared_limit(exc, strict=True)
-    if why is not None and mode != "jvp" and self.primal_reads_tangent:
-      self.fail(mode, check, inputs, PRIMAL_READS_TANGENT.format(
-          f"{type(exc).__name__}: {first_lines(str(exc), 2)}"),
-          float("inf"), rule=self.rule_name("jvp"), error=exc)
-      return
-    if why is not None:  # a rule that refuses a mode by design
-      short = why if len(why) <= 160 else why[:157] + "..."
-      who = "the surrogate" if self.surrogate else "the rule"
-      self.skip_by_intent(mode, f"{check}: {who} declares it cannot "
-                          f"({short})", rule)
-      return
-    detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
-    self.fail(mode, check, inputs, detail, float("inf"), rule=rule,
-              error=exc)
-
-  def judge_refusals(self, mode, refusals, handled_some: bool):
-    """Checks where the rule raised: skipped (``why``) where it handled
-    other cases (``handled_some``), else failed."""
-    for check, inputs, exc, why in refusals:
-      if handled_some:
-        self.skip(mode, why)
-      else:
-        self.fail_raised(mode, check, inputs, exc)
-
-  def compare(self, mode, check, inputs, got, want, tol, names=None,
-              got_label="rule", want_label="reference", rule=None,
-              bounds=None, skip=None, floors=None, counts=True,
-              uncounted=None, own=None) -> bool:
-    """Compares lists of arrays leaf by leaf; records the worst difference
-    as a failure."""
-    names = names or [self.out_names[i] for i in self.out_float_idx]
-    bounds, skip, floors, uncounted, own = (
-        x or [None] * len(want) for x in (bounds, skip, floors, uncounted, own))
-    worst, judged = None, 0
-    for name, g, w, b, k, fl, u, o in zip(names, got, want, bounds, skip,
-                                          floors, uncounted, own):
-      if fl is not None:
-        b = fl if b is None else b + fl
-      res = compare_leaf(g, w, tol, b, k, o)
-      if u is not None:  # bounded only: counted where the rule is exact
-        u = np.asarray(u, bool) & (np.asarray(g) != np.asarray(w))
-        k = u if k is None else np.asarray(k, bool) | u
-      judged += judged_elements(w, tol, b, k)
-      if res is not None and (worst is None or res[0] > worst[1][0]):
-        worst = (name, res)
-    if worst is None:
-      if judged and counts:
-        self.conclusive_pass(mode, rule)
-      elif not judged:
-        self.judged_nothing(check, f"{want_label} judges no element of "
-                            f"{got_label}'s result here")
-      return True
-    name, (err, idx, gv, wv) = worst
-    if gv is None:
-      detail = f"{name}: {got_label} has {idx}"
-    else:
-      where = f" at index {tuple(int(i) for i in idx)}" if idx != () else ""
-      detail = (f"{name}: max abs error {err:.3g}{where} ({got_label} gives "
-                f"{gv:.8g}, {want_label} gives {wv:.8g}; {describe_tol(tol)}"
-                + (" plus the finite differences' error bound"
-                   if bounds[0] is not None else "") + ")")
-    self.fail(mode, check, inputs, detail, err, rule=rule)
-    return False
-
-  def check_types(self, mode, check, inputs, got, like, names,
-                  got_label) -> bool:
-    """Checks that each of ``got`` has the type of its input; records the
-    first mismatch."""
-    for name, g, x in zip(names, got, like):
-      if type_str(g) != type_str(x):
-        self.fail(mode, check, inputs,
-                  f"{name}: {got_label} gives {type_str(g)}, but the input is "
-                  f"{type_str(x)} (a cotangent has the shape and dtype of "
-                  "its input)", float("inf"))
-        return False
-    return True
-
-
-# --- the inner-product identity -------------------------------------------
-# The inner-product identity ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` that checks a
+# The identity ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` that checks a
 # backward rule against a reference for ``J ṫ`` (the jvp rule, or finite
 # differences), element by element where it matters:
 #
@@ -203,7 +30,7 @@ class Recorder:
 #   (`CheckContext.flat_floors`). Finite differences allow their own error
 #   bound instead.
 
-def aligned_cotangents(ctx: Recorder, like, j_t, judged):
+def aligned_cotangents(ctx: Any, like, j_t, judged):
   """Random cotangents with the signs of ``J ṫ``: ``<ȳ, J ṫ>`` then has no
   cancellation to hide a wrong rule in."""
   out = []
@@ -226,7 +53,7 @@ def _finite(xs):
   return [np.isfinite(np.asarray(x)) for x in xs]
 
 
-def check_identity(ctx: Recorder, mode: str, check: str, inputs: str,
+def check_identity(ctx: Any, mode: str, check: str, inputs: str,
                    tangents: list | None, like: Sequence,
                    reference: Callable, transpose: Callable,
                    floors: Callable | None = None, rule: str | None = None,
