@@ -50,13 +50,14 @@ def _source_info(fun: Callable[..., Any]) -> str:
 
 
 class RuleOwner:
-  """The base of `_common.Call`: names and types for messages."""
+  """The base of `_common.CallPrimitive`: names and types for messages
+  (``arg_tree``, ``arg_avals``: the differentiable arguments')."""
 
   decorated: Any
   name: str
   signature: Any
-  in_tree: Any
-  in_avals_flat: list[Any]
+  arg_tree: Any
+  arg_avals: list[Any]
   out_tree: Any
   out_avals_flat: list[Any]
 
@@ -216,10 +217,10 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
         f"argument of {owner.name} ({n}: "
         f"{', '.join(owner.signature.names) or 'none'}), but returned "
         f"{describe_value(cts)}", TypeError,
-        _bwd_structure_words(cts, owner.in_tree))
-  arg_trees = owner.in_tree.children()
+        _bwd_structure_words(cts, owner.arg_tree))
+  arg_trees = owner.arg_tree.children()
   flat: list[Any] = []
-  avals = iter(owner.in_avals_flat)
+  avals = iter(owner.arg_avals)
   check = not bwd_checks_disabled()
   for i, (name, ct, tree) in enumerate(zip(owner.signature.names, cts, arg_trees)):
     leaves = _broadcast_none(owner, rule, name, ct, tree)
@@ -250,7 +251,7 @@ def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
         f"{jax.tree.structure(ct, is_leaf=is_leaf)} for argument {name}, "
         f"whose structure is {tree}: return a cotangent of the argument's "
         "structure (None for zeros)", TypeError,
-        _bwd_structure_words(ct, owner.in_tree))
+        _bwd_structure_words(ct, owner.arg_tree))
   return list(zip(paths, parts))
 
 
