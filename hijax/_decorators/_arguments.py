@@ -132,9 +132,6 @@ class Signature:
     return statics, tuple(args[i] for i in self.diff)
 
   def merge(self, statics: Sequence[Any], diff_args: Sequence[Any]) -> tuple:
-    out: list[Any] = [None] * (len(statics) + len(diff_args))
-    for i, x in zip(self.nondiff, statics):
-      out[i] = x
-    for i, x in zip(self.diff, diff_args):
-      out[i] = x
-    return tuple(out)
+    s, d = iter(statics), iter(diff_args)
+    return tuple(next(s) if i in self.nondiff else next(d)
+                 for i in range(len(statics) + len(diff_args)))

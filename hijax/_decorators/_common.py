@@ -195,9 +195,12 @@ class Decorated:
   for the next call with the same key (`_calls_key`) unless it hoists."""
 
   kind: str = ""
+  _rule_names: tuple[str, ...]  # the rules that must be defined
   fun: Callable[..., Any]
   nondiff_argnums: tuple[int, ...]
   batch_rule: Callable[..., Any] | None = None
+  _primitive_class: Callable[[_tracing.Traced], type[CallPrimitive]]
+  as_jax: Callable[[], Callable[..., Any]]  # JAX's decorator, same rules
 
   def __init__(self, fun: Callable[..., Any],
                nondiff_argnums: Sequence[int] = (),
@@ -243,18 +246,11 @@ class Decorated:
     self._rules_defined()
     return rule
 
-  def _has_rules(self) -> bool:
-    raise NotImplementedError
-
-  def _primitive_class(self, primal: _tracing.Traced) -> type[CallPrimitive]:
-    raise NotImplementedError
-
-  def _missing_rules_error(self) -> Exception:
-    raise NotImplementedError
-
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    if not self._has_rules():
-      raise self._missing_rules_error()
+    if any(getattr(self, r) is None for r in self._rule_names):
+      d = self.kind[-3:]  # as JAX's words
+      raise AttributeError(f"No {d.upper()} defined for {self.kind} function "
+                           f"{function_name(self.fun)} using def{d}.")
     if kwargs or len(args) != self._arity:
       args = resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
     if core.trace_state_clean():
@@ -299,9 +295,6 @@ class Decorated:
     _, tree, avals = key
     return (spec, tree, tuple(avals), config.trace_context(),
             _rules_version[0])
-
-  def as_jax(self) -> Callable[..., Any]:
-    raise NotImplementedError
 
 
 class PrunedCall(HiPrim):

@@ -14,8 +14,7 @@ from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._outputs import (first_element_words, pair,
-                                        primal_out, tangent_out)
+from hijax._decorators._outputs import pair, primal_out, tangent_out
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import GradAccum, instantiate_zeros
@@ -73,16 +72,12 @@ class CustomJVPCall(CallPrimitive):
                         "(primal output, tangent output)", lambda got: (
                             f"{head} representing primal and tangent outputs, "
                             f"but got {got}."))
-
-    def words(shapes, got, expected, _):  # JAX's, as `first_element_words`
-      particular = ("with leaves of the same shape/dtype" if shapes
-                    else "of the same container/pytree structure")
-      return first_element_words(
-          f"{head} where the first element represents the primal output "
-          "(equal in value to the output of the custom_jvp-decorated "
-          f"function {fun}, and in particular {particular})", "custom_jvp",
-          "JVP rule output", fun, shapes, got, expected)
-    primal_out(self, rule, out, words)
+    primal_out(self, rule, out, lambda shapes: (
+        f"{head} where the first element represents the primal output (equal "
+        f"in value to the output of the custom_jvp-decorated function {fun}, "
+        "and in particular " + ("with leaves of the same shape/dtype" if shapes
+                                else "of the same container/pytree structure")
+        + ")"), "JVP rule output")
     return out, tangent_out(self, rule, tangent, self.jvp_name)
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
@@ -173,7 +168,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
-  kind = "custom_jvp"
+  kind, _rule_names = "custom_jvp", ("jvp",)
   jvp: Callable[..., Any] | None = None
   symbolic_zeros: bool = False
 
@@ -215,9 +210,6 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     jvp.__name__ = f"defjvps({', '.join(function_name(j) for j in jvps if j)})"
     self.defjvp(jvp)
 
-  def _has_rules(self) -> bool:
-    return self.jvp is not None
-
   def _primitive_class(self, primal: Any) -> type[CustomJVPCall]:
     return (LinearCustomJVPCall if _linear_in_some_input(primal)
             else CustomJVPCall)
@@ -226,9 +218,3 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     f = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)
     f.defjvp(self.jvp, symbolic_zeros=self.symbolic_zeros)  # pyright: ignore[reportArgumentType]
     return f
-
-  def _missing_rules_error(self) -> Exception:
-    return AttributeError(
-        f"No JVP defined for custom_jvp function {function_name(self.fun)} "
-        "using defjvp.")
-

@@ -97,43 +97,40 @@ def _out_paths(owner: RuleOwner) -> list[str]:
           jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
-def first_element_words(head: str, decorator: str, rule_output: str,
-                        fun: str, shapes: bool, got: str, expected: str
-                        ) -> str:
-  what = "shapes/dtypes of" if shapes else "container/pytree structure"
-  return (f"{head}, but instead the {rule_output}'s first element had "
-          f"{what}:\n    {got}\nwhile the {decorator}-decorated function "
-          f"{fun} had output {what}:\n    {expected}{'' if shapes else '.'}")
-
-
-# JAX's words for a primal output unlike the function's: (shapes, got,
-# expected, mismatch), mismatch (where, got, declared) of the first leaf
-PrimalWords = Callable[[bool, str, str, Any], str]
-
-
 def primal_out(owner: RuleOwner, rule: str, out: Any,
-               jax_words: PrimalWords | None = None) -> list[Any]:
+               head: Callable[[bool], str], rule_output: str,
+               mismatch: bool = False) -> list[Any]:
+  """Checks a rule's primal output; JAX's words are ``head(shapes)``, then
+  what differs (and, with ``mismatch``, the first leaf that does)."""
   flat, tree = jax.tree.flatten(out)
-  expected = lambda: _shown(owner.out_tree, [  # noqa: E731
-      a.str_short() for a in owner.out_avals_flat])
+
+  def words(shapes: bool, where: str = "", x: Any = None,
+            declared: Any = None) -> str:
+    what = "shapes/dtypes of" if shapes else "container/pytree structure"
+    expected = _shown(owner.out_tree,
+                      [a.str_short() for a in owner.out_avals_flat])
+    text = (f"{head(shapes)}, but instead the {rule_output}'s first element "
+            f"had {what}:\n    {owner.types(tree, flat)}\nwhile the "
+            f"{owner.decorated.kind}-decorated function {owner.name} had "
+            f"output {what}:\n    {expected}{'' if shapes else '.'}")
+    if mismatch and shapes:
+      text += (f"\nat {where}, got fwd output type "
+               f"{owner.types(jax.tree.structure(0), [x])} which doesn't match "
+               f"primal output type {declared.str_short()}")
+    return text
   if tree != owner.out_tree:
-    words = None if jax_words is None else jax_words(
-        False, owner.types(tree, flat), expected(), None)
     raise owner.error(
         rule, f"returned a primal output with structure {tree}, but "
         f"{owner.name} returns structure {owner.out_tree}: the primal "
-        f"output must equal {owner.name}(*args)", TypeError, words)
+        f"output must equal {owner.name}(*args)", TypeError, words(False))
   for where, declared, x in zip(_out_paths(owner), owner.out_avals_flat, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
       got, advice = _type_message(declared, x, "rule-primal")
-      words = None if jax_words is None else jax_words(
-          True, owner.types(tree, flat), expected(),
-          (where, owner.types(jax.tree.structure(0), [x]), declared))
       raise owner.error(
           rule, f"returned {got} as its primal {where}, but {owner.name} "
           f"returns {declared.str_short()} there. {advice}The primal output "
           f"must equal {owner.name}(*args).".rstrip(),
-          _checks.RuleTypeError, words)
+          _checks.RuleTypeError, words(True, where, x, declared))
   return flat
 
 

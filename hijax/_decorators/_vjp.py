@@ -14,8 +14,7 @@ from hijax._decorators import _tracing
 from hijax._decorators._arguments import function_name
 from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._outputs import (cotangents, first_element_words,
-                                        pair, primal_out)
+from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
@@ -93,7 +92,8 @@ class CustomVJPCall(CallPrimitive):
     out, res = pair(self, rule, result, "(primal output, residuals)",
                     lambda got: f"{self._fwd_head()}, but instead of a pair "
                     f"the fwd rule {self.fwd_name} produced {got}.")
-    primal_out(self, rule, out, self._fwd_primal_words)
+    primal_out(self, rule, out, lambda _: self._fwd_head("the output"),
+               "fwd rule output", mismatch=True)
     return out, res
 
   def _fwd_head(self, equal: str = "those") -> str:
@@ -103,17 +103,6 @@ class CustomVJPCall(CallPrimitive):
             f"custom_vjp-decorated function {self.name}) and the second "
             "element represents residuals (i.e. values stored from the "
             "forward pass for use on the backward pass)")
-
-  def _fwd_primal_words(self, shapes: bool, got: str, expected: str,
-                        mismatch: Any) -> str:
-    words = first_element_words(
-        self._fwd_head("the output"), "custom_vjp",
-        "fwd rule output", self.name, shapes, got, expected)
-    if mismatch is not None:
-      where, got_type, declared = mismatch
-      words += (f"\nat {where}, got fwd output type {got_type} which doesn't "
-                f"match primal output type {declared.str_short()}")
-    return words
 
   def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
     traced = self.rules.get("bwd")
@@ -313,7 +302,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     `hijax.testing.check_rules` apply to it.
   """
 
-  kind = "custom_vjp"
+  kind, _rule_names = "custom_vjp", ("fwd", "bwd")
   fwd: Callable[..., Any] | None = None
   bwd: Callable[..., Any] | None = None
   symbolic_zeros: bool = False
@@ -387,9 +376,6 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     """Refused, as `defremat` is."""
     raise _remat_refused("defremat_with_logs")
 
-  def _has_rules(self) -> bool:
-    return self.fwd is not None and self.bwd is not None
-
   def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
     return CustomVJPCall
 
@@ -400,8 +386,3 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     define(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros,  # pyright: ignore[reportArgumentType]
            optimize_remat=self.optimize_remat)
     return f
-
-  def _missing_rules_error(self) -> Exception:
-    return AttributeError(
-        f"No VJP defined for custom_vjp function {function_name(self.fun)} "
-        "using defvjp.")
