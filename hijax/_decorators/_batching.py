@@ -13,14 +13,11 @@ import jax.numpy as jnp
 
 from hijax import _checks
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import function_name
 from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
 from hijax._util import is_none
 from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
 from hijax.primitive import HiPrim
-
-__all__ = ["BatchRules", "BatchedByRule", "UnbatchedCallBatched"]
 
 
 class BatchRules:
@@ -33,7 +30,16 @@ class BatchRules:
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
-    _batch_unbatched_calls(cls)
+    primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
+    own = batching.fancy_primitive_batchers[primitive]
+
+    def rule(axis_data, args_flat, dims_flat, **params):
+      # (an unnamed vmap's name is a bare object(): no code can name it)
+      if (type(axis_data.name) is object
+          or any(d is not None for d in dims_flat)):
+        return own(axis_data, args_flat, dims_flat, **params)
+      return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
+    batching.fancy_primitive_batchers[primitive] = rule
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return jax.tree.map(lambda _: 0, self.out_aval)
@@ -43,19 +49,6 @@ class BatchRules:
     if rule is None or any(d is not None for d in dims[-1]):
       return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
     return _batch_by_rule(self, rule, axis_data, args, dims)
-
-
-def _batch_unbatched_calls(cls: type) -> None:
-  primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
-  own = batching.fancy_primitive_batchers[primitive]
-
-  def rule(axis_data, args_flat, dims_flat, **params):
-    # (an unnamed vmap's name is a bare object(): no code can name it)
-    if (type(axis_data.name) is object
-        or any(d is not None for d in dims_flat)):
-      return own(axis_data, args_flat, dims_flat, **params)
-    return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
-  batching.fancy_primitive_batchers[primitive] = rule
 
 
 def _batch_unbatched_call(prim, axis_data, args_flat):
@@ -99,7 +92,7 @@ def _leading(x, d):
 
 
 def _batch_by_rule(prim, rule, axis_data, args, dims):
-  rule_name = f"its batch rule {function_name(rule)}"
+  rule_name = f"its batch rule {_tracing.function_name(rule)}"
   *xs, hvals = args
   x_dims = dims[:-1]
   size = axis_data.size
@@ -123,7 +116,8 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
 
   hoisted = _tracing.Hoisted()
   with prim.running(hvals):
-    traced, _ = _tracing.trace(function_name(rule), run, examples, hoisted)
+    traced, _ = _tracing.trace(_tracing.function_name(rule), run, examples,
+                               hoisted)
   flags = out_batched_box[0]
   out_dim = jax.tree.unflatten(prim.out_tree,
                                [0 if b else None for b in flags])

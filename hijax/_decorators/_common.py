@@ -19,9 +19,6 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import (Signature, function_name,
-                                          nondiff_positions, plain_arity,
-                                          resolve)
 from hijax._decorators._batching import BatchRules
 from hijax._decorators._outputs import RuleOwner
 from hijax._function_key import Uncacheable, by_value
@@ -29,9 +26,6 @@ from hijax._internals import config, core
 from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import Zero, instantiate_zeros
 from hijax.primitive import HiPrim
-
-__all__ = ["Decorated", "CallPrimitive", "PrunedCall", "example_of",
-           "to_rule_zeros"]
 
 
 def example_of(aval: Any) -> Any:
@@ -75,12 +69,12 @@ class CallPrimitive(RuleOwner, BatchRules, HiPrim):
   params: dict[str, Any]
   _call: Any  # itself (a `_call` param names the decorated function's call)
 
-  def __init__(self, decorated: Decorated, signature: Signature,
+  def __init__(self, decorated: Decorated, signature: _tracing.Signature,
                statics: list[Any], diff_args: tuple[Any, ...], key: Any,
                primal: _tracing.Traced, hoisted: _tracing.Hoisted) -> None:
     self.decorated, self.signature = decorated, signature
     self.statics, self.key = statics, key
-    self.name = function_name(decorated.fun)
+    self.name = _tracing.function_name(decorated.fun)
     self.primal, self.hoisted = primal, hoisted
     leaves, self.arg_tree = jax.tree.flatten(diff_args)
     self.arg_avals = [core.typeof(x) for x in leaves]
@@ -207,11 +201,11 @@ class Decorated:
                nondiff_argnames: Sequence[str] = ()) -> None:
     functools.update_wrapper(self, fun)
     self.fun = fun
-    self.nondiff_argnums = nondiff_positions(
+    self.nondiff_argnums = _tracing.nondiff_positions(
         fun, nondiff_argnums, nondiff_argnames, f"hijax.{self.kind}")
     self._calls: dict[Any, CallPrimitive] = {}
-    self._arity = plain_arity(fun)
-    self._signatures: dict[int, Signature] = {}
+    self._arity = _tracing.plain_arity(fun)
+    self._signatures: dict[int, _tracing.Signature] = {}
 
   # by identity in a function key: redefined rules change `_rules_version`
   def __eq__(self, other: object) -> bool:
@@ -250,14 +244,14 @@ class Decorated:
     if any(getattr(self, r) is None for r in self._rule_names):
       d = self.kind[-3:]  # as JAX's words
       raise AttributeError(f"No {d.upper()} defined for {self.kind} function "
-                           f"{function_name(self.fun)} using def{d}.")
+                           f"{_tracing.function_name(self.fun)} using def{d}.")
     if kwargs or len(args) != self._arity:
-      args = resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
+      args = _tracing.resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
     if core.trace_state_clean():
       return self.fun(*args)  # eagerly, as JAX's decorators do
     signature = self._signatures.get(len(args))
     if signature is None:
-      signature = self._signatures[len(args)] = Signature(
+      signature = self._signatures[len(args)] = _tracing.Signature(
           self.fun, self.nondiff_argnums, len(args))
     statics, diff_args = signature.split(args)
     key = _tracing.signature_key(statics, diff_args)
@@ -273,7 +267,7 @@ class Decorated:
       hoisted = _tracing.Hoisted()
       try:
         primal, _ = _tracing.trace(
-            function_name(self.fun),
+            _tracing.function_name(self.fun),
             lambda *d: self.fun(*signature.merge(statics, d)), diff_args,
             hoisted)
       except jax.errors.ConcretizationTypeError:

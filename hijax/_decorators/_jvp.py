@@ -11,7 +11,6 @@ from jax.custom_derivatives import zero_from_primal
 
 from hijax import _linearity
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import function_name
 from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import pair, primal_out, tangent_out
@@ -19,8 +18,6 @@ from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import GradAccum, instantiate_zeros
 from hijax.derived import linearize_from_jvp, vjp_from_lin
-
-__all__ = ["custom_jvp", "CustomJVPCall"]
 
 
 def _add(a, b):
@@ -40,7 +37,7 @@ class CustomJVPCall(CallPrimitive):
   function and its jvp rule."""
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
-    self.jvp_name = function_name(self.decorated.jvp)
+    self.jvp_name = _tracing.function_name(self.decorated.jvp)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         self.decorated.jvp, self.statics)):
       return []  # the rule runs directly, when differentiated, as in JAX
@@ -207,7 +204,8 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
       return out, jax.tree.map(
           lambda *ts: ts[0] if is_float0(ts[0]) else sum(ts[1:], ts[0]),
           *parts)
-    jvp.__name__ = f"defjvps({', '.join(function_name(j) for j in jvps if j)})"
+    names = ", ".join(_tracing.function_name(j) for j in jvps if j)
+    jvp.__name__ = f"defjvps({names})"
     self.defjvp(jvp)
 
   def _primitive_class(self, primal: Any) -> type[CustomJVPCall]:

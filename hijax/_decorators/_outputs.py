@@ -19,9 +19,6 @@ from hijax._cotangents import bwd_checks_disabled
 from hijax._internals import core
 from hijax._util import describe_value, is_float0, is_zero
 
-__all__ = ["RuleOwner", "CotangentTypeError", "pair", "primal_out",
-           "cotangents", "tangent_out"]
-
 
 class CotangentTypeError(_checks.RuleTypeError, ValueError):
   """The bwd rule of a `hijax.custom_vjp` function returned a cotangent

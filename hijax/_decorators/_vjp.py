@@ -11,7 +11,6 @@ import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import function_name
 from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
@@ -20,8 +19,6 @@ from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
                            linearize_from_jvp, tangent_from_backward)
-
-__all__ = ["custom_vjp", "CustomVJPCall"]
 
 
 class CustomVJPCall(CallPrimitive):
@@ -32,7 +29,8 @@ class CustomVJPCall(CallPrimitive):
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
     d = self.decorated
-    self.fwd_name, self.bwd_name = function_name(d.fwd), function_name(d.bwd)
+    self.fwd_name = _tracing.function_name(d.fwd)
+    self.bwd_name = _tracing.function_name(d.bwd)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         d.fwd, d.bwd, self.statics)):
       return []  # the rules run directly, when differentiated, as in JAX
