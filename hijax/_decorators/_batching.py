@@ -105,10 +105,8 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
   out_batched_box = []
 
   def run(*moved):
-    result = pair(prim, rule_name, rule(size, in_batched_full,
-                                         *prim.full_args(moved)),
-                  "(out, out_batched)")
-    out, out_batched = result
+    out, out_batched = pair(prim, rule_name, rule(
+        size, in_batched_full, *prim.full_args(moved)), "(out, out_batched)")
     flags = _flags(prim, rule_name, out_batched)
     out_flat = _check_batched(prim, rule_name, out, flags, size)
     out_batched_box.append(flags)

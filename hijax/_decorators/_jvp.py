@@ -20,12 +20,8 @@ from hijax.autodiff import GradAccum, instantiate_zeros
 from hijax.derived import linearize_from_jvp, vjp_from_lin
 
 
-def _add(a, b):
-  if a is None:
-    return b
-  if b is None:
-    return a
-  return a + b
+def _add(a, b):  # None: a zero tangent
+  return b if a is None else a if b is None else a + b
 
 
 def _nonzero(t) -> bool:

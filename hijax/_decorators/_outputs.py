@@ -87,10 +87,9 @@ def pair(owner: RuleOwner, rule: str, result: Any, what: str,
   return tuple(result)
 
 
-def _out_paths(owner: RuleOwner) -> list[str]:
-  dummy = jax.tree.unflatten(owner.out_tree,
-                             [0] * len(owner.out_avals_flat))
-  return ["output" + jax.tree_util.keystr(p) for p, _ in
+def _paths(tree: Any, prefix: str = "") -> list[str]:
+  dummy = jax.tree.unflatten(tree, [0] * tree.num_leaves)
+  return [prefix + jax.tree_util.keystr(p) for p, _ in
           jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
@@ -120,7 +119,8 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
         rule, f"returned a primal output with structure {tree}, but "
         f"{owner.name} returns structure {owner.out_tree}: the primal "
         f"output must equal {owner.name}(*args)", TypeError, words(False))
-  for where, declared, x in zip(_out_paths(owner), owner.out_avals_flat, flat):
+  paths = _paths(owner.out_tree, "output")
+  for where, declared, x in zip(paths, owner.out_avals_flat, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
       got, advice = _type_message(declared, x, "rule-primal")
       raise owner.error(
@@ -151,8 +151,8 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
         f"{jax.tree.structure(tangent)} respectively.")
   declared_all = [a.to_tangent_aval() for a in owner.out_avals_flat]
   out = []
-  for where, aval, declared, t in zip(_out_paths(owner), owner.out_avals_flat,
-                                      declared_all, flat):
+  for where, aval, declared, t in zip(_paths(owner.out_tree, "output"),
+                                      owner.out_avals_flat, declared_all, flat):
     if t is None or _is_symbolic(t) or (is_float0(t) and not is_float0(declared)):
       if t is not None and _is_symbolic(t) and not _checks.matches(
           declared, t.aval, "tangent"):
@@ -227,9 +227,7 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
 
 
 def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
-  dummy = jax.tree.unflatten(tree, [object() for _ in range(tree.num_leaves)])
-  paths = [jax.tree_util.keystr(p) for p, _ in
-           jax.tree_util.tree_flatten_with_path(dummy)[0]]
+  dummy, paths = jax.tree.unflatten(tree, [0] * tree.num_leaves), _paths(tree)
   parts: list[Any] | None = []
   try:
     # (returning c rebuilds ct as it was: a pytree node may refuse None)

@@ -36,6 +36,11 @@ def _parameters(fun) -> list[inspect.Parameter] | None:
     return None
 
 
+def _positional(params: list[inspect.Parameter]) -> list[str]:
+  return [p.name for p in params
+          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
                       nondiff_argnames: Sequence[str], decorator: str
                       ) -> tuple[int, ...]:
@@ -51,8 +56,7 @@ def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
           f"{decorator}: nondiff_argnames needs the signature of "
           f"{function_name(fun)}, which has none that Python can read; use "
           "nondiff_argnums")
-    names = [p.name for p in params
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = _positional(params)
     for name in nondiff_argnames:
       if name not in names:
         raise ValueError(
@@ -67,9 +71,8 @@ def nondiff_positions(fun: Callable, nondiff_argnums: Sequence[int],
 
 def plain_arity(fun: Callable) -> int | None:
   params = _parameters(fun)
-  if params is None or any(
-      p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-      or p.default is not p.empty for p in params):
+  if params is None or len(_positional(params)) != len(params) or any(
+      p.default is not p.empty for p in params):
     return None
   return len(params)
 
@@ -129,9 +132,7 @@ class Signature:
           f"{function_name(fun)} was called with {n_args} argument(s), but "
           f"nondiff_argnums names position(s) {list(nondiff)}")
     self.diff = tuple(i for i in range(n_args) if i not in nondiff)
-    params = _parameters(fun) or []
-    positional = [p.name for p in params
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = _positional(_parameters(fun) or [])
     self.names = [f"{positional[i]} (position {i})" if i < len(positional)
                   else f"at position {i}" for i in self.diff]
 
