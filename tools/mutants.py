@@ -129,8 +129,7 @@ MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
                                     "tests/test_testing_verdicts.py",
                                     "tests/test_plugin_recording.py"]
 MODULE_TESTS.update({f"_decorators/{name}.py": DECORATORS for name in (
-    "_arguments", "_batching", "_common", "_jvp", "_outputs", "_tracing",
-    "_vjp")})
+    "_batching", "_common", "_jvp", "_outputs", "_tracing", "_vjp")})
 
 _SWAPS = {
     "<": ["<="], "<=": ["<"], ">": [">="], ">=": [">"], "==": ["!="],

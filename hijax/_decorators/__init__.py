@@ -1,6 +1,6 @@
 """`hijax.custom_vjp` and `hijax.custom_jvp`: JAX's decorators on `HiPrim`.
 
-Each module imports only those before it: _arguments, _tracing, _outputs,
+Each module imports only those before it: _tracing, _outputs,
 _batching, _common, _vjp, _jvp (ARCHITECTURE.md says what each does).
 """
 from hijax._decorators._jvp import CustomJVPCall, custom_jvp

@@ -13,14 +13,11 @@ import jax.numpy as jnp
 
 from hijax import _checks
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import function_name
 from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
 from hijax._util import is_none
 from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
 from hijax.primitive import HiPrim
-
-__all__ = ["BatchRules", "BatchedByRule", "UnbatchedCallBatched"]
 
 
 class BatchRules:
@@ -28,34 +25,30 @@ class BatchRules:
   `hijax.custom_jvp` (a mixin placed before `HiPrim`), and the batching of
   a call with no batched argument inside a named vmap."""
 
-  _call: Any
+  decorated: Any
   out_aval: Any
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
-    _batch_unbatched_calls(cls)
+    primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
+    own = batching.fancy_primitive_batchers[primitive]
+
+    def rule(axis_data, args_flat, dims_flat, **params):
+      # (an unnamed vmap's name is a bare object(): no code can name it)
+      if (type(axis_data.name) is object
+          or any(d is not None for d in dims_flat)):
+        return own(axis_data, args_flat, dims_flat, **params)
+      return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
+    batching.fancy_primitive_batchers[primitive] = rule
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return jax.tree.map(lambda _: 0, self.out_aval)
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    rule = self._call.decorated.batch_rule
+    rule = self.decorated.batch_rule
     if rule is None or any(d is not None for d in dims[-1]):
       return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
     return _batch_by_rule(self, rule, axis_data, args, dims)
-
-
-def _batch_unbatched_calls(cls: type) -> None:
-  primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
-  own = batching.fancy_primitive_batchers[primitive]
-
-  def rule(axis_data, args_flat, dims_flat, **params):
-    # (an unnamed vmap's name is a bare object(): no code can name it)
-    if (type(axis_data.name) is object
-        or any(d is not None for d in dims_flat)):
-      return own(axis_data, args_flat, dims_flat, **params)
-    return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
-  batching.fancy_primitive_batchers[primitive] = rule
 
 
 def _batch_unbatched_call(prim, axis_data, args_flat):
@@ -81,7 +74,7 @@ class UnbatchedCallBatched(Batched):
   batched where the function's is not raises JAX's error for it."""
 
   def _batched_where_none(self, f: Any, e: ValueError) -> Exception:
-    owner = self.prim._call
+    owner = self.prim
     member = ("jvp rule" if getattr(f, "__name__", "") == "jvp"
               else "fwd rule" if owner.decorated.kind == "custom_vjp" else "rules")
     return ValueError(
@@ -99,34 +92,32 @@ def _leading(x, d):
 
 
 def _batch_by_rule(prim, rule, axis_data, args, dims):
-  call = prim._call
-  rule_name = f"its batch rule {function_name(rule)}"
+  rule_name = f"its batch rule {_tracing.function_name(rule)}"
   *xs, hvals = args
   x_dims = dims[:-1]
   size = axis_data.size
   in_batched = jax.tree.map(lambda d: d is not None, list(x_dims),
                             is_leaf=is_none)
-  statics_batched = [jax.tree.map(lambda _: False, s) for s in call.statics]
-  in_batched_full = list(call.signature.merge(statics_batched, in_batched))
+  statics_batched = [jax.tree.map(lambda _: False, s) for s in prim.statics]
+  in_batched_full = list(prim.signature.merge(statics_batched, in_batched))
   examples = tuple(jax.tree.map(
       lambda d, x: _example(x, d), list(x_dims), xs, is_leaf=is_none))
   out_batched_box = []
 
   def run(*moved):
-    result = pair(call, rule_name, rule(size, in_batched_full,
-                                         *call.full_args(moved)),
-                  "(out, out_batched)")
-    out, out_batched = result
-    flags = _flags(call, rule_name, out_batched)
-    out_flat = _check_batched(call, rule_name, out, flags, size)
+    out, out_batched = pair(prim, rule_name, rule(
+        size, in_batched_full, *prim.full_args(moved)), "(out, out_batched)")
+    flags = _flags(prim, rule_name, out_batched)
+    out_flat = _check_batched(prim, rule_name, out, flags, size)
     out_batched_box.append(flags)
     return out_flat
 
   hoisted = _tracing.Hoisted()
-  with call.running(hvals):
-    traced, _ = _tracing.trace(function_name(rule), run, examples, hoisted)
+  with prim.running(hvals):
+    traced, _ = _tracing.trace(_tracing.function_name(rule), run, examples,
+                               hoisted)
   flags = out_batched_box[0]
-  out_dim = jax.tree.unflatten(call.out_tree,
+  out_dim = jax.tree.unflatten(prim.out_tree,
                                [0 if b else None for b in flags])
   batched = Batched(prim, axis_data, dims, out_dim)
   const_avals = tuple(core.typeof(h) for h in hoisted.values)
@@ -198,7 +189,7 @@ class BatchedByRule(HiPrim):
   def __init__(self, batched: Batched, rule: Any, const_avals: tuple) -> None:
     self.in_avals = (*batched.in_avals, const_avals)
     self.out_aval = batched.out_aval
-    self.params = dict(fun=batched.prim._call.name, _batched=batched,
+    self.params = dict(fun=batched.prim.name, _batched=batched,
                        _rule=rule)
     self.effects = rule.effects
     super().__init__()

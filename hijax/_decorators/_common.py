@@ -1,12 +1,11 @@
 """What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator
-(`Decorated`), one call signature of it (`Call`), its primitive
-(`CallPrimitive`) and that primitive with unused outputs dropped
-(`PrunedCall`).
+(`Decorated`), the primitive of one call signature (`CallPrimitive`) and
+that primitive with unused outputs dropped (`PrunedCall`).
 
 Outside any transformation a call runs the function, as JAX's decorators
-do. Otherwise it binds the primitive of a `Call`: the running one when a
-rule calls the function, a kept one, or a new one, which traces the
-function (and the rules, if they may close over traced values) once.
+do. Otherwise it binds a `CallPrimitive`: the running one when a rule calls
+the function, a kept one, or a new one, which traces the function (and the
+rules, if they may close over traced values) once.
 """
 from __future__ import annotations
 
@@ -20,9 +19,6 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import (Signature, function_name,
-                                          nondiff_positions, plain_arity,
-                                          resolve)
 from hijax._decorators._batching import BatchRules
 from hijax._decorators._outputs import RuleOwner
 from hijax._function_key import Uncacheable, by_value
@@ -30,9 +26,6 @@ from hijax._internals import config, core
 from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import Zero, instantiate_zeros
 from hijax.primitive import HiPrim
-
-__all__ = ["Decorated", "Call", "CallPrimitive", "PrunedCall", "example_of",
-           "to_rule_zeros"]
 
 
 def example_of(aval: Any) -> Any:
@@ -65,63 +58,44 @@ def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
   return True, used_outs, PrunedCall(of, kept)
 
 
-class CallPrimitive[C: Call](BatchRules, HiPrim):
+class CallPrimitive(RuleOwner, BatchRules, HiPrim):
   """The primitive of one call signature: its inputs are the differentiable
-  arguments and, last, the tuple of hoisted values."""
+  arguments and, last, the tuple of hoisted values. It holds the traced
+  function, the hoisted values and the traced rules (``rules``: only those
+  that close over a traced value; the others run directly, as in JAX)."""
 
   in_avals: tuple[Any, ...]
   out_aval: Any
   params: dict[str, Any]
-  _call: C
+  _call: Any  # itself (a `_call` param names the decorated function's call)
 
-  def __init__(self, call: C, in_avals: tuple[Any, ...], out_aval: Any) -> None:
-    self.in_avals, self.out_aval = in_avals, out_aval
-    self.params = dict(fun=call.name, _call=call)
-    self.effects = call.effects
-    super().__init__()
-
-  def expand(self, *args: Any) -> Any:
-    *xs, hvals = args
-    return self._call.primal.as_call(hvals, *xs)
-
-  def dce(self, used_outs: Any, live_ins: Any) -> Any:
-    return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
-
-  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
-    # a Python scalar argument reaches the rules as it is, as in JAX
-    checked = super().check_args(args)
-    given = args if self._args_are_leaves else jax.tree.leaves(args)
-    return [x if type(x) in (bool, int, float, complex) else c
-            for x, c in zip(given, checked)]
-
-
-class Call(RuleOwner):
-  """One call signature: the traced function, the hoisted values, the
-  traced rules (``rules``: only those that close over a traced value; the
-  others run directly, as in JAX) and the primitive."""
-
-  primitive_class: type
-
-  def __init__(self, decorated: Decorated, signature: Signature,
-               statics: list[Any], diff_args: tuple[Any, ...], key: Any):
+  def __init__(self, decorated: Decorated, signature: _tracing.Signature,
+               statics: list[Any], diff_args: tuple[Any, ...], key: Any,
+               primal: _tracing.Traced, hoisted: _tracing.Hoisted) -> None:
     self.decorated, self.signature = decorated, signature
     self.statics, self.key = statics, key
-    self.name = function_name(decorated.fun)
-    self.hoisted = _tracing.Hoisted()
-    fun = decorated.fun
-    self.primal, _ = _tracing.trace(
-        self.name, lambda *d: fun(*signature.merge(statics, d)), diff_args,
-        self.hoisted)
-    leaves, self.in_tree = jax.tree.flatten(diff_args)
-    self.in_avals_flat = [core.typeof(x) for x in leaves]
-    self.out_tree = self.primal.out_tree
-    self.out_avals_flat = self.primal.out_avals
+    self.name = _tracing.function_name(decorated.fun)
+    self.primal, self.hoisted = primal, hoisted
+    leaves, self.arg_tree = jax.tree.flatten(diff_args)
+    self.arg_avals = [core.typeof(x) for x in leaves]
+    self.out_tree, self.out_avals_flat = primal.out_tree, primal.out_avals
     self.rules: dict[str, _tracing.Traced] = {}
-    self.effects = self.primal.effects
-    self._instance: Any = None  # (a rule traced again may bind it)
-    self.trace_rules(diff_args)
+    traces = self.trace_rules(diff_args)
+    self.in_avals = (*jax.tree.unflatten(self.arg_tree, self.arg_avals),
+                     tuple(core.typeof(h) for h in hoisted.values))
+    self.out_aval = jax.tree.unflatten(self.out_tree, self.out_avals_flat)
+    self.params = dict(fun=self.name, _call=self)
+    self.effects = primal.effects
+    super().__init__()
+    self._trace_again(traces)
 
-  def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
+  __hash__ = object.__hash__  # (``params`` holds the instance itself)
+
+  def __eq__(self, other: object) -> bool:
+    return self is other
+
+  def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
+    """``(name, first, fn, args)`` per rule traced here (`_trace_again`)."""
     raise NotImplementedError
 
   def _trace_rule(self, name: str, fn: Callable[..., Any],
@@ -139,7 +113,7 @@ class Call(RuleOwner):
       return None
     return traced, shape, entry.reentered
 
-  def _trace_first_and_again(
+  def _trace_again(
       self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]
   ) -> None:
     """Keeps in `rules` each ``(name, first, fn, args)`` that hoists; one
@@ -158,19 +132,19 @@ class Call(RuleOwner):
           self.hoisted.truncate(n_hoisted)
       self.rules[name] = traced
 
-  @property
-  def instance(self) -> Any:
-    """The primitive (built once: its types are then fixed)."""
-    if self._instance is None:
-      in_avals = (*jax.tree.unflatten(self.in_tree, self.in_avals_flat),
-                  tuple(core.typeof(h) for h in self.hoisted.values))
-      out_aval = jax.tree.unflatten(self.out_tree, self.out_avals_flat)
-      self._instance = self.primitive_class(self, in_avals, out_aval)
-    return self._instance
+  def expand(self, *args: Any) -> Any:
+    *xs, hvals = args
+    return self.primal.as_call(hvals, *xs)
 
-  def bind(self, diff_args: tuple[Any, ...], hoisted_values: Sequence[Any]
-           ) -> Any:
-    return self.instance(*diff_args, tuple(hoisted_values))
+  def dce(self, used_outs: Any, live_ins: Any) -> Any:
+    return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
+
+  def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
+    # a Python scalar argument reaches the rules as it is, as in JAX
+    checked = super().check_args(args)
+    given = args if self._args_are_leaves else jax.tree.leaves(args)
+    return [x if type(x) in (bool, int, float, complex) else c
+            for x, c in zip(given, checked)]
 
   @contextlib.contextmanager
   def running(self, hoisted_values: Sequence[Any]):
@@ -211,25 +185,27 @@ _rules_version = [0]  # bumped when rules are defined: kept calls not found
 
 
 class Decorated:
-  """What `hijax.custom_vjp` and `hijax.custom_jvp` share. A `Call` is kept
+  """What `hijax.custom_vjp` and `hijax.custom_jvp` share. A primitive is kept
   for the next call with the same key (`_calls_key`) unless it hoists."""
 
   kind: str = ""
-  _call_class: type[Call]
+  _rule_names: tuple[str, ...]  # the rules that must be defined
   fun: Callable[..., Any]
   nondiff_argnums: tuple[int, ...]
   batch_rule: Callable[..., Any] | None = None
+  _primitive_class: Callable[[_tracing.Traced], type[CallPrimitive]]
+  as_jax: Callable[[], Callable[..., Any]]  # JAX's decorator, same rules
 
   def __init__(self, fun: Callable[..., Any],
                nondiff_argnums: Sequence[int] = (),
                nondiff_argnames: Sequence[str] = ()) -> None:
     functools.update_wrapper(self, fun)
     self.fun = fun
-    self.nondiff_argnums = nondiff_positions(
+    self.nondiff_argnums = _tracing.nondiff_positions(
         fun, nondiff_argnums, nondiff_argnames, f"hijax.{self.kind}")
-    self._calls: dict[Any, Call] = {}
-    self._arity = plain_arity(fun)
-    self._signatures: dict[int, Signature] = {}
+    self._calls: dict[Any, CallPrimitive] = {}
+    self._arity = _tracing.plain_arity(fun)
+    self._signatures: dict[int, _tracing.Signature] = {}
 
   # by identity in a function key: redefined rules change `_rules_version`
   def __eq__(self, other: object) -> bool:
@@ -264,22 +240,18 @@ class Decorated:
     self._rules_defined()
     return rule
 
-  def _has_rules(self) -> bool:
-    raise NotImplementedError
-
-  def _missing_rules_error(self) -> Exception:
-    raise NotImplementedError
-
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    if not self._has_rules():
-      raise self._missing_rules_error()
+    if any(getattr(self, r) is None for r in self._rule_names):
+      d = self.kind[-3:]  # as JAX's words
+      raise AttributeError(f"No {d.upper()} defined for {self.kind} function "
+                           f"{_tracing.function_name(self.fun)} using def{d}.")
     if kwargs or len(args) != self._arity:
-      args = resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
+      args = _tracing.resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
     if core.trace_state_clean():
       return self.fun(*args)  # eagerly, as JAX's decorators do
     signature = self._signatures.get(len(args))
     if signature is None:
-      signature = self._signatures[len(args)] = Signature(
+      signature = self._signatures[len(args)] = _tracing.Signature(
           self.fun, self.nondiff_argnums, len(args))
     statics, diff_args = signature.split(args)
     key = _tracing.signature_key(statics, diff_args)
@@ -288,19 +260,25 @@ class Decorated:
       entry.reentered = True
       if entry.mode == "inline":
         return entry.call.primal(entry.hoisted_values, *diff_args)
-      return entry.call.bind(diff_args, entry.hoisted_values)
+      return entry.call(*diff_args, tuple(entry.hoisted_values))
     calls_key = self._calls_key(statics, key)
     call = self._calls.get(calls_key) if calls_key is not None else None
     if call is None:
+      hoisted = _tracing.Hoisted()
       try:
-        call = self._call_class(self, signature, statics, diff_args, key)
+        primal, _ = _tracing.trace(
+            _tracing.function_name(self.fun),
+            lambda *d: self.fun(*signature.merge(statics, d)), diff_args,
+            hoisted)
       except jax.errors.ConcretizationTypeError:
         # it branches on its arguments' values: JAX's decorator runs it on
         # concrete values under eager autodiff
         return self.as_jax()(*args)
+      call = self._primitive_class(primal)(self, signature, statics,
+                                           diff_args, key, primal, hoisted)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
-    return call.bind(diff_args, call.hoisted.values)
+    return call(*diff_args, tuple(call.hoisted.values))
 
   def _calls_key(self, statics: list[Any], key: Any) -> Any:
     """None where the function or a static argument reaches a traced value."""
@@ -311,9 +289,6 @@ class Decorated:
     _, tree, avals = key
     return (spec, tree, tuple(avals), config.trace_context(),
             _rules_version[0])
-
-  def as_jax(self) -> Callable[..., Any]:
-    raise NotImplementedError
 
 
 class PrunedCall(HiPrim):

@@ -11,39 +11,39 @@ from jax.custom_derivatives import zero_from_primal
 
 from hijax import _linearity
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import function_name
-from hijax._decorators._common import (Call, CallPrimitive, Decorated,
+from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._outputs import (first_element_words, pair,
-                                        primal_out, tangent_out)
+from hijax._decorators._outputs import pair, primal_out, tangent_out
 from hijax._internals import core
 from hijax._util import is_float0, is_zero
 from hijax.autodiff import GradAccum, instantiate_zeros
 from hijax.derived import linearize_from_jvp, vjp_from_lin
 
-__all__ = ["custom_jvp", "CustomJVPCall"]
+
+def _add(a, b):  # None: a zero tangent
+  return b if a is None else a if b is None else a + b
 
 
-class JVPCall(Call):
-  """A call of a `custom_jvp` function: the function and its jvp rule."""
+def _nonzero(t) -> bool:
+  return not (t is None or is_zero(t) or is_float0(t))
 
-  @property
-  def primitive_class(self) -> type:  # pyright: ignore[reportIncompatibleVariableOverride]
-    return (LinearCustomJVPCall if _linear_in_some_input(self.primal)
-            else CustomJVPCall)
 
-  def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
-    self.jvp_name = function_name(self.decorated.jvp)
+class CustomJVPCall(CallPrimitive):
+  """The primitive of one call signature of a `custom_jvp` function: the
+  function and its jvp rule."""
+
+  def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
+    self.jvp_name = _tracing.function_name(self.decorated.jvp)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         self.decorated.jvp, self.statics)):
-      return  # the rule runs directly, when differentiated, as in JAX
+      return []  # the rule runs directly, when differentiated, as in JAX
     tangents = tuple(jax.tree.map(
         lambda x: example_of(core.typeof(x).to_tangent_aval()), a)
         for a in diff_args)
     args = (diff_args, tangents)
     first = self._trace_rule(f"the jvp rule {self.jvp_name}", self._jvp_direct,
                              args, "inline")
-    self._trace_first_and_again([("jvp", first, self._jvp_direct, args)])
+    return [("jvp", first, self._jvp_direct, args)]
 
   def _jvp_direct(self, primals: Any, tangents: Any) -> Any:
     return self.decorated.jvp(*self.statics, tuple(primals), tuple(tangents))
@@ -65,51 +65,30 @@ class JVPCall(Call):
                         "(primal output, tangent output)", lambda got: (
                             f"{head} representing primal and tangent outputs, "
                             f"but got {got}."))
-
-    def words(shapes, got, expected, _):  # JAX's, as `first_element_words`
-      particular = ("with leaves of the same shape/dtype" if shapes
-                    else "of the same container/pytree structure")
-      return first_element_words(
-          f"{head} where the first element represents the primal output "
-          "(equal in value to the output of the custom_jvp-decorated "
-          f"function {fun}, and in particular {particular})", "custom_jvp",
-          "JVP rule output", fun, shapes, got, expected)
-    primal_out(self, rule, out, words)
+    primal_out(self, rule, out, lambda shapes: (
+        f"{head} where the first element represents the primal output (equal "
+        f"in value to the output of the custom_jvp-decorated function {fun}, "
+        "and in particular " + ("with leaves of the same shape/dtype" if shapes
+                                else "of the same container/pytree structure")
+        + ")"), "JVP rule output")
     return out, tangent_out(self, rule, tangent, self.jvp_name)
 
-
-def _add(a, b):
-  if a is None:
-    return b
-  if b is None:
-    return a
-  return a + b
-
-
-def _nonzero(t) -> bool:
-  return not (t is None or is_zero(t) or is_float0(t))
-
-
-class CustomJVPCall(CallPrimitive[JVPCall]):
-  """The primitive of one call signature of a `custom_jvp` function."""
-
   def jvp(self, primals: Any, tangents: Any) -> Any:
-    call = self._call
     *xs, hvals = primals
     *txs, th = tangents
     closed = [i for i, t in enumerate(th) if _nonzero(t)]
     if any(_nonzero(t) for t in jax.tree.leaves(txs, is_leaf=is_zero)):
-      out, t_flat = call.run_jvp(xs, txs, hvals)
+      out, t_flat = self.run_jvp(xs, txs, hvals)
     else:  # as in JAX, the rule runs only for a nonzero tangent
-      out, t_flat = self(*primals), [None] * len(call.out_avals_flat)
+      out, t_flat = self(*primals), [None] * len(self.out_avals_flat)
     if closed:
-      _, t_closed = call.differentiating(
-          jax.jvp, call.primal_of_hoisted(xs, hvals, closed),
+      _, t_closed = self.differentiating(
+          jax.jvp, self.primal_of_hoisted(xs, hvals, closed),
           tuple(hvals[i] for i in closed),
           tuple(instantiate_zeros(th[i]) for i in closed))
       t_flat = [_add(a, b) for a, b in
-                zip(t_flat, call.out_tree.flatten_up_to(t_closed))]
-    return out, jax.tree.unflatten(call.out_tree, t_flat)
+                zip(t_flat, self.out_tree.flatten_up_to(t_closed))]
+    return out, jax.tree.unflatten(self.out_tree, t_flat)
 
   def lin(self, nzs_in: Any, *args: Any) -> Any:
     if not any(jax.tree.leaves(nzs_in)):
@@ -135,7 +114,7 @@ class LinearCustomJVPCall(CustomJVPCall):
       it = iter(lin_values)
       full = [next(it) if lin else x for x, lin in zip(leaves, linear)]
       *xs, hvals = jax.tree.unflatten(tree, full)
-      return self._call.primal(hvals, *xs)
+      return self.primal(hvals, *xs)
 
     examples = [jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
                 for x, lin in zip(leaves, linear) if lin]
@@ -182,8 +161,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
-  kind = "custom_jvp"
-  _call_class = JVPCall
+  kind, _rule_names = "custom_jvp", ("jvp",)
   jvp: Callable[..., Any] | None = None
   symbolic_zeros: bool = False
 
@@ -222,19 +200,15 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
       return out, jax.tree.map(
           lambda *ts: ts[0] if is_float0(ts[0]) else sum(ts[1:], ts[0]),
           *parts)
-    jvp.__name__ = f"defjvps({', '.join(function_name(j) for j in jvps if j)})"
+    names = ", ".join(_tracing.function_name(j) for j in jvps if j)
+    jvp.__name__ = f"defjvps({names})"
     self.defjvp(jvp)
 
-  def _has_rules(self) -> bool:
-    return self.jvp is not None
+  def _primitive_class(self, primal: Any) -> type[CustomJVPCall]:
+    return (LinearCustomJVPCall if _linear_in_some_input(primal)
+            else CustomJVPCall)
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)
     f.defjvp(self.jvp, symbolic_zeros=self.symbolic_zeros)  # pyright: ignore[reportArgumentType]
     return f
-
-  def _missing_rules_error(self) -> Exception:
-    return AttributeError(
-        f"No JVP defined for custom_jvp function {function_name(self.fun)} "
-        "using defjvp.")
-

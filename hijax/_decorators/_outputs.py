@@ -19,9 +19,6 @@ from hijax._cotangents import bwd_checks_disabled
 from hijax._internals import core
 from hijax._util import describe_value, is_float0, is_zero
 
-__all__ = ["RuleOwner", "CotangentTypeError", "pair", "primal_out",
-           "cotangents", "tangent_out"]
-
 
 class CotangentTypeError(_checks.RuleTypeError, ValueError):
   """The bwd rule of a `hijax.custom_vjp` function returned a cotangent
@@ -50,13 +47,14 @@ def _source_info(fun: Callable[..., Any]) -> str:
 
 
 class RuleOwner:
-  """The base of `_common.Call`: names and types for messages."""
+  """The base of `_common.CallPrimitive`: names and types for messages
+  (``arg_tree``, ``arg_avals``: the differentiable arguments')."""
 
   decorated: Any
   name: str
   signature: Any
-  in_tree: Any
-  in_avals_flat: list[Any]
+  arg_tree: Any
+  arg_avals: list[Any]
   out_tree: Any
   out_avals_flat: list[Any]
 
@@ -89,50 +87,47 @@ def pair(owner: RuleOwner, rule: str, result: Any, what: str,
   return tuple(result)
 
 
-def _out_paths(owner: RuleOwner) -> list[str]:
-  dummy = jax.tree.unflatten(owner.out_tree,
-                             [0] * len(owner.out_avals_flat))
-  return ["output" + jax.tree_util.keystr(p) for p, _ in
+def _paths(tree: Any, prefix: str = "") -> list[str]:
+  dummy = jax.tree.unflatten(tree, [0] * tree.num_leaves)
+  return [prefix + jax.tree_util.keystr(p) for p, _ in
           jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
-def first_element_words(head: str, decorator: str, rule_output: str,
-                        fun: str, shapes: bool, got: str, expected: str
-                        ) -> str:
-  what = "shapes/dtypes of" if shapes else "container/pytree structure"
-  return (f"{head}, but instead the {rule_output}'s first element had "
-          f"{what}:\n    {got}\nwhile the {decorator}-decorated function "
-          f"{fun} had output {what}:\n    {expected}{'' if shapes else '.'}")
-
-
-# JAX's words for a primal output unlike the function's: (shapes, got,
-# expected, mismatch), mismatch (where, got, declared) of the first leaf
-PrimalWords = Callable[[bool, str, str, Any], str]
-
-
 def primal_out(owner: RuleOwner, rule: str, out: Any,
-               jax_words: PrimalWords | None = None) -> list[Any]:
+               head: Callable[[bool], str], rule_output: str,
+               mismatch: bool = False) -> list[Any]:
+  """Checks a rule's primal output; JAX's words are ``head(shapes)``, then
+  what differs (and, with ``mismatch``, the first leaf that does)."""
   flat, tree = jax.tree.flatten(out)
-  expected = lambda: _shown(owner.out_tree, [  # noqa: E731
-      a.str_short() for a in owner.out_avals_flat])
+
+  def words(shapes: bool, where: str = "", x: Any = None,
+            declared: Any = None) -> str:
+    what = "shapes/dtypes of" if shapes else "container/pytree structure"
+    expected = _shown(owner.out_tree,
+                      [a.str_short() for a in owner.out_avals_flat])
+    text = (f"{head(shapes)}, but instead the {rule_output}'s first element "
+            f"had {what}:\n    {owner.types(tree, flat)}\nwhile the "
+            f"{owner.decorated.kind}-decorated function {owner.name} had "
+            f"output {what}:\n    {expected}{'' if shapes else '.'}")
+    if mismatch and shapes:
+      text += (f"\nat {where}, got fwd output type "
+               f"{owner.types(jax.tree.structure(0), [x])} which doesn't match "
+               f"primal output type {declared.str_short()}")
+    return text
   if tree != owner.out_tree:
-    words = None if jax_words is None else jax_words(
-        False, owner.types(tree, flat), expected(), None)
     raise owner.error(
         rule, f"returned a primal output with structure {tree}, but "
         f"{owner.name} returns structure {owner.out_tree}: the primal "
-        f"output must equal {owner.name}(*args)", TypeError, words)
-  for where, declared, x in zip(_out_paths(owner), owner.out_avals_flat, flat):
+        f"output must equal {owner.name}(*args)", TypeError, words(False))
+  paths = _paths(owner.out_tree, "output")
+  for where, declared, x in zip(paths, owner.out_avals_flat, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
       got, advice = _type_message(declared, x, "rule-primal")
-      words = None if jax_words is None else jax_words(
-          True, owner.types(tree, flat), expected(),
-          (where, owner.types(jax.tree.structure(0), [x]), declared))
       raise owner.error(
           rule, f"returned {got} as its primal {where}, but {owner.name} "
           f"returns {declared.str_short()} there. {advice}The primal output "
           f"must equal {owner.name}(*args).".rstrip(),
-          _checks.RuleTypeError, words)
+          _checks.RuleTypeError, words(True, where, x, declared))
   return flat
 
 
@@ -156,8 +151,8 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
         f"{jax.tree.structure(tangent)} respectively.")
   declared_all = [a.to_tangent_aval() for a in owner.out_avals_flat]
   out = []
-  for where, aval, declared, t in zip(_out_paths(owner), owner.out_avals_flat,
-                                      declared_all, flat):
+  for where, aval, declared, t in zip(_paths(owner.out_tree, "output"),
+                                      owner.out_avals_flat, declared_all, flat):
     if t is None or _is_symbolic(t) or (is_float0(t) and not is_float0(declared)):
       if t is not None and _is_symbolic(t) and not _checks.matches(
           declared, t.aval, "tangent"):
@@ -216,10 +211,10 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
         f"argument of {owner.name} ({n}: "
         f"{', '.join(owner.signature.names) or 'none'}), but returned "
         f"{describe_value(cts)}", TypeError,
-        _bwd_structure_words(cts, owner.in_tree))
-  arg_trees = owner.in_tree.children()
+        _bwd_structure_words(cts, owner.arg_tree))
+  arg_trees = owner.arg_tree.children()
   flat: list[Any] = []
-  avals = iter(owner.in_avals_flat)
+  avals = iter(owner.arg_avals)
   check = not bwd_checks_disabled()
   for i, (name, ct, tree) in enumerate(zip(owner.signature.names, cts, arg_trees)):
     leaves = _broadcast_none(owner, rule, name, ct, tree)
@@ -232,9 +227,7 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
 
 
 def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
-  dummy = jax.tree.unflatten(tree, [object() for _ in range(tree.num_leaves)])
-  paths = [jax.tree_util.keystr(p) for p, _ in
-           jax.tree_util.tree_flatten_with_path(dummy)[0]]
+  dummy, paths = jax.tree.unflatten(tree, [0] * tree.num_leaves), _paths(tree)
   parts: list[Any] | None = []
   try:
     # (returning c rebuilds ct as it was: a pytree node may refuse None)
@@ -250,7 +243,7 @@ def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
         f"{jax.tree.structure(ct, is_leaf=is_leaf)} for argument {name}, "
         f"whose structure is {tree}: return a cotangent of the argument's "
         "structure (None for zeros)", TypeError,
-        _bwd_structure_words(ct, owner.in_tree))
+        _bwd_structure_words(ct, owner.arg_tree))
   return list(zip(paths, parts))
 
 

@@ -11,31 +11,29 @@ import jax
 from jax.custom_derivatives import CustomVJPPrimal
 
 from hijax._decorators import _tracing
-from hijax._decorators._arguments import function_name
-from hijax._decorators._common import (Call, CallPrimitive, Decorated,
+from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
-from hijax._decorators._outputs import (cotangents, first_element_words,
-                                        pair, primal_out)
+from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
 from hijax._util import Static, is_float0, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
                            linearize_from_jvp, tangent_from_backward)
 
-__all__ = ["custom_vjp", "CustomVJPCall"]
 
-
-class VJPCall(Call):
-  """A call of a `custom_vjp` function: the function, ``fwd`` and ``bwd``."""
+class CustomVJPCall(CallPrimitive):
+  """The primitive of one call signature of a `custom_vjp` function: the
+  function, ``fwd`` and ``bwd``."""
 
   forward_mode_error: NonlinearBackwardError | None = None  # once found
 
-  def trace_rules(self, diff_args: tuple[Any, ...]) -> None:
+  def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
     d = self.decorated
-    self.fwd_name, self.bwd_name = function_name(d.fwd), function_name(d.bwd)
+    self.fwd_name = _tracing.function_name(d.fwd)
+    self.bwd_name = _tracing.function_name(d.bwd)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         d.fwd, d.bwd, self.statics)):
-      return  # the rules run directly, when differentiated, as in JAX
+      return []  # the rules run directly, when differentiated, as in JAX
     fwd = self._fwd_with(None)
     first_fwd = self._trace_rule(f"the fwd rule {self.fwd_name}", fwd,
                                  diff_args, "inline")
@@ -48,9 +46,8 @@ class VJPCall(Call):
         bwd_args = (out_shape_res[1], g)
         first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
                                      self._bwd_direct, bwd_args, "inline")
-    self._trace_first_and_again([("fwd", first_fwd, fwd, diff_args),
-                                 ("bwd", first_bwd, self._bwd_direct,
-                                  bwd_args)])
+    return [("fwd", first_fwd, fwd, diff_args),
+            ("bwd", first_bwd, self._bwd_direct, bwd_args)]
 
   def _fwd_with(self, nzs: Any) -> Callable[..., Any]:
     """``fwd`` of the differentiable arguments (``CustomVJPPrimal`` leaves
@@ -68,9 +65,9 @@ class VJPCall(Call):
     d = self.decorated
     if not d.with_accums:
       return d.bwd(*self.statics, res, g)
-    accums = [ValAccum(a.to_ct_aval()) for a in self.in_avals_flat]
+    accums = [ValAccum(a.to_ct_aval()) for a in self.arg_avals]
     logs = d.bwd(*self.statics, res, g,
-                 *jax.tree.unflatten(self.in_tree, accums))
+                 *jax.tree.unflatten(self.arg_tree, accums))
     if logs is not None and type(logs) is not dict:
       raise self.error(
           f"the bwd rule {self.bwd_name}", "was defined with "
@@ -79,7 +76,7 @@ class VJPCall(Call):
           TypeError, "Custom VJP bwd rule was registered with "
           "defvjp_with_accums, and so must return None or a dict of "
           f"backward-pass log entries, but got {type(logs).__name__}.")
-    cts = jax.tree.unflatten(self.in_tree, [a.freeze() for a in accums])
+    cts = jax.tree.unflatten(self.arg_tree, [a.freeze() for a in accums])
     return tuple(cts), logs
 
   def run_fwd(self, nzs: Any, xs: Sequence[Any], hvals: Sequence[Any]):
@@ -93,7 +90,8 @@ class VJPCall(Call):
     out, res = pair(self, rule, result, "(primal output, residuals)",
                     lambda got: f"{self._fwd_head()}, but instead of a pair "
                     f"the fwd rule {self.fwd_name} produced {got}.")
-    primal_out(self, rule, out, self._fwd_primal_words)
+    primal_out(self, rule, out, lambda _: self._fwd_head("the output"),
+               "fwd rule output", mismatch=True)
     return out, res
 
   def _fwd_head(self, equal: str = "those") -> str:
@@ -103,17 +101,6 @@ class VJPCall(Call):
             f"custom_vjp-decorated function {self.name}) and the second "
             "element represents residuals (i.e. values stored from the "
             "forward pass for use on the backward pass)")
-
-  def _fwd_primal_words(self, shapes: bool, got: str, expected: str,
-                        mismatch: Any) -> str:
-    words = first_element_words(
-        self._fwd_head("the output"), "custom_vjp",
-        "fwd rule output", self.name, shapes, got, expected)
-    if mismatch is not None:
-      where, got_type, declared = mismatch
-      words += (f"\nat {where}, got fwd output type {got_type} which doesn't "
-                f"match primal output type {declared.str_short()}")
-    return words
 
   def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
     traced = self.rules.get("bwd")
@@ -140,59 +127,52 @@ class VJPCall(Call):
             f"of backward-pass log entries, but got {type(logs).__name__}.")
     return cotangents(self, rule, result), logs
 
-
-class CustomVJPCall(CallPrimitive[VJPCall]):
-  """The primitive of one call signature of a `custom_vjp` function."""
-
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
-    call = self._call
     *xs, hvals = args
     *nzs_x, nzs_h = nzs_in
     if not any(jax.tree.leaves(nzs_in)):
       # Nothing is differentiated: the function runs, not its fwd rule.
       return self(*args), None, jax.tree.map(lambda _: False, self.out_aval)
-    out, res = call.run_fwd(tuple(nzs_x), xs, hvals)
+    out, res = self.run_fwd(tuple(nzs_x), xs, hvals)
     bwd_hvals = None
-    if "bwd" in call.rules:
-      used = {s for s in call.rules["bwd"].slots if s is not None}
+    if "bwd" in self.rules:
+      used = {s for s in self.rules["bwd"].slots if s is not None}
       bwd_hvals = tuple(h if i in used else None for i, h in enumerate(hvals))
     closed = [i for i, nz in enumerate(nzs_h) if nz]
     closure_vjp = None
     if closed:
-      _, closure_vjp = call.differentiating(
-          jax.vjp, call.primal_of_hoisted(xs, hvals, closed),
+      _, closure_vjp = self.differentiating(
+          jax.vjp, self.primal_of_hoisted(xs, hvals, closed),
           *[hvals[i] for i in closed])
     return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
-    call = self._call
     user_res, bwd_hvals, closure_vjp, closed = res
-    cts_flat, logs = call.run_bwd(user_res, g, bwd_hvals or ())
-    ct_h: list[Any] = [None] * len(call.hoisted)
+    cts_flat, logs = self.run_bwd(user_res, g, bwd_hvals or ())
+    ct_h: list[Any] = [None] * len(self.hoisted)
     if closure_vjp is not None:
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
-      for i, ct in zip(closed.value, call.differentiating(closure_vjp, g_full)):
+      for i, ct in zip(closed.value, self.differentiating(closure_vjp, g_full)):
         ct_h[i] = ct
     accums = self.in_tree.flatten_up_to(arg_accums)
     for acc, ct in zip(accums, [*cts_flat, *ct_h]):
       if ct is not None:
         acc.accum(ct)
-    return logs if call.decorated.with_logs else None
+    return logs if self.decorated.with_logs else None
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
     """``bwd`` transposed in ``g`` (`jvp_from_vjp`); for a ``bwd`` not
     linear in ``g``, or with logs, an equation whose transpose is ``bwd``."""
-    call = self._call
     derived = None
-    if not call.decorated.with_logs:
+    if not self.decorated.with_logs:
       try:
         derived = jvp_from_vjp(self, primals, tangents)
       except NonlinearBackwardError as e:
         if e.prim is not self:
           raise  # another primitive's rule, inside bwd
-        call.forward_mode_error = _nonlinear_bwd_error(call, e)
+        self.forward_mode_error = _nonlinear_bwd_error(self, e)
     out, tangent = derived or self._transpose_only_tangent(primals, tangents)
-    if call.decorated.optimize_remat:
+    if self.decorated.optimize_remat:
       out = self(*primals)  # fwd is for residuals only, as in JAX
     return out, tangent
 
@@ -212,9 +192,6 @@ class CustomVJPCall(CallPrimitive[VJPCall]):
     return out, jax.tree.unflatten(self.out_tree, t_out)
 
   lin, linearized = linearize_from_jvp
-
-
-VJPCall.primitive_class = CustomVJPCall
 
 
 def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
@@ -241,9 +218,8 @@ def _raise_copy(e: NonlinearBackwardError) -> NoReturn:
 def _linearized_value(*args: Any, prim: Any, res_tree: Any,
                       nzs_in: tuple[bool, ...], nzs_out: tuple[bool, ...],
                       has_sres: bool) -> list[Any]:
-  call = prim._call
-  if call.forward_mode_error is not None:
-    _raise_copy(call.forward_mode_error)
+  if prim.forward_mode_error is not None:
+    _raise_copy(prim.forward_mode_error)
   n_res = res_tree.num_leaves
   res = jax.tree.unflatten(res_tree, args[:n_res])
   res, sres = res if has_sres else (res, None)
@@ -256,8 +232,8 @@ def _linearized_value(*args: Any, prim: Any, res_tree: Any,
   except NonlinearBackwardError as e:
     if e.prim is not prim:
       raise
-    call.forward_mode_error = _nonlinear_bwd_error(call, e)
-    _raise_copy(call.forward_mode_error)
+    prim.forward_mode_error = _nonlinear_bwd_error(prim, e)
+    _raise_copy(prim.forward_mode_error)
   return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
           for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
 
@@ -324,8 +300,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     `hijax.testing.check_rules` apply to it.
   """
 
-  kind = "custom_vjp"
-  _call_class = VJPCall
+  kind, _rule_names = "custom_vjp", ("fwd", "bwd")
   fwd: Callable[..., Any] | None = None
   bwd: Callable[..., Any] | None = None
   symbolic_zeros: bool = False
@@ -399,8 +374,8 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     """Refused, as `defremat` is."""
     raise _remat_refused("defremat_with_logs")
 
-  def _has_rules(self) -> bool:
-    return self.fwd is not None and self.bwd is not None
+  def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
+    return CustomVJPCall
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
@@ -409,8 +384,3 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     define(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros,  # pyright: ignore[reportArgumentType]
            optimize_remat=self.optimize_remat)
     return f
-
-  def _missing_rules_error(self) -> Exception:
-    return AttributeError(
-        f"No VJP defined for custom_vjp function {function_name(self.fun)} "
-        "using defvjp.")
