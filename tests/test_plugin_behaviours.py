@@ -737,7 +737,7 @@ def test_binds():
             primlib.wrong_twice_p):
     p.bind(x)
     jax.grad(lambda x: p.bind(x).sum())(x)
-  jax.jit(primlib.right_sin_p.bind)(jnp.ones((2, 2)))
+  jax.eval_shape(jax.jit(primlib.right_sin_p.bind), jnp.ones((2, 2)))
   jax.jvp(lambda x: primlib.times_p.bind(x, jnp.float32(3)), (x,), (x,))
   jax.jvp(primlib.one_way_p.bind, (x,), (x,))
   with pytest.raises(TypeError, match="cannot be differentiated"):
@@ -763,8 +763,34 @@ def test_binds():
   assert re.search("vjp|transpose", rules["wrong_twice"]["detail"]), rules[
       "wrong_twice"]
   assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
-  # inside jit its inputs are types only: not drawn (they may depend on
-  # each other, as a solver's state on its operator)
+  # traced in a program that never ran, its inputs are types only: not
+  # drawn (they may depend on each other, as a solver's state on its
+  # operator)
   assert [(i["types"], i["verdict"]) for i in rules["right_sin"][
       "inputs"]] == [(["f32[2]"], "passed"), (["f32[2,2]"], "not checked")]
   assert "bound inside jit" in rules["right_sin"]["inputs"][1]["detail"]
+
+
+def test_a_library_primitive_bound_only_inside_jit_is_checked_at_run_time(
+    suite):
+  """Bound only inside jit, a primitive's inputs are types; while
+  recording, the program sends the values it runs with back (a debug
+  callback), and the primitive is checked at them: the wrong jvp fails,
+  named, the right one passes."""
+  suite.makepyfile(primlib=PRIMITIVES, test_jitted='''
+import jax, jax.numpy as jnp
+import primlib
+def test_solves():
+  for p in (primlib.right_sin_p, primlib.wrong_sin_p):
+    grad = jax.jit(jax.grad(lambda x: p.bind(x).sum()))
+    assert grad(jnp.array([0.2, 0.3])).shape == (2,)
+''')
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+  assert {name: r["verdict"] for name, r in rules.items()} == {
+      "right_sin": "passed", "wrong_sin": "failed"}, rules
+  for rule in rules.values():
+    assert [(i["types"], i["source"]) for i in rule["inputs"]] == [
+        (["f32[2]"], "traced, values at run time")], rule
+  assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
+  assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())

@@ -30,7 +30,8 @@ OVERRUN = 1.5
 CHECK_COST = 5
 # where floating-point inputs are drawn, where no call showed values
 DRAW_RANGE = (0.1, 0.9)
-_SOURCE_ORDER = ("eager", "traced, values known", "traced", "too large to keep")
+_SOURCE_ORDER = ("eager", "traced, values known", "traced, values at run time",
+                 "traced", "too large to keep")
 
 
 class _OutOfTime(BaseException):
@@ -271,9 +272,10 @@ def check_rule(rule: RecordedRule, seconds: float,
 def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
   """Why a primitive's ``sample`` cannot be checked ("" if it can)."""
   if not sample.concrete:
-    return ("bound inside jit (values unknown): a primitive's inputs may "
-            "depend on each other (a solver's state on its operator), so "
-            "drawn values would judge nothing")
+    return ("bound inside jit (values unknown): no program binding it ran "
+            "in the tests, and a primitive's inputs may depend on each other "
+            "(a solver's state on its operator), so drawn values would judge "
+            "nothing")
   if rule.refused:
     return ("differentiating it raised in the tests too: not "
             "differentiable on purpose")

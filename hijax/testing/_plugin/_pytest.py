@@ -25,7 +25,7 @@ import pytest
 from hijax.testing import MODES
 from hijax.testing._plugin._check import (Declaration, RuleResult,
                                           check_rule, is_surrogate)
-from hijax.testing._plugin._recorder import CallRecorder, short_path
+from hijax.testing._plugin._recorder import CallRecorder
 
 PLUGIN_NAME = "hijax-check-rules"
 PROGRESS_EVERY = 1.0  # seconds between rewrites of the progress line
@@ -41,6 +41,16 @@ MODE_WORDS = (("transposed by JAX", "vjp"), ("vmap", "batch"),
               ("second", "second_order"), ("transpos", "transpose"),
               ("vjp", "vjp"), ("fwd/bwd", "vjp"), ("jvp", "jvp"),
               ("lineari", "lin"))
+
+
+def short_path(path: str, root: str) -> str:
+  """``path`` relative to ``root`` if inside it, else from its package."""
+  try:
+    rel = os.path.relpath(path, root)
+  except ValueError:
+    rel = ".."
+  return (rel if not rel.startswith("..") else
+          path.split(f"site-packages{os.sep}", 1)[-1])
 
 
 def table(rows: list[tuple[str, list[str], list[str], str, str]],
@@ -98,7 +108,7 @@ class RuleCheckPlugin:
     self.declared: list[tuple[str, str]] = []  # (target, what)
     self.test_files: set[str] = set()
     self.check_seconds, self.check_cpu = 0.0, 0.0
-    self.suite_seconds, self.suite_wall = 0.0, 0.0
+    self.suite_seconds, self.suite_wall, self._shown = 0.0, 0.0, 0.0
     self._cpu_start, self._wall_start = time.process_time(), time.perf_counter()
     self.recorder.install()
 
@@ -177,9 +187,13 @@ class RuleCheckPlugin:
       (out.skip if word == "skip" else out.outputs).update(names)
     return out
 
-  def _progress(self, line: str) -> None:
-    """One line, rewritten in place, on a terminal only."""
+  def _progress(self, line: str, every: float = 0.0) -> None:
+    """One line, rewritten in place (at most each ``every`` s), on a
+    terminal only."""
     reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+    if time.monotonic() - self._shown < every:
+      return
+    self._shown = time.monotonic()
     if reporter is not None and reporter.isatty():
       width = reporter._tw.fullwidth - 1  # pylint: disable=protected-access
       reporter.rewrite(f"hijax: {line}"[:width] if line else "", erase=True)
@@ -195,14 +209,10 @@ class RuleCheckPlugin:
               f"{self.total_budget:.0f} s): {rule.identity.label()}")
       if left > 0:  # (else each of its inputs is listed skipped for time)
         self._progress(head)
-      last = [time.monotonic()]
-
-      def progress(line, last=last, head=head):
-        if time.monotonic() - last[0] >= PROGRESS_EVERY:
-          last[0] = time.monotonic()
-          self._progress(f"{head}: {line}")
       self.results.append(check_rule(
-          rule, max(left, 0), self.declaration(rule, declared), progress,
+          rule, max(left, 0), self.declaration(rule, declared),
+          lambda line, head=head: self._progress(f"{head}: {line}",
+                                                 PROGRESS_EVERY),
           pace=self.pace()))
     self.check_seconds = time.monotonic() - start
     self.check_cpu = time.process_time() - cpu

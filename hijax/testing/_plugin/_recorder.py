@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import inspect
 import math
-import os
 import time
 import types
 import weakref
@@ -131,16 +130,6 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
   return RuleIdentity(
       (kind, _code_key(fun), *map(_code_key, rules)), kind, name, named,
       _in_jax(named), fun, None if named is unwrap(fun) else fun)
-
-
-def short_path(path: str, root: str) -> str:
-  """``path`` relative to ``root`` if inside it, else from its package."""
-  try:
-    rel = os.path.relpath(path, root)
-  except ValueError:
-    rel = ".."
-  return (rel if not rel.startswith("..") else
-          path.split(f"site-packages{os.sep}", 1)[-1])
 
 
 class PrimitiveCall:
@@ -312,6 +301,7 @@ class CallRecorder:
     self._saved: list[tuple[Any, Any]] = []
     self._watched: weakref.WeakSet = weakref.WeakSet()
     self._jvps_seen = -1
+    self._arrived: list[tuple[RecordedRule, Sample]] = []  # (`_when_run`)
 
   def watch(self) -> None:
     """Wraps the ``bind`` of `library_primitives` registered since."""
@@ -332,6 +322,10 @@ class CallRecorder:
 
   def remove(self) -> None:
     """Restores what `install` and `watch` wrapped."""
+    try:
+      jax.effects_barrier()  # (the values `_when_run` still sends)
+    finally:
+      self._take_arrived()
     while self._saved:
       cls, original = self._saved.pop()
       setattr(cls, "__call__", original)
@@ -356,8 +350,46 @@ class CallRecorder:
         raise
       if sample is not None:
         sample.seconds = time.process_time() - start
+        if prim is not None and sample.source == "traced" and not any(
+            _batch_axis(a) is not None for a in args):
+          self._when_run(sample, args)
       return out
     return __call__
+
+  def _when_run(self, sample: Sample, args: tuple) -> None:
+    """Has a primitive's bind traced inside ``jit`` (not under ``vmap``),
+    whose types a kept sample has without values, send its inputs' values
+    when the program first runs (`jax.debug.callback`); they replace the
+    types at the next call recorded."""
+    rule = self._known.get(sample.fn.prim)
+    if rule is None or sample.size > MAX_ELEMENTS or not any(
+        s.signature == sample.signature and not s.concrete
+        for s in rule.samples.values()):
+      return
+    arrays = [x for x, kept in zip(jax.tree.leaves((args, {})),
+                                   sample.leaves) if kept is not None]
+    sent = []
+
+    def arrived(*values):
+      if self._saved and not sent:
+        it = iter(values)
+        sent.append(dataclasses.replace(
+            sample, source="traced, values at run time", leaves=[
+                x if x is None else np.array(next(it))
+                for x in sample.leaves]))
+        self._arrived.append((rule, sent[0]))
+    try:
+      jax.debug.callback(arrived, *arrays)
+    except Exception as e:  # pylint: disable=broad-except  (never break a test)
+      self.errors.append(f"{rule.identity.name}: values at run time: {e}")
+
+  def _take_arrived(self) -> None:
+    while self._arrived:
+      rule, sample = self._arrived.pop()
+      sample.region = _region(sample.leaves)
+      self._keep(rule, sample)
+      rule.full = (len(rule.samples) >= self.max_samples
+                   and all(s.concrete for s in rule.samples.values()))
 
   def record(self, kind: str, obj: Any, args: tuple,
              kwargs: dict) -> Sample | None:
@@ -365,6 +397,7 @@ class CallRecorder:
     start, sample = time.perf_counter(), None
     self.calls += 1
     try:
+      self._take_arrived()
       rule = self._rule_of(kind, obj)
       if rule is not None:
         rule.calls += 1
