@@ -794,3 +794,55 @@ def test_solves():
         (["f32[2]"], "traced, values at run time")], rule
   assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
   assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
+
+
+# a solve whose impl reads a state computed from its operator (as lineax's
+# linear_solve_p): state * b (= b / a, state = 1 / a), its jvp rule that of
+# b / a, with b's term of the given slope (1: right)
+SOLVES = '''
+import jax, jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
+
+def solve_primitive(name, b_slope):
+  p = Primitive(name)
+  impl = lambda a, state, b: state * b
+  p.def_impl(impl)
+  p.def_abstract_eval(lambda a, state, b: b)
+  mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
+  def jvp(primals, tangents):
+    a, state, b = primals
+    ta, _, tb = map(ad.instantiate_zeros, tangents)
+    return p.bind(a, state, b), -state * state * b * ta + b_slope * state * tb
+  ad.primitive_jvps[p] = jvp
+  return p
+
+def solve(p, a, b):
+  return p.bind(a, jax.lax.stop_gradient(1 / a), b)
+
+right_p = solve_primitive("right_solve", 1.0)
+wrong_p = solve_primitive("wrong_solve", 2.0)
+'''
+
+
+def test_a_primitive_input_that_reaches_its_impl_through_another_is_held(
+    suite):
+  """The impl of a solve reads the state computed from its operator, not
+  the operator: finite differences in the operator alone see nothing, so
+  the operator is held fixed (no false alarm) and the solve is checked in
+  its right-hand side, where a wrong term fails."""
+  suite.makepyfile(solvelib=SOLVES, test_solves='''
+import jax, jax.numpy as jnp
+import solvelib
+def test_solves():
+  a, b = jnp.array([2.0, 4.0]), jnp.array([1.0, 3.0])
+  for p in (solvelib.right_p, solvelib.wrong_p):
+    f = jax.jit(jax.grad(lambda a, b: solvelib.solve(p, a, b).sum(), (0, 1)))
+    da, db = f(a, b)
+    assert jnp.allclose(da, -b / a**2)
+''')
+  result, rules = _rules(suite)
+  assert {name: r["verdict"] for name, r in rules.items()} == {
+      "right_solve": "passed", "wrong_solve": "failed"}, rules
+  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+  assert "args[0]" in rules["wrong_solve"]["detail"], rules["wrong_solve"]

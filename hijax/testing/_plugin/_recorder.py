@@ -5,6 +5,7 @@ few varied samples, the ``in_axes`` under ``vmap``, the inputs
 differentiated. Recording never raises into a test."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -322,10 +323,9 @@ class CallRecorder:
 
   def remove(self) -> None:
     """Restores what `install` and `watch` wrapped."""
-    try:
+    with contextlib.suppress(Exception):  # (a test's callback that failed)
       jax.effects_barrier()  # (the values `_when_run` still sends)
-    finally:
-      self._take_arrived()
+    self._take_arrived()
     while self._saved:
       cls, original = self._saved.pop()
       setattr(cls, "__call__", original)
