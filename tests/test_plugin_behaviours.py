@@ -737,7 +737,7 @@ def test_binds():
             primlib.wrong_twice_p):
     p.bind(x)
     jax.grad(lambda x: p.bind(x).sum())(x)
-  jax.jit(primlib.right_sin_p.bind)(jnp.ones((2, 2)))
+  jax.eval_shape(jax.jit(primlib.right_sin_p.bind), jnp.ones((2, 2)))
   jax.jvp(lambda x: primlib.times_p.bind(x, jnp.float32(3)), (x,), (x,))
   jax.jvp(primlib.one_way_p.bind, (x,), (x,))
   with pytest.raises(TypeError, match="cannot be differentiated"):
@@ -763,8 +763,86 @@ def test_binds():
   assert re.search("vjp|transpose", rules["wrong_twice"]["detail"]), rules[
       "wrong_twice"]
   assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
-  # inside jit its inputs are types only: not drawn (they may depend on
-  # each other, as a solver's state on its operator)
+  # traced in a program that never ran, its inputs are types only: not
+  # drawn (they may depend on each other, as a solver's state on its
+  # operator)
   assert [(i["types"], i["verdict"]) for i in rules["right_sin"][
       "inputs"]] == [(["f32[2]"], "passed"), (["f32[2,2]"], "not checked")]
   assert "bound inside jit" in rules["right_sin"]["inputs"][1]["detail"]
+
+
+def test_a_library_primitive_bound_only_inside_jit_is_checked_at_run_time(
+    suite):
+  """Bound only inside jit, a primitive's inputs are types; while
+  recording, the program sends the values it runs with back (a debug
+  callback), and the primitive is checked at them: the wrong jvp fails,
+  named, the right one passes."""
+  suite.makepyfile(primlib=PRIMITIVES, test_jitted='''
+import jax, jax.numpy as jnp
+import primlib
+def test_solves():
+  for p in (primlib.right_sin_p, primlib.wrong_sin_p):
+    grad = jax.jit(jax.grad(lambda x: p.bind(x).sum()))
+    assert grad(jnp.array([0.2, 0.3])).shape == (2,)
+''')
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+  assert {name: r["verdict"] for name, r in rules.items()} == {
+      "right_sin": "passed", "wrong_sin": "failed"}, rules
+  for rule in rules.values():
+    assert [(i["types"], i["source"]) for i in rule["inputs"]] == [
+        (["f32[2]"], "traced, values at run time")], rule
+  assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
+  assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
+
+
+# a solve whose impl reads a state computed from its operator (as lineax's
+# linear_solve_p): state * b (= b / a, state = 1 / a), its jvp rule that of
+# b / a, with b's term of the given slope (1: right)
+SOLVES = '''
+import jax, jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
+
+def solve_primitive(name, b_slope):
+  p = Primitive(name)
+  impl = lambda a, state, b: state * b
+  p.def_impl(impl)
+  p.def_abstract_eval(lambda a, state, b: b)
+  mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
+  def jvp(primals, tangents):
+    a, state, b = primals
+    ta, _, tb = map(ad.instantiate_zeros, tangents)
+    return p.bind(a, state, b), -state * state * b * ta + b_slope * state * tb
+  ad.primitive_jvps[p] = jvp
+  return p
+
+def solve(p, a, b):
+  return p.bind(a, jax.lax.stop_gradient(1 / a), b)
+
+right_p = solve_primitive("right_solve", 1.0)
+wrong_p = solve_primitive("wrong_solve", 2.0)
+'''
+
+
+def test_a_primitive_input_that_reaches_its_impl_through_another_is_held(
+    suite):
+  """The impl of a solve reads the state computed from its operator, not
+  the operator: finite differences in the operator alone see nothing, so
+  the operator is held fixed (no false alarm) and the solve is checked in
+  its right-hand side, where a wrong term fails."""
+  suite.makepyfile(solvelib=SOLVES, test_solves='''
+import jax, jax.numpy as jnp
+import solvelib
+def test_solves():
+  a, b = jnp.array([2.0, 4.0]), jnp.array([1.0, 3.0])
+  for p in (solvelib.right_p, solvelib.wrong_p):
+    f = jax.jit(jax.grad(lambda a, b: solvelib.solve(p, a, b).sum(), (0, 1)))
+    da, db = f(a, b)
+    assert jnp.allclose(da, -b / a**2)
+''')
+  result, rules = _rules(suite)
+  assert {name: r["verdict"] for name, r in rules.items()} == {
+      "right_solve": "passed", "wrong_solve": "failed"}, rules
+  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+  assert "args[0]" in rules["wrong_solve"]["detail"], rules["wrong_solve"]

@@ -191,6 +191,38 @@ def test_a_library_primitive_is_recorded_once_registered(recorder):
     del ad.primitive_jvps[p]
 
 
+def test_a_primitive_bound_inside_jit_gets_the_values_its_program_ran_with(
+    recorder):
+  """Traced inside jit, a library primitive's bind sends its inputs back
+  when the program runs (taken in at the next call or at `remove`); a
+  program that never runs leaves the types."""
+  from jax.extend.core import Primitive
+  from jax.interpreters import ad, mlir
+  p = Primitive("thirds")
+  p.def_impl(lambda x: x / 3)
+  p.def_abstract_eval(lambda x: x)
+  mlir.register_lowering(p, mlir.lower_fun(lambda x: x / 3,
+                                           multiple_results=False))
+  ad.primitive_jvps[p] = lambda x, t: (p.bind(*x), p.bind(*t))
+  try:
+    recorder.watch()
+    jax.eval_shape(jax.jit(lambda x: p.bind(x)), jnp.ones(3))
+    np.testing.assert_allclose(jax.jit(lambda x: p.bind(x))(
+        jnp.array([0.3, 0.6])), [0.1, 0.2], rtol=1e-6)
+    recorder.remove()
+    (rule,) = [r for r in recorder.rules.values() if r.identity.name ==
+               "thirds"]
+    sources = {s.types()[0]: s.source for s in rule.samples.values()}
+    assert sources == {"f32[3]": "traced",
+                       "f32[2]": "traced, values at run time"}, sources
+    (ran,) = [s for s in rule.samples.values() if s.concrete]
+    np.testing.assert_array_equal(ran.leaves[0],
+                                  np.array([0.3, 0.6], np.float32))
+    recorder.install()
+  finally:
+    del ad.primitive_jvps[p]
+
+
 def test_a_library_wrapper_is_named_after_the_function_it_wraps(recorder):
   eqx = pytest.importorskip("equinox")
 
@@ -235,5 +267,5 @@ def test_drawn_integers_and_booleans():
   rng = np.random.default_rng(0)
   assert _plugin_inputs._drawn(spec_i, rng).tolist() == [0, 0]
   assert _plugin_inputs._drawn(spec_b, rng).tolist() is False
-  assert _plugin_inputs._from_calls(spec_i, [np.array([3, 1, 4])], rng)[
-      0].tolist() == [1, 1]
+  found = _plugin_inputs._from_calls(spec_i, [np.array([3, 1, 4])], rng)
+  assert found is not None and found[0].tolist() == [1, 1]

@@ -1,13 +1,7 @@
-"""Checking a recorded rule with `check_rules` at its samples within a
-CPU-time budget: one verdict per rule (failed if a sample failed, else
-passed if one passed, else inconclusive, else skipped for time).
-
-Inputs recorded as types take other calls' values or drawn ones
-(`candidates`); inputs or outputs not finite, a function raising, an
-implicit rule off a root (`_not_a_root`): not checked, said why. 32-bit
-samples are checked again in their own dtypes (``device``); ``vmap`` at
-the tests' ``in_axes`` (others: advisories); `Declaration`s apply.
-"""
+"""`check_rule`: a recorded rule checked by `check_rules` at its samples
+(types only: `candidates`) within a CPU-time budget, in the tests' dtypes
+and ``in_axes``; one verdict: failed if a sample failed, else passed if one
+passed, else inconclusive, else skipped for time."""
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +30,8 @@ OVERRUN = 1.5
 CHECK_COST = 5
 # where floating-point inputs are drawn, where no call showed values
 DRAW_RANGE = (0.1, 0.9)
-_SOURCE_ORDER = ("eager", "traced, values known", "traced", "too large to keep")
+_SOURCE_ORDER = ("eager", "traced, values known", "traced, values at run time",
+                 "traced", "too large to keep")
 
 
 class _OutOfTime(BaseException):
@@ -101,31 +96,27 @@ class Declaration:
 
 def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
            lo: float = DRAW_RANGE[0], hi: float = DRAW_RANGE[1]) -> Any:
-  if np.dtype(spec.dtype).kind in "biu":
-    return np.zeros(spec.shape, spec.dtype)
+  kind = np.dtype(spec.dtype).kind
+  if kind in "biu":
+    return np.full(spec.shape, 0 if kind == "b" else lo, spec.dtype)
   value = rng.uniform(lo, hi, spec.shape)
-  if np.dtype(spec.dtype).kind == "c":
-    value = value + 1j * rng.uniform(lo, hi, spec.shape)
-  return value.astype(spec.dtype)
+  return (value + 1j * rng.uniform(lo, hi, spec.shape) if kind == "c"
+          else value).astype(spec.dtype)
 
 
 def _from_calls(spec: jax.ShapeDtypeStruct, seen: list[Any],
                 rng: np.random.Generator) -> tuple[Any, str] | None:
-  dtype = np.dtype(spec.dtype)
   same = [x for x in seen if np.shape(x) == tuple(spec.shape)]
   if same:
-    return np.asarray(same[0]).astype(dtype), "values of another call"
-  seen = [np.asarray(x) for x in seen if np.size(x)]
+    return np.asarray(same[0]).astype(spec.dtype), "values of another call"
+  seen = [np.asarray(x).real for x in seen if np.size(x)]
   if not seen:
     return None
-  if dtype.kind == "b":
-    return np.zeros(spec.shape, dtype), "drawn"
-  if dtype.kind in "iu":
-    low = min(int(np.min(x)) for x in seen)
-    return np.full(spec.shape, low, dtype), "drawn in the range seen"
-  return _drawn(spec, rng, float(min(np.min(x.real) for x in seen)),
-                float(max(np.max(x.real) for x in seen))), \
-      "drawn in the range seen"
+  lo = min(np.min(x) for x in seen)
+  return _drawn(spec, rng, int(lo) if np.dtype(spec.dtype).kind in "iu"
+                else float(lo), float(max(np.max(x) for x in seen))), (
+                    "drawn" if np.dtype(spec.dtype).kind == "b"
+                    else "drawn in the range seen")
 
 
 def candidates(rule: RecordedRule, sample: Sample,
@@ -139,22 +130,16 @@ def candidates(rule: RecordedRule, sample: Sample,
             if s.concrete and s.treedef == sample.treedef]
   from_calls, drawn, hows = [], [], set()
   for i, x in enumerate(sample.leaves):
-    if not isinstance(x, jax.ShapeDtypeStruct):
-      if x is not None:
-        from_calls.append(x)
-        drawn.append(x)
-      continue
-    found = _from_calls(x, [s.leaves[i] for s in others
-                            if s.leaves[i] is not None], rng)
-    drawn.append(_drawn(x, rng))
-    from_calls.append(drawn[-1] if found is None else found[0])
-    hows.add("drawn" if found is None else found[1])
+    found = isinstance(x, jax.ShapeDtypeStruct) and _from_calls(
+        x, [s.leaves[i] for s in others if s.leaves[i] is not None], rng)
+    if x is not None:
+      drawn.append(_drawn(x, rng) if found is not False else x)
+      from_calls.append(found[0] if found else drawn[-1])
+      hows.add(found[1] if found else "drawn" if found is None else "")
   how = next(h for h in ("drawn", "drawn in the range seen",
                          "values of another call") if h in hows)
-  out = [(from_calls, f"{sample.source}; {how}")]
-  if how != "drawn":
-    out.append((drawn, f"{sample.source}; drawn"))
-  return out
+  return [(from_calls, f"{sample.source}; {how}")] + (
+      [(drawn, f"{sample.source}; drawn")] if how != "drawn" else [])
 
 
 def _as_jax(arrays: list[Any]) -> list[Any]:  # (as the tests passed them)
@@ -170,10 +155,9 @@ def _not_finite(values: Any) -> bool:
 
 def _bits(sample: Sample) -> set[int]:
   """The widths of the floating-point (and integer) inputs' dtypes."""
-  return {np.dtype(x.dtype).itemsize * 8 // (
-      2 if np.dtype(x.dtype).kind == "c" else 1)
-          for x in sample.leaves if hasattr(x, "dtype")
-          and np.dtype(x.dtype).kind in "fciu"}
+  dtypes = [np.dtype(x.dtype) for x in sample.leaves if hasattr(x, "dtype")]
+  return {d.itemsize * 8 // (2 if d.kind == "c" else 1) for d in dtypes
+          if d.kind in "fciu"}
 
 
 @contextlib.contextmanager
@@ -251,25 +235,22 @@ def check_rule(rule: RecordedRule, seconds: float,
   rng = np.random.default_rng(seed)
   for sample in sorted(rule.samples.values(), key=lambda s: (
       _SOURCE_ORDER.index(s.source), s.size)):
-    if sample.source == "too large to keep":
-      result.tried.append(Tried(sample.types(), sample.source, "not checked",
-                                f"over {sample.size} elements"))
-      continue
     tried = Tried(sample.types(), sample.source, "skipped for time",
                   test=sample.test)
     result.tried.append(tried)
-    if all(x is None for x in sample.leaves):
-      tried.verdict, tried.detail = "not checked", "no array inputs"
-    elif rule.identity.kind == "Primitive" and (
-        why := _primitive_unchecked(rule, sample)):
+    left = seconds - (time.process_time() - start)
+    why = (f"over {sample.size} elements"
+           if sample.source == "too large to keep" else "no array inputs"
+           if all(x is None for x in sample.leaves) else
+           rule.identity.kind == "Primitive" and _primitive_unchecked(
+               rule, sample))
+    if why:
       tried.verdict, tried.detail = "not checked", why
-    elif (left := seconds - (time.process_time() - start)) <= 0:
-      continue
-    elif CHECK_COST * sample.seconds > left:
+    elif left > 0 and CHECK_COST * sample.seconds > left:
       tried.detail = (f"its call took {sample.seconds:.2g} s CPU in the test; "
                       f"its checks, about {CHECK_COST} times that, would "
                       "overrun the rule's budget")
-    else:
+    elif left > 0:
       t0 = time.process_time()
       with jax.enable_x64(True) if 64 in _bits(sample) else (
           contextlib.nullcontext()):  # as called: float64 stays float64
@@ -291,28 +272,16 @@ def check_rule(rule: RecordedRule, seconds: float,
 def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
   """Why a primitive's ``sample`` cannot be checked ("" if it can)."""
   if not sample.concrete:
-    return ("bound inside jit (values unknown): a primitive's inputs may "
-            "depend on each other (a solver's state on its operator), so "
-            "drawn values would judge nothing")
+    return ("bound inside jit (values unknown): no program binding it ran "
+            "in the tests, and a primitive's inputs may depend on each other "
+            "(a solver's state on its operator), so drawn values would judge "
+            "nothing")
   if rule.refused:
     return ("differentiating it raised in the tests too: not "
             "differentiable on purpose")
   if not rule.differentiated.get(sample.treedef):
     return "no test differentiated it at inputs of these types"
   return ""
-
-
-def _differentiated_only(rule, sample, fn, arrays, options):
-  """A primitive's ``fn`` of the inputs the tests differentiated only."""
-  keep = sorted(rule.differentiated[sample.treedef])
-
-  def kept(*a):
-    given = dict(zip(keep, a))
-    return fn(*(given.get(i, x) for i, x in enumerate(arrays)))
-  if "batch_in_axes" in options:
-    options["batch_in_axes"] = sorted({tuple(p[i] for i in keep) for p in
-                                       options["batch_in_axes"]}, key=repr)
-  return kept, [arrays[i] for i in keep]
 
 
 def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
@@ -328,9 +297,8 @@ def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
     return (f"the function raises at these inputs: {type(e).__name__}: "
             f"{(str(e).splitlines() or [''])[0][:200]}",
             isinstance(e, RuleTypeError))
-  if _not_finite(out):
-    return "the function's output is not finite at these inputs", False
-  return "", False
+  return ("the function's output is not finite at these inputs"
+          if _not_finite(out) else "", False)
 
 
 def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
@@ -349,13 +317,21 @@ def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
   return kept
 
 
-def _options(rule, sample, arrays, declared) -> dict[str, Any]:
-  """`check_rules`' options: modes, the tests' in_axes and dtypes."""
+def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
+  """The function `check_rules` checks, its inputs and options: modes, the
+  tests' in_axes and dtypes; of a primitive, only the inputs differentiated
+  in the tests."""
+  fn = lambda *a: sample.call(list(a))
+  if declared.outputs:
+    fn = _without_outputs(fn, declared.outputs)
   options: dict[str, Any] = {}
   if declared.skip:
     options["modes"] = [m for m in testing.MODES if m not in declared.skip]
-  patterns = [p for p in rule.batched.get(sample.treedef, ())
-              if len(p) == len(arrays)]
+  keep = ([i for i in sorted(rule.differentiated[sample.treedef])
+           if _moves(sample, arrays, i)]
+          if rule.identity.kind == "Primitive" else range(len(arrays)))
+  patterns = {tuple(p[i] for i in keep) for p in rule.batched.get(
+      sample.treedef, ()) if len(p) == len(arrays)}
   if patterns:
     options["batch_in_axes"] = sorted(patterns, key=repr)
   bits = _bits(sample)
@@ -363,7 +339,30 @@ def _options(rule, sample, arrays, declared) -> dict[str, Any]:
       np.dtype(x.dtype).kind in "fc" for x in sample.leaves
       if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu":
     options["device"] = jax.devices("cpu")[0]
-  return options
+  if rule.identity.kind == "Primitive":
+    full, whole = fn, list(arrays)
+
+    def fn(*a):
+      given = dict(zip(keep, a))
+      return full(*(given.get(i, x) for i, x in enumerate(whole)))
+  return fn, [arrays[i] for i in keep], options
+
+
+def _moves(sample: Sample, arrays: list[Any], i: int) -> bool:
+  """Whether nudging ``arrays[i]`` moves the output: a primitive's impl may
+  ignore an input that reaches it through another (a solver's state
+  computed from its operator), where its impl's derivative is not its
+  jvp rule's."""
+  x = np.asarray(arrays[i])
+  nudged = [*arrays[:i], jax.numpy.asarray(
+      (x + 1e-3 * (1 + np.abs(x))).astype(x.dtype)), *arrays[i + 1:]]
+  try:
+    with _quiet():
+      return not all(np.array_equal(a, b) for a, b in zip(
+          jax.tree.leaves(sample.call(arrays)),
+          jax.tree.leaves(sample.call(nudged))))
+  except Exception:  # pylint: disable=broad-except  (then it is checked)
+    return True
 
 
 def _left(deadline: tuple[float, float]) -> float:
@@ -385,26 +384,27 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
     if not why:
       break
   if why:
-    tried.verdict, tried.detail = ("failed" if rule_at_fault
-                                   else "not checked"), why
+    tried.verdict = "failed" if rule_at_fault else "not checked"
+    tried.detail = why
     return
-  fn = lambda *a: sample.call(list(a))
-  if declared.outputs:
-    fn = _without_outputs(fn, declared.outputs)
   names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else
             getattr(sample.fn, "custom_jvp", sample.fn)]
            if declared.surrogate else [])
-  options = _options(rule, sample, arrays, declared)
-  if rule.identity.kind == "Primitive":
-    fn, arrays = _differentiated_only(rule, sample, fn, arrays, options)
+  fn, checked, options = _checked(rule, sample, arrays, declared)
+  if not checked:
+    tried.verdict, tried.detail = "not checked", (
+        "its output does not move with the inputs the tests differentiated "
+        "(at these values): they reach it through other inputs (a solver's "
+        "state computed from its operator), which the checks hold fixed")
+    return
   if _left(deadline) <= 0:
     tried.detail = "calling the function spent the rule's budget"
     return
   try:
-    report = _check_rules(fn, arrays, _left(deadline), progress, names,
+    report = _check_rules(fn, checked, _left(deadline), progress, names,
                           **options)
     if _a_rule_raised(report) and _left(deadline) > 0:
-      again = _check_rules(fn, arrays, _left(deadline), progress, names,
+      again = _check_rules(fn, checked, _left(deadline), progress, names,
                            x64=False, **options)
       if not _a_rule_raised(again):
         tried.source += "; in its own dtypes (its rules raise in float64)"
@@ -429,10 +429,9 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
         f"its rules raised ({f.check}: {one_line(f.detail, f.error)}): a "
         "library primitive may refuse a transformation on purpose")
     return
-  outside = (report.failures and not _a_rule_raised(report)
-             and rule.identity.kind != "Primitive"
-             and _not_a_root(sample, arrays))
-  if outside:
+  if (report.failures and not _a_rule_raised(report)
+      and rule.identity.kind != "Primitive"
+      and (outside := _not_a_root(sample, arrays))):
     tried.verdict, tried.detail = "not checked", outside
     return
   tried.verdict = report.verdict
@@ -472,11 +471,10 @@ def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
       continue
     try:
       with _quiet():
-        value = [np.abs(np.asarray(x)) for x in
-                 jax.tree.leaves(condition(*outs, *arrays)) if np.size(x)]
+        size = max((float(np.max(np.abs(x))) for x in jax.tree.leaves(
+            condition(*outs, *arrays)) if np.size(x)), default=0.0)
     except Exception:  # pylint: disable=broad-except  (not a condition)
       continue
-    size = max((float(np.max(x)) for x in value), default=0.0)
     if size > 1e-3 * scale:
       name = condition.__name__
       return (f"the outputs are not a root of {name} at these inputs "

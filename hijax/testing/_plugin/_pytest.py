@@ -25,7 +25,7 @@ import pytest
 from hijax.testing import MODES
 from hijax.testing._plugin._check import (Declaration, RuleResult,
                                           check_rule, is_surrogate)
-from hijax.testing._plugin._recorder import CallRecorder, short_path
+from hijax.testing._plugin._recorder import CallRecorder
 
 PLUGIN_NAME = "hijax-check-rules"
 PROGRESS_EVERY = 1.0  # seconds between rewrites of the progress line
@@ -36,16 +36,21 @@ HOW_TO_DECLARE = (
 HEADER = ("rule", "defined at", "inputs tried", "verdict")
 MAX_WIDTHS = (44, 48, 50)  # the widest a column gets (longer: cut, "…")
 VERDICTS = ("passed", "failed", "inconclusive", "skipped for time")
+# the words of a failure's detail naming the `check_rules` mode, in order
+MODE_WORDS = (("transposed by JAX", "vjp"), ("vmap", "batch"),
+              ("second", "second_order"), ("transpos", "transpose"),
+              ("vjp", "vjp"), ("fwd/bwd", "vjp"), ("jvp", "jvp"),
+              ("lineari", "lin"))
 
 
-def _mode_of(detail: str) -> str:
-  """The `check_rules` mode a failure's detail names."""
-  for word, mode in (("transposed by JAX", "vjp"), ("vmap", "batch"), ("second", "second_order"),
-                     ("transpos", "transpose"), ("vjp", "vjp"),
-                     ("fwd/bwd", "vjp"), ("jvp", "jvp"), ("lineari", "lin")):
-    if word in detail:
-      return mode
-  return "expand"
+def short_path(path: str, root: str) -> str:
+  """``path`` relative to ``root`` if inside it, else from its package."""
+  try:
+    rel = os.path.relpath(path, root)
+  except ValueError:
+    rel = ".."
+  return (rel if not rel.startswith("..") else
+          path.split(f"site-packages{os.sep}", 1)[-1])
 
 
 def table(rows: list[tuple[str, list[str], list[str], str, str]],
@@ -56,13 +61,13 @@ def table(rows: list[tuple[str, list[str], list[str], str, str]],
     return ["no custom derivative rule was called by the tests"]
   columns = ([r[0] for r in rows], [w for r in rows for w in r[1]],
              [i for r in rows for i in r[2]])
-  widths = [min(m, max([len(h)] + [len(c) for c in col]))
+  widths = [min(m, max(map(len, [h, *col])))
             for h, col, m in zip(HEADER, columns, MAX_WIDTHS)]
 
   def line(cells):
     parts = [c if len(c) <= w else  # a location is cut at its start
              "…" + c[len(c) - w + 1:] if k == 1 else c[:w - 1] + "…"
-             for k, (c, w) in enumerate(zip(cells[:3], widths))]
+             for k, (c, w) in enumerate(zip(cells, widths))]
     return "  ".join([p.ljust(w) for p, w in zip(parts, widths)]
                      + [cells[3]]).rstrip()
 
@@ -70,8 +75,8 @@ def table(rows: list[tuple[str, list[str], list[str], str, str]],
   for rule, where, inputs, verdict, detail in rows:
     n = max(len(where), len(inputs), 1)
     where, inputs = where + [""] * n, inputs + [""] * n
-    out.append(line([rule, where[0], inputs[0], verdict]))
-    out += [line(["", w, i, ""]) for w, i in zip(where[1:n], inputs[1:n])]
+    out += [line([rule if k == 0 else "", where[k], inputs[k],
+                  verdict if k == 0 else ""]) for k in range(n)]
     if detail and verdict != "passed":
       out += textwrap.wrap(detail, max(40, width - 4), initial_indent="    ",
                            subsequent_indent="      ",
@@ -100,11 +105,11 @@ class RuleCheckPlugin:
                                  bool(opt("hijax_rules_include_jax")))
     self.results: list[RuleResult] = []
     self.unresolved: list[str] = []
-    self.check_seconds = self.check_cpu = self.suite_seconds = 0.0
-    self.test_files: set[str] = set()
     self.declared: list[tuple[str, str]] = []  # (target, what)
+    self.test_files: set[str] = set()
+    self.check_seconds, self.check_cpu = 0.0, 0.0
+    self.suite_seconds, self.suite_wall, self._shown = 0.0, 0.0, 0.0
     self._cpu_start, self._wall_start = time.process_time(), time.perf_counter()
-    self.suite_wall = 0.0
     self.recorder.install()
 
   def pytest_runtest_logstart(self, nodeid: str) -> None:
@@ -126,44 +131,43 @@ class RuleCheckPlugin:
     if self.json_path:
       with open(self.json_path, "w", encoding="utf-8") as f:
         json.dump(self.json(), f, indent=1, ensure_ascii=False)
-    bad = {"failed"} | ({"inconclusive"} if self.fail_on == "inconclusive"
-                        else set())
-    if (self.fail_on != "never" and any(r.verdict in bad
-                                        for r in self.results)
-        and session.exitstatus == pytest.ExitCode.OK):
+    if self._failing() and session.exitstatus == pytest.ExitCode.OK:
       session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
   def pytest_unconfigure(self) -> None:
     self.recorder.remove()
 
-  def _resolved(self, name: str) -> Any:
-    try:  # a dotted name, or module:attr.path
-      return pkgutil.resolve_name(name)
-    except (ImportError, AttributeError, ValueError) as e:
-      self.unresolved.append(f"{name} ({type(e).__name__}: {e})")
-      return None
+  def _failing(self) -> list[str]:
+    """The rules that fail the run."""
+    bad = {"failed"} | ({"inconclusive"} if self.fail_on == "inconclusive"
+                        else set())
+    return [r.rule.identity.label() for r in self.results
+            if r.verdict in bad and self.fail_on != "never"]
 
   def _declarations(self) -> list[tuple[Any, str, str]]:
     """``(object or None, location or "", what)`` per declaration."""
-    out = [(obj, "", "surrogate") for name in
-           self.config.getini("hijax_surrogates")
-           if (obj := self._resolved(name)) is not None]
-    for line in self.config.getini("hijax_deliberate"):
+    out = []
+    for line in ([f"{n}: surrogate" for n in self.config.getini(
+        "hijax_surrogates")] + self.config.getini("hijax_deliberate")):
       target, _, what = (s.strip() for s in line.rpartition(": "))
       word, _, items = what.partition(" ")
       if not target or word not in ("surrogate", "skip", "output") or any(
-          word == "skip" and i.strip() not in MODES
-          for i in items.split(",") if i.strip()):
+          word == "skip" and i.strip() not in MODES for i in items.split(",")
+          if i.strip()):
         self.unresolved.append(
             f"{line!r} (hijax_deliberate takes TARGET: surrogate, TARGET: "
             f"skip MODE,... with MODE one of {', '.join(MODES)}, or TARGET: "
             "output OUT,...)")
         continue
-      self.declared.append((target, what))
+      if line in self.config.getini("hijax_deliberate"):
+        self.declared.append((target, what))
       if ".py:" in target or not re.fullmatch(r"[\w.:]+", target):
         out.append((None, target, what))
-      elif (obj := self._resolved(target)) is not None:
-        out.append((obj, "", what))
+        continue
+      try:  # a dotted name, or module:attr.path
+        out.append((pkgutil.resolve_name(target), "", what))
+      except (ImportError, AttributeError, ValueError) as e:
+        self.unresolved.append(f"{target} ({type(e).__name__}: {e})")
     return out
 
   def declaration(self, rule, declared) -> Declaration:
@@ -180,15 +184,16 @@ class RuleCheckPlugin:
       word, _, items = what.partition(" ")
       names = {i.strip() for i in items.split(",") if i.strip()}
       out.surrogate |= word == "surrogate"
-      if word == "skip":
-        out.skip |= names
-      elif word == "output":
-        out.outputs |= names
+      (out.skip if word == "skip" else out.outputs).update(names)
     return out
 
-  def _progress(self, line: str) -> None:
-    """One line, rewritten in place, on a terminal only."""
+  def _progress(self, line: str, every: float = 0.0) -> None:
+    """One line, rewritten in place (at most each ``every`` s), on a
+    terminal only."""
     reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+    if time.monotonic() - self._shown < every:
+      return
+    self._shown = time.monotonic()
     if reporter is not None and reporter.isatty():
       width = reporter._tw.fullwidth - 1  # pylint: disable=protected-access
       reporter.rewrite(f"hijax: {line}"[:width] if line else "", erase=True)
@@ -200,20 +205,15 @@ class RuleCheckPlugin:
     for n, rule in enumerate(rules, 1):
       spent = time.process_time() - cpu
       left = min(self.rule_budget, self.total_budget - spent)
-      declaration = self.declaration(rule, declared)
-      if left <= 0:  # (each of its inputs is listed as skipped for time)
-        self.results.append(check_rule(rule, 0, declaration))
-        continue
       head = (f"checking rule {n}/{len(rules)} ({spent:.0f} of "
               f"{self.total_budget:.0f} s): {rule.identity.label()}")
-      self._progress(head)
-      last = [time.monotonic()]
-      def progress(line, last=last, head=head):
-        if time.monotonic() - last[0] >= PROGRESS_EVERY:
-          last[0] = time.monotonic()
-          self._progress(f"{head}: {line}")
-      self.results.append(check_rule(rule, left, declaration, progress,
-                                     pace=self.pace()))
+      if left > 0:  # (else each of its inputs is listed skipped for time)
+        self._progress(head)
+      self.results.append(check_rule(
+          rule, max(left, 0), self.declaration(rule, declared),
+          lambda line, head=head: self._progress(f"{head}: {line}",
+                                                 PROGRESS_EVERY),
+          pace=self.pace()))
     self.check_seconds = time.monotonic() - start
     self.check_cpu = time.process_time() - cpu
     if rules:
@@ -226,13 +226,15 @@ class RuleCheckPlugin:
     return max(1.0, min(load, self.suite_wall / max(self.suite_seconds,
                                                      1e-9)))
 
-  def hint(self, result: RuleResult) -> str:
+  def hint(self, result: RuleResult) -> str | None:
     """How to declare ``result``'s failure deliberate, or report it (an
-    output only where its detail names one)."""
+    output only where its detail names one); None unless failed."""
     found = re.search(r"\bout\b(\[[^\]\s]*\])*", result.detail)
+    mode = next((m for w, m in MODE_WORDS if w in result.detail), "expand")
     return HOW_TO_DECLARE.format(
-        where=self._where(result.rule)[0], mode=_mode_of(result.detail),
-        output=f", or: output {found.group(0)}" if found else "")
+        where=self._where(result.rule)[0], mode=mode,
+        output=f", or: output {found.group(0)}" if found else ""
+    ) if result.verdict == "failed" else None
 
   def _where(self, rule) -> list[str]:
     """Where ``rule`` is defined, and its library wrapper, if any."""
@@ -250,11 +252,9 @@ class RuleCheckPlugin:
   def pytest_terminal_summary(self, terminalreporter) -> None:
     tr = terminalreporter
     tr.write_sep("=", "hijax: custom derivative rules called by the tests")
-    rows = [(r.rule.identity.label() + (" [surrogate]" if r.surrogate
-                                        else ""),
-             self._where(r.rule), [t.describe() for t in r.tried],
-             r.verdict, r.detail + (f"; {self.hint(r)}"
-                                    if r.verdict == "failed" else ""))
+    rows = [(r.rule.identity.label() + " [surrogate]" * r.surrogate,
+             self._where(r.rule), [t.describe() for t in r.tried], r.verdict,
+             r.detail + (f"; {h}" if (h := self.hint(r)) else ""))
             for r in self.results]
     for line in table(rows, tr._tw.fullwidth) + self.summary():
       tr.write_line(line)
@@ -263,13 +263,12 @@ class RuleCheckPlugin:
     """The lines after the table: counts, costs, advisories, what was
     skipped, declarations not used, whether the run fails."""
     results, rec = self.results, self.recorder
-    label = lambda r: r.rule.identity.label()
+    labels = lambda rows: "; ".join(r.rule.identity.label() for r in rows)
     counts = collections.Counter(r.verdict for r in results)
     lines = [f"{len(results)} rule(s): " + ", ".join(
         f"{counts[v]} {v}" for v in VERDICTS if counts[v]) if results else
              "0 rules checked"]
-    in_tests = sum(self.in_test_file(r.rule) for r in results)
-    if in_tests:
+    if in_tests := sum(self.in_test_file(r.rule) for r in results):
       lines.append(f"{in_tests} of them defined in the test files")
     if rec.skipped_rules:
       lines.append(
@@ -281,22 +280,18 @@ class RuleCheckPlugin:
     lines.append(f"recording: {rec.calls} call(s), {rec.seconds:.2f} s; "
                  f"checks: {self.check_cpu:.1f} s CPU time of a "
                  f"{self.total_budget:.1f} s budget{of}")
-    advised = [label(r) for r in results if any(t.advisory for t in r.tried)]
-    if advised:
-      lines.append(f"advisory (not failing): {'; '.join(advised)} fail the "
+    if advised := [r for r in results if any(t.advisory for t in r.tried)]:
+      lines.append(f"advisory (not failing): {labels(advised)} fail the "
                    "vmap check at batched arguments no test used (the "
                    "JSON's \"advisory\" lists them)")
-    skipped = [label(r) for r in results if r.verdict == "skipped for time"]
-    if skipped:
-      lines.append(f"skipped for time: {'; '.join(skipped)} (a larger "
+    if skipped := [r for r in results if r.verdict == "skipped for time"]:
+      lines.append(f"skipped for time: {labels(skipped)} (a larger "
                    "--hijax-rules-budget, in seconds or a % of the tests' "
                    "CPU time, checks them)")
     lines += [f"recording error (the call went on): {e}" for e in rec.errors]
     lines += [f"hijax_surrogates / hijax_deliberate: cannot use {name}"
               for name in self.unresolved]
-    failing = [label(r) for r in results if r.verdict == "failed" or (
-        self.fail_on == "inconclusive" and r.verdict == "inconclusive")]
-    if failing and self.fail_on != "never":
+    if failing := self._failing():
       lines.append("the test run fails: " + "; ".join(failing))
     return [f"hijax: {line}" for line in lines]
 
@@ -304,20 +299,20 @@ class RuleCheckPlugin:
     """The results as a JSON-serializable dict (``--hijax-rules-json``)."""
     rec, rules = self.recorder, []
     for r in self.results:
-      where = self._where(r.rule)
+      where = self._where(r.rule) + [None]
       rules.append({
           "rule": r.rule.identity.name, "kind": r.rule.identity.kind,
-          "defined_at": where[0],
-          "via": where[1][len("via "):] if len(where) > 1 else None,
+          "defined_at": where[0], "via": where[1] and where[1][len("via "):],
           "in_test_file": self.in_test_file(r.rule),
           "surrogate": r.surrogate, "calls": r.rule.calls,
           "first_test": r.rule.first_test, "verdict": r.verdict,
           "detail": r.detail, "seconds": round(r.seconds, 3),
-          "how_to_declare": self.hint(r) if r.verdict == "failed" else None,
+          "how_to_declare": self.hint(r),
           "inputs": [dict(dataclasses.asdict(t), seconds=round(t.seconds, 3))
                      for t in r.tried]})
-    counts = collections.Counter(r.verdict for r in self.results)
-    return {"rules": rules, "counts": dict(counts),
+    return {"rules": rules,
+            "counts": dict(collections.Counter(r.verdict
+                                               for r in self.results)),
             "recording": {"calls": rec.calls,
                           "seconds": round(rec.seconds, 3),
                           "errors": rec.errors,

@@ -1,19 +1,15 @@
-"""Recording the custom rules a test suite calls, and their inputs.
-
-`CallRecorder` wraps the ``__call__`` of ``jax.custom_jvp``/``custom_vjp``,
-hijax's decorators and `HiPrim`, and the ``bind`` of `library_primitives`.
-A rule is keyed by its code, named after the function a library's wrapper
-(``via``) closes over (`named_function`); it keeps at most ``samples``
-calls, chosen to vary (`variety`), the ``in_axes`` of calls under ``vmap``
-and the inputs differentiated. Recording never raises into a test.
-"""
+"""`CallRecorder`: the custom rules a test suite calls (``jax.custom_jvp``/
+``custom_vjp``, hijax's decorators, `HiPrim`, `library_primitives`), keyed
+by code, named after the function a library's wrapper holds; per rule a
+few varied samples, the ``in_axes`` under ``vmap``, the inputs
+differentiated. Recording never raises into a test."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import math
-import os
 import time
 import types
 import weakref
@@ -71,6 +67,11 @@ class RuleIdentity:
     return f"{self.name} ({self.kind})"
 
 
+def _in_jax(obj: Any, default: str = "") -> bool:
+  return (getattr(obj, "__module__", None) or default).split(".")[0] \
+      in JAX_PACKAGES
+
+
 def _functions_held(fn: Any) -> list[Any]:
   """The functions ``fn`` closes over, or an object it closes over holds."""
   found = []
@@ -79,11 +80,10 @@ def _functions_held(fn: Any) -> list[Any]:
       value = unwrap(cell.cell_contents)
     except ValueError:  # an empty cell
       continue
-    if isinstance(value, types.FunctionType):
-      found.append(value)
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-      found += [unwrap(v) for v in vars(value).values()
-                if isinstance(unwrap(v), types.FunctionType)]
+    held = [value] if not hasattr(value, "__dict__") or isinstance(
+        value, (type, types.FunctionType)) else map(unwrap, vars(value)
+                                                     .values())
+    found += [f for f in held if isinstance(f, types.FunctionType)]
   return found
 
 
@@ -97,8 +97,7 @@ def named_function(fun: Any) -> Any:
     except TypeError:
       return fun
     inner = [f for f in _functions_held(fun)
-             if f.__code__.co_filename != here
-             and not _in_jax(getattr(f, "__module__", None) or "")]
+             if f.__code__.co_filename != here and not _in_jax(f)]
     if not inner:
       return fun
     fun = inner[0]
@@ -106,17 +105,11 @@ def named_function(fun: Any) -> Any:
 
 
 def _code_key(fn: Any) -> Any:
-  if fn is None:
-    return None
   try:
-    code = code_of(fn)
+    return None if fn is None else (code_of(fn), tuple(
+        f.__code__ for f in _functions_held(unwrap(fn))))
   except TypeError:
     return type(fn)
-  return code, tuple(f.__code__ for f in _functions_held(unwrap(fn)))
-
-
-def _in_jax(module: str) -> bool:
-  return module.split(".")[0] in JAX_PACKAGES
 
 
 def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
@@ -127,9 +120,8 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
                         False, obj.prim)
   if kind == "HiPrim":
     cls = type(obj)
-    module = cls.__module__ or ""
-    return None if module.startswith(_MACHINERY) else RuleIdentity(
-        cls, kind, cls.__qualname__, cls, _in_jax(module))
+    return None if (cls.__module__ or "").startswith(_MACHINERY) else \
+        RuleIdentity(cls, kind, cls.__qualname__, cls, _in_jax(cls))
   fun = getattr(obj, "fun", obj)
   rules = ([getattr(obj, "jvp", None)] if kind.endswith("custom_jvp")
            else [getattr(obj, "fwd", None), getattr(obj, "bwd", None)])
@@ -138,18 +130,7 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
       named, "__name__", repr(named))
   return RuleIdentity(
       (kind, _code_key(fun), *map(_code_key, rules)), kind, name, named,
-      _in_jax(getattr(named, "__module__", None) or ""), fun,
-      None if named is unwrap(fun) else fun)
-
-
-def short_path(path: str, root: str) -> str:
-  """``path`` relative to ``root`` if inside it, else from its package."""
-  try:
-    rel = os.path.relpath(path, root)
-  except ValueError:
-    rel = ".."
-  return (rel if not rel.startswith("..") else
-          path.split(f"site-packages{os.sep}", 1)[-1])
+      _in_jax(named), fun, None if named is unwrap(fun) else fun)
 
 
 class PrimitiveCall:
@@ -162,20 +143,19 @@ class PrimitiveCall:
 
   @functools.cached_property
   def custom_jvp(self) -> Any:
-    prim, params = self.prim, self.params
+    prim, params, many = self.prim, self.params, self.prim.multiple_results
 
     def bound(*args):
       out = prim.bind(*args, **params)
-      return tuple(out) if prim.multiple_results else out
+      return tuple(out) if many else out
     bound.__name__ = bound.__qualname__ = prim.name
 
     def jvp(primals, tangents):
-      tangents = [Zero(t.aval) if isinstance(t, SymbolicZero) else t
-                  for t in tangents]
-      out, t_out = primitive_jvps[prim](list(primals), tangents, **params)
-      if prim.multiple_results:
-        return tuple(out), tuple(map(instantiate_zeros, t_out))
-      return out, instantiate_zeros(t_out)
+      out, t_out = primitive_jvps[prim](list(primals), [
+          Zero(t.aval) if isinstance(t, SymbolicZero) else t
+          for t in tangents], **params)
+      return ((tuple(out), tuple(map(instantiate_zeros, t_out))) if many
+              else (out, instantiate_zeros(t_out)))
     fun = jax.custom_jvp(bound)
     fun.defjvp(jvp, symbolic_zeros=True)
     return fun
@@ -188,8 +168,7 @@ def library_primitives(seen: Any) -> list[Any]:
   """The primitives not in ``seen`` whose jvp rule is registered outside
   JAX and hijax (like lineax's ``linear_solve_p``)."""
   return [p for p, rule in list(primitive_jvps.items()) if p not in seen
-          and "bind" not in vars(p) and not _in_jax(
-              getattr(unwrap(rule), "__module__", None) or "jax")]
+          and "bind" not in vars(p) and not _in_jax(unwrap(rule), "jax")]
 
 
 # --- what a call passed -------------------------------------------------------
@@ -227,24 +206,17 @@ class Sample:
     return sum(math.prod(np.shape(x)) for x in self.leaves if x is not None)
 
   def types(self) -> list[str]:
-    return [_short_type(x) for x in self.leaves if x is not None]
+    return [type(x).__name__ if isinstance(x, _SCALARS) else core.ShapedArray(
+        np.shape(x), x.dtype).str_short(short_dtypes=True)
+            for x in self.leaves if x is not None]
 
   def call(self, arrays: list[Any]) -> Any:
     """Calls ``fn`` with ``arrays`` in place of the array leaves."""
     it = iter(arrays)
-    leaves = [self.statics[i] if x is None else next(it)
-              for i, x in enumerate(self.leaves)]
-    args, kwargs = jax.tree.unflatten(self.treedef, leaves)
+    args, kwargs = jax.tree.unflatten(self.treedef, [
+        self.statics[i] if x is None else next(it)
+        for i, x in enumerate(self.leaves)])
     return self.fn(*map(_unwrap_static, args), **kwargs)
-
-
-def _short_type(x: Any) -> str:
-  if isinstance(x, _SCALARS):
-    return type(x).__name__
-  d = np.dtype(x.dtype)
-  short = ("bf16" if d.name == "bfloat16" else "bool" if d.kind == "b"
-           else f"{d.kind}{d.itemsize * 8}")
-  return f"{short}[{','.join(map(str, np.shape(x)))}]"
 
 
 @dataclasses.dataclass
@@ -277,22 +249,17 @@ def variety(samples: list[Sample]) -> tuple[int, ...]:
 
 
 def _region(leaves: list[Any]) -> tuple:
-  out = []
-  for x in leaves:
-    if x is not None and not isinstance(x, jax.ShapeDtypeStruct):
-      a = np.asarray(x)
-      if a.dtype.kind in "fc" and a.size:
-        a = a.real
-        out.append((bool(np.any(a < 0)), bool(np.any(a > 0)),
-                    bool(np.any(np.abs(a) > 1))))
-  return tuple(out)
+  arrays = [np.asarray(x).real for x in leaves if x is not None
+            and not isinstance(x, jax.ShapeDtypeStruct)
+            and np.asarray(x).dtype.kind in "fc" and np.size(x)]
+  return tuple((bool(np.any(a < 0)), bool(np.any(a > 0)),
+                bool(np.any(np.abs(a) > 1))) for a in arrays)
 
 
 def _batch_axis(x: Any) -> int | None:
-  if isinstance(getattr(x, "_trace", None), BatchTrace):
-    axis = getattr(x, "batch_dim", None)
-    return axis if isinstance(axis, int) else None
-  return None
+  axis = getattr(x, "batch_dim", None)
+  return axis if isinstance(getattr(x, "_trace", None), BatchTrace) and \
+      isinstance(axis, int) else None
 
 
 def _differentiated(x: Any) -> bool:
@@ -335,6 +302,7 @@ class CallRecorder:
     self._saved: list[tuple[Any, Any]] = []
     self._watched: weakref.WeakSet = weakref.WeakSet()
     self._jvps_seen = -1
+    self._arrived: list[tuple[RecordedRule, Sample]] = []  # (`_when_run`)
 
   def watch(self) -> None:
     """Wraps the ``bind`` of `library_primitives` registered since."""
@@ -346,18 +314,18 @@ class CallRecorder:
 
   def install(self) -> None:
     """Wraps the four ``__call__`` methods (idempotent), and `watch`."""
-    if self._saved:
-      return
-    for cls, kind in ((jax.custom_jvp, "jax.custom_jvp"),
-                      (jax.custom_vjp, "jax.custom_vjp"),
-                      (_common.Decorated, None), (primitive.HiPrim, "HiPrim")):
-      original = cls.__dict__["__call__"]
-      self._saved.append((cls, original))
-      setattr(cls, "__call__", self._wrap(original, kind))
+    for cls, kind in () if self._saved else (
+        (jax.custom_jvp, "jax.custom_jvp"), (jax.custom_vjp, "jax.custom_vjp"),
+        (_common.Decorated, None), (primitive.HiPrim, "HiPrim")):
+      self._saved.append((cls, cls.__dict__["__call__"]))
+      setattr(cls, "__call__", self._wrap(self._saved[-1][1], kind))
     self.watch()
 
   def remove(self) -> None:
     """Restores what `install` and `watch` wrapped."""
+    with contextlib.suppress(Exception):  # (a test's callback that failed)
+      jax.effects_barrier()  # (the values `_when_run` still sends)
+    self._take_arrived()
     while self._saved:
       cls, original = self._saved.pop()
       setattr(cls, "__call__", original)
@@ -366,16 +334,12 @@ class CallRecorder:
     self._watched, self._jvps_seen = weakref.WeakSet(), -1
 
   def _wrap(self, original, kind: str | None, prim: Any = None):
-    record = self.record
-
     @functools.wraps(original)
     def __call__(*args, **kwargs):  # noqa: N807
       __tracebackhide__ = True  # pylint: disable=unused-variable
-      if prim is None:
-        sample = record(kind or f"hijax.{args[0].kind}", args[0], args[1:],
-                        kwargs)
-      else:
-        sample = record("Primitive", PrimitiveCall(prim, kwargs), args, {})
+      sample = (self.record(kind or f"hijax.{args[0].kind}", args[0],
+                            args[1:], kwargs) if prim is None else
+                self.record("Primitive", PrimitiveCall(prim, kwargs), args, {}))
       start = time.process_time()
       try:
         out = original(*args, **kwargs)
@@ -386,8 +350,46 @@ class CallRecorder:
         raise
       if sample is not None:
         sample.seconds = time.process_time() - start
+        if prim is not None and sample.source == "traced" and not any(
+            _batch_axis(a) is not None for a in args):
+          self._when_run(sample, args)
       return out
     return __call__
+
+  def _when_run(self, sample: Sample, args: tuple) -> None:
+    """Has a primitive's bind traced inside ``jit`` (not under ``vmap``),
+    whose types a kept sample has without values, send its inputs' values
+    when the program first runs (`jax.debug.callback`); they replace the
+    types at the next call recorded."""
+    rule = self._known.get(sample.fn.prim)
+    if rule is None or sample.size > MAX_ELEMENTS or not any(
+        s.signature == sample.signature and not s.concrete
+        for s in rule.samples.values()):
+      return
+    arrays = [x for x, kept in zip(jax.tree.leaves((args, {})),
+                                   sample.leaves) if kept is not None]
+    sent = []
+
+    def arrived(*values):
+      if self._saved and not sent:
+        it = iter(values)
+        sent.append(dataclasses.replace(
+            sample, source="traced, values at run time", leaves=[
+                x if x is None else np.array(next(it))
+                for x in sample.leaves]))
+        self._arrived.append((rule, sent[0]))
+    try:
+      jax.debug.callback(arrived, *arrays)
+    except Exception as e:  # pylint: disable=broad-except  (never break a test)
+      self.errors.append(f"{rule.identity.name}: values at run time: {e}")
+
+  def _take_arrived(self) -> None:
+    while self._arrived:
+      rule, sample = self._arrived.pop()
+      sample.region = _region(sample.leaves)
+      self._keep(rule, sample)
+      rule.full = (len(rule.samples) >= self.max_samples
+                   and all(s.concrete for s in rule.samples.values()))
 
   def record(self, kind: str, obj: Any, args: tuple,
              kwargs: dict) -> Sample | None:
@@ -395,6 +397,7 @@ class CallRecorder:
     start, sample = time.perf_counter(), None
     self.calls += 1
     try:
+      self._take_arrived()
       rule = self._rule_of(kind, obj)
       if rule is not None:
         rule.calls += 1
@@ -429,19 +432,18 @@ class CallRecorder:
   def _sample(self, rule: RecordedRule, obj: Any, args: tuple,
               kwargs: dict) -> Sample | None:
     nondiff = getattr(obj, "nondiff_argnums", ())
-    if nondiff:
-      if kwargs:  # keywords that name positions (as JAX resolves them)
-        bound = inspect.signature(rule.identity.fun).bind(*args, **kwargs)
-        args, kwargs = bound.args, bound.kwargs
-      args = tuple(_Static(a) if i in nondiff else a
-                   for i, a in enumerate(args))
-    flat, treedef = jax.tree.flatten((args, kwargs))
+    if nondiff and kwargs:  # keywords that name positions (as JAX does)
+      bound = inspect.signature(rule.identity.fun).bind(*args, **kwargs)
+      args, kwargs = bound.args, bound.kwargs
+    flat, treedef = jax.tree.flatten((tuple(
+        _Static(a) if i in nondiff else a for i, a in enumerate(args)),
+                                      kwargs))
     leaves, statics, sources, axes, diff = [], {}, set(), [], []
     for i, x in enumerate(flat):
       kept, source = _leaf_of(x)
+      if source == "static" and isinstance(x, core.Tracer):
+        return None  # a traced value of a type that cannot be drawn
       if source == "static":
-        if isinstance(x, core.Tracer):
-          return  # a traced value of a type that cannot be drawn
         statics[i] = _unwrap_static(x)
       else:
         axes.append(_batch_axis(x))
@@ -450,10 +452,9 @@ class CallRecorder:
       leaves.append(kept)
     rule.differentiated.setdefault(treedef, set()).update(
         i for i, d in enumerate(diff) if d)
-    if any(a is not None for a in axes):
-      patterns = rule.batched.setdefault(treedef, set())
-      if len(patterns) < 8:
-        patterns.add(tuple(axes))
+    patterns = rule.batched.setdefault(treedef, set())
+    if any(a is not None for a in axes) and len(patterns) < 8:
+      patterns.add(tuple(axes))
     signature = (treedef, tuple(None if x is None else (
         np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
                                for x in leaves))
@@ -474,13 +475,13 @@ class CallRecorder:
     return sample
 
   def _keep(self, rule: RecordedRule, sample: Sample) -> None:
-    """Keeps ``sample`` where that makes the samples more varied."""
+    """Keeps ``sample`` where that makes the samples more varied: a call
+    with values replaces one of the same types; else, once full, the one
+    whose place makes the samples most varied."""
     key, kept = (sample.signature, sample.test, sample.region), rule.samples
     same = [k for k, s in kept.items() if s.signature == sample.signature]
     if same and not sample.concrete:  # the same types: nothing new
       return
-    # a call with values replaces one of the same types; else, once full,
-    # the one whose place makes the samples most varied
     out = next((k for k in same if not kept[k].concrete), None)
     if out is None and key in kept:
       return
