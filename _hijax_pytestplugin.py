@@ -58,6 +58,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
       "--hijax-rules-json", default=None, metavar="PATH",
       help="write the results as JSON to PATH")
   group.addoption(
+      "--hijax-values-inside-jit", action="store_true", default=False,
+      help="check a library primitive bound only inside jit at the values "
+      "its program ran with: while recording, its bind adds a "
+      "jax.debug.callback of its inputs to the tests' programs (a test that "
+      "reads a jaxpr or exports a program sees it)")
+  group.addoption(
       "--hijax-rules-include-jax", action="store_true", default=False,
       help="also check the rules defined in JAX, jaxlib and hijax themselves "
       "(recorded but not checked by default: their own test suites check "

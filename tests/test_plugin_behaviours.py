@@ -773,10 +773,10 @@ def test_binds():
 
 def test_a_library_primitive_bound_only_inside_jit_is_checked_at_run_time(
     suite):
-  """Bound only inside jit, a primitive's inputs are types; while
-  recording, the program sends the values it runs with back (a debug
-  callback), and the primitive is checked at them: the wrong jvp fails,
-  named, the right one passes."""
+  """Bound only inside jit, a primitive's inputs are types; with
+  --hijax-values-inside-jit, while recording, the program sends the values
+  it runs with back (a debug callback), and the primitive is checked at
+  them: the wrong jvp fails, named, the right one passes."""
   suite.makepyfile(primlib=PRIMITIVES, test_jitted='''
 import jax, jax.numpy as jnp
 import primlib
@@ -785,7 +785,7 @@ def test_solves():
     grad = jax.jit(jax.grad(lambda x: p.bind(x).sum()))
     assert grad(jnp.array([0.2, 0.3])).shape == (2,)
 ''')
-  result, rules = _rules(suite)
+  result, rules = _rules(suite, "--hijax-values-inside-jit")
   assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
   assert {name: r["verdict"] for name, r in rules.items()} == {
       "right_sin": "passed", "wrong_sin": "failed"}, rules
@@ -794,6 +794,33 @@ def test_solves():
         (["f32[2]"], "traced, values at run time")], rule
   assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
   assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
+
+
+def test_the_tests_programs_are_left_as_they_are(suite):
+  """Recording adds nothing to what the tests trace: a test that reads a
+  jitted bind's jaxpr passes with the plugin on, and the primitive is not
+  checked, with the reason and the option that checks it. That option
+  (--hijax-values-inside-jit) adds a callback to the tests' programs: the
+  same test then fails (its jaxpr has the callback too)."""
+  suite.makepyfile(primlib=PRIMITIVES, test_jaxpr='''
+import jax, jax.numpy as jnp
+import primlib
+def test_one_equation():
+  f = jax.jit(lambda x: primlib.right_sin_p.bind(x))
+  inner = jax.make_jaxpr(f)(jnp.ones(2)).eqns[0].params["jaxpr"]
+  assert [e.primitive.name for e in inner.eqns] == ["right_sin"], inner
+  f(jnp.array([0.2, 0.3]))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+  (sample,) = rules["right_sin"]["inputs"]
+  assert sample["verdict"] == "not checked", sample
+  assert sample["detail"].startswith("bound inside jit (values unknown)")
+  assert "--hijax-values-inside-jit" in sample["detail"], sample
+  result, rules = _rules(suite, "--hijax-values-inside-jit")
+  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+  result.stdout.fnmatch_lines(["FAILED*test_one_equation*"])
+  assert "debug_callback" in result.stdout.str()
 
 
 # a solve whose impl reads a state computed from its operator (as lineax's

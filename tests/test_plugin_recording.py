@@ -195,7 +195,8 @@ def test_a_primitive_bound_inside_jit_gets_the_values_its_program_ran_with(
     recorder):
   """Traced inside jit, a library primitive's bind sends its inputs back
   when the program runs (taken in at the next call or at `remove`); a
-  program that never runs leaves the types."""
+  program that never runs leaves the types (with ``values_inside_jit``,
+  --hijax-values-inside-jit)."""
   from jax.extend.core import Primitive
   from jax.interpreters import ad, mlir
   p = Primitive("thirds")
@@ -204,6 +205,7 @@ def test_a_primitive_bound_inside_jit_gets_the_values_its_program_ran_with(
   mlir.register_lowering(p, mlir.lower_fun(lambda x: x / 3,
                                            multiple_results=False))
   ad.primitive_jvps[p] = lambda x, t: (p.bind(*x), p.bind(*t))
+  recorder.values_inside_jit = True
   try:
     recorder.watch()
     jax.eval_shape(jax.jit(lambda x: p.bind(x)), jnp.ones(3))

@@ -272,10 +272,10 @@ def check_rule(rule: RecordedRule, seconds: float,
 def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
   """Why a primitive's ``sample`` cannot be checked ("" if it can)."""
   if not sample.concrete:
-    return ("bound inside jit (values unknown): no program binding it ran "
-            "in the tests, and a primitive's inputs may depend on each other "
-            "(a solver's state on its operator), so drawn values would judge "
-            "nothing")
+    return ("bound inside jit (values unknown): a primitive's inputs may "
+            "depend on each other (a solver's state on its operator), so "
+            "drawn values would judge nothing; --hijax-values-inside-jit "
+            "checks it at the values its program ran with")
   if rule.refused:
     return ("differentiating it raised in the tests too: not "
             "differentiable on purpose")

@@ -102,7 +102,8 @@ class RuleCheckPlugin:
     self.fail_on = str(opt("hijax_rules_fail_on"))
     self.json_path = opt("hijax_rules_json")
     self.recorder = CallRecorder(int(str(opt("hijax_rules_samples"))),
-                                 bool(opt("hijax_rules_include_jax")))
+                                 bool(opt("hijax_rules_include_jax")),
+                                 bool(opt("hijax_values_inside_jit")))
     self.results: list[RuleResult] = []
     self.unresolved: list[str] = []
     self.declared: list[tuple[str, str]] = []  # (target, what)

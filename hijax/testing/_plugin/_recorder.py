@@ -287,11 +287,13 @@ def _leaf_of(x: Any) -> tuple[Any, str]:
 
 class CallRecorder:
   """Records the calls of custom rules while installed (``include_jax``:
-  JAX's and hijax's too, else counted in `skipped_rules`)."""
+  JAX's and hijax's too, else counted in `skipped_rules`; ``values_inside_jit``:
+  see `_when_run`)."""
 
-  def __init__(self, samples: int = 3, include_jax: bool = False) -> None:
+  def __init__(self, samples: int = 3, include_jax: bool = False,
+               values_inside_jit: bool = False) -> None:
     self.max_samples = max(1, samples)
-    self.include_jax = include_jax
+    self.include_jax, self.values_inside_jit = include_jax, values_inside_jit
     self.rules: dict[Any, RecordedRule] = {}
     self.skipped_rules: set[Any] = set()  # out of scope, by key
     self.calls = 0
@@ -350,7 +352,8 @@ class CallRecorder:
         raise
       if sample is not None:
         sample.seconds = time.process_time() - start
-        if prim is not None and sample.source == "traced" and not any(
+        if self.values_inside_jit and prim is not None and (
+            sample.source == "traced") and not any(
             _batch_axis(a) is not None for a in args):
           self._when_run(sample, args)
       return out
