@@ -95,7 +95,7 @@ MODULE_TESTS.update({
     "testing/_foreign_words.py": ["tests/test_testing_words.py", *TESTING],
     "testing/_surrogate.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_context.py": ["tests/test_testing_verdicts.py", *TESTING],
-    "testing/_nzs_out.py": TESTING,
+    "testing/_nzs_out.py": ["tests/test_testing_nzs_out_mutants.py", *TESTING],
     "testing/_record.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_device.py": ["tests/test_testing_device.py", *TESTING],
     "testing/_batching.py": TESTING,
