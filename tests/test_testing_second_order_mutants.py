@@ -26,6 +26,9 @@ def test_the_backward_pass_and_the_tangent_map_are_both_differentiated_again():
   again = [r for r in report.ran if "differentiated again" in r]
   assert any("backward pass" in r for r in again), report.ran
   assert any("tangent map" in r for r in again), report.ran
+  # forward over reverse is the backward pass's fallback, not the tangent map's
+  assert not any("tangent map" in r and "forward over reverse" in r
+                 for r in again), again
 
 
 def test_only_the_modes_asked_for_are_differentiated_again():
@@ -34,6 +37,7 @@ def test_only_the_modes_asked_for_are_differentiated_again():
   report = check_rules(zoo.tanh, X, modes=("vjp", "second_order"))
   again = [r for r in report.ran if "differentiated again" in r]
   assert again and all("backward pass" in r for r in again), report.ran
+  assert not any("on the tangent map" in r for r in report.ran), report.ran
   report = check_rules(zoo.tanh, X, modes=("jvp", "second_order"))
   again = [r for r in report.ran if "differentiated again" in r]
   assert again and all("tangent map" in r for r in again), report.ran
