@@ -15,12 +15,19 @@ repeats within one process).
 A cache hit skips only XLA's compilation of an identical program (the key is
 the program, the JAX and jaxlib versions and the compile options): tracing,
 lowering, every rule and every execution happen as without it.
+
+`check_rules`' time budget counts this process's CPU time here, not the wall
+clock: on a loaded machine (two test workers, a second session beside them)
+the wall clock ran four times faster than a worker's CPU, and checks that
+pass on a quiet machine ended "skipped for time". The tests of the budget
+itself run on clocks of their own (tests/test_testing_budget.py).
 """
 import importlib.util
 import os
 import shutil
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -37,6 +44,8 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", _PRIVATE_DIR)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  from hijax.testing import _budget
+  _budget._clock = time.process_time
 
 
 def pytest_unconfigure(config):
