@@ -96,7 +96,6 @@ MODULE_TESTS.update({
     "testing/_foreign_words.py": ["tests/test_testing_words.py", *TESTING],
     "testing/_context.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_nzs_out.py": TESTING,
-    "testing/_record.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_device.py": ["tests/test_testing_device.py", *TESTING],
     "testing/_batching.py": TESTING,
     "testing/_second_order.py": ["tests/test_testing_jax_rules.py", *TESTING],

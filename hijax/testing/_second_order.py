@@ -14,11 +14,11 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 
+from hijax.testing._checks import check_identity
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext, Part, derivative_part
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
-from hijax.testing._record import check_identity
 
 def _backward_pass(f, ybar):
   """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs
@@ -103,11 +103,9 @@ def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
   bound = {}
   if ctx.compiled.has(_again_part(mode)):
     bound[derivative_part(mode, tuple(range(len(xs))))] = (
-        ctx.compiled, _again_part(mode),
-                                            (vector,))
+        ctx.compiled, _again_part(mode), (vector,))
   compiled = Compiled(g, xs, ctx.settings.jit, budget=ctx.settings.budget,
-                      evaluate_one=evaluate_one,
-                      bound=bound)
+                      evaluate_one=evaluate_one, bound=bound)
   return ctx.sub(g, xs, names, ctx.prims, label=ctx.label, per_leaf=False,
                  fd_scale=scale, prepared=compiled)
 
@@ -198,31 +196,25 @@ def _derived_functions(ctx: CheckContext, modes):
   ``prim_fn``, as functions."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
-  xs = [ctx.leaves[i] for i in direction]
+  xs = ctx.xs_of(direction)
   x_names = [ctx.leaf_names[i] for i in direction]
   out_names = [ctx.out_names[i] for i in ctx.out_float_idx]
   rng = ctx.rng.spawn(1)[0]
   n = len(xs)
-  derived = []
-  if ctx.has("jvp") and "jvp" in modes:
-    derived.append((
-        "jvp", "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
-        lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
-        xs + [ctx.random_like(x, rng) for x in xs],
-        x_names + [f"ṫ for {m}" for m in x_names]))
-  if ctx.has("vjp") and "vjp" in modes:
-    derived.append((
-        "vjp", "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
-        lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
-        xs + [ctx.random_like(y, rng) for y in ctx.zeros_like_outputs()],
-        x_names + [f"ȳ for {m}" for m in out_names]))
-  if ctx.has("lin") and "lin" in modes:
-    derived.append((
-        "lin", "the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
-        lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
-        xs + [ctx.random_like(x, rng) for x in xs],
-        x_names + [f"ṫ for {m}" for m in x_names]))
-  return derived
+  kinds = {  # what, the function, its vectors' templates, their names
+      "jvp": ("the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
+              lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
+              lambda: xs, [f"ṫ for {m}" for m in x_names]),
+      "vjp": ("the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
+              lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
+              ctx.zeros_like_outputs, [f"ȳ for {m}" for m in out_names]),
+      "lin": ("the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
+              lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
+              lambda: xs, [f"ṫ for {m}" for m in x_names])}
+  return [(kind, what, g, xs + [ctx.random_like(v, rng) for v in like()],
+           x_names + v_names)
+          for kind, (what, g, like, v_names) in kinds.items()
+          if ctx.has(kind) and kind in modes]
 
 
 @dataclasses.dataclass
