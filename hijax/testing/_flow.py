@@ -320,9 +320,8 @@ def stopped(ctx: CheckContext, plan, e: BudgetSpent):
   if not report.required:
     report.required = required_rules(ctx, plan)
   done = set(report.modes_run)
-  report.skipped_for_time.append(f"the run stopped: {e}")
-  report.skipped_for_time += [f"{mode}: the checks not yet run" for mode in
-                              plan if mode not in done]
+  report.skipped_for_time += [f"the run stopped: {e}"] + [
+      f"{mode}: the checks not yet run" for mode in plan if mode not in done]
 
 
 def inner_first(ctx: CheckContext, report: RuleReport):

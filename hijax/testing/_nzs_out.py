@@ -26,15 +26,6 @@ def _nz_in(x) -> bool:
     return False
 
 
-def _tangent_like(ctx, x):
-  """A random tangent for an argument leaf (of a hi value: of its tangent
-  type)."""
-  aval = _core.typeof(x)
-  if not isinstance(aval, _core.ShapedArray):
-    aval = aval.to_tangent_aval()
-  return on_device(ctx.rng.standard_normal(aval.shape).astype(aval.dtype))
-
-
 def _prim_jvp(prim, direction, p_leaves, tangents):
   """``jax.jvp`` of ``prim`` at its argument leaves ``p_leaves``, along
   ``tangents`` for the leaves in ``direction``."""
@@ -60,7 +51,11 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   if not direction:
     return {}
   if "jvp" in defined_rules(prim):
-    tangents = [_tangent_like(ctx, p_leaves[i]) for i in direction]
+    # random tangents (for a hi value: of its tangent type)
+    avals = [_core.typeof(p_leaves[i]) for i in direction]
+    tangents = [on_device(ctx.rng.standard_normal(a.shape).astype(a.dtype))
+                for a in (a if isinstance(a, _core.ShapedArray)
+                          else a.to_tangent_aval() for a in avals)]
     # compiled (one program, not one per operation), else eagerly
     for how in ([_prim_jvp_compiled] if ctx.settings.jit else []) + [_prim_jvp]:
       try:
