@@ -97,7 +97,6 @@ MODULE_TESTS.update({
     "testing/_context.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_nzs_out.py": ["tests/test_testing_nzs_out_mutants.py",
                             "tests/test_testing_compiles.py", *TESTING],
-    "testing/_record.py": ["tests/test_testing_verdicts.py", *TESTING],
     "testing/_device.py": ["tests/test_testing_device.py", *TESTING],
     "testing/_batching.py": ["tests/test_testing_batching_mutants.py",
                              "tests/test_testing_compiles.py", *TESTING],

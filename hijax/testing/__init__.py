@@ -82,9 +82,9 @@ from __future__ import annotations
 
 # Its modules, each importing only those before it: _foreign_words (others'
 # errors recognized), _report, _numerics, _finite_diff, _discovery
-# (the jaxpr walk, surrogates), _budget, _compiled, _record (the identity
-# of backward rules), _context (the point checked, what the checks record),
-# _nzs_out, _checks, _batching, _second_order, _device (the accelerator's
+# (the jaxpr walk, surrogates), _budget, _compiled, _context (the point
+# checked, what the checks record), _nzs_out, _checks (with the identity of
+# backward rules), _batching, _second_order, _device (the accelerator's
 # half), _flow (one run), _api.
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules

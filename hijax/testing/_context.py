@@ -16,8 +16,7 @@ import numpy as np
 from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
 from hijax.testing._compiled import Compiled, Part, derivative_part
-from hijax.testing._discovery import (Surrogates, application_types,
-                                      applications, defined_rules)
+from hijax.testing._discovery import Surrogates, applications, defined_rules
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
@@ -271,12 +270,6 @@ class CheckContext:
         else "")
 
   @functools.cached_property
-  def application_types(self) -> list[tuple]:
-    """Each primitive ``prim_fn`` applies outside loops and branches, with
-    its arguments' types (see `applications`)."""
-    return application_types(self.prim_fn, self.args)
-
-  @functools.cached_property
   def application_values(self) -> list:
     """The arguments of each primitive applied outside loops and branches."""
     def application_inputs(*args):
@@ -353,18 +346,22 @@ class CheckContext:
 
   def fd(self, direction) -> FDEstimate:
     """Central differences along ``direction`` (once per direction); the
-    elements they cannot judge are reported."""
+    elements they cannot judge are reported (the first few named)."""
     if direction not in self._fd:
       xs = [self.leaves[i] for i in direction]
-      est = self.fd_along(direction, scaled_tangents(self.rng, xs))
-      self._fd[direction] = est
-      where = self.describe_direction(direction)
+      est = self._fd[direction] = self.fd_along(
+          direction, scaled_tangents(self.rng, xs))
+      names = [self.out_names[i] for i in self.out_float_idx]
       for verdict, reason in REASONS.items():
-        n = est.count(verdict)
-        if n:
+        at = [name + (str(tuple(int(i) for i in idx)) if s.ndim else "")
+              for name, s in zip(names, est.status)
+              for idx in np.argwhere(s == verdict)[:3]]
+        if at:
           self.report.inconclusive.append(
-              f"{self.label}finite differences ({where}): {n} output "
-              f"element(s) {reason}" + self._which(est, verdict)
+              f"{self.label}finite differences "
+              f"({self.describe_direction(direction)}): {est.count(verdict)} "
+              f"output element(s) {reason} (at {', '.join(at[:3])}"
+              f"{', ...' if len(at) > 3 else ''})"
               + (": compared with that bound only" if verdict == BOUNDED
                  else ": not compared with finite differences"))
     return self._fd[direction]
@@ -400,17 +397,6 @@ class CheckContext:
     if self._ref_out is None:  # the point was evaluated with the others
       self._ref_out = tuple(on_device(y) for y in est.center)
     return est
-
-  def _which(self, est, verdict) -> str:
-    """`` at out[1] (0,)``: where the first few elements with ``verdict``
-    are."""
-    names = [self.out_names[i] for i in self.out_float_idx]
-    where = []
-    for name, status in zip(names, est.status):
-      for idx in np.argwhere(status == verdict)[:3]:
-        where.append(name + (str(tuple(int(i) for i in idx))
-                             if status.ndim else ""))
-    return f" (at {', '.join(where[:3])}{', ...' if len(where) > 3 else ''})"
 
   # -- the transformations under test: parts of the compiled program --
 

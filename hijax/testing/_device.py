@@ -144,46 +144,27 @@ def multiplies_matrices(part) -> bool:
   return "stablehlo.dot" in text or "stablehlo.convolution" in text
 
 
-def rounded(args, dtypes):
+def rounded(args, like):
   """``args`` (a part's arguments, a pytree) with each floating leaf cast to
-  the dtype at the same position of ``dtypes`` (a list of leaf dtypes)."""
+  the dtype of the leaf at the same position of ``like`` where that one is
+  floating too."""
   leaves, tree = jax.tree.flatten(args)
-  out = []
-  for x, d in zip(leaves, dtypes):
-    x = np.asarray(x)
-    out.append(x.astype(d) if is_float(x) and d is not None else x)
-  return jax.tree.unflatten(tree, out)
+  return jax.tree.unflatten(tree, [
+      np.asarray(x).astype(np.asarray(d).dtype) if is_float(x) and is_float(d)
+      else np.asarray(x) for x, d in zip(leaves, jax.tree.leaves(like))])
 
 
-def float_dtypes(args) -> list:
-  """The dtype of each leaf of ``args`` (None for a non-floating one)."""
-  return [np.asarray(x).dtype if is_float(x) else None
-          for x in jax.tree.leaves(args)]
-
-
-def _mode_of(key, ctx) -> tuple[str, str]:
-  """The mode and rule a part of the checks' program belongs to."""
+def _part_of(key, ctx) -> tuple[int, str, str, str]:
+  """A part of the checks' program: its rank (compared first: the function,
+  then a rule before what builds on it), its mode, its rule, what it is."""
   if key == "points":
-    return "expand", ctx.rule_name("expand")
+    return 0, "expand", ctx.rule_name("expand"), "the function"
   if isinstance(key, Part):
-    return key.mode, ctx.rule_name(key.rule)
+    return (MODES.index(key.mode), key.mode, ctx.rule_name(key.rule),
+            key.describe())
   # a derived function's part, ``((..., kind), key)``: its kind's rule
-  return "second_order", ctx.rule_name(key[0][-1])
-
-
-def _describe_part(key) -> str:
-  if key == "points":
-    return "the function"
-  if isinstance(key, Part):
-    return key.describe()
-  return f"the second-order part {key!r}"
-
-
-def _rank(key) -> int:
-  """Compared first: the function, then a rule before what builds on it."""
-  if key == "points":
-    return 0
-  return MODES.index(key.mode) if isinstance(key, Part) else len(MODES)
+  return (len(MODES), "second_order", ctx.rule_name(key[0][-1]),
+          f"the second-order part {key!r}")
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -225,13 +206,12 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
   dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
   where = describe(device, dtype)
   keys = [k for k in host_bundle.seen if k in bundle.parts]
-  keys.sort(key=_rank)  # the function first, a rule before its batching
+  keys.sort(key=lambda k: _part_of(k, ctx)[0])
   measured = dict(calibrate(device, dtype))
   inputs = ctx.describe_inputs()
   with_products = set()  # the parts judged at the products' tolerance
   for key in keys:
-    mode, rule = _mode_of(key, ctx)
-    what = _describe_part(key)
+    _, mode, rule, what = _part_of(key, ctx)
     check = (f"on {where.split(' (')[0]}: {what} in {dtype.name} vs the "
              "host's float64")
     if ctx.out_of_time(mode, check):
@@ -240,10 +220,10 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     try:
       got, want = [], []
       for call in host_bundle.seen[key]:
-        args = rounded(call, float_dtypes(template))
+        args = rounded(call, template)
         with jax.default_device(device), jax.enable_x64(device_x64):
           got += _values(bundle.run(key, args))
-        want += _values(host_run(key, rounded(args, float_dtypes(call))))
+        want += _values(host_run(key, rounded(args, call)))
     except Exception as e:  # pylint: disable=broad-except
       if key in host_bundle.raised:
         continue  # the host half judged it (a failure, or a rule's refusal)
@@ -293,11 +273,6 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
           f"{k} {v:.0f}" for k, v in measured.items()) + ")")
 
 
-def _upcast(args):
-  return jax.tree.map(lambda x: wide(x) if is_float(x) else np.asarray(x),
-                      args)
-
-
 def _x64(own_dtype) -> bool:
   """Whether the device's half runs with float64 enabled: only for float64
   inputs (else a constant the function makes would come out float64)."""
@@ -337,7 +312,8 @@ def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
              for a, b in zip(jax.tree.leaves(own), ctx.leaves))
   if host64 and not same:
     with host_settings():
-      reference, _ = make_context(_upcast(own), "float64")
+      reference, _ = make_context(jax.tree.map(
+          lambda x: wide(x) if is_float(x) else np.asarray(x), own), "float64")
       add_parts(reference, plan)
     reference.compiled.bundle.seen = ctx.compiled.bundle.seen
 

@@ -96,25 +96,15 @@ def candidate_steps(dtypes, eps=None) -> list[float]:
   return [2.0 ** -k for k in range(k0, max(k0, k1) + 1, 2)]
 
 
-def _exact_shift(x, d):
-  """``x + d`` in ``x``'s dtype, or None if it rounds."""
-  wide = np.complex128 if np.iscomplexobj(x) else np.float64
-  x64 = np.asarray(x).astype(wide)
-  y = (x64 + d).astype(np.asarray(x).dtype)
-  with np.errstate(invalid="ignore", over="ignore"):
-    if not np.array_equal(y.astype(wide) - x64, d):
-      return None
-  return y
-
-
 def shifted(xs, ts, h):
   """``x + h t`` for each leaf, or None if one would round."""
   out = []
   for x, t in zip(xs, ts):
-    wide = np.complex128 if np.iscomplexobj(t) else np.float64
-    y = _exact_shift(x, h * np.asarray(t).astype(wide))
-    if y is None:
-      return None
+    x64, d = wide(x), h * wide(t)
+    y = (x64 + d).astype(np.asarray(x).dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+      if not np.array_equal(wide(y) - x64, d):
+        return None
     out.append(y)
   return out
 

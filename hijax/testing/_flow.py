@@ -69,11 +69,10 @@ def in_dtype(x, dtype):
   """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
   precision if complex), else in its own dtype, without a weak type."""
   own = jnp.result_type(x)
-  if jnp.issubdtype(own, jnp.inexact):
-    if jnp.issubdtype(own, jnp.complexfloating):
-      dtype = jnp.result_type(dtype, jnp.complex64)
-    return on_device(np.asarray(x), dtype)
-  return on_device(np.asarray(x), own)
+  if jnp.issubdtype(own, jnp.complexfloating):
+    dtype = jnp.result_type(dtype, jnp.complex64)
+  return on_device(np.asarray(x), dtype if jnp.issubdtype(own, jnp.inexact)
+                   else own)
 
 
 def _in_own_dtypes(args):
@@ -321,10 +320,8 @@ def stopped(ctx: CheckContext, plan, e: BudgetSpent):
   if not report.required:
     report.required = required_rules(ctx, plan)
   done = set(report.modes_run)
-  report.skipped_for_time.append(
-      f"the run stopped: {e}")
-  report.skipped_for_time += [f"{mode}: the checks not yet run" for mode in
-                              plan if mode not in done]
+  report.skipped_for_time += [f"the run stopped: {e}"] + [
+      f"{mode}: the checks not yet run" for mode in plan if mode not in done]
 
 
 def inner_first(ctx: CheckContext, report: RuleReport):

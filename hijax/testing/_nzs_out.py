@@ -8,7 +8,7 @@ import numpy as np
 from hijax._internals import api as _api
 from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
-from hijax.testing._discovery import defined_rules
+from hijax.testing._discovery import application_types, defined_rules
 from hijax.testing._numerics import (describe_leaf, is_float, on_device,
                                      ulp_factor)
 from hijax.testing._report import RuleReport
@@ -24,15 +24,6 @@ def _nz_in(x) -> bool:
     return is_float(aval.to_tangent_aval())
   except Exception:  # pylint: disable=broad-except
     return False
-
-
-def _tangent_like(ctx, x):
-  """A random tangent for an argument leaf (of a hi value: of its tangent
-  type)."""
-  aval = _core.typeof(x)
-  if not isinstance(aval, _core.ShapedArray):
-    aval = aval.to_tangent_aval()
-  return on_device(ctx.rng.standard_normal(aval.shape).astype(aval.dtype))
 
 
 def _prim_jvp(prim, direction, p_leaves, tangents):
@@ -57,25 +48,22 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   where nothing can differentiate them."""
   p_leaves = jax.tree.leaves(p_args)
   direction = tuple(i for i, x in enumerate(p_leaves) if _nz_in(x))
-  hi = any(not isinstance(_core.typeof(x), _core.ShapedArray)
-           for x in p_leaves) or any(
-               not isinstance(a, _core.ShapedArray) for a in prim.out_avals_flat)
   if not direction:
     return {}
   if "jvp" in defined_rules(prim):
-    tangents = [_tangent_like(ctx, p_leaves[i]) for i in direction]
-
-    out = None
+    # random tangents (for a hi value: of its tangent type)
+    avals = [_core.typeof(p_leaves[i]) for i in direction]
+    tangents = [on_device(ctx.rng.standard_normal(a.shape).astype(a.dtype))
+                for a in (a if isinstance(a, _core.ShapedArray)
+                          else a.to_tangent_aval() for a in avals)]
     # compiled (one program, not one per operation), else eagerly
     for how in ([_prim_jvp_compiled] if ctx.settings.jit else []) + [_prim_jvp]:
       try:
         out, t_out = how(prim, direction, list(p_leaves), list(tangents))
-        break
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         continue
-    if out is not None:
       result = {}
-      outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)  # pyright: ignore[reportPossiblyUnboundVariable]
+      outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)
       for k in zero_outs:
         t = np.asarray(t_outs[k], np.float64) if k < len(t_outs) else None
         if t is None or t.size == 0:
@@ -89,7 +77,9 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
                              np.asarray(t_outs[k]).dtype) * scale
         result[k] = (float(np.max(np.abs(t))), allowed, "the jvp rule")
       return result
-  if hi:
+  if any(not isinstance(_core.typeof(x), _core.ShapedArray) for x in p_leaves
+         ) or any(not isinstance(a, _core.ShapedArray)
+                  for a in prim.out_avals_flat):  # a hi type
     return None
   sub = ctx.sub(lambda *a: prim(*a), p_args,
                 [f"leaf {i}" for i in range(len(p_leaves))], [prim],
@@ -146,7 +136,8 @@ def check_nzs_out(ctx: CheckContext, mode):
     found = ctx.application_values
     return found[j] if j < len(found) else None
 
-  for j, (prim, p_types) in enumerate(ctx.application_types):
+  for j, (prim, p_types) in enumerate(
+      application_types(ctx.prim_fn, ctx.args)):
     name = f"{type(prim).__name__}.{method}"
     p_leaves = jax.tree.leaves(p_types)
     nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(a) for a in p_leaves])

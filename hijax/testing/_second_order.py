@@ -14,11 +14,11 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 
+from hijax.testing._checks import check_identity
 from hijax.testing._compiled import Compiled
 from hijax.testing._context import CheckContext, Part, derivative_part
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
-from hijax.testing._record import check_identity
 
 def _backward_pass(f, ybar):
   """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs
@@ -51,16 +51,16 @@ def _first_derivatives(ctx: CheckContext):
   top = lambda vs: max([float(np.max(np.abs(np.asarray(v)))) for v in vs
                         if np.size(v)] or [0.0])
   y_top = top(ctx.ref_out())
-  if ctx.has("vjp") and "vjp" in ctx.requested:
-    ybar = tuple(ctx.random_like(y) for y in ctx.ref_out())
-    found.append(("vjp", "the backward pass x -> vjp(f, x)[1](ȳ)",
-                  _backward_pass(f, ybar), xs, names, y_top * top(ybar),
-                  lambda a: ctx.vjp_at(direction, ybar, xs=a)[1], ybar))
-  if ctx.has("jvp") and "jvp" in ctx.requested:
-    tdot = tuple(ctx.random_like(x) for x in xs)
-    found.append(("jvp", "the tangent map x -> jvp(f, x, ṫ)[1]",
-                  _tangent_map(f, tdot), xs, names, y_top * top(tdot),
-                  lambda a: ctx.jvp_at(direction, tdot, xs=a)[1], tdot))
+  for mode, what, like, make in (
+      ("vjp", "the backward pass x -> vjp(f, x)[1](ȳ)", ctx.ref_out,
+       _backward_pass),
+      ("jvp", "the tangent map x -> jvp(f, x, ṫ)[1]", lambda: xs,
+       _tangent_map)):
+    if ctx.has(mode) and mode in ctx.requested:
+      v = tuple(ctx.random_like(y) for y in like())  # ȳ, or ṫ
+      found.append((mode, what, make(f, v), xs, names, y_top * top(v),
+                    lambda a, mode=mode, v=v: ctx.derivative_at(
+                        mode, direction, v, xs=a)[1], v))
   return found
 
 
@@ -85,43 +85,34 @@ def _again_part(mode) -> Part:
 def add_second_order_parts(ctx: CheckContext):
   """Adds the vjp of the backward pass and the jvp of the tangent map (the
   checks of `check_differentiated_rules`) to ``ctx``'s compiled program."""
-  direction = tuple(ctx.float_idx)
-  xs = lambda: ctx.xs_of(direction)
-  if ctx.has("vjp") and "vjp" in ctx.requested:
-    ctx.compiled.add(_again_part("vjp"), _again(ctx, "vjp"), lambda: (
-        xs(), ctx.zeros_like_outputs(), ctx.zeros_like_inputs(direction)))
-  if ctx.has("jvp") and "jvp" in ctx.requested:
-    ctx.compiled.add(_again_part("jvp"), _again(ctx, "jvp"), lambda: (
-        xs(), ctx.zeros_like_inputs(direction),
-        ctx.zeros_like_inputs(direction)))
-
-
-def _context_of(ctx: CheckContext, mode, g, xs, names, scale, evaluate_one,
-                vector) -> CheckContext:
-  """The context of a first derivative ``g``, evaluated by the first-order
-  programs."""
-  bound = {}
-  if ctx.compiled.has(_again_part(mode)):
-    bound[derivative_part(mode, tuple(range(len(xs))))] = (
-        ctx.compiled, _again_part(mode),
-                                            (vector,))
-  compiled = Compiled(g, xs, ctx.settings.jit, budget=ctx.settings.budget,
-                      evaluate_one=evaluate_one,
-                      bound=bound)
-  return ctx.sub(g, xs, names, ctx.prims, label=ctx.label, per_leaf=False,
-                 fd_scale=scale, prepared=compiled)
+  d = tuple(ctx.float_idx)
+  vector = {"vjp": ctx.zeros_like_outputs,  # ȳ, else ṫ
+            "jvp": lambda: ctx.zeros_like_inputs(d)}
+  for mode in ("vjp", "jvp"):
+    if ctx.has(mode) and mode in ctx.requested:
+      ctx.compiled.add(_again_part(mode), _again(ctx, mode), lambda v=vector[
+          mode]: (ctx.xs_of(d), v(), ctx.zeros_like_inputs(d)))
 
 
 def check_differentiated_rules(ctx: CheckContext):
   """The rules' second derivatives against finite differences of the first."""
-  for mode, what, *derivative in _first_derivatives(ctx):
+  for mode, what, g, xs, names, scale, evaluate_one, vector in (
+      _first_derivatives(ctx)):
     inputs = ctx.describe_inputs(extra=f"differentiating {what}")
     check = f"{what}, differentiated again, vs its finite differences"
     rule = ctx.rule_name(mode)
     if ctx.out_of_time("second_order", check):
       continue
+    # the derivative's context, evaluated by the first-order programs
+    bound = {}
+    if ctx.compiled.has(_again_part(mode)):
+      bound[derivative_part(mode, tuple(range(len(xs))))] = (
+          ctx.compiled, _again_part(mode), (vector,))
     try:
-      sub = _context_of(ctx, mode, *derivative)
+      sub = ctx.sub(g, xs, names, ctx.prims, label=ctx.label, per_leaf=False,
+                    fd_scale=scale, prepared=Compiled(
+                        g, xs, ctx.settings.jit, budget=ctx.settings.budget,
+                        evaluate_one=evaluate_one, bound=bound))
       est = sub.fd(tuple(sub.float_idx))
     except Exception as e:  # pylint: disable=broad-except
       _raised(ctx, check, inputs, e, rule, what)
@@ -198,31 +189,25 @@ def _derived_functions(ctx: CheckContext, modes):
   ``prim_fn``, as functions."""
   direction = tuple(ctx.float_idx)
   f = ctx.restrict(direction)
-  xs = [ctx.leaves[i] for i in direction]
+  xs = ctx.xs_of(direction)
   x_names = [ctx.leaf_names[i] for i in direction]
   out_names = [ctx.out_names[i] for i in ctx.out_float_idx]
   rng = ctx.rng.spawn(1)[0]
   n = len(xs)
-  derived = []
-  if ctx.has("jvp") and "jvp" in modes:
-    derived.append((
-        "jvp", "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
-        lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
-        xs + [ctx.random_like(x, rng) for x in xs],
-        x_names + [f"ṫ for {m}" for m in x_names]))
-  if ctx.has("vjp") and "vjp" in modes:
-    derived.append((
-        "vjp", "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
-        lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
-        xs + [ctx.random_like(y, rng) for y in ctx.zeros_like_outputs()],
-        x_names + [f"ȳ for {m}" for m in out_names]))
-  if ctx.has("lin") and "lin" in modes:
-    derived.append((
-        "lin", "the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
-        lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
-        xs + [ctx.random_like(x, rng) for x in xs],
-        x_names + [f"ṫ for {m}" for m in x_names]))
-  return derived
+  kinds = {  # what, the function, its vectors' templates, their names
+      "jvp": ("the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
+              lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
+              lambda: xs, [f"ṫ for {m}" for m in x_names]),
+      "vjp": ("the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
+              lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
+              ctx.zeros_like_outputs, [f"ȳ for {m}" for m in out_names]),
+      "lin": ("the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
+              lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
+              lambda: xs, [f"ṫ for {m}" for m in x_names])}
+  return [(kind, what, g, xs + [ctx.random_like(v, rng) for v in like()],
+           x_names + v_names)
+          for kind, (what, g, like, v_names) in kinds.items()
+          if ctx.has(kind) and kind in modes]
 
 
 @dataclasses.dataclass
