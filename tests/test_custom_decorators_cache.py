@@ -200,7 +200,7 @@ def test_a_global_array_a_jvp_rule_reads_changed_between_grads_is_seen():
   f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
 
   @f.defjvp
-  def _(primals, tangents):
+  def rule(primals, tangents):
     (x,), (t,) = primals, tangents
     return f(x), t * jnp.cos(x) * _rule_w
   try:
@@ -217,7 +217,7 @@ def test_a_closure_cell_a_jvp_rule_reads_changed_between_grads_is_seen():
   f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
 
   @f.defjvp
-  def _(primals, tangents):
+  def rule(primals, tangents):
     (x,), (t,) = primals, tangents
     return f(x), t * jnp.cos(x) * w
   for new in (W, 3.0 * W, -W):
@@ -230,7 +230,7 @@ def test_a_jvp_rule_branching_on_a_value_is_run_on_the_values_each_grad():
   f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
 
   @f.defjvp
-  def _(primals, tangents):
+  def rule(primals, tangents):
     (x,), (t,) = primals, tangents
     sign = 1.0 if float(x[0]) > 0 else -1.0  # needs the value
     return f(x), sign * t * jnp.cos(x) * W
