@@ -72,12 +72,6 @@ def _instantiate(tree):
   return jax.tree.map(instantiate_zeros, tree, is_leaf=is_zero)
 
 
-def _tangent_examples(prim: HiPrim, nzs_flat):
-  return [jax.ShapeDtypeStruct(t.shape, t.dtype)
-          for t in (a.to_tangent_aval() for a, nz in
-                    zip(prim.in_avals_flat, nzs_flat) if nz)]
-
-
 # --- linearize_from_jvp -------------------------------------------------------------
 
 def _lin_from_jvp(self, nzs_in, *primals):
@@ -88,19 +82,27 @@ def _lin_from_jvp(self, nzs_in, *primals):
   to its tangent. A tangent that does not depend on them (a float0 tangent for
   "not differentiable", a constant) is a zero of the output's tangent type.
   """
+  out_flat, nzs_out_flat, consts, linear_map = linearize_flat(
+      self, jax.tree.leaves(nzs_in), jax.tree.leaves(primals))
+  return (jax.tree.unflatten(self.out_tree, out_flat),
+          (consts, Static(linear_map)),
+          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))
+
+
+def linearize_flat(self: HiPrim, nzs_flat: Any, primals_flat: Any) -> Any:
+  """`_lin_from_jvp` on leaves: (outs, nonzero flags, residuals, linear map)."""
   def jvp_flat(primals_flat, tangents_flat):
     out, t_out = self.jvp(jax.tree.unflatten(self.in_tree, primals_flat),
                           jax.tree.unflatten(self.in_tree, tangents_flat))
     return flatten_output(self, "jvp", out), _flatten_tangent(self, "jvp", t_out)
 
+  primals = jax.tree.unflatten(self.in_tree, primals_flat)
   debug = api_util.debug_info("linearize_from_jvp", self.jvp, (primals, primals),
                               {})
   out_flat, nzs_out_flat, consts, _, linear_map = ad.linearize_from_jvp(
-      lu.wrap_init(jvp_flat, debug_info=debug), True, jax.tree.leaves(nzs_in),
-      False, False, jax.tree.leaves(primals), {})
-  return (jax.tree.unflatten(self.out_tree, out_flat),  # pyright: ignore[reportArgumentType]
-          (consts, Static(linear_map)),
-          jax.tree.unflatten(self.out_tree, list(nzs_out_flat)))  # pyright: ignore[reportArgumentType]
+      lu.wrap_init(jvp_flat, debug_info=debug), True, nzs_flat, False, False,
+      primals_flat, {})
+  return out_flat, nzs_out_flat, consts, linear_map
 
 
 def _linearized_from_jvp(self, res, *tangents):
@@ -296,7 +298,8 @@ def _transposed_backward(self: HiPrim, nzs_flat, live, g_avals, res, sres,
 
 def _transpose_tangent_map(prim: HiPrim, nzs_flat, tangent_map, g):
   """Cotangents of the inputs, by transposing a function of the nonzero tangents."""
-  examples = _tangent_examples(prim, nzs_flat)
+  examples = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in (
+      a.to_tangent_aval() for a, nz in zip(prim.in_avals_flat, nzs_flat) if nz)]
   cts = iter(jax.linear_transpose(
       lambda *ts: _instantiate(tangent_map(*ts)), *examples)(_instantiate(g)))
   return jax.tree.unflatten(prim.in_tree, [next(cts) if nz else None
@@ -481,8 +484,6 @@ def _install_circularity_check(cls):
         f"{cls.__name__} sets both `jvp = jvp_from_lin` and `lin, linearized = "
         "linearize_from_jvp`: each rule would be derived from the other. Write "
         "`jvp` or `lin`/`linearized` by hand")
-
-
   if cls.jvp is jvp_from_vjp and (
       cls.vjp_fwd is _vjp_fwd_from_jvp
       or cls.vjp_fwd is _vjp_fwd_from_lin and cls.lin is _lin_from_jvp):

@@ -182,3 +182,59 @@ def test_a_rule_redefined_is_used_at_the_next_call():
   np.testing.assert_allclose(_value_and_grad(f)[1], jnp.cos(X) * W)
   f.defvjp(lambda x: (f(x), x), lambda x, g: (g * 0.0,))
   np.testing.assert_allclose(_value_and_grad(f)[1], 0.0 * X)
+
+
+# An eager ``grad`` of a custom_jvp keeps, from the second call on, the
+# linearization of its rule: a change of what the rule alone reads (the
+# function does not) is seen at the next call.
+_rule_w = W
+
+
+def _grad_is(f, w):
+  np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(f(x)))(X),
+                             jnp.cos(X) * w, rtol=1e-6)
+
+
+def test_a_global_array_a_jvp_rule_reads_changed_between_grads_is_seen():
+  global _rule_w
+  f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
+
+  @f.defjvp
+  def rule(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return f(x), t * jnp.cos(x) * _rule_w
+  try:
+    for w in (W, 3.0 * W, -W):
+      _rule_w = w
+      for _ in range(3):  # the third call runs what the second kept
+        _grad_is(f, w)
+  finally:
+    _rule_w = W
+
+
+def test_a_closure_cell_a_jvp_rule_reads_changed_between_grads_is_seen():
+  w = W
+  f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
+
+  @f.defjvp
+  def rule(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return f(x), t * jnp.cos(x) * w
+  for new in (W, 3.0 * W, -W):
+    w = new
+    for _ in range(3):
+      _grad_is(f, new)
+
+
+def test_a_jvp_rule_branching_on_a_value_is_run_on_the_values_each_grad():
+  f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
+
+  @f.defjvp
+  def rule(primals, tangents):
+    (x,), (t,) = primals, tangents
+    sign = 1.0 if float(x[0]) > 0 else -1.0  # needs the value
+    return f(x), sign * t * jnp.cos(x) * W
+  for _ in range(3):
+    _grad_is(f, W)
+  np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(f(x)))(-X),
+                             -jnp.cos(-X) * W, rtol=1e-6)

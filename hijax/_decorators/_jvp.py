@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 from jax.custom_derivatives import zero_from_primal
 
@@ -14,10 +15,14 @@ from hijax._decorators import _tracing
 from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import pair, primal_out, tangent_out
-from hijax._internals import core
-from hijax._util import is_float0, is_zero
+from hijax._function_key import Uncacheable, by_value
+from hijax._internals import config, core
+from hijax._util import Static, is_float0, is_zero, store_bounded
 from hijax.autodiff import GradAccum, instantiate_zeros
-from hijax.derived import linearize_from_jvp, vjp_from_lin
+from hijax.derived import linearize_flat, linearize_from_jvp, vjp_from_lin
+
+
+_LINS_KEPT = 64  # kept eager linearizations per call
 
 
 def _add(a, b):  # None: a zero tangent
@@ -33,6 +38,7 @@ class CustomJVPCall(CallPrimitive):
   function and its jvp rule."""
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
+    self._lins: dict[Any, Any] = {}  # kept linearizations (eager grad)
     self.jvp_name = _tracing.function_name(self.decorated.jvp)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         self.decorated.jvp, self.statics)):
@@ -93,7 +99,57 @@ class CustomJVPCall(CallPrimitive):
   def lin(self, nzs_in: Any, *args: Any) -> Any:
     if not any(jax.tree.leaves(nzs_in)):
       return self(*args), None, jax.tree.map(lambda _: False, self.out_aval)
-    return linearize_from_jvp.first(self, nzs_in, *args)
+    leaves = jax.tree.leaves(args)
+    key = self._kept_key(jax.tree.leaves(nzs_in), leaves)
+    if key is None or key not in self._lins:  # kept from the second call on
+      if key is not None:
+        store_bounded(self._lins, key, None, _LINS_KEPT)
+      return linearize_from_jvp.first(self, nzs_in, *args)
+    if self._lins[key] is None:
+      self._lins[key] = self._traced_lin(*key[:2]) or ()
+    if not self._lins[key]:  # the rule cannot be traced
+      return linearize_from_jvp.first(self, nzs_in, *args)
+    compiled, n_out, nzs_out, linear_map = self._lins[key]
+    outs = compiled(*leaves)
+    return (jax.tree.unflatten(self.out_tree, outs[:n_out]),
+            (outs[n_out:], Static(linear_map)),
+            jax.tree.unflatten(self.out_tree, list(nzs_out)))
+
+  def _kept_key(self, nzs_flat: list[Any], leaves: list[Any]) -> Any:
+    """The key of an eager linearization (``grad`` outside ``jit``) in
+    ``_lins``: flags, input types and what the rule reads (by value, as the
+    call itself is kept); None where it is not kept."""
+    if not all(isinstance(x, jax.Array) and not isinstance(x, core.Tracer)
+               for x in leaves):
+      return None
+    types = tuple(core.typeof(x) for x in leaves)
+    if not all(type(t) is core.ShapedArray for t in types):
+      return None
+    try:
+      rule = by_value(self.decorated.jvp, *self.statics)
+    except Uncacheable:
+      return None
+    return (tuple(nzs_flat), types, rule, config.trace_context())
+
+  def _traced_lin(self, nzs_flat: tuple[bool, ...], types: Any) -> Any:
+    """``lin`` traced once on ``types``: (the compiled program of the
+    outputs and residuals, the number of outputs, their nonzero flags, the
+    linear map), or None where the rule cannot be traced (it branches on a
+    value: it then runs on the values at each call, as in JAX)."""
+    found = []
+
+    def forward(*xs):
+      out, nzs_out, consts, linear_map = linearize_flat(self, list(nzs_flat),
+                                                        list(xs))
+      found.append((len(out), nzs_out, linear_map))
+      return [*out, *consts]
+    specs = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type)
+             for t in types]
+    try:
+      closed = jax.make_jaxpr(forward)(*specs)
+    except Exception:  # noqa: BLE001 (the direct call raises it, or works)
+      return None
+    return (jax.jit(jax.extend.core.jaxpr_as_fun(closed)), *found[0])
 
   linearized = linearize_from_jvp.second
   vjp_fwd, vjp_bwd_retval = vjp_from_lin
