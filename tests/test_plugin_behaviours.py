@@ -857,7 +857,8 @@ def test_a_primitive_input_that_reaches_its_impl_through_another_is_held(
   """The impl of a solve reads the state computed from its operator, not
   the operator: finite differences in the operator alone see nothing, so
   the operator is held fixed (no false alarm) and the solve is checked in
-  its right-hand side, where a wrong term fails."""
+  its right-hand side, where a wrong term fails (bound inside jit: checked
+  at its programs' values, --hijax-values-inside-jit)."""
   suite.makepyfile(solvelib=SOLVES, test_solves='''
 import jax, jax.numpy as jnp
 import solvelib
@@ -868,7 +869,7 @@ def test_solves():
     da, db = f(a, b)
     assert jnp.allclose(da, -b / a**2)
 ''')
-  result, rules = _rules(suite)
+  result, rules = _rules(suite, "--hijax-values-inside-jit")
   assert {name: r["verdict"] for name, r in rules.items()} == {
       "right_solve": "passed", "wrong_solve": "failed"}, rules
   assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
