@@ -217,7 +217,8 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
-  kind, _rule_names = "custom_jvp", ("jvp",)
+  kind: str = "custom_jvp"
+  _rule_names = ("jvp",)
   jvp: Callable[..., Any] | None = None
   symbolic_zeros: bool = False
 

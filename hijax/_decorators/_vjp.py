@@ -300,7 +300,8 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     `hijax.testing.check_rules` apply to it.
   """
 
-  kind, _rule_names = "custom_vjp", ("fwd", "bwd")
+  kind: str = "custom_vjp"
+  _rule_names = ("fwd", "bwd")
   fwd: Callable[..., Any] | None = None
   bwd: Callable[..., Any] | None = None
   symbolic_zeros: bool = False
