@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hijax.testing import _budget, check_rules
+from hijax.testing import check_rules
 
 import zoo
+from budget_clock import one_second_per_check
 from compile_count import Lowered
 
 X, Y = jnp.array([0.3, -1.2, 2.0]), jnp.array([1.5, 0.5, -2.0])
@@ -24,15 +25,7 @@ def test_every_batching_check_runs_or_is_skipped_for_time(monkeypatch,
   part way through the batching checks (vmap for each in_axes, then vmap of
   jvp and vjp and jvp and vjp of vmap) lists each check it did not start:
   none is dropped silently."""
-  starting = _budget.Budget.starting
-  clock = [0.]
-
-  def one_second_each(budget, what):
-    starting(budget, what)
-    clock[0] += 1.
-  monkeypatch.setattr(_budget.Budget, "starting", one_second_each)
-  monkeypatch.setattr(_budget, "_clock", lambda: clock[0])
-  monkeypatch.setattr(_budget, "_cpu_clock", lambda: clock[0])
+  clock = one_second_per_check(monkeypatch)
   full = check_rules(zoo.sin_times_y, X, Y, modes="batch", order=1,
                      time_budget=None)
   assert len(_batch(full.ran)) == 10, full  # 6 in_axes, 4 derivatives
@@ -83,21 +76,11 @@ def test_an_integer_output_has_no_batched_derivative_checks():
   assert not report.skipped and not report.failures, report
 
 
-class MatVecXOnly(zoo.MatVec):
-  """A batch rule that supports only x batched."""
-
-  def batch(self, axis_data, args, dims):
-    A, x = args
-    A_dim, x_dim = dims
-    assert A_dim is None, "only x may be batched"
-    return jnp.moveaxis(x, x_dim, 0) @ A.T, 0
-
-
 def test_batch_in_axes_compile_only_the_vmaps_asked_for():
   """With batch_in_axes the batched derivatives are not checked, nor
   compiled: the one program holds the two vmaps (a derivative part, A
   batched, would make the rule refuse while the program is traced)."""
-  fn = lambda A, x: MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
+  fn = lambda A, x: zoo.MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
   A, x = zoo.BY_NAME["matvec"].args()
   with Lowered() as names:
     report = check_rules(fn, A, x, modes="batch", device=False,

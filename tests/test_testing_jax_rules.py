@@ -12,6 +12,8 @@ import pytest
 
 from hijax.testing import InconclusiveCheckError, check_rules
 
+from budget_clock import one_second_per_check
+
 F32 = jnp.float32
 
 
@@ -363,19 +365,9 @@ def test_no_check_starts_once_the_budget_is_spent(monkeypatch):
   """A fake clock on which each check takes one second spends a budget of
   3.5 s part way: every check started within the budget, the rest are
   listed as skipped for time, and the report says it is incomplete."""
-  from hijax.testing import _budget
-  starting = _budget.Budget.starting
-  clock = [0.]
-
-  def one_second_each(budget, what):
-    starting(budget, what)
-    clock[0] += 1.
-  monkeypatch.setattr(_budget.Budget, "starting", one_second_each)
-  # nothing else takes time on this clock, compiles included, and the CPU
-  # keeps pace with it (on the machine's own clocks a loaded machine's slow
-  # compiles left no check room to start: seen in CI)
-  monkeypatch.setattr(_budget, "_clock", lambda: clock[0])
-  monkeypatch.setattr(_budget, "_cpu_clock", lambda: clock[0])
+  # (on the machine's own clocks a loaded machine's slow compiles left no
+  # check room to start: seen in CI)
+  one_second_per_check(monkeypatch)
   lines = []
   full = check_rules(csin, Z, order=1, time_budget=None, progress=lines.append)
   lines.clear()
