@@ -549,14 +549,7 @@ def test_batch_in_axes_for_a_partial_batch_rule():
   runs for others supports only those: checked without batch_in_axes, the
   others are listed as skipped, with the fix; with it, only those run, and a
   combination it names that the rule refuses fails."""
-  class MatVecXOnly(zoo.MatVec):
-    def batch(self, axis_data, args, dims):
-      A, x = args
-      A_dim, x_dim = dims
-      assert A_dim is None, "only x may be batched"
-      return jnp.moveaxis(x, x_dim, 0) @ A.T, 0
-
-  fn = lambda A, x: MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
+  fn = lambda A, x: zoo.MatVecXOnly(jax.typeof(A), jax.typeof(x))(A, x)
   A, x = zoo.BY_NAME["matvec"].args()
   report = check_rules(fn, A, x, modes="batch")
   assert report.verdict == "passed", report

@@ -207,6 +207,16 @@ class MatVec(HiPrim):
     return x @ A.T, 0
 
 
+class MatVecXOnly(MatVec):
+  """A @ x, whose batch rule supports only x batched."""
+
+  def batch(self, axis_data, args, dims):
+    A, x = args
+    A_dim, x_dim = dims
+    assert A_dim is None, "only x may be batched"
+    return jnp.moveaxis(x, x_dim, 0) @ A.T, 0
+
+
 def _is_accum(x):
   from hijax import GradAccum
   return isinstance(x, GradAccum)
