@@ -259,3 +259,30 @@ def test_an_exactly_zero_tangent_passes_at_a_tolerance_of_zero():
   assert report.passed, report
   assert any("nzs_out" in r for r in report.ran), report
 
+
+class SwampedNoJvp(UnaryPrim):
+  """sin with its first element set to 1e20, reverse mode only; vjp_fwd
+  declares the whole output's tangent zero (a lie at the other elements)."""
+
+  def expand(self, x):
+    return jnp.sin(x).at[0].set(1e20)
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x, False
+
+  def vjp_bwd_retval(self, x, g):
+    return (jnp.cos(x) * zoo.inst(g),)
+
+
+def test_a_declared_zero_that_finite_differences_cannot_resolve_is_inconclusive():
+  """1e20 swamps every finite-difference step: no element of the output is
+  resolved (the first is flat, so only bounded), so the nzs_out check judges
+  nothing; it says so, and does not pass silently."""
+  report = _check(lambda x: SwampedNoJvp(jax.typeof(x))(x), X, modes="vjp",
+                  accept_inconclusive=True)
+  assert not _nzs(report), report
+  unjudged = [line for line in report.inconclusive if "nzs_out" in line]
+  assert unjudged == [
+      "vjp_fwd's nzs_out vs the output's derivative (SwampedNoJvp.vjp_fwd): "
+      "finite differences of expand resolve no element of out"], report
+  assert report.unjudged == 1, report

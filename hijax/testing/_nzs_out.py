@@ -9,6 +9,7 @@ from hijax._internals import api as _api
 from hijax._internals import core as _core
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import application_types, defined_rules
+from hijax.testing._finite_diff import BOUNDED, RESOLVED
 from hijax.testing._numerics import (describe_leaf, is_float, on_device,
                                      ulp_factor)
 from hijax.testing._report import RuleReport
@@ -44,8 +45,9 @@ _prim_jvp_compiled = jax.jit(_prim_jvp, static_argnums=(0, 1))
 
 
 def _zero_derivatives(ctx, prim, p_args, zero_outs):
-  """``{k: (max |J ṫ|, allowed, label)}`` of the outputs ``zero_outs``; None
-  where nothing can differentiate them."""
+  """``{k: (max |J ṫ|, allowed, label, resolved)}`` of the outputs
+  ``zero_outs`` (``resolved``: some element judged); None where nothing can
+  differentiate them."""
   p_leaves = jax.tree.leaves(p_args)
   direction = tuple(i for i, x in enumerate(p_leaves) if _nz_in(x))
   if not direction:
@@ -75,7 +77,7 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
             if np.size(u)])
         allowed = ulp_factor(ctx.settings.tol,
                              np.asarray(t_outs[k]).dtype) * scale
-        result[k] = (float(np.max(np.abs(t))), allowed, "the jvp rule")
+        result[k] = (float(np.max(np.abs(t))), allowed, "the jvp rule", True)
       return result
   if any(not isinstance(_core.typeof(x), _core.ShapedArray) for x in p_leaves
          ) or any(not isinstance(a, _core.ShapedArray)
@@ -88,12 +90,14 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   out_pos = {k: j for j, k in enumerate(sub.out_float_idx)}
   result = {}
   for k in zero_outs:
-    v, b = est.values[out_pos[k]], est.bounds[out_pos[k]]
-    if v.size:
-      excess = np.abs(v) - b
+    v, b, s = (x[out_pos[k]] for x in (est.values, est.bounds, est.status))
+    if v.size:  # bounded elements refute, only resolved ones confirm
+      excess = np.where(np.isin(s, (RESOLVED, BOUNDED)), np.abs(v) - b,
+                        -np.inf).ravel()
       j = int(np.argmax(excess))
       result[k] = (float(np.abs(v).ravel()[j]), float(b.ravel()[j]),
-                   f"finite differences of {ctx.fd_of}")
+                   f"finite differences of {ctx.fd_of}",
+                   bool(np.any(s == RESOLVED)))
   return result
 
 
@@ -174,13 +178,16 @@ def check_nzs_out(ctx: CheckContext, mode):
                  jax.tree_util.tree_flatten_with_path(
                      jax.tree.unflatten(prim.out_tree,
                                         list(range(len(nzs_out)))))[0]]
-    for k, (err, allowed, label) in found.items():
+    for k, (err, allowed, label, resolved) in found.items():
       if not err <= allowed:
         ctx.fail(mode, check, inputs(),
                  f"{method} returned nzs_out False for {out_names[k]} "
                  f"(a symbolically zero tangent), but its derivative is "
                  f"nonzero: max |J ṫ| = {err:.3g} from {label}", err,
                  rule=name)
+      elif not resolved:
+        ctx.judged_nothing(f"{check} ({name})",
+                           f"{label} resolve no element of {out_names[k]}")
 
 
 def _describe(prim, p_args, types) -> str:
