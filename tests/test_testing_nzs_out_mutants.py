@@ -252,12 +252,14 @@ class SinAndFloor(SinAndFloorNoJvp):
 
 
 def test_an_exactly_zero_tangent_passes_at_a_tolerance_of_zero():
-  """With atol given (no ulps), the declared-zero output's allowed size is
-  0: the jvp rule's exact zero passes (zero is at most zero)."""
+  """With atol=0 given (no ulps, no rtol), the declared-zero output's
+  allowed size is 0: the jvp rule's exact zero passes (zero is at most
+  zero)."""
   report = _check(lambda x: SinAndFloor(jax.typeof(x))(x), X, modes="vjp",
-                  atol=1e-8)
+                  atol=0.0)
   assert report.passed, report
   assert any("nzs_out" in r for r in report.ran), report
+
 
 
 class SwampedNoJvp(UnaryPrim):
@@ -286,3 +288,31 @@ def test_a_declared_zero_that_finite_differences_cannot_resolve_is_inconclusive(
       "vjp_fwd's nzs_out vs the output's derivative (SwampedNoJvp.vjp_fwd): "
       "finite differences of expand resolve no element of out"], report
   assert report.unjudged == 1, report
+
+
+class SinAndLeak(SinAndFloorNoJvp):
+  """(sin x, floor x) whose jvp rule gives floor a tangent of ``leak`` ṫ;
+  vjp_fwd declares floor's tangent zero."""
+
+  def __init__(self, x_aval, leak):  # pylint: disable=super-init-not-called
+    self.in_avals, self.out_aval = (x_aval,), (x_aval,) * 2
+    self.params = {"leak": leak}
+    HiPrim.__init__(self)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    t = zoo.inst(t)
+    return self(x), (jnp.cos(x) * t, self.params["leak"] * t)
+
+
+def test_the_jvp_path_of_the_nzs_out_check_allows_the_tolerance_given():
+  """With atol given, a tangent of the order of rounding on a declared-zero
+  output passes (atol allows it); one of 1e-3 fails."""
+  def run(leak):
+    return _check(lambda x: SinAndLeak(jax.typeof(x), leak)(x), X,
+                  modes="vjp", atol=1e-12)
+  assert not _nzs(run(1e-17)), run(1e-17)
+  nzs = _nzs(run(1e-3))
+  assert [f.rule for f in nzs] == ["SinAndLeak.vjp_fwd"]
+  assert "from the jvp rule" in nzs[0].detail
+  assert nzs[0].max_error is not None and nzs[0].max_error > 1e-4

@@ -75,8 +75,9 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
         scale = max([float(np.max(np.abs(y)))] + [
             float(np.max(np.abs(np.asarray(u, np.float64)))) for u in tangents
             if np.size(u)])
-        allowed = ulp_factor(ctx.settings.tol,
-                             np.asarray(t_outs[k]).dtype) * scale
+        tol = ctx.settings.tol  # rounding on the scale of y and ṫ
+        allowed = tol.atol + (tol.rtol + ulp_factor(
+            tol, np.asarray(t_outs[k]).dtype)) * scale
         result[k] = (float(np.max(np.abs(t))), allowed, "the jvp rule", True)
       return result
   if any(not isinstance(_core.typeof(x), _core.ShapedArray) for x in p_leaves
