@@ -178,12 +178,10 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
       says which rules, why, and what would make them judgeable.
   """
   __tracebackhide__ = True  # pylint: disable=unused-variable
-  if isinstance(modes, str):
-    modes = (modes,)
   explicit = modes is not None
-  modes = tuple(MODES if modes is None else modes)
-  unknown = [m for m in modes if m not in MODES]
-  if unknown:
+  modes = ((modes,) if isinstance(modes, str)
+           else tuple(MODES if modes is None else modes))
+  if unknown := [m for m in modes if m not in MODES]:
     raise ValueError(f"unknown mode(s) {unknown}; the modes are {MODES}")
   for name, tol in (("atol", atol), ("rtol", rtol)):
     if tol is not None and not tol >= 0:

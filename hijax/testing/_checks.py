@@ -45,13 +45,11 @@ def aligned_cotangents(ctx: CheckContext, like, j_t, judged):
     t = np.asarray(t)
     random_sign = ctx.rng.choice(np.array([-1.0, 1.0]), size=c.shape)
     with np.errstate(invalid="ignore", divide="ignore"):
-      if np.iscomplexobj(t):  # Re(ȳ J ṫ) = c |J ṫ|: ȳ along conj(J ṫ)
-        sign = np.where(np.isfinite(t) & (t != 0), np.conj(t) / np.abs(t),
-                        random_sign)
-      else:
-        sign = np.where(np.isfinite(t) & (t != 0), np.sign(t), random_sign)
-    ybar = np.where(ok, c * sign, 0)
-    out.append(on_device(ybar.astype(np.asarray(y).dtype)))
+      # complex: Re(ȳ J ṫ) = c |J ṫ| with ȳ along conj(J ṫ)
+      unit = np.conj(t) / np.abs(t) if np.iscomplexobj(t) else np.sign(t)
+      sign = np.where(np.isfinite(t) & (t != 0), unit, random_sign)
+    out.append(on_device(np.where(ok, c * sign, 0).astype(
+        np.asarray(y).dtype)))
   return out
 
 
@@ -103,6 +101,20 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
            + f": error {abs(lhs - rhs):.3g} (tolerance {bound:.3g})"
            + (hint if np.isfinite(rhs) else ""), abs(lhs - rhs), rule=rule)
   return False
+
+
+def _check_types(ctx: CheckContext, mode, check, inputs, got, like, names,
+                 got_label) -> bool:
+  """Checks that each of ``got`` has the type of its input; records the
+  first mismatch."""
+  for name, g, x in zip(names, got, like):
+    if type_str(g) != type_str(x):
+      ctx.fail(mode, check, inputs,
+               f"{name}: {got_label} gives {type_str(g)}, but the input is "
+               f"{type_str(x)} (a cotangent has the shape and dtype of "
+               "its input)", float("inf"))
+      return False
+  return True
 
 
 def check_expand(ctx: CheckContext):
@@ -230,25 +242,32 @@ def _trusts_jvp(ctx: CheckContext, jvp_passed: dict, direction) -> bool:
   return ctx.has("jvp") and jvp_passed.get(direction, True)
 
 
+def _reference(ctx: CheckContext, direction, jvp_passed: dict, tangents,
+               first=True):
+  """``(J ṫ, label, bounds, tangents, est)``: from the jvp rule where it
+  passed (``est`` None), else from finite differences (``first``: those
+  of the point, along their own tangents)."""
+  if _trusts_jvp(ctx, jvp_passed, direction):
+    try:
+      return (list(ctx.jvp_at(direction, tangents)[1]), "the jvp rule", None,
+              list(tangents), None)
+    except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
+      pass
+  est = ctx.fd(direction) if first else ctx.fd_along(direction, tangents)
+  return (list(est.values), f"finite differences of {ctx.fd_of}", est.bounds,
+          list(est.tangents), est)
+
+
 def _identity_reference(ctx: CheckContext, direction, jvp_passed: dict):
-  """``J ṫ`` for `check_identity`: from the jvp rule where it passed, else
-  from finite differences."""
+  """`_reference` for `check_identity`, with the elements it judges."""
   calls = []
 
   def reference(tangents):
     calls.append(None)
-    if _trusts_jvp(ctx, jvp_passed, direction):
-      try:
-        _, t_out = ctx.jvp_at(direction, tangents)
-        return (list(t_out), "the jvp rule", None, ctx.judged(direction),
-                list(tangents), None)
-      except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
-        pass
-    est = (ctx.fd(direction) if len(calls) == 1
-           else ctx.fd_along(direction, tangents))
-    return (list(est.values), f"finite differences of {ctx.fd_of}",
-            est.bounds, ctx.judged(direction, est.bounds, est),
-            list(est.tangents), est.uncounted())
+    ref, label, bounds, used, est = _reference(ctx, direction, jvp_passed,
+                                               tangents, len(calls) == 1)
+    return (ref, label, bounds, ctx.judged(direction, bounds, est), used,
+            None if est is None else est.uncounted())
   return reference
 
 
@@ -284,8 +303,8 @@ def check_vjp(ctx: CheckContext, jvp_passed: dict):
     def transpose(ybar):
       cts_in = list(ctx.vjp_at(direction, ybar)[1])
       if not seen:
-        seen.append(ctx.check_types(
-            "vjp", "vjp's cotangent types vs the inputs' types", inputs,
+        seen.append(_check_types(
+            ctx, "vjp", "vjp's cotangent types vs the inputs' types", inputs,
             cts_in, xs, [ctx.leaf_names[i] for i in direction], "vjp"))
       return cts_in
     try:
@@ -304,21 +323,11 @@ def check_lin(ctx: CheckContext, jvp_passed: dict):
     if ctx.out_of_time("lin", ctx.describe_direction(direction)):
       continue
     inputs = ctx.describe_inputs(direction)
-    tangents = [ctx.random_like(ctx.leaves[i]) for i in direction]
-    ref = None
-    if _trusts_jvp(ctx, jvp_passed, direction):
-      try:
-        _, ref = ctx.jvp_at(direction, tangents)
-      except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
-        pass
-    if ref is not None:
-      ref_label, bounds, uncounted, own = "the jvp rule", None, None, None
-    else:
-      est = ctx.fd(direction)
-      ref, ref_label, bounds, tangents, uncounted, own = (
-          est.values, f"finite differences of {ctx.fd_of}", est.bounds,
-          est.tangents, est.uncounted(), est.own)
-    ref, tangents = list(ref), list(tangents)
+    ref, ref_label, bounds, tangents, est = _reference(
+        ctx, direction, jvp_passed,
+        [ctx.random_like(ctx.leaves[i]) for i in direction])
+    uncounted, own = (None, None) if est is None else (est.uncounted(),
+                                                       est.own)
     if ctx.surrogate and bounds is not None:
       ctx.skip_by_intent("lin", f"linearized vs {ref_label}: a surrogate's "
                          "tangent is not compared with the function")
@@ -347,11 +356,9 @@ def _linear_sets(ctx: CheckContext):
   arg_leaves = [tuple(range(e - len(jax.tree.leaves(a)), e))
                 for a, e in zip(ctx.args, ends)]
   if ctx.settings.linear_argnums is not None:
-    sets = []
-    for entry in ctx.settings.linear_argnums:
-      nums = (entry,) if isinstance(entry, int) else tuple(entry)
-      sets.append(tuple(i for n in nums for i in arg_leaves[n]))
-    return sets, None
+    return [tuple(i for n in ((e,) if isinstance(e, int) else e)
+                  for i in arg_leaves[n])
+            for e in ctx.settings.linear_argnums], None
   sets = [idx for idx in arg_leaves
           if idx and all(i in ctx.float_idx for i in idx)
           and _is_linear(ctx, idx)]
@@ -364,8 +371,8 @@ def _is_linear(ctx: CheckContext, direction) -> bool:
   f = ctx.restrict(direction, evaluate=True)
   try:
     zero = f(*[on_device(np.zeros_like(ctx.leaves[i])) for i in direction])
-    u = [ctx.random_like(ctx.leaves[i]) for i in direction]
-    v = [ctx.random_like(ctx.leaves[i]) for i in direction]
+    u, v = ([ctx.random_like(ctx.leaves[i]) for i in direction]
+            for _ in range(2))
     fu, fv = f(*u), f(*v)
     fuv = f(*[on_device(0.75 * np.asarray(a) - 1.5 * np.asarray(b))
               for a, b in zip(u, v)])
@@ -399,8 +406,7 @@ def check_transpose(ctx: CheckContext):
   # Where linearity was found numerically, not declared, a rule that raises
   # transposing in one argument may handle only the others (Scale: c * x,
   # transposed in x only): that is judged after the loop.
-  raised = []
-  transposed = False
+  raised, transposed = [], False
   for direction in sets:
     names = ", ".join(ctx.leaf_names[i] for i in direction)
     if ctx.out_of_time("transpose", f"in {names}"):
@@ -426,10 +432,10 @@ def check_transpose(ctx: CheckContext):
     transposed = True
     check = "transpose vs the linear map (<ȳ, A ṫ> = <Aᵀ ȳ, ṫ>)"
     ctx.ran("transpose", f"{check} (in {names})")
-    ctx.check_types("transpose",
-                    "transpose's cotangent types vs the inputs' types",
-                    inputs, cts_in, xs, [ctx.leaf_names[i] for i in direction],
-                    "linear_transpose")
+    _check_types(ctx, "transpose",
+                 "transpose's cotangent types vs the inputs' types", inputs,
+                 cts_in, xs, [ctx.leaf_names[i] for i in direction],
+                 "linear_transpose")
     for k in range(len(direction)) if len(direction) > 1 else [None]:
       tangents = [ctx.random_like(x) if k in (None, j)
                   else on_device(np.zeros_like(x)) for j, x in enumerate(xs)]

@@ -28,6 +28,14 @@ from hijax.testing._numerics import dtype_of, is_float, on_device
 POINTS = 64
 
 
+def replaced(leaves, idx, values) -> list:
+  """``leaves`` with those at ``idx`` replaced by ``values``."""
+  out = list(leaves)
+  for i, v in zip(idx, values):
+    out[i] = v
+  return out
+
+
 def _signature(flat) -> list:
   return [(np.shape(x), dtype_of(x), bool(getattr(x, "weak_type", False)))
           for x in flat]
@@ -285,12 +293,6 @@ class Compiled:
           [full[i] for i in self.float_idx] for full in fulls])
     return [[np.asarray(y) for y in self.call(full)] for full in fulls]
 
-  def _full(self, idx, values) -> list:
-    full = list(self.leaves)
-    for i, v in zip(idx, values):
-      full[i] = v
-    return full
-
   def at_points(self, idx: Sequence[int], points: Sequence[Sequence[Any]]
                 ) -> list[list[np.ndarray]]:
     """``prim_fn``'s output leaves at each point, where a point gives the
@@ -301,29 +303,23 @@ class Compiled:
         and dtype_of(v) == dtype_of(self.leaves[i])
         for p in points[:1] for i, v in zip(idx, p)):
       return [[np.asarray(y) for y in one(
-          [self._full(idx, p)[i] for i in self.float_idx])] for p in points]
+          [replaced(self.leaves, idx, p)[i] for i in self.float_idx])] for p in points]
     if self.jit and not self._mapped_failed and one is None:
       try:
         return [y for start in range(0, len(points), POINTS)
                 for y in self._mapped(idx, points[start:start + POINTS])]
       except Exception:  # pylint: disable=broad-except  (e.g. not traceable in a loop body)
         self._mapped_failed = True
-    return [[np.asarray(y) for y in self.call(self._full(idx, p))]
+    return [[np.asarray(y) for y in self.call(replaced(self.leaves, idx, p))]
             for p in points]
 
   def _mapped(self, idx, points):
-    n = len(points)
+    n, idx = len(points), list(idx)
     padded = list(points) + [points[0]] * (POINTS - n)
-    stacked = []
-    for i in self.float_idx:  # every floating-point leaf: one program
-      if i in idx:
-        k = list(idx).index(i)
-        stacked.append(np.stack([np.asarray(p[k]) for p in padded]))
-      else:
-        x = np.asarray(self.leaves[i])
-        stacked.append(np.broadcast_to(x, (POINTS,) + x.shape))
-    outs = [np.asarray(y) for y in self.run("points", (tuple(stacked),
-                                                       np.int32(n)))]
+    stacked, _ = self._points_template()  # every floating-point leaf
+    stacked = tuple(np.stack([np.asarray(p[idx.index(i)]) for p in padded])
+                    if i in idx else x for i, x in zip(self.float_idx, stacked))
+    outs = [np.asarray(y) for y in self.run("points", (stacked, np.int32(n)))]
     return [[y[k] for y in outs] for k in range(n)]
 
   def _points_template(self) -> tuple:
@@ -334,7 +330,7 @@ class Compiled:
   def _points(self, stacked, n):
     """``prim_fn`` at the first ``n`` of the stacked points, in a loop."""
     def one(float_values):
-      full = self._full(self.float_idx, float_values)
+      full = replaced(self.leaves, self.float_idx, float_values)
       return tuple(jax.tree.leaves(self.prim_fn(*jax.tree.unflatten(
           self.in_tree, full))))
     shapes = jax.eval_shape(one, tuple(s[0] for s in stacked))

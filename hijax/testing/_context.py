@@ -15,21 +15,17 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
-from hijax.testing._compiled import Compiled, Part, derivative_part
+from hijax.testing._compiled import (Compiled, Part, derivative_part,
+                                     replaced)
 from hijax.testing._discovery import Surrogates, applications, defined_rules
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
                                      describe_tol, dtype_of, eps_of,
                                      fmt_array, is_float, judged_elements,
-                                     on_device, real_or_int, type_str)
+                                     on_device, real_or_int, to_numpy)
 from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
                                    declared_limit, first_lines)
-
-# A declared limit in JAX's words that is in fact a broken jvp rule.
-PRIMAL_READS_TANGENT = (
-    "raised {}\nthe jvp rule's primal output depends on the tangent, so JAX "
-    "cannot linearize it: compute the primal output from the primals alone")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,11 +99,9 @@ class CheckContext:
 
   # -- what the checks record --
   def ran(self, mode, what):
-    if self.within:  # e.g. a sub-check of the second-order mode
-      what, mode = f"{self.label}{mode}: {what}", self.within
-    else:
-      what = self.label + what
-    self.report.ran.append(f"{mode}: {what}")
+    # within: e.g. a sub-check of the second-order mode
+    what = f"{self.label}{mode}: {what}" if self.within else self.label + what
+    self.report.ran.append(f"{self.within or mode}: {what}")
 
   def skip(self, mode, why):
     self.report.skipped.append((mode, self.label + why))
@@ -141,10 +135,9 @@ class CheckContext:
   def conclusive_pass(self, mode, rule=None):
     """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
     that passed."""
-    if mode == "second_order":
-      return
-    name = rule or self.rule_name(mode)
-    self.report.compared[name] = self.report.compared.get(name, 0) + 1
+    if mode != "second_order":
+      name = rule or self.rule_name(mode)
+      self.report.compared[name] = self.report.compared.get(name, 0) + 1
 
   def fail(self, mode, check, inputs, detail, max_error=None, rule=None,
            error=None):
@@ -153,26 +146,25 @@ class CheckContext:
         inputs=inputs, detail=detail, max_error=max_error, error=error))
 
   def fail_raised(self, mode, check, inputs, exc, rule=None):
-    why = None
-    if not (mode == "second_order" and self.settings.require_second_order):
-      if self.surrogate:
-        why = declared_limit(exc, surrogate=True)
-      elif mode in DERIVATIVE_MODES + ("batch", "second_order"):
-        why = declared_limit(exc, strict=True)
-    if why is not None and mode != "jvp" and self.primal_reads_tangent:
-      self.fail(mode, check, inputs, PRIMAL_READS_TANGENT.format(
-          f"{type(exc).__name__}: {first_lines(str(exc), 2)}"),
-          float("inf"), rule=self.rule_name("jvp"), error=exc)
-      return
-    if why is not None:  # a rule that refuses a mode by design
+    why = None  # a refusal by design (a surrogate's: in more modes)
+    if (self.surrogate or mode in DERIVATIVE_MODES + ("batch", "second_order")
+        ) and not (mode == "second_order"
+                   and self.settings.require_second_order):
+      why = declared_limit(exc, not self.surrogate, self.surrogate)
+    if why is None:
+      self.fail(mode, check, inputs, f"raised {type(exc).__name__}: "
+                f"{first_lines(str(exc))}", float("inf"), rule=rule, error=exc)
+    elif mode != "jvp" and self.primal_reads_tangent:
+      # a declared limit in JAX's words that is in fact a broken jvp rule
+      self.fail(mode, check, inputs, f"raised {why}\nthe jvp rule's primal "
+                "output depends on the tangent, so JAX cannot linearize it: "
+                "compute the primal output from the primals alone",
+                float("inf"), rule=self.rule_name("jvp"), error=exc)
+    else:
       short = why if len(why) <= 160 else why[:157] + "..."
       who = "the surrogate" if self.surrogate else "the rule"
       self.skip_by_intent(mode, f"{check}: {who} declares it cannot "
                           f"({short})", rule)
-      return
-    detail = f"raised {type(exc).__name__}: {first_lines(str(exc))}"
-    self.fail(mode, check, inputs, detail, float("inf"), rule=rule,
-              error=exc)
 
   def judge_refusals(self, mode, refusals, handled_some: bool):
     """Checks where the rule raised: skipped (``why``) where it handled
@@ -223,19 +215,6 @@ class CheckContext:
     self.fail(mode, check, inputs, detail, err, rule=rule)
     return False
 
-  def check_types(self, mode, check, inputs, got, like, names,
-                  got_label) -> bool:
-    """Checks that each of ``got`` has the type of its input; records the
-    first mismatch."""
-    for name, g, x in zip(names, got, like):
-      if type_str(g) != type_str(x):
-        self.fail(mode, check, inputs,
-                  f"{name}: {got_label} gives {type_str(g)}, but the input is "
-                  f"{type_str(x)} (a cotangent has the shape and dtype of "
-                  "its input)", float("inf"))
-        return False
-    return True
-
   def has(self, mode) -> bool:
     """Whether every primitive found defines the rule of ``mode``."""
     return all(mode in r for r in self.rules)
@@ -248,19 +227,16 @@ class CheckContext:
             else "the function")
 
   def rule_name(self, mode) -> str:
-    names = [r[mode] for r in self.rules if mode in r]
-    if not names:  # not a rule's own check: name the primitives
-      names = [r["expand"].split(".")[0] for r in self.rules]
-    return ", ".join(names)
+    # not a rule's own check: name the primitives
+    return ", ".join([r[mode] for r in self.rules if mode in r]
+                     or [r["expand"].split(".")[0] for r in self.rules])
 
   def describe_inputs(self, direction=None, extra=None) -> str:
-    lines = [f"input {n} = {fmt_array(x)}"
-             for n, x in zip(self.leaf_names, self.leaves)]
-    if direction is not None:
-      lines.append("tangent/cotangent on " + self.describe_direction(direction))
-    if extra:
-      lines.append(extra)
-    return "\n".join(lines)
+    return "\n".join(
+        [f"input {n} = {fmt_array(x)}"
+         for n, x in zip(self.leaf_names, self.leaves)]
+        + (["tangent/cotangent on " + self.describe_direction(direction)]
+           if direction is not None else []) + ([extra] if extra else []))
 
   def describe_direction(self, direction) -> str:
     if len(direction) == len(self.float_idx) and len(direction) > 1:
@@ -307,12 +283,8 @@ class CheckContext:
   def restrict(self, direction, evaluate=False) -> Callable:
     """``prim_fn`` as a function of the leaves in ``direction`` (others
     fixed), returning the tuple of its floating-point output leaves."""
-    base = list(self.leaves)
-
     def f(*xs):
-      full = list(base)
-      for i, x in zip(direction, xs):
-        full[i] = x
+      full = replaced(self.leaves, direction, xs)
       if evaluate:
         out = [on_device(y) for y in self.compiled.evaluate([full])[0]]
       else:
@@ -330,8 +302,7 @@ class CheckContext:
   def random_like(self, x, rng: np.random.Generator | None = None):
     """Standard normal values like ``x`` (complex: in both parts), drawn
     from ``rng`` (default: the context's)."""
-    rng = self.rng if rng is None else rng
-    x = np.asarray(x)
+    rng, x = self.rng if rng is None else rng, np.asarray(x)
     v = rng.standard_normal(x.shape)
     if np.iscomplexobj(x):
       v = v + 1j * rng.standard_normal(x.shape)
@@ -339,18 +310,15 @@ class CheckContext:
 
   def directions(self) -> list[tuple[int, ...]]:
     """All floating-point leaves together, then (if ``per_leaf``) each alone."""
-    dirs = [tuple(self.float_idx)]
-    if self.settings.per_leaf and len(self.float_idx) > 1:
-      dirs += [(i,) for i in self.float_idx]
-    return dirs
+    each = self.settings.per_leaf and len(self.float_idx) > 1
+    return [tuple(self.float_idx)] + [(i,) for i in self.float_idx if each]
 
   def fd(self, direction) -> FDEstimate:
     """Central differences along ``direction`` (once per direction); the
     elements they cannot judge are reported (the first few named)."""
     if direction not in self._fd:
-      xs = [self.leaves[i] for i in direction]
       est = self._fd[direction] = self.fd_along(
-          direction, scaled_tangents(self.rng, xs))
+          direction, scaled_tangents(self.rng, self.xs_of(direction)))
       names = [self.out_names[i] for i in self.out_float_idx]
       for verdict, reason in REASONS.items():
         at = [name + (str(tuple(int(i) for i in idx)) if s.ndim else "")
@@ -369,8 +337,7 @@ class CheckContext:
   def fd_along(self, direction, tangents) -> FDEstimate:
     """Central differences along ``tangents`` (signed powers of two, or
     zeros), not cached and not reported."""
-    xs = [np.asarray(x) for x in self.xs_of(direction)]
-    ts = [np.asarray(t) for t in tangents]
+    xs, ts = to_numpy(self.xs_of(direction)), to_numpy(tangents)
     out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
     eps, scale = self.settings.eps, self.settings.fd_scale
 
@@ -451,10 +418,9 @@ class CheckContext:
         floors = list(self.fd(direction).floors)
       except Exception:  # pylint: disable=broad-except  (the checks report it)
         pass
-    if not all_outputs:
-      return floors
     by_out = dict(zip(self.out_float_idx, floors))
-    return [by_out.get(i) for i in range(len(self.out_avals))]
+    return ([by_out.get(i) for i in range(len(self.out_avals))]
+            if all_outputs else floors)
 
   def flat_floors(self, direction, tangents) -> list:
     """Per output, the error allowed between two rules' ``J ṫ`` where the
@@ -462,24 +428,16 @@ class CheckContext:
     est = self.fd(direction)
     top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
                  if np.size(t)] or [0.0])
-    out = []
-    for y, flat in zip(self.ref_out(), est.flat()):
-      y = np.asarray(y)
-      scale = FLOOR * eps_of(y.dtype) * np.abs(y) * top_t
-      out.append(np.where(flat, scale, 0.0))
-    return out
+    return [np.where(flat, FLOOR * eps_of(np.asarray(y).dtype)
+                     * np.abs(np.asarray(y)) * top_t, 0.0)
+            for y, flat in zip(self.ref_out(), est.flat())]
 
   def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
     """Per output, the elements a reference along ``direction`` can judge
     (not rough; for finite differences, resolved)."""
     est = self._fd.get(direction) if est is None else est
-    out = []
-    for k, y in enumerate(self.ref_out()):
-      ok = np.ones(np.shape(y), bool)
-      if est is not None:
-        ok &= ~est.skipped()[k]
-      if bounds is not None:
-        ok &= np.isfinite(bounds[k])
-      out.append(ok)
-    return out
+    return [np.ones(np.shape(y), bool)
+            & (True if est is None else ~est.skipped()[k])
+            & (True if bounds is None else np.isfinite(bounds[k]))
+            for k, y in enumerate(self.ref_out())]
 

@@ -196,20 +196,13 @@ def plan_modes(ctx: CheckContext, modes, explicit) -> list[str]:
 def required_rules(ctx: CheckContext, plan) -> list[str]:
   """The rules a pass needs compared conclusively: those of the modes
   planned that apply at this point."""
-  rules = []
-  for mode in plan:
-    if mode == "second_order":
-      continue
-    if mode in DERIVATIVE_MODES and not (ctx.float_idx and ctx.out_float_idx):
-      continue
-    if mode == "transpose" and not ctx.out_float_idx:
-      continue
-    if mode == "expand" and ctx.fd_of != "expand" and ctx.settings.jit:
-      continue
-    name = ctx.rule_name(mode)
-    if name not in rules:
-      rules.append(name)
-  return rules
+  return list(dict.fromkeys(
+      ctx.rule_name(mode) for mode in plan if not (
+          mode == "second_order"
+          or mode in DERIVATIVE_MODES and not (ctx.float_idx
+                                               and ctx.out_float_idx)
+          or mode == "transpose" and not ctx.out_float_idx
+          or mode == "expand" and ctx.fd_of != "expand" and ctx.settings.jit)))
 
 
 # --- the parts, and the checks of each mode -------------------------------
@@ -270,10 +263,7 @@ def run(ctx: CheckContext, modes):
       ctx.skip(mode, "no floating-point outputs")
     else:
       try:
-        if mode in DERIVATIVE_MODES:
-          CHECKS[mode](ctx, jvp_passed)
-        else:
-          CHECKS[mode](ctx)
+        CHECKS[mode](ctx, *([jvp_passed] if mode in DERIVATIVE_MODES else []))
       except Exception as e:  # pylint: disable=broad-except  (e.g. prim_fn fails under jit)
         ctx.fail_raised(mode, f"running the {mode} checks",
                         ctx.describe_inputs(), e)
@@ -299,8 +289,7 @@ def function_raises(ctx: CheckContext, prim_fn, plan,
   name = getattr(prim_fn, "__name__", None) or type(prim_fn).__name__
   text = str(error).strip()
   last = text.splitlines()[-1] if text else ""
-  detail = (f"raised {type(error).__name__}: "
-            f"{first_lines(text, 3)}")
+  detail = f"raised {type(error).__name__}: {first_lines(text, 3)}"
   if last and last not in detail:  # a callback's error ends its message
     detail += f"\n  ... {last}"
   ctx.fail("expand", "running the function at the input (in float64 and in "

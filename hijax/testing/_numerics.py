@@ -107,8 +107,7 @@ def check_arrays(what, root, paths_and_leaves, ok) -> None:
       raise TypeError(
           f"check_rules checks functions of arrays (and pytrees of arrays) "
           f"with floating, complex, integer or boolean dtypes, but {what} "
-          f"{root}"
-          f"{jax.tree_util.keystr(path)} is {desc}; hi types are not "
+          f"{root}{jax.tree_util.keystr(path)} is {desc}; hi types are not "
           "supported")
 
 
@@ -139,9 +138,8 @@ def fmt_array(x, limit=6) -> str:
 def describe_leaf(x) -> str:
   """`fmt_array`, or the type of a value of a hi type."""
   aval = _core.typeof(x)
-  if isinstance(aval, _core.ShapedArray):
-    return fmt_array(x)
-  return f"a value of hi type {aval.str_short()}"
+  return (fmt_array(x) if isinstance(aval, _core.ShapedArray)
+          else f"a value of hi type {aval.str_short()}")
 
 
 def inner(xs, ys) -> tuple[float, float]:

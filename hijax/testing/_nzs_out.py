@@ -7,11 +7,11 @@ import numpy as np
 
 from hijax._internals import api as _api
 from hijax._internals import core as _core
+from hijax.testing._compiled import replaced
 from hijax.testing._context import CheckContext
 from hijax.testing._discovery import application_types, defined_rules
 from hijax.testing._finite_diff import BOUNDED, RESOLVED
-from hijax.testing._numerics import (describe_leaf, is_float, on_device,
-                                     ulp_factor)
+from hijax.testing._numerics import describe_leaf, is_float, on_device, ulp_factor
 from hijax.testing._report import RuleReport
 
 
@@ -19,10 +19,9 @@ def _nz_in(x) -> bool:
   """Whether the tangent type of a leaf (a value or its type) is a floating-
   point array."""
   aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
-  if isinstance(aval, _core.ShapedArray):
-    return is_float(aval)
   try:
-    return is_float(aval.to_tangent_aval())
+    return is_float(aval if isinstance(aval, _core.ShapedArray)
+                    else aval.to_tangent_aval())
   except Exception:  # pylint: disable=broad-except
     return False
 
@@ -31,10 +30,8 @@ def _prim_jvp(prim, direction, p_leaves, tangents):
   """``jax.jvp`` of ``prim`` at its argument leaves ``p_leaves``, along
   ``tangents`` for the leaves in ``direction``."""
   def f(*xs):
-    leaves = list(p_leaves)
-    for i, x in zip(direction, xs):
-      leaves[i] = x
-    return prim(*jax.tree.unflatten(prim.in_tree, leaves))
+    return prim(*jax.tree.unflatten(prim.in_tree,
+                                    replaced(p_leaves, direction, xs)))
   return jax.jvp(f, tuple(p_leaves[i] for i in direction), tuple(tangents))
 
 
@@ -58,28 +55,23 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
     tangents = [on_device(ctx.rng.standard_normal(a.shape).astype(a.dtype))
                 for a in (a if isinstance(a, _core.ShapedArray)
                           else a.to_tangent_aval() for a in avals)]
+    top = lambda xs: max(float(np.max(np.abs(np.asarray(x, np.float64))))
+                         for x in xs if np.size(x))
+    tol = ctx.settings.tol
     # compiled (one program, not one per operation), else eagerly
     for how in ([_prim_jvp_compiled] if ctx.settings.jit else []) + [_prim_jvp]:
       try:
         out, t_out = how(prim, direction, list(p_leaves), list(tangents))
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         continue
-      result = {}
       outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)
-      for k in zero_outs:
-        t = np.asarray(t_outs[k], np.float64) if k < len(t_outs) else None
-        if t is None or t.size == 0:
-          continue
-        y = np.asarray(outs[k], np.float64) if isinstance(
-            _core.typeof(outs[k]), _core.ShapedArray) else np.zeros(())
-        scale = max([float(np.max(np.abs(y)))] + [
-            float(np.max(np.abs(np.asarray(u, np.float64)))) for u in tangents
-            if np.size(u)])
-        tol = ctx.settings.tol  # rounding on the scale of y and ṫ
-        allowed = tol.atol + (tol.rtol + ulp_factor(
-            tol, np.asarray(t_outs[k]).dtype)) * scale
-        result[k] = (float(np.max(np.abs(t))), allowed, "the jvp rule", True)
-      return result
+      # rounding on the scale of the output and the tangents
+      return {k: (top([t_outs[k]]), tol.atol + (tol.rtol + ulp_factor(
+          tol, np.asarray(t_outs[k]).dtype)) * top(
+              [np.zeros(()), *tangents] + ([outs[k]] if isinstance(
+                  _core.typeof(outs[k]), _core.ShapedArray) else [])),
+                  "the jvp rule", True)
+              for k in zero_outs if k < len(t_outs) and np.size(t_outs[k])}
   if any(not isinstance(_core.typeof(x), _core.ShapedArray) for x in p_leaves
          ) or any(not isinstance(a, _core.ShapedArray)
                   for a in prim.out_avals_flat):  # a hi type
@@ -88,15 +80,14 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
                 [f"leaf {i}" for i in range(len(p_leaves))], [prim],
                 report=RuleReport([], ""), label="")
   est = sub.fd(tuple(sub.float_idx))
-  out_pos = {k: j for j, k in enumerate(sub.out_float_idx)}
   result = {}
   for k in zero_outs:
-    v, b, s = (x[out_pos[k]] for x in (est.values, est.bounds, est.status))
+    j = sub.out_float_idx.index(k)
+    v, b, s = est.values[j].ravel(), est.bounds[j].ravel(), est.status[j].ravel()
     if v.size:  # bounded elements refute, only resolved ones confirm
-      excess = np.where(np.isin(s, (RESOLVED, BOUNDED)), np.abs(v) - b,
-                        -np.inf).ravel()
-      j = int(np.argmax(excess))
-      result[k] = (float(np.abs(v).ravel()[j]), float(b.ravel()[j]),
+      i = int(np.argmax(np.where(np.isin(s, (RESOLVED, BOUNDED)),
+                                 np.abs(v) - b, -np.inf)))
+      result[k] = (float(np.abs(v[i])), float(b[i]),
                    f"finite differences of {ctx.fd_of}",
                    bool(np.any(s == RESOLVED)))
   return result
@@ -106,22 +97,18 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
   """The ``nzs_out`` that ``rule`` returns (traced abstractly where it can
   be), or None."""
   def nzs_of(result):
-    if not isinstance(result, tuple) or len(result) < 3:
-      return None
-    return result[2]
-  leaves = jax.tree.leaves(p_types)
+    return result[2] if isinstance(result, tuple) and len(result) >= 3 else None
   if ctx.settings.jit and all(isinstance(a, _core.ShapedArray)
-                              for a in leaves):
+                              for a in jax.tree.leaves(p_types)):
     found = []
 
     def traced(*args):
       found.append(nzs_of(rule(nzs_in, *args)))
       return ()
-    structs = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                       weak_type=a.weak_type), p_types)
     try:
-      jax.eval_shape(traced, *structs)
+      jax.eval_shape(traced, *jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                         weak_type=a.weak_type), p_types))
     except Exception:  # pylint: disable=broad-except  (eagerly, it says why)
       found = []
     if found and not any(isinstance(x, _core.Tracer)
@@ -146,8 +133,12 @@ def check_nzs_out(ctx: CheckContext, mode):
     name = f"{type(prim).__name__}.{method}"
     p_leaves = jax.tree.leaves(p_types)
     nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(a) for a in p_leaves])
-    inputs = lambda j=j, prim=prim, p_leaves=p_leaves: _describe(
-        prim, values(j), p_leaves)
+    # the arguments: their values where they were found, else their types
+    inputs = lambda j=j, prim=prim, p_leaves=p_leaves: "\n".join(
+        f"{type(prim).__name__} argument leaf {i} = " + (
+            x.str_short() if values(j) is None else describe_leaf(x))
+        for i, x in enumerate(p_leaves if values(j) is None
+                              else jax.tree.leaves(values(j))))
     check = f"{method}'s nzs_out vs the output's derivative"
     try:
       declared = _declared_nzs_out(ctx, getattr(prim, method), nzs_in,
@@ -172,13 +163,11 @@ def check_nzs_out(ctx: CheckContext, mode):
       ctx.skip(mode, f"{check} ({name}): an argument or output of a hi type "
                "and no jvp rule to differentiate it with")
       continue
-    if not found:
-      continue
-    ctx.ran(mode, f"{check} ({name})")
+    if found:
+      ctx.ran(mode, f"{check} ({name})")
     out_names = ["out" + jax.tree_util.keystr(p) for p, _ in
-                 jax.tree_util.tree_flatten_with_path(
-                     jax.tree.unflatten(prim.out_tree,
-                                        list(range(len(nzs_out)))))[0]]
+                 jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(
+                     prim.out_tree, list(nzs_out)))[0]]
     for k, (err, allowed, label, resolved) in found.items():
       if not err <= allowed:
         ctx.fail(mode, check, inputs(),
@@ -189,12 +178,3 @@ def check_nzs_out(ctx: CheckContext, mode):
       elif not resolved:
         ctx.judged_nothing(f"{check} ({name})",
                            f"{label} resolve no element of {out_names[k]}")
-
-
-def _describe(prim, p_args, types) -> str:
-  """The arguments of ``prim`` for a report: their values where they were
-  found, else their types."""
-  leaves = types if p_args is None else jax.tree.leaves(p_args)
-  return "\n".join(f"{type(prim).__name__} argument leaf {i} = "
-                   f"{describe_leaf(x) if p_args is not None else x.str_short()}"
-                   for i, x in enumerate(leaves))

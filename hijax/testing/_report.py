@@ -242,12 +242,10 @@ class RuleCheckError(AssertionError):
   max_error: float | None
 
   def __init__(self, report: RuleReport) -> None:
-    self.report = report
-    self.failures = list(report.failures)
-    first = self.failures[0]
+    self.report, self.failures = report, list(report.failures)
+    first, n = self.failures[0], len(self.failures)
     self.rule, self.check = first.rule, first.check
     self.inputs, self.max_error = first.inputs, first.max_error
-    n = len(self.failures)
     head = (f"{n} rule check{'s' if n > 1 else ''} failed for "
             f"{', '.join(report.primitives)} (in {report.dtype}):")
     if report.inner_first:
@@ -278,8 +276,7 @@ class InconclusiveCheckError(AssertionError):
   rules: list[str]
 
   def __init__(self, report: RuleReport) -> None:
-    self.report = report
-    self.rules = report.not_judged
+    self.report, self.rules = report, report.not_judged
     lines = [f"check_rules could not judge {', '.join(report.primitives)} "
              f"(in {report.dtype}): nothing failed, but not every rule was "
              "compared conclusively:"]
@@ -302,9 +299,8 @@ def declared_limit(e: BaseException, strict: bool = False,
     # forward mode of a backward rule not linear in the cotangent (hijax's
     # own condition): a limit by design only for a surrogate's rule
     return text if surrogate else None
-  if (isinstance(e, NotImplementedError) and not strict) or declares_limit(e):
-    return text
-  return None
+  limit = isinstance(e, NotImplementedError) and not strict
+  return text if limit or declares_limit(e) else None
 
 
 def _nonlinear_backward(e: BaseException | None) -> bool:
