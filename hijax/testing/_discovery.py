@@ -82,12 +82,10 @@ def defined_rules(prim: Any) -> dict[str, str]:
     rules["vjp"] = f"{name}.vjp_fwd/{bwd}" + how(cls.vjp_fwd)
   if has("lin") and has("linearized"):
     rules["lin"] = f"{name}.lin/linearized" + how(cls.lin)
-  if has("transpose"):
-    rules["transpose"] = f"{name}.transpose"
-  batch = ("batch" if has("batch") else
-           "batch_dim_rule" if has("batch_dim_rule") else None)
-  if batch:
-    rules["batch"] = f"{name}.{batch}"
+  for mode, rule in (("transpose", "transpose"), ("batch", "batch"),
+                     ("batch", "batch_dim_rule")):
+    if has(rule):
+      rules.setdefault(mode, f"{name}.{rule}")
   return rules
 
 

@@ -65,13 +65,16 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
         continue
       outs, t_outs = jax.tree.leaves(out), jax.tree.leaves(t_out)
-      # rounding on the scale of the output and the tangents
-      return {k: (top([t_outs[k]]), tol.atol + (tol.rtol + ulp_factor(
-          tol, np.asarray(t_outs[k]).dtype)) * top(
-              [np.zeros(()), *tangents] + ([outs[k]] if isinstance(
-                  _core.typeof(outs[k]), _core.ShapedArray) else [])),
-                  "the jvp rule", True)
-              for k in zero_outs if k < len(t_outs) and np.size(t_outs[k])}
+      result = {}
+      for k in zero_outs:
+        if k < len(t_outs) and np.size(t_outs[k]):
+          y = (outs[k] if isinstance(_core.typeof(outs[k]), _core.ShapedArray)
+               else np.zeros(()))
+          # rounding on the scale of the output and the tangents
+          result[k] = (top([t_outs[k]]), tol.atol + (tol.rtol + ulp_factor(
+              tol, np.asarray(t_outs[k]).dtype)) * top([y, *tangents]),
+                       "the jvp rule", True)
+      return result
   if any(not isinstance(_core.typeof(x), _core.ShapedArray) for x in p_leaves
          ) or any(not isinstance(a, _core.ShapedArray)
                   for a in prim.out_avals_flat):  # a hi type
