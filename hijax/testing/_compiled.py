@@ -115,7 +115,6 @@ class Bundle:
     self.parts.setdefault(key, _Part(fn, template))
 
   def run(self, key: Hashable, args: tuple):
-    """``fn(*args)`` of the part ``key``."""
     calls = self.seen.setdefault(key, [])
     calls.append(jax.tree.map(np.asarray, args))
     if len(calls) > 3:
@@ -259,18 +258,15 @@ class Compiled:
     return key if self._name is None else (self._name, key)
 
   def add(self, key: Hashable, fn: Callable, template: Callable[[], tuple]):
-    """Adds the part ``key`` (see `Bundle.add`)."""
     self.bundle.add(self._in_bundle(key), fn, template)
 
   def run(self, key: Hashable, args: Sequence[Any]):
-    """The part ``key`` (added or bound before) at ``args``."""
     if key in self._bound:
       other, other_key, extra = self._bound[key]
       return other.run(other_key, (args[0], *extra, *args[1:]))
     return self.bundle.run(self._in_bundle(key), tuple(args))
 
   def has(self, key: Hashable) -> bool:
-    """Whether the part ``key`` was added (or bound)."""
     return key in self._bound or self._in_bundle(key) in self.bundle.parts
 
   def call(self, full: Sequence[Any]) -> list:

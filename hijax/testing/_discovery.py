@@ -263,7 +263,6 @@ class ExpandStructureError(Exception):
 
 
 def _rebind(eqn, invals):
-  """Binds ``eqn.primitive`` again on ``invals`` with the equation's params."""
   outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(
       eqn.params))
   return outs if eqn.primitive.multiple_results else [outs]

@@ -29,7 +29,6 @@ def _bits(dtype) -> int:
 
 
 def _real_dtype(dtype) -> np.dtype:
-  """The dtype of the real and imaginary parts of ``dtype``."""
   return np.dtype(jnp.finfo(dtype).dtype)
 
 
@@ -179,7 +178,6 @@ class FDEstimate:
   own: list = dataclasses.field(default_factory=list)
 
   def count(self, verdict: int) -> int:
-    """The number of output elements with ``verdict``."""
     return int(sum(np.sum(s == verdict) for s in self.status))
 
   def flat(self) -> list[np.ndarray]:

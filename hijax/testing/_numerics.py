@@ -80,13 +80,11 @@ def is_float(x) -> bool:
 
 
 def wide(x) -> np.ndarray:
-  """``x`` as float64, or complex128 if it is complex."""
   x = np.asarray(x)
   return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def real_or_int(dtype) -> bool:
-  """Whether ``dtype`` is floating, complex, integer or boolean."""
   return any(jnp.issubdtype(dtype, t) for t in (jnp.inexact, jnp.integer,
                                                 jnp.bool_))
 
