@@ -320,10 +320,9 @@ def inner_first(ctx: CheckContext, report: RuleReport):
   inner = [f for f in report.failures
            if f.rule not in outer and f.rule != "prim_fn"]
   if inner and len(inner) < len(report.failures):
-    rest = [f for f in report.failures if f not in inner]
-    report.failures[:] = inner + rest
-    report.inner_first = sorted({f.rule for f in inner},
-                                key=[f.rule for f in inner].index)
+    report.failures[:] = inner + [f for f in report.failures
+                                  if f not in inner]
+    report.inner_first = list(dict.fromkeys(f.rule for f in inner))
 
 
 def _absorb(report: RuleReport, alone: RuleReport):
@@ -338,8 +337,7 @@ def _absorb(report: RuleReport, alone: RuleReport):
       mine += [x for x in theirs if not (
           field.name in ("by_intent", "surrogates") and x in mine)]
     elif isinstance(mine, dict):
-      for key, n in theirs.items():
-        mine[key] = mine.get(key, 0) + n
+      mine.update({k: mine.get(k, 0) + n for k, n in theirs.items()})
     else:
       setattr(report, field.name, mine + theirs)
 
