@@ -71,9 +71,13 @@ INSIDE = {"exp": (1., 19.), "log1p": (-0.8, -0.1), "expm1": (1., 4.),
 
 @pytest.fixture
 def fresh_calibration():
+  """The calibration measured anew: neither its own cache nor JAX's trace
+  of its program (which holds the functions patched) kept."""
   _device._calibration.cache_clear()
+  jax.clear_caches()
   yield
-  _device._calibration.cache_clear()  # nothing patched is left cached
+  _device._calibration.cache_clear()
+  jax.clear_caches()
 
 
 @pytest.mark.parametrize("name", list(INSIDE))
