@@ -217,3 +217,17 @@ def test_a_budget_spent_in_the_devices_half_lists_each_check_it_did_not_start(
                          accept_inconclusive=True)
   ran, skipped = on_device(report.ran), on_device(report.skipped_for_time)
   assert ran and len(ran) + len(skipped) == n, (ran, skipped)
+
+
+def test_device_true_is_the_default_device_where_it_is_not_a_cpu(monkeypatch):
+  """``device=True`` asks for JAX's default device where it is an
+  accelerator: on a CPU default there is none (the host checks alone)."""
+  class FakeTPU:
+    platform, device_kind = "tpu", "TPU v5 lite"
+  if ON_CPU:
+    assert _device.accelerator(True) is None
+    report = check_rules(log_cosh, X, device=True)
+    assert report.passed and list(report.devices) == ["checks"], report.devices
+  monkeypatch.setattr(jax, "devices", lambda *a: [FakeTPU()] if not a
+                      else [CPU])
+  assert isinstance(_device.accelerator(True), FakeTPU)

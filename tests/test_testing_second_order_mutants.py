@@ -229,3 +229,18 @@ def test_a_budget_spent_in_the_second_order_lists_each_check_it_did_not_start(
   again = [s for s in skipped if "differentiated again" in s]
   assert len(again) == 2, skipped
   assert len([s for s in skipped if "the rules bound by" in s]) == 3, skipped
+
+
+class _SinBwdRaises(_SinBwdBindsCos):
+  def vjp_bwd_retval(self, x, g):
+    raise ValueError("this backward rule always raises")
+
+
+def test_a_backward_pass_that_cannot_be_evaluated_fails_and_the_tangent_map_is_checked():
+  report = check_rules(_call(_SinBwdRaises), X, raise_on_failure=False)
+  again = [f for f in report.failures if "differentiated again" in f.check]
+  assert [f.rule for f in again] == [
+      "_SinBwdRaises.vjp_fwd/vjp_bwd_retval"], report.failures
+  assert "this backward rule always raises" in str(again[0])
+  assert any(r.startswith("second_order: the tangent map") and
+             "differentiated again" in r for r in report.ran), report.ran
