@@ -231,3 +231,14 @@ def test_device_true_is_the_default_device_where_it_is_not_a_cpu(monkeypatch):
   monkeypatch.setattr(jax, "devices", lambda *a: [FakeTPU()] if not a
                       else [CPU])
   assert isinstance(_device.accelerator(True), FakeTPU)
+
+
+def test_the_measured_error_of_small_values_and_of_zeros():
+  """The function's measured error on the device (in ulps of the dtype,
+  relative to the output's size) counts outputs far below 1, and is 0, not
+  NaN, for an output that is zero on both sides."""
+  want = np.array([0.1, 0.2, 0.0])
+  got = (want * (1 + 1e-5)).astype(np.float32)
+  assert 10 < _device._ulps(got, want, np.float32) < 1000
+  with np.errstate(all="raise"):
+    assert _device._ulps(np.zeros(3, np.float32), np.zeros(3), np.float32) == 0

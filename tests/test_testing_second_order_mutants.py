@@ -244,3 +244,36 @@ def test_a_backward_pass_that_cannot_be_evaluated_fails_and_the_tangent_map_is_c
   assert "this backward rule always raises" in str(again[0])
   assert any(r.startswith("second_order: the tangent map") and
              "differentiated again" in r for r in report.ran), report.ran
+
+
+_jvp_runs = [0]
+
+
+def _count(*_):
+  _jvp_runs[0] += 1
+
+
+class _SinCounted(zoo.Unary):
+  """sin, its jvp rule counting its runs."""
+
+  def expand(self, x):
+    return jnp.sin(x)
+
+  def jvp(self, primals, tangents):
+    jax.debug.callback(_count, primals[0])
+    return self(primals[0]), jnp.cos(primals[0]) * tangents[0]
+
+
+def test_the_second_order_cost_counts_the_first_derivatives_evaluations():
+  """The report's second-order cost is the number of evaluations of the
+  first derivative (the tangent map: one run of the jvp rule each) the
+  finite differences took, at the point and around it; the second order's
+  one more run is the jvp of the tangent map at the point."""
+  runs = {}
+  for order, modes in ((1, ("jvp",)), (2, ("jvp", "second_order"))):
+    _jvp_runs[0] = 0
+    report = check_rules(_call(_SinCounted), X, modes=modes, order=order)
+    runs[order] = _jvp_runs[0]
+  evaluations = report.cost["second-order evaluations"]
+  assert evaluations > 2
+  assert runs[2] - runs[1] == evaluations + 1, (runs, report.cost)
