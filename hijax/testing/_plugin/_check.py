@@ -30,6 +30,8 @@ OVERRUN = 1.5
 CHECK_COST = 5
 # where floating-point inputs are drawn, where no call showed values
 DRAW_RANGE = (0.1, 0.9)
+# CPU seconds between a stop and the next, until the stopped block ends
+STOP_AGAIN = 0.1
 _SOURCE_ORDER = ("eager", "traced, values known", "traced, values at run time",
                  "traced", "too large to keep")
 
@@ -40,18 +42,24 @@ class _OutOfTime(BaseException):
 
 @contextlib.contextmanager
 def _stop_at(seconds: float):
-  """Raises `_OutOfTime` once ``seconds`` more CPU time are spent."""
+  """Raises `_OutOfTime` once ``seconds`` more CPU time are spent, and again
+  each `STOP_AGAIN` s until the block ends: Python drops an exception raised
+  in a ``__del__`` or a gc callback, where the first may land."""
   if not hasattr(signal, "setitimer") or (
       threading.current_thread() is not threading.main_thread()):
     yield
     return
+  armed = [True]  # (cleared by the block's end: then a late tick does nothing)
+
   def stop(signum, frame):
-    raise _OutOfTime()
+    if armed:
+      raise _OutOfTime()
   previous = signal.signal(signal.SIGPROF, stop)
-  signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3))
+  signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3), STOP_AGAIN)
   try:
     yield
   finally:
+    armed.clear()
     signal.setitimer(signal.ITIMER_PROF, 0)
     signal.signal(signal.SIGPROF, previous)
 
