@@ -1,6 +1,8 @@
-"""What ``pytest --hijax-check-rules`` records (hijax.testing._plugin._recorder)
-and the inputs it checks at (plugin._check.candidates), without
-running pytest."""
+"""What ``pytest --hijax-check-rules`` records (hijax.testing._plugin._recorder),
+the inputs it checks at (plugin._check.candidates) and how a rule's check
+is stopped, without running pytest."""
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -271,3 +273,48 @@ def test_drawn_integers_and_booleans():
   assert _plugin_inputs._drawn(spec_b, rng).tolist() is False
   found = _plugin_inputs._from_calls(spec_i, [np.array([3, 1, 4])], rng)
   assert found is not None and found[0].tolist() == [1, 1]
+
+
+def _spin(seconds):
+  end = time.process_time() + seconds
+  while time.process_time() < end:
+    pass
+
+
+class _SlowToCollect:
+  def __del__(self):  # an exception raised in here is printed and dropped
+    _spin(0.6)
+
+
+_SLOW = []  # non-empty while slowly is checked (not while the test calls it)
+
+
+@jax.custom_jvp
+def slowly(x):
+  if _SLOW:
+    _SlowToCollect()  # collected at once: the 0.5 s budget ends in __del__
+    _spin(4.0)
+  return jnp.sin(x)
+
+
+slowly.defjvp(lambda p, t: (slowly(p[0]), jnp.cos(p[0]) * t[0]))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_stop_holds_when_its_first_raise_is_dropped(recorder):
+  """The budget ends inside a ``__del__`` (as inside a gc callback), where
+  Python drops the exception: the stop is raised again, at the next place
+  it can land, so the rule is stopped soon after, not 4 s later; and JAX
+  still works after it."""
+  slowly(jnp.array([0.3, 0.7]))
+  _SLOW.append(True)
+  try:
+    result = _plugin_inputs.check_rule(_rule(recorder, "slowly"), 0.5)
+  finally:
+    _SLOW.clear()
+  assert result.verdict == "skipped for time"
+  assert result.tried[0].detail == "stopped where the rule's budget ran out"
+  assert result.seconds < 2.0  # (about 0.7; 4.6 where the stop was lost)
+  sin(jnp.array([0.2]))
+  assert _plugin_inputs.check_rule(_rule(recorder, "sin"), 30).verdict == (
+      "passed")

@@ -24,14 +24,15 @@ from hijax import RuleTypeError, testing
 from hijax.testing._plugin._recorder import (RecordedRule, Sample,
                                              named_function, unwrap)
 
-# check_rules overruns its time budget by at most this factor
-OVERRUN = 1.5
-# a sample's checks cost about this many times its call in the tests
-CHECK_COST = 5
-# where floating-point inputs are drawn, where no call showed values
-DRAW_RANGE = (0.1, 0.9)
+OVERRUN = 1.5  # check_rules overruns its time budget by at most this factor
+CHECK_COST = 5  # a sample's checks cost about this many times its call
+DRAW_RANGE = (0.1, 0.9)  # where inputs are drawn where no call showed values
+STOP_AGAIN = 0.1  # CPU s from a stop to the next, until the block ends
 _SOURCE_ORDER = ("eager", "traced, values known", "traced, values at run time",
                  "traced", "too large to keep")
+_TRACEBACK = "Traceback (most recent call last):"
+_VERDICTS = ("failed", "passed", "inconclusive", "skipped for time",
+             "not checked")
 
 
 class _OutOfTime(BaseException):
@@ -40,18 +41,23 @@ class _OutOfTime(BaseException):
 
 @contextlib.contextmanager
 def _stop_at(seconds: float):
-  """Raises `_OutOfTime` once ``seconds`` more CPU time are spent."""
+  """Raises `_OutOfTime` after ``seconds`` CPU, again each `STOP_AGAIN` s
+  (Python drops one raised in a ``__del__`` or gc callback) to the end."""
   if not hasattr(signal, "setitimer") or (
       threading.current_thread() is not threading.main_thread()):
     yield
     return
+  armed = [True]  # (cleared by the block's end: then a late tick does nothing)
+
   def stop(signum, frame):
-    raise _OutOfTime()
+    if armed:
+      raise _OutOfTime()
   previous = signal.signal(signal.SIGPROF, stop)
-  signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3))
+  signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3), STOP_AGAIN)
   try:
     yield
   finally:
+    armed.clear()
     signal.setitimer(signal.ITIMER_PROF, 0)
     signal.signal(signal.SIGPROF, previous)
 
@@ -70,9 +76,6 @@ class Tried:
   by_intent: list[str] = dataclasses.field(default_factory=list)
   skipped: list[str] = dataclasses.field(default_factory=list)
   advisory: list[str] = dataclasses.field(default_factory=list)
-
-  def describe(self) -> str:
-    return f"{', '.join(self.types) or 'no arrays'} ({self.source})"
 
 
 @dataclasses.dataclass
@@ -112,18 +115,17 @@ def _from_calls(spec: jax.ShapeDtypeStruct, seen: list[Any],
   seen = [np.asarray(x).real for x in seen if np.size(x)]
   if not seen:
     return None
+  kind = np.dtype(spec.dtype).kind
   lo = min(np.min(x) for x in seen)
-  return _drawn(spec, rng, int(lo) if np.dtype(spec.dtype).kind in "iu"
-                else float(lo), float(max(np.max(x) for x in seen))), (
-                    "drawn" if np.dtype(spec.dtype).kind == "b"
-                    else "drawn in the range seen")
+  return _drawn(spec, rng, int(lo) if kind in "iu" else float(lo), float(
+      max(np.max(x) for x in seen))), (
+          "drawn" if kind == "b" else "drawn in the range seen")
 
 
 def candidates(rule: RecordedRule, sample: Sample,
                rng: np.random.Generator) -> list[tuple[list[Any], str]]:
-  """``(array inputs, where from)`` to try for ``sample``: per leaf, another
-  call's value of its shape, else drawn in their range, else drawn; then
-  all drawn (a test may call the rule where it raises)."""
+  """``(array inputs, where from)`` to try: per leaf another call's value of
+  its shape, else drawn in their range, else drawn; then all drawn."""
   if sample.concrete:
     return [([x for x in sample.leaves if x is not None], sample.source)]
   others = [s for s in rule.samples.values()
@@ -140,11 +142,6 @@ def candidates(rule: RecordedRule, sample: Sample,
                          "values of another call") if h in hows)
   return [(from_calls, f"{sample.source}; {how}")] + (
       [(drawn, f"{sample.source}; drawn")] if how != "drawn" else [])
-
-
-def _as_jax(arrays: list[Any]) -> list[Any]:  # (as the tests passed them)
-  return [jax.numpy.asarray(x) if isinstance(x, (np.ndarray, np.generic))
-          else x for x in arrays]
 
 
 def _not_finite(values: Any) -> bool:
@@ -193,57 +190,61 @@ def _check_rules(fn: Callable, arrays: list[Any], seconds: float,
 
 def one_line(text: str, error: BaseException | None = None) -> str:
   """The first line of ``text``, or of the exception ending its traceback."""
-  head, sep, rest = text.partition("Traceback (most recent call last):")
+  head, sep, rest = text.partition(_TRACEBACK)
   if sep:
-    if error is not None:
-      rest = str(error).partition("Traceback (most recent call last):")[2]
+    rest = rest if error is None else str(error).partition(_TRACEBACK)[2]
     last = [ln.strip() for ln in rest.splitlines() if ln.strip()
             and not ln.startswith(" ") and ln.strip() != "..."]
     head += last[-1] if last else "(a traceback)"
   return (head.splitlines() or [""])[0][:300]
 
 
-def _functions_of(obj: Any) -> list[Any]:
-  """What a declared name may stand for (what it decorates or holds)."""
-  found = [obj, unwrap(obj)]
-  if getattr(obj, "fun", None) is not None:
-    found += [obj.fun, named_function(obj.fun)]
-  if hasattr(obj, "__dict__") and not isinstance(obj, type):
-    found += [f for v in vars(obj).values()
-              if callable(v) and not isinstance(v, type)
-              for f in (v, named_function(getattr(v, "fun", v)))]
-  return found
-
-
 def is_surrogate(rule: RecordedRule, objects: list[Any]) -> bool:
-  """Whether one of ``objects`` names ``rule``."""
+  """Whether one of ``objects`` (or what it decorates or holds) is ``rule``."""
+  def functions_of(obj):
+    found = [obj, unwrap(obj)]
+    if getattr(obj, "fun", None) is not None:
+      found += [obj.fun, named_function(obj.fun)]
+    if hasattr(obj, "__dict__"):
+      found += [f for v in vars(obj).values()
+                if callable(v) and not isinstance(v, type)
+                for f in (v, named_function(getattr(v, "fun", v)))]
+    return found
   target = rule.identity.target
   fns = [target, rule.identity.fun] + [s.fn for s in rule.samples.values()]
   return any(obj is target if isinstance(obj, type) else
-             any(f is g for f in _functions_of(obj) for g in fns)
+             any(f is g for f in functions_of(obj) for g in fns)
              for obj in objects)
 
 
 def check_rule(rule: RecordedRule, seconds: float,
                declared: Declaration | None = None,
                progress: Callable[[str], None] | None = None,
-               seed: int = 0, pace: float = 1.0) -> RuleResult:
+               pace: float = 1.0) -> RuleResult:
   """Checks ``rule`` within ``seconds`` CPU (``pace``: wall s per CPU s)."""
   declared = declared or Declaration()
   start = time.process_time()
   result = RuleResult(rule, "skipped for time")
-  rng = np.random.default_rng(seed)
+  rng = np.random.default_rng(0)
   for sample in sorted(rule.samples.values(), key=lambda s: (
       _SOURCE_ORDER.index(s.source), s.size)):
     tried = Tried(sample.types(), sample.source, "skipped for time",
                   test=sample.test)
     result.tried.append(tried)
     left = seconds - (time.process_time() - start)
+    prim = rule.identity.kind == "Primitive"
     why = (f"over {sample.size} elements"
            if sample.source == "too large to keep" else "no array inputs"
-           if all(x is None for x in sample.leaves) else
-           rule.identity.kind == "Primitive" and _primitive_unchecked(
-               rule, sample))
+           if all(x is None for x in sample.leaves) else (
+               "bound inside jit (values unknown): a primitive's inputs may "
+               "depend on each other (a solver's state on its operator), so "
+               "drawn values would judge nothing; --hijax-values-inside-jit "
+               "checks it at the values its program ran with")
+           if prim and not sample.concrete else (
+               "differentiating it raised in the tests too: not "
+               "differentiable on purpose") if prim and rule.refused else
+           "no test differentiated it at inputs of these types" if prim
+           and not rule.differentiated.get(sample.treedef) else "")
     if why:
       tried.verdict, tried.detail = "not checked", why
     elif left > 0 and CHECK_COST * sample.seconds > left:
@@ -265,65 +266,34 @@ def check_rule(rule: RecordedRule, seconds: float,
   result.seconds = time.process_time() - start
   result.surrogate = declared.surrogate or any(t.surrogate
                                                for t in result.tried)
-  _conclude(result)
+  best = min(result.tried, default=None, key=lambda t: (  # its detail first
+      _VERDICTS.index(t.verdict), not t.detail, t.detail == "no array inputs"))
+  result.verdict = ("inconclusive" if best is None or best.verdict ==
+                    "not checked" else best.verdict)
+  result.detail = best.detail if best else (
+      "no call with inputs that can be checked")
   return result
 
 
-def _primitive_unchecked(rule: RecordedRule, sample: Sample) -> str:
-  """Why a primitive's ``sample`` cannot be checked ("" if it can)."""
-  if not sample.concrete:
-    return ("bound inside jit (values unknown): a primitive's inputs may "
-            "depend on each other (a solver's state on its operator), so "
-            "drawn values would judge nothing; --hijax-values-inside-jit "
-            "checks it at the values its program ran with")
-  if rule.refused:
-    return ("differentiating it raised in the tests too: not "
-            "differentiable on purpose")
-  if not rule.differentiated.get(sample.treedef):
-    return "no test differentiated it at inputs of these types"
-  return ""
-
-
-def _runs_at(sample: Sample, arrays: list[Any]) -> tuple[str, bool]:
-  """Why ``sample`` cannot be checked at ``arrays`` ("" if it can), and
-  whether that is a rule's fault (`RuleTypeError`)."""
-  if _not_finite(arrays):
-    return ("an input is not finite (a test passed inf or nan): finite "
-            "differences cannot step from it", False)
-  try:
-    with _quiet():
-      out = sample.call(arrays)
-  except Exception as e:  # pylint: disable=broad-except  (reported)
-    return (f"the function raises at these inputs: {type(e).__name__}: "
-            f"{(str(e).splitlines() or [''])[0][:200]}",
-            isinstance(e, RuleTypeError))
-  return ("the function's output is not finite at these inputs"
-          if _not_finite(out) else "", False)
-
-
-def _without_outputs(fn: Callable, outputs: set[str]) -> Callable:
-  """``fn`` with None for the leaves ``outputs`` name (a flat index, or a
-  path like ``out[1]``: the leaves under it); the others keep their paths."""
+def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
+  """What `check_rules` checks (less the declared outputs), its inputs (a
+  primitive's that the tests differentiated) and options."""
   def left_out(i, path):
     path = "out" + jax.tree_util.keystr(path)
-    return str(i) in outputs or any(
+    return str(i) in declared.outputs or any(
         path == o or path.startswith(o) and path[len(o)] in "[."
-        for o in outputs)
+        for o in declared.outputs)
 
-  def kept(*args):
-    paths, tree = jax.tree_util.tree_flatten_with_path(fn(*args))
+  def fn(*a):
+    if rule.identity.kind == "Primitive":
+      given = dict(zip(keep, a))
+      a = tuple(given.get(i, x) for i, x in enumerate(arrays))
+    out = sample.call(list(a))
+    if not declared.outputs:
+      return out
+    paths, tree = jax.tree_util.tree_flatten_with_path(out)
     return jax.tree.unflatten(tree, [None if left_out(i, path) else leaf
                                      for i, (path, leaf) in enumerate(paths)])
-  return kept
-
-
-def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
-  """The function `check_rules` checks, its inputs and options: modes, the
-  tests' in_axes and dtypes; of a primitive, only the inputs differentiated
-  in the tests."""
-  fn = lambda *a: sample.call(list(a))
-  if declared.outputs:
-    fn = _without_outputs(fn, declared.outputs)
   options: dict[str, Any] = {}
   if declared.skip:
     options["modes"] = [m for m in testing.MODES if m not in declared.skip]
@@ -339,20 +309,12 @@ def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
       np.dtype(x.dtype).kind in "fc" for x in sample.leaves
       if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu":
     options["device"] = jax.devices("cpu")[0]
-  if rule.identity.kind == "Primitive":
-    full, whole = fn, list(arrays)
-
-    def fn(*a):
-      given = dict(zip(keep, a))
-      return full(*(given.get(i, x) for i, x in enumerate(whole)))
   return fn, [arrays[i] for i in keep], options
 
 
 def _moves(sample: Sample, arrays: list[Any], i: int) -> bool:
-  """Whether nudging ``arrays[i]`` moves the output: a primitive's impl may
-  ignore an input that reaches it through another (a solver's state
-  computed from its operator), where its impl's derivative is not its
-  jvp rule's."""
+  """Whether nudging ``arrays[i]`` moves the output (a solver's impl may
+  read its operator only through its state: then its jvp rule is not)."""
   x = np.asarray(arrays[i])
   nudged = [*arrays[:i], jax.numpy.asarray(
       (x + 1e-3 * (1 + np.abs(x))).astype(x.dtype)), *arrays[i + 1:]]
@@ -365,27 +327,28 @@ def _moves(sample: Sample, arrays: list[Any], i: int) -> bool:
     return True
 
 
-def _left(deadline: tuple[float, float]) -> float:
-  """The wall-clock budget left by ``deadline`` (CPU time, pace)."""
-  return (deadline[0] - time.process_time()) / OVERRUN * deadline[1]
-
-
-def _a_rule_raised(report) -> bool:
-  return any(f.error is not None for f in report.failures)
-
-
 def _check_sample(rule, sample, tries, tried, declared, progress,
                   deadline) -> None:
-  why, rule_at_fault, arrays = "", False, []
-  for arrays, source in tries:
-    arrays = _as_jax(arrays)
-    tried.source = source
-    why, rule_at_fault = _runs_at(sample, arrays)
+  why, at_fault = "", False
+  for arrays, tried.source in tries:  # the first where it runs and is finite
+    arrays = [jax.numpy.asarray(x) if isinstance(x, (np.ndarray, np.generic))
+              else x for x in arrays]  # (as the tests passed them)
+    why, at_fault = ("an input is not finite (a test passed inf or nan): "
+                     "finite differences cannot step from it", False)
+    try:
+      with _quiet():
+        if not _not_finite(arrays):
+          why = ("the function's output is not finite at these inputs"
+                 if _not_finite(sample.call(arrays)) else "")
+    except Exception as e:  # pylint: disable=broad-except  (reported)
+      why, at_fault = (f"the function raises at these inputs: "
+                       f"{type(e).__name__}: "
+                       f"{(str(e).splitlines() or [''])[0][:200]}",
+                       isinstance(e, RuleTypeError))
     if not why:
       break
-  if why:
-    tried.verdict = "failed" if rule_at_fault else "not checked"
-    tried.detail = why
+  else:
+    tried.verdict, tried.detail = "failed" if at_fault else "not checked", why
     return
   names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else
             getattr(sample.fn, "custom_jvp", sample.fn)]
@@ -397,16 +360,17 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
         "(at these values): they reach it through other inputs (a solver's "
         "state computed from its operator), which the checks hold fixed")
     return
-  if _left(deadline) <= 0:
+  left = lambda: (deadline[0] - time.process_time()) / OVERRUN * deadline[1]
+  raised = lambda report: any(f.error is not None for f in report.failures)
+  if left() <= 0:
     tried.detail = "calling the function spent the rule's budget"
     return
   try:
-    report = _check_rules(fn, checked, _left(deadline), progress, names,
-                          **options)
-    if _a_rule_raised(report) and _left(deadline) > 0:
-      again = _check_rules(fn, checked, _left(deadline), progress, names,
+    report = _check_rules(fn, checked, left(), progress, names, **options)
+    if raised(report) and left() > 0:
+      again = _check_rules(fn, checked, left(), progress, names,
                            x64=False, **options)
-      if not _a_rule_raised(again):
+      if not raised(again):
         tried.source += "; in its own dtypes (its rules raise in float64)"
         report = again
   except Exception as e:  # pylint: disable=broad-except  (reported)
@@ -422,20 +386,19 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
       report.failures[:] = keep
       report.required[:] = [r for r in report.required
                             if "vmap" not in r or report.compared.get(r)]
-  if rule.identity.kind == "Primitive" and report.failures and all(
-      f.error is not None for f in report.failures):
-    f = report.failures[0]  # (not a wrong value: it refuses, on purpose?)
-    tried.verdict, tried.detail = "inconclusive", (
-        f"its rules raised ({f.check}: {one_line(f.detail, f.error)}): a "
+  failures = report.failures
+  if rule.identity.kind == "Primitive" and failures and all(
+      f.error is not None for f in failures):
+    tried.verdict, tried.detail = "inconclusive", (  # (refused on purpose?)
+        f"its rules raised ({failures[0].check}: "
+        f"{one_line(failures[0].detail, failures[0].error)}): a "
         "library primitive may refuse a transformation on purpose")
     return
-  if (report.failures and not _a_rule_raised(report)
-      and rule.identity.kind != "Primitive"
+  if (failures and not raised(report) and rule.identity.kind != "Primitive"
       and (outside := _not_a_root(sample, arrays))):
     tried.verdict, tried.detail = "not checked", outside
     return
-  tried.verdict = report.verdict
-  tried.surrogate = bool(report.surrogates)
+  tried.verdict, tried.surrogate = report.verdict, bool(report.surrogates)
   tried.by_intent = list(report.by_intent)
   tried.skipped = [f"{mode}: {why}" for mode, why in report.skipped]
   tried.failures = [{"rule": f.rule, "check": f.check, "inputs": f.inputs,
@@ -443,10 +406,10 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
                      "max_error": f.max_error,
                      "traceback": "" if f.error is None else "".join(
                          traceback.format_exception(f.error))}
-                    for f in report.failures]
-  if report.failures:
-    f = report.failures[0]
-    at = f.inputs.splitlines()[0] if f.inputs else ""
+                    for f in failures]
+  if failures:
+    f = failures[0]
+    at = f.inputs.partition("\n")[0]
     tried.detail = (f"{f.rule}: {f.check}: {one_line(f.detail, f.error)}"
                     + (f" [{at}]" if at else ""))
   elif tried.verdict == "inconclusive" and report.skipped_for_time:
@@ -458,21 +421,20 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
 
 
 def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
-  """Why ``sample`` judges nothing of an implicit rule ("" if it may): a
-  function among its non-array arguments, ``condition(*outputs, *inputs)``,
-  is not about 0 there."""
+  """Why an implicit rule is not judged here: ``condition(*outputs,
+  *inputs)``, a function argument, is not about 0 ("" if it is)."""
+  biggest = lambda tree: max((float(np.max(np.abs(x))) for x in
+                              jax.tree.leaves(tree) if np.size(x)), default=0.)
   with _quiet():
     out = sample.call(arrays)
   outs = out if isinstance(out, tuple) else (out,)
-  scale = max([1.0] + [float(np.max(np.abs(x))) for x in
-                       jax.tree.leaves((outs, arrays)) if np.size(x)])
+  scale = max(1.0, biggest((outs, arrays)))
   for condition in jax.tree.leaves(list(sample.statics.values())):
     if not isinstance(condition, types.FunctionType):
       continue
     try:
       with _quiet():
-        size = max((float(np.max(np.abs(x))) for x in jax.tree.leaves(
-            condition(*outs, *arrays)) if np.size(x)), default=0.0)
+        size = biggest(condition(*outs, *arrays))
     except Exception:  # pylint: disable=broad-except  (not a condition)
       continue
     if size > 1e-3 * scale:
@@ -482,17 +444,3 @@ def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
               "rule's derivative holds at roots only, so this input judges "
               "nothing")
   return ""
-
-
-def _conclude(result: RuleResult) -> None:
-  for verdict in ("failed", "passed", "inconclusive", "skipped for time"):
-    if any(t.verdict == verdict for t in result.tried):
-      result.verdict = verdict
-      result.detail = next((t.detail for t in result.tried
-                            if t.verdict == verdict and t.detail), "")
-      return
-  details = [t.detail for t in result.tried if t.verdict == "not checked"]
-  result.verdict = "inconclusive"
-  result.detail = next((d for d in details if d != "no array inputs"),
-                       details[0] if details else
-                       "no call with inputs that can be checked")

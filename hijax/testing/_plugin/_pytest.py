@@ -1,13 +1,6 @@
-"""``pytest --hijax-check-rules``: records the rules the tests call, checks
-each at the end in the order first called until the budget (by default
-25% of the tests' CPU time) is spent, prints a table, can fail the run and
-write a JSON report.
-
-Declarations (ini ``hijax_deliberate``, one ``TARGET: WHAT`` per line):
-TARGET a dotted name, ``path/file.py:LINE`` or ``path/file.py::qualname``
-(matched at the path's end); WHAT ``surrogate``, ``skip MODE,...`` or
-``output OUT,...`` (a flat index or a path like ``out[1]``).
-"""
+"""``pytest --hijax-check-rules``'s hooks: record the rules the tests call,
+check each at the end (first called first) within the budget, print a
+table, fail the run, write JSON; read the ini's declarations."""
 from __future__ import annotations
 
 import collections
@@ -43,16 +36,6 @@ MODE_WORDS = (("transposed by JAX", "vjp"), ("vmap", "batch"),
               ("lineari", "lin"))
 
 
-def short_path(path: str, root: str) -> str:
-  """``path`` relative to ``root`` if inside it, else from its package."""
-  try:
-    rel = os.path.relpath(path, root)
-  except ValueError:
-    rel = ".."
-  return (rel if not rel.startswith("..") else
-          path.split(f"site-packages{os.sep}", 1)[-1])
-
-
 def table(rows: list[tuple[str, list[str], list[str], str, str]],
           width: int = 120) -> list[str]:
   """One row per rule ``(rule, [defined at], [inputs], verdict, detail)``,
@@ -70,7 +53,6 @@ def table(rows: list[tuple[str, list[str], list[str], str, str]],
              for k, (c, w) in enumerate(zip(cells, widths))]
     return "  ".join([p.ljust(w) for p, w in zip(parts, widths)]
                      + [cells[3]]).rstrip()
-
   out = [line(HEADER), line(["-" * w for w in widths] + ["-" * 7])]
   for rule, where, inputs, verdict, detail in rows:
     n = max(len(where), len(inputs), 1)
@@ -88,8 +70,7 @@ class RuleCheckPlugin:
   """The plugin object: the recorder while the tests run, then the checks."""
 
   def __init__(self, config: pytest.Config) -> None:
-    self.config = config
-    opt = config.getoption
+    self.config, opt = config, config.getoption
     budget = str(opt("hijax_rules_budget"))
     try:
       self.share = float(budget[:-1]) / 100 if budget.endswith("%") else None
@@ -100,7 +81,6 @@ class RuleCheckPlugin:
           f"CPU time (25%), not {budget!r}") from None
     self.rule_budget = float(str(opt("hijax_rule_budget")))
     self.fail_on = str(opt("hijax_rules_fail_on"))
-    self.json_path = opt("hijax_rules_json")
     self.recorder = CallRecorder(int(str(opt("hijax_rules_samples"))),
                                  bool(opt("hijax_rules_include_jax")),
                                  bool(opt("hijax_values_inside_jit")))
@@ -108,8 +88,8 @@ class RuleCheckPlugin:
     self.unresolved: list[str] = []
     self.declared: list[tuple[str, str]] = []  # (target, what)
     self.test_files: set[str] = set()
-    self.check_seconds, self.check_cpu = 0.0, 0.0
-    self.suite_seconds, self.suite_wall, self._shown = 0.0, 0.0, 0.0
+    self.check_seconds = self.check_cpu = self.suite_seconds = 0.0
+    self.suite_wall = self._shown = 0.0
     self._cpu_start, self._wall_start = time.process_time(), time.perf_counter()
     self.recorder.install()
 
@@ -129,8 +109,8 @@ class RuleCheckPlugin:
     if exitstatus == pytest.ExitCode.INTERRUPTED:
       return
     self._check_all()
-    if self.json_path:
-      with open(self.json_path, "w", encoding="utf-8") as f:
+    if path := self.config.getoption("hijax_rules_json"):
+      with open(path, "w", encoding="utf-8") as f:
         json.dump(self.json(), f, indent=1, ensure_ascii=False)
     if self._failing() and session.exitstatus == pytest.ExitCode.OK:
       session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -139,7 +119,6 @@ class RuleCheckPlugin:
     self.recorder.remove()
 
   def _failing(self) -> list[str]:
-    """The rules that fail the run."""
     bad = {"failed"} | ({"inconclusive"} if self.fail_on == "inconclusive"
                         else set())
     return [r.rule.identity.label() for r in self.results
@@ -147,9 +126,9 @@ class RuleCheckPlugin:
 
   def _declarations(self) -> list[tuple[Any, str, str]]:
     """``(object or None, location or "", what)`` per declaration."""
-    out = []
+    out, deliberate = [], self.config.getini("hijax_deliberate")
     for line in ([f"{n}: surrogate" for n in self.config.getini(
-        "hijax_surrogates")] + self.config.getini("hijax_deliberate")):
+        "hijax_surrogates")] + deliberate):
       target, _, what = (s.strip() for s in line.rpartition(": "))
       word, _, items = what.partition(" ")
       if not target or word not in ("surrogate", "skip", "output") or any(
@@ -160,7 +139,7 @@ class RuleCheckPlugin:
             f"skip MODE,... with MODE one of {', '.join(MODES)}, or TARGET: "
             "output OUT,...)")
         continue
-      if line in self.config.getini("hijax_deliberate"):
+      if line in deliberate:
         self.declared.append((target, what))
       if ".py:" in target or not re.fullmatch(r"[\w.:]+", target):
         out.append((None, target, what))
@@ -174,23 +153,20 @@ class RuleCheckPlugin:
   def declaration(self, rule, declared) -> Declaration:
     """What the declarations say of ``rule``."""
     file, line = rule.identity.where()
-    file = "/" + file.replace(os.sep, "/")
-    out = Declaration()
+    file, out = "/" + file.replace(os.sep, "/"), Declaration()
     for obj, location, what in declared:
       path, _, at = location.rpartition("::" if "::" in location else ":")
-      if not (is_surrogate(rule, [obj]) if obj is not None else
-              path and file.endswith("/" + path.lstrip("/"))
-              and at in (str(line), rule.identity.name)):
-        continue
-      word, _, items = what.partition(" ")
-      names = {i.strip() for i in items.split(",") if i.strip()}
-      out.surrogate |= word == "surrogate"
-      (out.skip if word == "skip" else out.outputs).update(names)
+      if is_surrogate(rule, [obj]) if obj is not None else (
+          path and file.endswith("/" + path.lstrip("/"))
+          and at in (str(line), rule.identity.name)):
+        word, _, items = what.partition(" ")
+        out.surrogate |= word == "surrogate"
+        (out.skip if word == "skip" else out.outputs).update(
+            i.strip() for i in items.split(",") if i.strip())
     return out
 
   def _progress(self, line: str, every: float = 0.0) -> None:
-    """One line, rewritten in place (at most each ``every`` s), on a
-    terminal only."""
+    """One line rewritten in place (at most each ``every`` s), on a tty."""
     reporter = self.config.pluginmanager.get_plugin("terminalreporter")
     if time.monotonic() - self._shown < every:
       return
@@ -200,9 +176,12 @@ class RuleCheckPlugin:
       reporter.rewrite(f"hijax: {line}"[:width] if line else "", erase=True)
 
   def _check_all(self) -> None:
-    declared = self._declarations()
-    rules = list(self.recorder.rules.values())
+    declared, rules = self._declarations(), list(self.recorder.rules.values())
     start, cpu = time.monotonic(), time.process_time()
+    # wall-clock seconds per CPU second: the smaller of the tests' own and
+    # the load per core now, at least 1
+    pace = max(1.0, min(os.getloadavg()[0] / (os.cpu_count() or 1),
+                        self.suite_wall / max(self.suite_seconds, 1e-9)))
     for n, rule in enumerate(rules, 1):
       spent = time.process_time() - cpu
       left = min(self.rule_budget, self.total_budget - spent)
@@ -213,19 +192,11 @@ class RuleCheckPlugin:
       self.results.append(check_rule(
           rule, max(left, 0), self.declaration(rule, declared),
           lambda line, head=head: self._progress(f"{head}: {line}",
-                                                 PROGRESS_EVERY),
-          pace=self.pace()))
+                                                 PROGRESS_EVERY), pace=pace))
     self.check_seconds = time.monotonic() - start
     self.check_cpu = time.process_time() - cpu
     if rules:
       self._progress("")
-
-  def pace(self) -> float:
-    """Wall-clock seconds per CPU second: the smaller of the tests' own and
-    the load per core now, at least 1."""
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    return max(1.0, min(load, self.suite_wall / max(self.suite_seconds,
-                                                     1e-9)))
 
   def hint(self, result: RuleResult) -> str | None:
     """How to declare ``result``'s failure deliberate, or report it (an
@@ -238,12 +209,18 @@ class RuleCheckPlugin:
     ) if result.verdict == "failed" else None
 
   def _where(self, rule) -> list[str]:
-    """Where ``rule`` is defined, and its library wrapper, if any."""
-    root = str(self.config.rootpath)
-    where = [rule.identity.where()] + (
-        [rule.identity.where(via=True)] if rule.identity.via else [])
-    return [("via " if i else "") + f"{short_path(f, root)}:{line}"
-            for i, (f, line) in enumerate(where)]
+    """Where ``rule`` (and its wrapper) is defined, from the root or package."""
+    out = []
+    for via in (False, True)[:1 + bool(rule.identity.via)]:
+      path, line = rule.identity.where(via)
+      try:
+        rel = os.path.relpath(path, self.config.rootpath)
+      except ValueError:
+        rel = ".."
+      out.append(("via " if via else "") + (rel if not rel.startswith("..")
+                  else path.split(f"site-packages{os.sep}", 1)[-1])
+                 + f":{line}")
+    return out
 
   def in_test_file(self, rule) -> bool:
     """Whether ``rule`` is defined in a test module or a conftest.py."""
@@ -254,7 +231,9 @@ class RuleCheckPlugin:
     tr = terminalreporter
     tr.write_sep("=", "hijax: custom derivative rules called by the tests")
     rows = [(r.rule.identity.label() + " [surrogate]" * r.surrogate,
-             self._where(r.rule), [t.describe() for t in r.tried], r.verdict,
+             self._where(r.rule), [
+                 f"{', '.join(t.types) or 'no arrays'} ({t.source})"
+                 for t in r.tried], r.verdict,
              r.detail + (f"; {h}" if (h := self.hint(r)) else ""))
             for r in self.results]
     for line in table(rows, tr._tw.fullwidth) + self.summary():
@@ -306,18 +285,17 @@ class RuleCheckPlugin:
           "defined_at": where[0], "via": where[1] and where[1][len("via "):],
           "in_test_file": self.in_test_file(r.rule),
           "surrogate": r.surrogate, "calls": r.rule.calls,
-          "first_test": r.rule.first_test, "verdict": r.verdict,
+          "first_test": next((s.test for s in r.rule.samples.values()), ""),
+          "verdict": r.verdict,
           "detail": r.detail, "seconds": round(r.seconds, 3),
           "how_to_declare": self.hint(r),
           "inputs": [dict(dataclasses.asdict(t), seconds=round(t.seconds, 3))
                      for t in r.tried]})
-    return {"rules": rules,
-            "counts": dict(collections.Counter(r.verdict
-                                               for r in self.results)),
-            "recording": {"calls": rec.calls,
-                          "seconds": round(rec.seconds, 3),
-                          "errors": rec.errors,
-                          "rules_in_jax_not_checked": len(rec.skipped_rules)},
+    return {"rules": rules, "counts": dict(collections.Counter(
+        r.verdict for r in self.results)), "recording": {
+            "calls": rec.calls, "seconds": round(rec.seconds, 3),
+            "errors": rec.errors,
+            "rules_in_jax_not_checked": len(rec.skipped_rules)},
             "checks": {"seconds": round(self.check_seconds, 3),
                        "cpu_seconds": round(self.check_cpu, 3),
                        "budget": self.total_budget,

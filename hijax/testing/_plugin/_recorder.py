@@ -32,12 +32,9 @@ from hijax._internals.batching import BatchTrace
 JAX_PACKAGES = ("jax", "jaxlib", "hijax")
 # hijax's own primitives (its decorators' and vmap's): not rules of a user.
 _MACHINERY = ("hijax._decorators", "hijax.batching")
-# A sample with more elements than this keeps only its types.
-MAX_ELEMENTS = 100_000
+MAX_ELEMENTS = 100_000  # a sample with more elements keeps only its types
 _SCALARS = (bool, int, float, complex)
 
-
-# --- which rule ---------------------------------------------------------------
 
 @dataclasses.dataclass
 class RuleIdentity:
@@ -104,14 +101,6 @@ def named_function(fun: Any) -> Any:
   return fun
 
 
-def _code_key(fn: Any) -> Any:
-  try:
-    return None if fn is None else (code_of(fn), tuple(
-        f.__code__ for f in _functions_held(unwrap(fn))))
-  except TypeError:
-    return type(fn)
-
-
 def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
   """The rule of a call of ``obj`` (None for hijax's own machinery)."""
   if kind == "Primitive":
@@ -122,6 +111,13 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
     cls = type(obj)
     return None if (cls.__module__ or "").startswith(_MACHINERY) else \
         RuleIdentity(cls, kind, cls.__qualname__, cls, _in_jax(cls))
+
+  def code_key(fn):
+    try:
+      return None if fn is None else (code_of(fn), tuple(
+          f.__code__ for f in _functions_held(unwrap(fn))))
+    except TypeError:
+      return type(fn)
   fun = getattr(obj, "fun", obj)
   rules = ([getattr(obj, "jvp", None)] if kind.endswith("custom_jvp")
            else [getattr(obj, "fwd", None), getattr(obj, "bwd", None)])
@@ -129,7 +125,7 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
   name = getattr(named, "__qualname__", None) or getattr(
       named, "__name__", repr(named))
   return RuleIdentity(
-      (kind, _code_key(fun), *map(_code_key, rules)), kind, name, named,
+      (kind, code_key(fun), *map(code_key, rules)), kind, name, named,
       _in_jax(named), fun, None if named is unwrap(fun) else fun)
 
 
@@ -171,16 +167,13 @@ def library_primitives(seen: Any) -> list[Any]:
           and "bind" not in vars(p) and not _in_jax(unwrap(rule), "jax")]
 
 
-# --- what a call passed -------------------------------------------------------
-
 @dataclasses.dataclass
 class _Static:
   """A ``nondiff_argnums`` argument, kept whole (a leaf of no pytree)."""
   value: Any
 
 
-def _unwrap_static(x: Any) -> Any:
-  return x.value if isinstance(x, _Static) else x
+_unwrap_static = lambda x: x.value if isinstance(x, _Static) else x
 
 
 @dataclasses.dataclass
@@ -234,19 +227,6 @@ class RecordedRule:
       default_factory=dict)
   refused: bool = False  # a primitive whose jvp raised in the tests
 
-  @property
-  def first_test(self) -> str:
-    return next(iter(self.samples.values())).test if self.samples else ""
-
-
-def variety(samples: list[Sample]) -> tuple[int, ...]:
-  """How varied ``samples`` are: the number with values, then of distinct
-  signatures, test functions, tests, regions."""
-  return (sum(s.concrete for s in samples),
-          len({s.signature for s in samples}),
-          len({s.test.split("[", 1)[0] for s in samples}),
-          len({s.test for s in samples}), len({s.region for s in samples}))
-
 
 def _region(leaves: list[Any]) -> tuple:
   arrays = [np.asarray(x).real for x in leaves if x is not None
@@ -296,9 +276,8 @@ class CallRecorder:
     self.include_jax, self.values_inside_jit = include_jax, values_inside_jit
     self.rules: dict[Any, RecordedRule] = {}
     self.skipped_rules: set[Any] = set()  # out of scope, by key
-    self.calls = 0
+    self.calls, self.seconds = 0, 0.0  # (seconds: spent recording)
     self.errors: list[str] = []
-    self.seconds = 0.0  # spent recording
     self.test = ""
     self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     self._saved: list[tuple[Any, Any]] = []
@@ -360,10 +339,8 @@ class CallRecorder:
     return __call__
 
   def _when_run(self, sample: Sample, args: tuple) -> None:
-    """Has a primitive's bind traced inside ``jit`` (not under ``vmap``),
-    whose types a kept sample has without values, send its inputs' values
-    when the program first runs (`jax.debug.callback`); they replace the
-    types at the next call recorded."""
+    """Has a bind traced in ``jit`` (not ``vmap``) of a kept sample's types
+    send its inputs when its program first runs (taken in at a later call)."""
     rule = self._known.get(sample.fn.prim)
     if rule is None or sample.size > MAX_ELEMENTS or not any(
         s.signature == sample.signature and not s.concrete
@@ -371,6 +348,7 @@ class CallRecorder:
       return
     arrays = [x for x, kept in zip(jax.tree.leaves((args, {})),
                                    sample.leaves) if kept is not None]
+
     sent = []
 
     def arrived(*values):
@@ -391,8 +369,6 @@ class CallRecorder:
       rule, sample = self._arrived.pop()
       sample.region = _region(sample.leaves)
       self._keep(rule, sample)
-      rule.full = (len(rule.samples) >= self.max_samples
-                   and all(s.concrete for s in rule.samples.values()))
 
   def record(self, kind: str, obj: Any, args: tuple,
              kwargs: dict) -> Sample | None:
@@ -401,7 +377,14 @@ class CallRecorder:
     self.calls += 1
     try:
       self._take_arrived()
-      rule = self._rule_of(kind, obj)
+      key = (type(obj) if kind == "HiPrim" else obj.prim
+             if kind == "Primitive" else obj)
+      try:
+        rule = self._known.get(key, self)
+        if rule is self:
+          rule = self._known[key] = self._new_rule(identity_of(kind, obj))
+      except TypeError:  # not weakly referenceable: looked up each time
+        rule = self._new_rule(identity_of(kind, obj))
       if rule is not None:
         rule.calls += 1
         if (not rule.full or self.test not in rule.tests_done
@@ -413,17 +396,6 @@ class CallRecorder:
         self.errors.append(f"{kind} {obj!r:.80}: {type(e).__name__}: {e}")
     self.seconds += time.perf_counter() - start
     return sample
-
-  def _rule_of(self, kind: str, obj: Any) -> RecordedRule | None:
-    key = (type(obj) if kind == "HiPrim" else obj.prim
-           if kind == "Primitive" else obj)
-    try:
-      return self._known[key]
-    except KeyError:
-      rule = self._known[key] = self._new_rule(identity_of(kind, obj))
-      return rule
-    except TypeError:  # not weakly referenceable: looked up each time
-      return self._new_rule(identity_of(kind, obj))
 
   def _new_rule(self, identity: RuleIdentity | None) -> RecordedRule | None:
     if identity is not None and identity.in_jax and not self.include_jax:
@@ -441,23 +413,20 @@ class CallRecorder:
     flat, treedef = jax.tree.flatten((tuple(
         _Static(a) if i in nondiff else a for i, a in enumerate(args)),
                                       kwargs))
-    leaves, statics, sources, axes, diff = [], {}, set(), [], []
-    for i, x in enumerate(flat):
-      kept, source = _leaf_of(x)
-      if source == "static" and isinstance(x, core.Tracer):
-        return None  # a traced value of a type that cannot be drawn
-      if source == "static":
-        statics[i] = _unwrap_static(x)
-      else:
-        axes.append(_batch_axis(x))
-        diff.append(_differentiated(x))
-      sources.add(source)
-      leaves.append(kept)
+    kept = [_leaf_of(x) for x in flat]
+    if any(how == "static" and isinstance(x, core.Tracer)
+           for x, (_, how) in zip(flat, kept)):
+      return None  # a traced value of a type that cannot be drawn
+    leaves, sources = [k for k, _ in kept], {how for _, how in kept}
+    statics = {i: _unwrap_static(x) for i, (x, (_, how))
+               in enumerate(zip(flat, kept)) if how == "static"}
+    arrays = [x for i, x in enumerate(flat) if i not in statics]
     rule.differentiated.setdefault(treedef, set()).update(
-        i for i, d in enumerate(diff) if d)
+        i for i, x in enumerate(arrays) if _differentiated(x))
+    axes = tuple(map(_batch_axis, arrays))
     patterns = rule.batched.setdefault(treedef, set())
     if any(a is not None for a in axes) and len(patterns) < 8:
-      patterns.add(tuple(axes))
+      patterns.add(axes)
     signature = (treedef, tuple(None if x is None else (
         np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
                                for x in leaves))
@@ -471,16 +440,17 @@ class CallRecorder:
       sample.source = "too large to keep"
     sample.region = _region(sample.leaves)
     self._keep(rule, sample)
-    rule.full = (len(rule.samples) >= self.max_samples
-                 and all(s.concrete for s in rule.samples.values()))
     if rule.full and sample.concrete:
       rule.tests_done.add(self.test)
     return sample
 
   def _keep(self, rule: RecordedRule, sample: Sample) -> None:
-    """Keeps ``sample`` where that makes the samples more varied: a call
-    with values replaces one of the same types; else, once full, the one
-    whose place makes the samples most varied."""
+    """Keeps ``sample`` if the samples get more varied, in place of one of its
+    types without values, else of the one it varies most."""
+    def variety(ss):  # with values, distinct types, functions, tests, regions
+      return (sum(s.concrete for s in ss), len({s.signature for s in ss}),
+              len({s.test.split("[", 1)[0] for s in ss}),
+              len({s.test for s in ss}), len({s.region for s in ss}))
     key, kept = (sample.signature, sample.test, sample.region), rule.samples
     same = [k for k, s in kept.items() if s.signature == sample.signature]
     if same and not sample.concrete:  # the same types: nothing new
@@ -496,3 +466,5 @@ class CallRecorder:
         return
     kept.pop(out, None)
     kept[key] = sample
+    rule.full = (len(kept) >= self.max_samples
+                 and all(s.concrete for s in kept.values()))
