@@ -243,7 +243,8 @@ def test_a_jvp_rule_branching_on_a_value_is_run_on_the_values_each_grad():
 def test_an_unchanged_jvp_rule_runs_no_more_from_the_third_eager_grad():
   """The first eager ``grad`` runs the rule, the second traces it once for
   the kept linearization, the next ones run that (the rule is not called);
-  other argument types start over, and the values stay right."""
+  other argument types start over, and the values stay right. Under ``jit``
+  nothing is kept: each new trace calls the rule."""
   calls = collections.deque()  # (keyed by identity: appending is no change)
   f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
 
@@ -259,3 +260,7 @@ def test_an_unchanged_jvp_rule_runs_no_more_from_the_third_eager_grad():
                                jnp.cos(x) * W, rtol=2e-3)
     counts.append(len(calls) - before)
   assert counts == [1, 1, 0, 0, 1, 1]
+  for _ in range(3):  # under a new jit the rule is traced, as JAX's is
+    before = len(calls)
+    jax.jit(lambda x: jax.grad(lambda x: jnp.sum(f(x)))(x))(X)
+    assert len(calls) - before == 1
