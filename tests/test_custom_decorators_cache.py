@@ -238,3 +238,29 @@ def test_a_jvp_rule_branching_on_a_value_is_run_on_the_values_each_grad():
     _grad_is(f, W)
   np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(f(x)))(-X),
                              -jnp.cos(-X) * W, rtol=1e-6)
+
+
+def test_an_unchanged_jvp_rule_runs_no_more_from_the_third_eager_grad():
+  """The first eager ``grad`` runs the rule, the second traces it once for
+  the kept linearization, the next ones run that (the rule is not called);
+  other argument types start over, and the values stay right. Under ``jit``
+  nothing is kept: each new trace calls the rule."""
+  calls = collections.deque()  # (keyed by identity: appending is no change)
+  f = hijax.custom_jvp(lambda x: jnp.sin(x) * W)
+
+  @f.defjvp
+  def rule(primals, tangents):
+    calls.append(None)
+    (x,), (t,) = primals, tangents
+    return f(x), t * jnp.cos(x) * W
+  counts = []
+  for x in (X, X, X, X, X.astype(jnp.float16), X.astype(jnp.float16)):
+    before = len(calls)
+    np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(f(x)))(x),
+                               jnp.cos(x) * W, rtol=2e-3)
+    counts.append(len(calls) - before)
+  assert counts == [1, 1, 0, 0, 1, 1]
+  for _ in range(3):  # under a new jit the rule is traced, as JAX's is
+    before = len(calls)
+    jax.jit(lambda x: jax.grad(lambda x: jnp.sum(f(x)))(x))(X)
+    assert len(calls) - before == 1

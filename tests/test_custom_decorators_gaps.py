@@ -263,7 +263,7 @@ def test_defvjp_with_accums():
     jax.grad(f)(p, y)
   # and hijax's detail: which rule, defined how, and what it returned
   assert ("was defined with defvjp_with_accums, so it must return None or a "
-          "dict of backward-pass logs, but returned a list") in str(info.value)
+          "dict of backward-pass logs, but it is a list") in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["defvjp_with_logs", "defvjp_with_accums"])

@@ -225,3 +225,29 @@ def test_the_transposed_rule_cache_tells_0_from_minus_0():
     _, tangent = jax.jvp(f, (sign * jnp.ones(2),), (jnp.ones(2),))
     np.testing.assert_allclose(tangent, sign * np.ones(2))
 
+
+
+# --- an argument with a zero tangent under grad -----------------------------
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("api", [jax, hijax])
+def test_grad_through_a_stop_gradient_argument(api, jit):
+  """Under ``grad``, a call whose argument has no tangent (stop_gradient) is
+  linearized with every flag False: its value and the gradient are those of
+  JAX's decorator (the rule's contribution is zero); each call twice, as a
+  kept linearization is used from the second."""
+  f = api.custom_jvp(lambda x: jnp.sin(x) * 2.0)
+
+  @f.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return f(x), t * jnp.cos(x) * 2.0
+  g = jax.value_and_grad(
+      lambda x: jnp.sum(f(jax.lax.stop_gradient(x)) * x))
+  g = jax.jit(g) if jit else g
+  x = jnp.linspace(0.1, 1.0, 4)
+  for _ in range(2):
+    value, grad = g(x)
+    np.testing.assert_allclose(value, jnp.sum(jnp.sin(x) * 2.0 * x),
+                               rtol=1e-6)
+    np.testing.assert_allclose(grad, jnp.sin(x) * 2.0, rtol=1e-6)

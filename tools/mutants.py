@@ -117,15 +117,16 @@ MODULE_TESTS.update({
                              "tests/test_testing_budget.py",
                              "tests/test_testing_compiles.py", *TESTING],
 })
-# hijax.custom_jvp / custom_vjp: the decorators' tests, then the drop-in ones.
-DECORATORS = ["tests/test_custom_decorators.py", "tests/test_custom_decorators_checks.py",
-              "tests/test_custom_decorators_gaps.py",
-              "tests/test_custom_decorators_additions.py",
-              "tests/test_custom_decorators_dce.py",
-              "tests/test_custom_decorators_jax_words.py",
+# hijax.custom_jvp / custom_vjp: the decorators' tests, fastest first (the
+# kept-trace cache's first: most mutants of the call path fail there).
+DECORATORS = ["tests/test_custom_decorators_cache.py", "tests/test_dropin_hooks.py",
               "tests/test_custom_decorators_review.py",
-              "tests/test_custom_decorators_cache.py", "tests/test_dropin.py",
-              "tests/test_dropin_hooks.py", "tests/test_dropin_remat.py"]
+              "tests/test_custom_decorators_dce.py", "tests/test_dropin.py",
+              "tests/test_custom_decorators_jax_words.py",
+              "tests/test_dropin_remat.py", "tests/test_custom_decorators_gaps.py",
+              "tests/test_custom_decorators_additions.py",
+              "tests/test_custom_decorators.py",
+              "tests/test_custom_decorators_checks.py"]
 MODULE_TESTS["_function_key.py"] = ["tests/test_custom_decorators_cache.py",
                                     "tests/test_implicit_cache.py",
                                     "tests/test_function_key.py",

@@ -66,18 +66,22 @@ class CustomVJPCall(CallPrimitive):
     if not d.with_accums:
       return d.bwd(*self.statics, res, g)
     accums = [ValAccum(a.to_ct_aval()) for a in self.arg_avals]
-    logs = d.bwd(*self.statics, res, g,
-                 *jax.tree.unflatten(self.arg_tree, accums))
-    if logs is not None and type(logs) is not dict:
-      raise self.error(
-          f"the bwd rule {self.bwd_name}", "was defined with "
-          "defvjp_with_accums, so it must return None or a dict of "
-          f"backward-pass logs, but returned a {type(logs).__name__}",
-          TypeError, "Custom VJP bwd rule was registered with "
-          "defvjp_with_accums, and so must return None or a dict of "
-          f"backward-pass log entries, but got {type(logs).__name__}.")
+    logs = self._logs(d.bwd(*self.statics, res, g, *jax.tree.unflatten(
+        self.arg_tree, accums)), "defvjp_with_accums", "it must return", "")
     cts = jax.tree.unflatten(self.arg_tree, [a.freeze() for a in accums])
     return tuple(cts), logs
+
+  def _logs(self, logs: Any, method: str, what: str, jax_what: str) -> Any:
+    """``logs``, checked: None or a dict, as ``method`` says."""
+    if logs is not None and type(logs) is not dict:
+      got = type(logs).__name__
+      raise self.error(
+          f"the bwd rule {self.bwd_name}", f"was defined with {method}, so "
+          f"{what} None or a dict of backward-pass logs, but it is a {got}",
+          TypeError, f"Custom VJP bwd rule was registered with {method}, and "
+          f"so {jax_what}must {'be' if jax_what else 'return'} None or a "
+          f"dict of backward-pass log entries, but got {got}.")
+    return logs
 
   def run_fwd(self, nzs: Any, xs: Sequence[Any], hvals: Sequence[Any]):
     traced = self.rules.get("fwd")
@@ -117,14 +121,9 @@ class CustomVJPCall(CallPrimitive):
           self, rule, result, "(cotangents, logs)", lambda got:
           "Custom VJP bwd rule was registered with defvjp_with_logs and so "
           f"must produce a pair (in_cts, logs), but got {got}.")
-      if logs is not None and type(logs) is not dict:
-        raise self.error(
-            rule, "was defined with defvjp_with_logs, so the second entry of "
-            "the pair it returns must be None or a dict of backward-pass "
-            f"logs, but it is a {type(logs).__name__}", TypeError,
-            "Custom VJP bwd rule was registered with defvjp_with_logs, and so "
-            "the second element of the pair it returns must be None or a dict "
-            f"of backward-pass log entries, but got {type(logs).__name__}.")
+      self._logs(logs, "defvjp_with_logs", "the second entry of the pair it "
+                 "returns must be", "the second element of the pair it "
+                 "returns ")
     return cotangents(self, rule, result), logs
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
