@@ -88,10 +88,11 @@ import numpy as np
 
 from hijax._internals.core import ShapedArray
 from hijax.implicit._precision import check_precision, unit_roundoff
-from hijax.implicit._status import _across_batch
+from hijax.implicit._status import (CONVERGED, MAX_ITER, NONFINITE,
+                                    _across_batch)
 from hijax.primitive import HiPrim
 
-__all__ = ["backward_error", "SKETCH_VECTORS", "SKETCH_BOUND",
+__all__ = ["backward_error", "code_of", "SKETCH_VECTORS", "SKETCH_BOUND",
            "sketch_applies", "sketch_flags"]
 
 SKETCH_VECTORS = 8
@@ -141,7 +142,7 @@ def _maxima(vectors: Any, axis: int) -> Any:
 
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
          defer: bool = True) -> Any:
-  """(ok, finite, error) of one solution (under ``vmap`` over the matrix:
+  """(code, error) of one solution (under ``vmap`` over the matrix:
   each, with ``defer=False``). ``M x`` is a reduction of the elementwise
   products (exact products in the matrix's dtype on any backend, as
   `_dot`'s are at the checks' precision), or a product from 33 to
@@ -154,8 +155,10 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
   row sums of ``|M|`` took twice the time of ``M x`` (a 200x200 solve: 18
   us of 250; its gradient reads the column sums too); a backward-stable
   solution of a system whose condition number is below about ``tol / u``
-  (5,000 in float32) never reads them. The Status's error still divides by
-  the full bound, computed only where the error is read."""
+  (5,000 in float32) never reads them. The conditional returns the
+  Status's reason itself (the select of a code from flags after it was a
+  kernel of its own to compile). The Status's error still divides by the
+  full bound, computed only where the error is read."""
   axis = 0 if transpose else 1
   if 32 < x.shape[0] < PRODUCT_BELOW:
     ax = _dot(x, matrix) if transpose else _dot(matrix, x)
@@ -171,12 +174,11 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
   within = jnp.isfinite(x_max) & (r <= tol / 2 * (ax_max + b_max))
   # the rare side in as few kernels as it takes (each is compile time): the
   # row sums by one reduction
-  ok = jax.lax.cond(within, lambda: jnp.bool_(True), lambda: _verdict(
+  code = jax.lax.cond(within, lambda: np.int32(CONVERGED), lambda: _verdict(
       (r, x_max, b_max, jnp.max(jnp.sum(jnp.abs(matrix), axis=axis))),
       tol)[0])
-  _, finite, error = _verdict((r, x_max, b_max, _norm_inf(matrix, transpose)),
-                              tol)
-  return ok, finite, error
+  return code, _verdict((r, x_max, b_max, _norm_inf(matrix, transpose)),
+                        tol)[1]
 
 
 def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
@@ -191,14 +193,22 @@ def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
                            row_sums], 1), tol)
 
 
+def code_of(ok: Any, finite: Any) -> Any:
+  """The Status's reason of a check that says ``ok`` and ``finite``."""
+  return jnp.where(ok, CONVERGED, jnp.where(finite, MAX_ITER,
+                                            NONFINITE)).astype(jnp.int32)
+
+
 def _verdict(maxima: Any, tol: float) -> Any:
-  """(ok, finite, error) from ``maxima``, the maxima of the residual ``r``,
-  of ``x``, of ``b`` and the largest row sum of ``|M|``."""
+  """(code, error) from ``maxima``, the maxima of the residual ``r``, of
+  ``x``, of ``b`` and the largest row sum of ``|M|``: the Status's reason
+  (`code_of`) and error."""
   r, x_max, b_max, norm = maxima
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
   scale = norm * x_max + b_max
   ok = finite & (r <= tol * scale)
-  return ok, finite, (r / jnp.where(scale > 0, scale, 1.)).astype(jnp.float32)
+  return code_of(ok, finite), (r / jnp.where(scale > 0, scale, 1.)).astype(
+      jnp.float32)
 
 
 def sketch_applies(n: int, m: int, tol: float, dtype: Any) -> bool:
@@ -237,22 +247,21 @@ def sketch_flags(matrix: Any, X: Any, B: Any, tol: float,
 
 
 def _many(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
-  """(ok, finite, error) of the rows of ``X`` for the rows of ``B``, one
+  """(code, error) of the rows of ``X`` for the rows of ``B``, one
   matrix: the sketch, and the per-column check where it flags."""
   flagged, finite = sketch_flags(matrix, X, B, tol, transpose)
 
-  def each_column() -> Any:
-    return _columns(matrix, X, B, tol, transpose)[:2]
-  ok, finite = jax.lax.cond(_across_batch(flagged), each_column,
-                            lambda: (finite, finite))
+  code = jax.lax.cond(_across_batch(flagged),
+                      lambda: _columns(matrix, X, B, tol, transpose)[0],
+                      lambda: code_of(finite, finite))
   # the error of each column, for a Status that is read (XLA drops it
   # otherwise): from its own residual
-  error = _columns(matrix, X, B, tol, transpose)[2]
-  return ok, finite, error
+  return code, _columns(matrix, X, B, tol, transpose)[1]
 
 
 class _BackwardError(HiPrim):
-  """(ok, finite, error) of ``x`` for ``M x = b``, with ``M`` the matrix or,
+  """(code, error) of ``x`` for ``M x = b`` (the Status's reason and
+  error), with ``M`` the matrix or,
   with ``transpose``, its transpose: the per-column check, and under ``vmap``
   over ``x`` and ``b`` alone the sketch (see the module's docstring).
   (``transposed``: the system's matrix is the transpose.)"""
@@ -260,8 +269,7 @@ class _BackwardError(HiPrim):
   def __init__(self, matrix_aval: Any, x_aval: Any, b_aval: Any, *,
                tol: float, transposed: bool):
     self.in_avals = (matrix_aval, x_aval, b_aval)
-    self.out_aval = (ShapedArray((), jnp.bool_), ShapedArray((), jnp.bool_),
-                     ShapedArray((), jnp.float32))
+    self.out_aval = (ShapedArray((), jnp.int32), ShapedArray((), jnp.float32))
     self.params = dict(tol=tol, transposed=transposed)
     super().__init__()
 
@@ -289,8 +297,9 @@ class _BackwardError(HiPrim):
 
 def backward_error(matrix: Any, x: Any, b: Any, tol: float,
                    transpose: bool = False) -> Any:
-  """``(ok, finite, error)`` of ``x`` for ``matrix @ x = b`` (``matrix.T @ x
-  = b`` with ``transpose``): the bound of the module's docstring."""
+  """``(code, error)`` of ``x`` for ``matrix @ x = b`` (``matrix.T @ x = b``
+  with ``transpose``): the Status's reason (`code_of`) and error, by the
+  bound of the module's docstring."""
   # A verdict has no derivative: a rule that checks a solve it computes
   # (vjp_fwd of a factored solve) may run under jvp, and sees no tangent here
   matrix, x, b = jax.lax.stop_gradient((matrix, x, b))
