@@ -68,14 +68,13 @@ XLA's CPU backend compiling each kernel on its own, and there it costs more
 run time than the row sums); from `DEFER_NORM_FROM`, only where the
 residual is not already within half of ``tol (|M x|_inf + |b|_inf)``
 (`_one`), since there the row sums cost twice the time of ``M x``.
-``M x`` is a reduction of the elementwise products, one
-kernel where a matrix-vector product was two, and as fast (but from 33 to
-127 unknowns a product: faster there); the row sums of
-``|M|`` are a product with ones, faster than a reduction there; the four
-maxima are one variadic reduction (`_maxima`), not a reduction of their
-stack. The columns
-of one matrix under ``vmap`` are checked together (`_columns`: one matrix
-product, one reduction over the whole batch), each with its own bound.
+``M x`` is a reduction of the elementwise products, one kernel where a
+matrix-vector product was two, and as fast (but from 33 to 127 unknowns a
+product: faster there); the row sums of ``|M|`` are a product with ones,
+faster than a reduction there; the four maxima are one variadic reduction
+(`_maxima`), not a reduction of their stack. The columns of one matrix
+under ``vmap`` are checked together (`_columns`: one matrix product, one
+reduction over the whole batch), each with its own bound.
 """
 from __future__ import annotations
 
@@ -155,10 +154,8 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
   row sums of ``|M|`` took twice the time of ``M x`` (a 200x200 solve: 18
   us of 250; its gradient reads the column sums too); a backward-stable
   solution of a system whose condition number is below about ``tol / u``
-  (5,000 in float32) never reads them. The conditional returns the
-  Status's reason itself (the select of a code from flags after it was a
-  kernel of its own to compile). The Status's error still divides by the
-  full bound, computed only where the error is read."""
+  (5,000 in float32) never reads them; the conditional returns the reason.
+  The Status's error divides by the full bound, computed where it is read."""
   axis = 0 if transpose else 1
   if 32 < x.shape[0] < PRODUCT_BELOW:
     ax = _dot(x, matrix) if transpose else _dot(matrix, x)
@@ -201,8 +198,7 @@ def code_of(ok: Any, finite: Any) -> Any:
 
 def _verdict(maxima: Any, tol: float) -> Any:
   """(code, error) from ``maxima``, the maxima of the residual ``r``, of
-  ``x``, of ``b`` and the largest row sum of ``|M|``: the Status's reason
-  (`code_of`) and error."""
+  ``x``, of ``b`` and the largest row sum of ``|M|``."""
   r, x_max, b_max, norm = maxima
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
   scale = norm * x_max + b_max
@@ -254,15 +250,13 @@ def _many(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
   code = jax.lax.cond(_across_batch(flagged),
                       lambda: _columns(matrix, X, B, tol, transpose)[0],
                       lambda: code_of(finite, finite))
-  # the error of each column, for a Status that is read (XLA drops it
-  # otherwise): from its own residual
+  # each column's error, from its own residual (XLA drops it if unread)
   return code, _columns(matrix, X, B, tol, transpose)[1]
 
 
 class _BackwardError(HiPrim):
-  """(code, error) of ``x`` for ``M x = b`` (the Status's reason and
-  error), with ``M`` the matrix or,
-  with ``transpose``, its transpose: the per-column check, and under ``vmap``
+  """(code, error) of ``x`` for ``M x = b``, with ``M`` the matrix or, with
+  ``transpose``, its transpose: the per-column check, and under ``vmap``
   over ``x`` and ``b`` alone the sketch (see the module's docstring).
   (``transposed``: the system's matrix is the transpose.)"""
 
@@ -297,9 +291,8 @@ class _BackwardError(HiPrim):
 
 def backward_error(matrix: Any, x: Any, b: Any, tol: float,
                    transpose: bool = False) -> Any:
-  """``(code, error)`` of ``x`` for ``matrix @ x = b`` (``matrix.T @ x = b``
-  with ``transpose``): the Status's reason (`code_of`) and error, by the
-  bound of the module's docstring."""
+  """The Status's reason (`code_of`) and error of ``x`` for ``matrix @ x =
+  b`` (``matrix.T @ x = b`` with ``transpose``): the module's bound."""
   # A verdict has no derivative: a rule that checks a solve it computes
   # (vjp_fwd of a factored solve) may run under jvp, and sees no tangent here
   matrix, x, b = jax.lax.stop_gradient((matrix, x, b))

@@ -95,13 +95,11 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
   empty array), so the loop does not keep them (under ``vmap`` they are
   ``_HISTORY + 1`` floats per leaf and instance, rewritten every step).
 
-  Why it stops is carried as one integer, the Status's reason itself
-  (`MAX_ITER` while it runs: the reason if ``max_iter`` ends it), not as
-  flags: on a CPU each array the loop carries costs a copy and a kernel per
-  step (under ``vmap``, a pass over the batch), which a 3-unknown fixed
-  point or 10,000 scalar roots spend more time on than on their
-  arithmetic; and the reason read as it is costs no kernel after the loop
-  (each is compile time at every first call). A leaf's "met" is kept across
+  Why it stops is carried as the Status's reason (`MAX_ITER` while it runs),
+  not as flags: on a CPU each carried array costs a copy and a kernel per
+  step (under ``vmap``, a pass over the batch), more than the arithmetic of
+  a 3-unknown fixed point or 10,000 scalar roots, and the reason needs no
+  kernel after the loop (each is compile time at every first call). A leaf's "met" is kept across
   steps only where there are 2 or more leaves (for one, the loop stops)."""
   n = len(jax.tree.leaves(x0))
   inf = jnp.float32(jnp.inf)
