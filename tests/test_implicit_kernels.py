@@ -76,19 +76,19 @@ def _programs():
 # of a 250 us solve) whose compile time stayed under the peer's
 # (bench_implicit --compile).
 HELD = {
-    'scalar-root value': (14, 1),
-    'scalar-root grad': (19, 2),
-    'dense-200 value': (21, 2),
-    'dense-200 grad': (33, 4),
+    'scalar-root value': (13, 1),
+    'scalar-root grad': (18, 2),
+    'dense-200 value': (20, 2),
+    'dense-200 grad': (31, 4),
     'dense-20 value': (19, 1),
     'dense-20 grad': (27, 2),
-    'dense-natural value': (21, 2),
-    'dense-natural grad': (33, 4),
+    'dense-natural value': (20, 2),
+    'dense-natural grad': (31, 4),
     'cg-200 value': (31, 1),
     'cg-200 grad': (52, 2),
-    'newton-50 jacrev': (57, 2),
-    'newton-50 hvp': (71, 4),
-    'fixed-point value': (11, 1),
+    'newton-50 jacrev': (56, 2),
+    'newton-50 hvp': (70, 4),
+    'fixed-point value': (10, 1),
     'fixed-point grad': (16, 1),
 }
 

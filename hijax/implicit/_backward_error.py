@@ -68,14 +68,13 @@ XLA's CPU backend compiling each kernel on its own, and there it costs more
 run time than the row sums); from `DEFER_NORM_FROM`, only where the
 residual is not already within half of ``tol (|M x|_inf + |b|_inf)``
 (`_one`), since there the row sums cost twice the time of ``M x``.
-``M x`` is a reduction of the elementwise products, one
-kernel where a matrix-vector product was two, and as fast (but from 33 to
-127 unknowns a product: faster there); the row sums of
-``|M|`` are a product with ones, faster than a reduction there; the four
-maxima are one variadic reduction (`_maxima`), not a reduction of their
-stack. The columns
-of one matrix under ``vmap`` are checked together (`_columns`: one matrix
-product, one reduction over the whole batch), each with its own bound.
+``M x`` is a reduction of the elementwise products, one kernel where a
+matrix-vector product was two, and as fast (but from 33 to 127 unknowns a
+product: faster there); the row sums of ``|M|`` are a product with ones,
+faster than a reduction there; the four maxima are one variadic reduction
+(`_maxima`), not a reduction of their stack. The columns of one matrix
+under ``vmap`` are checked together (`_columns`: one matrix product, one
+reduction over the whole batch), each with its own bound.
 """
 from __future__ import annotations
 
@@ -88,10 +87,11 @@ import numpy as np
 
 from hijax._internals.core import ShapedArray
 from hijax.implicit._precision import check_precision, unit_roundoff
-from hijax.implicit._status import _across_batch
+from hijax.implicit._status import (CONVERGED, MAX_ITER, NONFINITE,
+                                    _across_batch)
 from hijax.primitive import HiPrim
 
-__all__ = ["backward_error", "SKETCH_VECTORS", "SKETCH_BOUND",
+__all__ = ["backward_error", "code_of", "SKETCH_VECTORS", "SKETCH_BOUND",
            "sketch_applies", "sketch_flags"]
 
 SKETCH_VECTORS = 8
@@ -141,7 +141,7 @@ def _maxima(vectors: Any, axis: int) -> Any:
 
 def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
          defer: bool = True) -> Any:
-  """(ok, finite, error) of one solution (under ``vmap`` over the matrix:
+  """(code, error) of one solution (under ``vmap`` over the matrix:
   each, with ``defer=False``). ``M x`` is a reduction of the elementwise
   products (exact products in the matrix's dtype on any backend, as
   `_dot`'s are at the checks' precision), or a product from 33 to
@@ -154,8 +154,8 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
   row sums of ``|M|`` took twice the time of ``M x`` (a 200x200 solve: 18
   us of 250; its gradient reads the column sums too); a backward-stable
   solution of a system whose condition number is below about ``tol / u``
-  (5,000 in float32) never reads them. The Status's error still divides by
-  the full bound, computed only where the error is read."""
+  (5,000 in float32) never reads them; the conditional returns the reason.
+  The Status's error divides by the full bound, computed where it is read."""
   axis = 0 if transpose else 1
   if 32 < x.shape[0] < PRODUCT_BELOW:
     ax = _dot(x, matrix) if transpose else _dot(matrix, x)
@@ -171,12 +171,11 @@ def _one(matrix: Any, x: Any, b: Any, tol: float, transpose: bool,
   within = jnp.isfinite(x_max) & (r <= tol / 2 * (ax_max + b_max))
   # the rare side in as few kernels as it takes (each is compile time): the
   # row sums by one reduction
-  ok = jax.lax.cond(within, lambda: jnp.bool_(True), lambda: _verdict(
+  code = jax.lax.cond(within, lambda: np.int32(CONVERGED), lambda: _verdict(
       (r, x_max, b_max, jnp.max(jnp.sum(jnp.abs(matrix), axis=axis))),
       tol)[0])
-  _, finite, error = _verdict((r, x_max, b_max, _norm_inf(matrix, transpose)),
-                              tol)
-  return ok, finite, error
+  return code, _verdict((r, x_max, b_max, _norm_inf(matrix, transpose)),
+                        tol)[1]
 
 
 def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
@@ -191,14 +190,21 @@ def _columns(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
                            row_sums], 1), tol)
 
 
+def code_of(ok: Any, finite: Any) -> Any:
+  """The Status's reason of a check that says ``ok`` and ``finite``."""
+  return jnp.where(ok, CONVERGED, jnp.where(finite, MAX_ITER,
+                                            NONFINITE)).astype(jnp.int32)
+
+
 def _verdict(maxima: Any, tol: float) -> Any:
-  """(ok, finite, error) from ``maxima``, the maxima of the residual ``r``,
-  of ``x``, of ``b`` and the largest row sum of ``|M|``."""
+  """(code, error) from ``maxima``, the maxima of the residual ``r``, of
+  ``x``, of ``b`` and the largest row sum of ``|M|``."""
   r, x_max, b_max, norm = maxima
   finite = jnp.isfinite(x_max) & jnp.isfinite(r)
   scale = norm * x_max + b_max
   ok = finite & (r <= tol * scale)
-  return ok, finite, (r / jnp.where(scale > 0, scale, 1.)).astype(jnp.float32)
+  return code_of(ok, finite), (r / jnp.where(scale > 0, scale, 1.)).astype(
+      jnp.float32)
 
 
 def sketch_applies(n: int, m: int, tol: float, dtype: Any) -> bool:
@@ -237,31 +243,27 @@ def sketch_flags(matrix: Any, X: Any, B: Any, tol: float,
 
 
 def _many(matrix: Any, X: Any, B: Any, tol: float, transpose: bool) -> Any:
-  """(ok, finite, error) of the rows of ``X`` for the rows of ``B``, one
+  """(code, error) of the rows of ``X`` for the rows of ``B``, one
   matrix: the sketch, and the per-column check where it flags."""
   flagged, finite = sketch_flags(matrix, X, B, tol, transpose)
 
-  def each_column() -> Any:
-    return _columns(matrix, X, B, tol, transpose)[:2]
-  ok, finite = jax.lax.cond(_across_batch(flagged), each_column,
-                            lambda: (finite, finite))
-  # the error of each column, for a Status that is read (XLA drops it
-  # otherwise): from its own residual
-  error = _columns(matrix, X, B, tol, transpose)[2]
-  return ok, finite, error
+  code = jax.lax.cond(_across_batch(flagged),
+                      lambda: _columns(matrix, X, B, tol, transpose)[0],
+                      lambda: code_of(finite, finite))
+  # each column's error, from its own residual (XLA drops it if unread)
+  return code, _columns(matrix, X, B, tol, transpose)[1]
 
 
 class _BackwardError(HiPrim):
-  """(ok, finite, error) of ``x`` for ``M x = b``, with ``M`` the matrix or,
-  with ``transpose``, its transpose: the per-column check, and under ``vmap``
+  """(code, error) of ``x`` for ``M x = b``, with ``M`` the matrix or, with
+  ``transpose``, its transpose: the per-column check, and under ``vmap``
   over ``x`` and ``b`` alone the sketch (see the module's docstring).
   (``transposed``: the system's matrix is the transpose.)"""
 
   def __init__(self, matrix_aval: Any, x_aval: Any, b_aval: Any, *,
                tol: float, transposed: bool):
     self.in_avals = (matrix_aval, x_aval, b_aval)
-    self.out_aval = (ShapedArray((), jnp.bool_), ShapedArray((), jnp.bool_),
-                     ShapedArray((), jnp.float32))
+    self.out_aval = (ShapedArray((), jnp.int32), ShapedArray((), jnp.float32))
     self.params = dict(tol=tol, transposed=transposed)
     super().__init__()
 
@@ -289,8 +291,8 @@ class _BackwardError(HiPrim):
 
 def backward_error(matrix: Any, x: Any, b: Any, tol: float,
                    transpose: bool = False) -> Any:
-  """``(ok, finite, error)`` of ``x`` for ``matrix @ x = b`` (``matrix.T @ x
-  = b`` with ``transpose``): the bound of the module's docstring."""
+  """The Status's reason (`code_of`) and error of ``x`` for ``matrix @ x =
+  b`` (``matrix.T @ x = b`` with ``transpose``): the module's bound."""
   # A verdict has no derivative: a rule that checks a solve it computes
   # (vjp_fwd of a factored solve) may run under jvp, and sees no tangent here
   matrix, x, b = jax.lax.stop_gradient((matrix, x, b))

@@ -12,12 +12,11 @@ import jax.numpy as jnp
 import jax.scipy.linalg  # noqa: F401  (lu_factor, lu_solve)
 import numpy as np
 
-from hijax.implicit._backward_error import backward_error
+from hijax.implicit._backward_error import backward_error, code_of
 from hijax.implicit._linear import (empty_solution, flat_problem,
                                     working)
 from hijax.implicit import _precision
-from hijax.implicit._status import (CONVERGED, MAX_ITER, NONFINITE, Status,
-                                    status)
+from hijax.implicit._status import CONVERGED, Status, status
 
 __all__ = ["Dense"]
 
@@ -123,9 +122,9 @@ class Dense:
       else:
         finite = jnp.isfinite(x_max) & jnp.isfinite(r)
         ok = finite & (r <= tol * scale)
+      code = code_of(ok, finite)
     else:
-      ok, finite, error = backward_error(matrix, x, b, tol, transpose)
-    code = jnp.where(ok, CONVERGED, jnp.where(finite, MAX_ITER, NONFINITE))
+      code, error = backward_error(matrix, x, b, tol, transpose)
     return status(code, 1, error)
 
   def _raw_solve(self, matrix: Any, b: Any) -> Any:

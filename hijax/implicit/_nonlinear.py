@@ -83,7 +83,6 @@ def _at_iteration_precision(fn: Callable, x0: Any) -> Callable:
 
 
 _HISTORY = 8  # past step sizes kept per leaf, to estimate a contraction rate
-_MET = -1  # the loop's stop code when every leaf met its tolerance
 
 
 def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
@@ -96,11 +95,11 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
   empty array), so the loop does not keep them (under ``vmap`` they are
   ``_HISTORY + 1`` floats per leaf and instance, rewritten every step).
 
-  Why it stops is carried as one small integer (0 while it runs, `_MET`,
-  or the failure's reason), not as flags: on a CPU each array the loop
-  carries costs a copy and a kernel per step (under ``vmap``, a pass over
-  the batch), which a 3-unknown fixed point or 10,000 scalar roots spend
-  more time on than on their arithmetic. A leaf's "met" is kept across
+  Why it stops is carried as the Status's reason (`MAX_ITER` while it runs),
+  not as flags: on a CPU each carried array costs a copy and a kernel per
+  step (under ``vmap``, a pass over the batch), more than the arithmetic of
+  a 3-unknown fixed point or 10,000 scalar roots, and the reason needs no
+  kernel after the loop (each is compile time at every first call). A leaf's "met" is kept across
   steps only where there are 2 or more leaves (for one, the loop stops)."""
   n = len(jax.tree.leaves(x0))
   inf = jnp.float32(jnp.inf)
@@ -112,7 +111,7 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
 
   def cond(c: Any) -> Any:
     k, _, _, _, _, stop = c
-    return (k < max_iter) & (stop == 0)
+    return (k < max_iter) & (stop == MAX_ITER)
 
   def body(c: Any) -> Any:
     k, x, est, past, done, _ = c
@@ -132,26 +131,25 @@ def _iterate(step: Any, x0: Any, tols: Any, max_iter: Any, estimate: Any,
       est = new
     stop = jnp.where(~jnp.all(jnp.isfinite(jnp.stack(x_max))), NONFINITE,
                      jnp.where(~ok, LINEAR_FAILED,
-                               jnp.where(jnp.all(jnp.stack(met)), _MET, 0)))
+                               jnp.where(jnp.all(jnp.stack(met)), CONVERGED,
+                                         MAX_ITER)))
     # past[:-1]: the last steps, newest first; past[-1]: the first step.
     if history:
       past = [jnp.concatenate([s[None], h[:-2],
                                jnp.where(k == 0, s, h[-1])[None]])
               for s, h in zip(norms, past)]
-    return k + 1, x, est, past, done, stop.astype(jnp.int8)
+    return k + 1, x, est, past, done, stop.astype(jnp.int32)
 
   if not n:
     return x0, status(CONVERGED, 0, 0.)
   past = jnp.full(_HISTORY + 1 if history else 0, inf)
   init = (jnp.int32(0), x0, [inf] * n, [past] * n,
           [jnp.bool_(False)] * n if n > 1 else [],
-          jnp.where(all_finite(x0), 0, NONFINITE).astype(jnp.int8))
-  k, x, est, _, _, stop = jax.lax.while_loop(cond, body, init)
-  code = jnp.where(stop == _MET, CONVERGED, jnp.where(stop == 0, MAX_ITER,
-                                                       stop))
+          jnp.where(all_finite(x0), MAX_ITER, NONFINITE).astype(jnp.int32))
+  k, x, est, _, _, code = jax.lax.while_loop(cond, body, init)
   rel = [e / (1 + s) for e, s in zip(est, _leaf_max_abs(x))]
   error = jnp.max(jnp.stack(rel))
-  return x, status(code, k, jnp.where(stop == NONFINITE, jnp.inf, error))
+  return x, status(code, k, jnp.where(code == NONFINITE, jnp.inf, error))
 
 
 def _contraction_estimate(k: Any, raw: Any, floor: Any, past: Any) -> Any:
