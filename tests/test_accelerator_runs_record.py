@@ -25,7 +25,7 @@ def history():
 
 
 CALLS = ["before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
-         "ninth"]
+         "ninth", "tenth"]
 
 
 def _latest_call(results, part, calls=tuple(CALLS)):
@@ -33,10 +33,10 @@ def _latest_call(results, part, calls=tuple(CALLS)):
   return {name: label for label in calls for name in results[label].get(part, {})}
 
 
-def test_the_calls_are_the_nine_the_history_names(results, history):
+def test_the_calls_are_the_ten_the_history_names(results, history):
   assert [k for k, v in results.items() if isinstance(v, dict)
           and ("tests" in v or "pages" in v)] == CALLS
-  assert "`before`, `after`, `third` ... `ninth`" in history
+  assert "ten calls" in history and "`before`, `after`, `third` ... `tenth`" in history
 
 
 def test_the_first_four_calls(results, history):
@@ -271,7 +271,8 @@ def test_which_latest_runs_predate_later_calls(results, history):
   assert sum(label == "eighth" for label in by_file.values()) == 19
   assert sum(label == "fourth" for label in by_page.values()) == 19, by_page
   fourth_pages = {p for p, label in by_page.items() if label == "fourth"}
-  by_file, by_page = _latest_call(results, "tests"), _latest_call(results, "pages")
+  by_file, by_page = (_latest_call(results, part, CALLS[:CALLS.index("ninth") + 1])
+                      for part in ("tests", "pages"))
   assert by_file["tests/test_testing_device.py"] == by_file["tests/test_implicit.py"] == "ninth"
   assert sum(by_page[p] == "ninth" for p in fourth_pages) == 9
   assert sum(label == "fourth" for label in by_page.values()) == 10, by_page
@@ -364,3 +365,59 @@ def test_the_ninth_call(results, history):
   (entry_point,) = pages9["pytest-plugin"]["failures"]
   assert entry_point.startswith("cell 1 ") and "entry_points" in entry_point
   assert pages9["pytest-plugin"]["not run"] == 16 and "other 16 cells" in history
+
+
+def test_the_tenth_call(results, history):
+  tenth = results["tenth"]
+  tests, pages = tenth["tests"], tenth["pages"]
+  assert {r["at"] for r in tenth["runs"]} == {"c656a7c"} and "at c656a7c" in history
+  assert [r["part"] for r in tenth["runs"]] == ["tests", "pages", "pages", "pages", "pages",
+                                                "tests", "tests", "pages", "tests"]
+  assert len(tests) == 25 and "25 test files" in history
+  assert [sum(t[k] for t in tests.values()) for k in ("passed", "failed", "skipped")] == [
+      691, 7, 5]
+  assert "691 tests passed, 7 failed, 5 skipped" in history
+  assert (len(pages), sum(p["cells"] for p in pages.values()),
+          sum(p["failed"] for p in pages.values())) == (4, 220, 7)
+  assert "four pages: 220 cells, 7 failed" in history
+  assert not any(p["not run"] for p in pages.values())
+  # the first run's deadline cut custom-derivatives; the third ran it whole
+  assert tenth["runs"][4]["pages"] == tenth["runs"][7]["pages"] == ["custom-derivatives"]
+  assert pages["custom-derivatives"]["passed"] == 106 and "(106 cells passed)" in history
+  # the second run stopped after nine of its fourteen files
+  second = tenth["runs"][5]["tests"]
+  assert len(second) == 14 and sum(f in tests for f in second) == 14
+  assert sum(f in tests for f in second[:9]) == 9 and "nine of its fourteen files" in history
+  for page, cells in (("accelerators", 34), ("pytest-plugin", 25)):
+    assert pages[page]["cells"] == pages[page]["passed"] == cells
+  assert "page's 34 cells" in history and "page's 25," in history
+  device = tests["tests/test_testing_device.py"]
+  assert (device["passed"], device["failed"], device["skipped"]) == (38, 0, 1)
+  failed = {n: t["failed"] for n, t in tests.items() if t["failed"]}
+  assert failed == {"tests/test_testing.py": 1, "tests/test_testing_batching_mutants.py": 3,
+                    "tests/test_testing_bundle.py": 1, "tests/test_testing_jax_rules.py": 1,
+                    "tests/test_testing_second_order_mutants.py": 1}
+  # the right rules the device's second-order part failed
+  rules = pages["checking-rules"]["failures"]
+  (fixed,) = [f for f in rules if f.startswith("cell 7 ")]
+  assert "LogCoshFixed.jvp: on TPU v5 lite: jvp differentiated again" in fixed
+  assert "gives -0.12163769, the host gives -0.12160431; tolerance 865.535 ulps" in fixed
+  assert "-0.12163769 where the host gave -0.12160431" in history
+  assert "tolerance of 865.535 ulps" in history
+  assert round(abs(-0.12163769 + 0.12160431) / 0.12160431, 5) == 0.00027
+  (several,) = tests["tests/test_testing.py"]["failures"]
+  assert "Log1pExp.jvp, SinTimesY.jvp" in several and "max abs error 7.53e-06" in several
+  assert "0.014314175, the host gives 0.014321705" in several and "7.53e-06 at 0.0143" in history
+  assert round(results["facts"]["transcendental"]["tanh"]["max_ulp"]) == 1208
+  assert "worst measured error (1208" in history
+  # the tests' and the page's CPU assumptions
+  assert all("assert 20 == 10" in f for f in
+             tests["tests/test_testing_batching_mutants.py"]["failures"][:3])
+  assert "20 on the TPU, where a CPU" in history
+  (dawsn,) = tests["tests/test_testing_jax_rules.py"]["failures"]
+  assert "[dawsn]" in dawsn and "too many values to unpack (expected 1)" in dawsn
+  (bundle,) = tests["tests/test_testing_bundle.py"]["failures"]
+  assert "Max relative difference among violations: 1.0639675e-06" in bundle
+  assert "off by 1.06e-6" in history
+  assert any("float64 alone cannot see it" in f and f.startswith("cell 31 ") for f in rules)
+  assert sum("NameError" in f for f in rules) == 3
