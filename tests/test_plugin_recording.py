@@ -300,6 +300,20 @@ def slowly(x):
 slowly.defjvp(lambda p, t: (slowly(p[0]), jnp.cos(p[0]) * t[0]))
 
 
+@jax.custom_jvp
+def cleans_up(x):
+  if _SLOW:
+    try:
+      _spin(4.0)  # the 0.5 s budget ends here
+    finally:
+      _spin(0.5)  # a cleanup, which the stop must let end
+      _SLOW.append("cleaned up")
+  return jnp.sin(x)
+
+
+cleans_up.defjvp(lambda p, t: (cleans_up(p[0]), jnp.cos(p[0]) * t[0]))
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_stop_holds_when_its_first_raise_is_dropped(recorder):
   """The budget ends inside a ``__del__`` (as inside a gc callback), where
@@ -318,3 +332,17 @@ def test_the_stop_holds_when_its_first_raise_is_dropped(recorder):
   sin(jnp.array([0.2]))
   assert _plugin_inputs.check_rule(_rule(recorder, "sin"), 30).verdict == (
       "passed")
+
+
+def test_the_stop_is_not_raised_again_while_its_cleanups_run(recorder):
+  """Raised again, the stop must not cut short the cleanups (``finally``
+  blocks, ``__exit__``) that the first stop runs: JAX's among them."""
+  cleans_up(jnp.array([0.3, 0.7]))
+  _SLOW.append(True)
+  try:
+    result = _plugin_inputs.check_rule(_rule(recorder, "cleans_up"), 0.5)
+    assert _SLOW == [True, "cleaned up"]
+  finally:
+    _SLOW.clear()
+  assert result.tried[0].detail == "stopped where the rule's budget ran out"
+  assert result.seconds < 2.5  # (about 1.1)

@@ -9,6 +9,7 @@ import dataclasses
 import io
 import re
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -49,8 +50,8 @@ def _stop_at(seconds: float):
     return
   armed = [True]  # (cleared by the block's end: then a late tick does nothing)
 
-  def stop(signum, frame):
-    if armed:
+  def stop(signum, frame):  # (not while a stop's cleanups run)
+    if armed and not isinstance(sys.exception(), _OutOfTime):
       raise _OutOfTime()
   previous = signal.signal(signal.SIGPROF, stop)
   signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3), STOP_AGAIN)

@@ -348,7 +348,6 @@ class CallRecorder:
       return
     arrays = [x for x, kept in zip(jax.tree.leaves((args, {})),
                                    sample.leaves) if kept is not None]
-
     sent = []
 
     def arrived(*values):
