@@ -421,3 +421,10 @@ def test_the_tenth_call(results, history):
   assert "off by 1.06e-6" in history
   assert any("float64 alone cannot see it" in f and f.startswith("cell 31 ") for f in rules)
   assert sum("NameError" in f for f in rules) == 3
+  # how it ran
+  calls = tenth["device_calls"]
+  assert round(calls["archive_bytes"] / 1e6, 1) == 162.5 and calls["parts"] == 3
+  assert "162.5 MB, split in three" in history
+  assert (calls["calls"], round(calls["held_s"]), calls["budget_s"]) == (6, 1546, 1800)
+  assert "the six calls held it 1546 s of the session's 1800" in history
+  assert round(calls["first_call_held_s"]) == 239 and "held it 239 s" in history

@@ -56,7 +56,7 @@ def extractor(page: str, sources: str):
 
 # The runs in docs/accelerator-results.json, in the order they ran.
 _TPU_RUNS = ("before", "after", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
-             "ninth")
+             "ninth", "tenth")
 
 
 def _tpu_run_commits(record: dict, label: str) -> list[str]:
