@@ -290,7 +290,8 @@ def test_nested_functions_put_their_parts_in_one_program_under_their_names():
   with Lowered() as names:
     for name, c in [("sin", outer), *inner.items()]:
       (y,), = c.evaluate([[x1]])
-      np.testing.assert_allclose(y, getattr(np, name)(x1), rtol=1e-6)
+      # float32 on the default device (a TPU's exp: 1.06e-6 off at 1.5)
+      np.testing.assert_allclose(y, getattr(np, name)(x1), rtol=2e-5)
   assert names == ["jit(program)"], names
   assert len(outer.bundle.parts) == 3 and inner["exp"].has("points")
   # a part bound to another Compiled's, with more arguments

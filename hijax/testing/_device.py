@@ -25,6 +25,11 @@ from hijax.testing._report import MODES
 # The device tolerance allows this many times the worst measured error.
 SAFETY = 4.0
 
+
+def _logistic(x):
+  return 1 / (1 + np.exp(-x))
+
+
 _FUNCTIONS = {
     "exp": (jnp.exp, np.exp, (-20.0, 20.0)),
     "log": (jnp.log, np.log, (1e-3, 1e3)),
@@ -32,7 +37,20 @@ _FUNCTIONS = {
     "expm1": (jnp.expm1, np.expm1, (-5.0, 5.0)),
     "tanh": (jnp.tanh, np.tanh, (-5.0, 5.0)),
     "sin": (jnp.sin, np.sin, (-20.0, 20.0)),
-    "logistic": (jax.nn.sigmoid, lambda x: 1 / (1 + np.exp(-x)), (-20.0, 20.0)),
+    "logistic": (jax.nn.sigmoid, _logistic, (-20.0, 20.0)),
+}
+
+# Their first and second derivatives, exact (float64 on the host).
+_DERIVATIVES = {
+    "exp": (np.exp, np.exp),
+    "log": (lambda x: 1 / x, lambda x: -1 / x**2),
+    "log1p": (lambda x: 1 / (1 + x), lambda x: -1 / (1 + x)**2),
+    "expm1": (np.exp, np.exp),
+    "tanh": (lambda x: 1 - np.tanh(x)**2,
+             lambda x: -2 * np.tanh(x) * (1 - np.tanh(x)**2)),
+    "sin": (np.cos, lambda x: -np.sin(x)),
+    "logistic": (lambda x: _logistic(x) * (1 - _logistic(x)),
+                 lambda x: _logistic(x) * (1 - _logistic(x)) * (1 - 2 * _logistic(x))),
 }
 
 
@@ -86,10 +104,23 @@ def _ulps(got, want, dtype, floor=None) -> float:
   return float(np.max(ratio, initial=0.0)) / eps_of(dtype)
 
 
+def _derivatives(xs):
+  """Each calibration function's first and second derivatives at ``xs``, as
+  JAX differentiates them (tanh's from its output: 1 - tanh**2 magnifies
+  tanh's error where tanh is near 1)."""
+  out = []
+  for (jf, _, _), x in zip(_FUNCTIONS.values(), xs):
+    d1 = jax.grad(jf)
+    out += [jax.vmap(d1)(x), jax.vmap(jax.grad(d1))(x)]
+  return out
+
+
 def _measured(a, b, xs):
   """What `calibrate` runs on the device, as one program (one compile: a
   program each took seven more on a device, where compiles cost most)."""
-  return jnp.matmul(a, b), [jf(x) for (jf, _, _), x in zip(_FUNCTIONS.values(), xs)]
+  return (jnp.matmul(a, b),
+          [jf(x) for (jf, _, _), x in zip(_FUNCTIONS.values(), xs)],
+          _derivatives(xs))
 
 
 @functools.lru_cache(maxsize=16)
@@ -101,16 +132,20 @@ def _calibration(device, dtype_name: str, precision) -> dict[str, float]:
   b = rng.standard_normal((64, 8)).astype(dtype)
   xs = [np.linspace(lo, hi, 257).astype(dtype) for _, _, (lo, hi) in _FUNCTIONS.values()]
   with jax.default_device(device):
-    product, values = jax.jit(_measured)(on_device(a), on_device(b),
-                                         [on_device(x) for x in xs])
-  worst = 0.0
-  for got, (_, nf, _), x in zip(values, _FUNCTIONS.values(), xs):
-    want = nf(x.astype(np.float64))
+    product, values, derivatives = jax.jit(_measured)(
+        on_device(a), on_device(b), [on_device(x) for x in xs])
+
+  def worst(pairs):
     # only where the exact value is representable (exp(20) is not in float16)
-    fits = np.abs(want) <= float(np.finfo(dtype).max)
-    worst = max(worst, _ulps(np.asarray(got)[fits], want[fits], dtype))
+    return max([_ulps(np.asarray(got)[fits], want[fits], dtype) for got, want in pairs
+                for fits in [np.abs(want) <= float(np.finfo(dtype).max)]])
+  functions = worst((got, nf(x.astype(np.float64))) for got, (_, nf, _), x
+                    in zip(values, _FUNCTIONS.values(), xs))
+  exact = [d(x.astype(np.float64)) for name, x in zip(_FUNCTIONS, xs)
+           for d in _DERIVATIVES[name]]
   return {"matmul": _ulps(product, a.astype(np.float64) @ b.astype(np.float64), dtype),
-          "transcendental": worst}
+          "transcendental": functions,
+          "differentiated": max(functions, worst(zip(derivatives, exact)))}
 
 
 def calibrate(device, dtype) -> dict[str, float]:
@@ -118,16 +153,20 @@ def calibrate(device, dtype) -> dict[str, float]:
   in units of ``dtype``'s epsilon: ``matmul`` (a product at the current
   ``jax.default_matmul_precision``) and ``transcendental`` (the worst of
   exp, log, log1p, expm1, tanh, sin and the logistic function, where the
-  exact value is representable in ``dtype``)."""
+  exact value is representable in ``dtype``) and ``differentiated`` (the
+  worst of those and of their first and second derivatives)."""
   return _calibration(device, np.dtype(dtype).name,
                       jax.config.jax_default_matmul_precision)
 
 
-def tolerance(measured: dict[str, float], products: bool = True) -> Tol:
+def tolerance(measured: dict[str, float], products: bool = True,
+              derived: bool = False) -> Tol:
   """The tolerance of the device's results against the host's float64:
   `SAFETY` times the worst error measured, at least the CPU's; the matrix
-  products' error counts only for a program with ``products``."""
-  worst = max((v for k, v in measured.items() if products or k != "matmul"),
+  products' error counts only for a program with ``products``, the
+  derivatives' only for a ``derived`` (second-order) part."""
+  worst = max((v for k, v in measured.items()
+               if (products or k != "matmul") and (derived or k != "differentiated")),
               default=0)
   return Tol(ulps=max(RULE_ULPS, SAFETY * worst))
 
@@ -256,7 +295,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
                 and multiplies_matrices(bundle.parts[key]))
     if products:
       with_products.add(key)
-    tol = tolerance(measured, products)
+    tol = tolerance(measured, products, mode == "second_order")
     # the host's verdict says whether a rule was judged: the device's half
     # compares a rule with itself elsewhere, so it adds failures, not
     # conclusive comparisons
@@ -266,6 +305,9 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
                 rule=rule, counts=False, floors=floors)
   widened = (f", {tolerance(measured).ulps:.0f} for the {len(with_products)} "
              "with a matrix product" if with_products else "")
+  if any(_part_of(k, ctx)[1] == "second_order" for k in keys):
+    widened += (f", {tolerance(measured, False, True).ulps:.0f} for a "
+                "second-order part")
   ctx.report.devices["device check"] = (
       f"{where}: {len(keys)} part(s) of the checks' program against the "
       f"host's float64, tolerance {tolerance(measured, False).ulps:.0f} ulps"
