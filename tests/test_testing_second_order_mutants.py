@@ -277,3 +277,20 @@ def test_the_second_order_cost_counts_the_first_derivatives_evaluations():
   evaluations = report.cost["second-order evaluations"]
   assert evaluations > 2
   assert runs[2] - runs[1] == evaluations + 1, (runs, report.cost)
+
+
+class _SinFrozenJvp(_SinBwdBindsCos):
+  """Right at first order; its tangent map's own derivative is wrong (the
+  slope is held constant)."""
+
+  def jvp(self, primals, tangents):
+    x, t = primals[0], tangents[0]
+    return self(x), jax.lax.stop_gradient(jnp.cos(x)) * t
+
+
+def test_a_tangent_map_wrong_at_second_order_is_named_in_the_failure():
+  report = check_rules(_call(_SinFrozenJvp), X, modes=("jvp", "second_order"),
+                       raise_on_failure=False)
+  (failure,) = [f for f in report.failures if "differentiated again" in f.check]
+  assert failure.rule == "_SinFrozenJvp.jvp"
+  assert "jvp of the tangent map gives" in str(failure), str(failure)
