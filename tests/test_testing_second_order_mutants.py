@@ -45,6 +45,8 @@ def test_only_the_modes_asked_for_are_differentiated_again():
 
 # --- what a mutation run of _second_order found untested (issue 61) --------
 
+from typing import Any  # noqa: E402
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -65,8 +67,11 @@ def _first_index(x):
   return jnp.argmax(x)
 
 
-_first_index.defjvp(lambda p, t: (_first_index(p[0]),
-                                  np.zeros((), jax.dtypes.float0)))
+def _first_index_jvp(primals, tangents) -> tuple[Any, Any]:
+  return _first_index(primals[0]), np.zeros((), jax.dtypes.float0)
+
+
+_first_index.defjvp(_first_index_jvp)
 
 
 @pytest.mark.parametrize("fn, x", [(_halve, jnp.arange(3)), (_first_index, X)],
