@@ -152,6 +152,9 @@ def test_the_functions_own_error_on_the_device_widens_its_tolerance():
   measured = report.devices["device check"]
   function = int(measured.split("the function ")[1].rstrip(")"))
   assert 100 < function < 1000, measured
+  # measured first, before the parts that build on it (the jvp's primal
+  # output is the function's), also where the function is not compared
+  assert check_rules(f, X, device=CPU, modes=("jvp",)).passed
 
 
 def test_a_failure_on_the_device_names_the_device_and_the_host():
@@ -242,3 +245,15 @@ def test_the_measured_error_of_small_values_and_of_zeros():
   assert 10 < _device._ulps(got, want, np.float32) < 1000
   with np.errstate(all="raise"):
     assert _device._ulps(np.zeros(3, np.float32), np.zeros(3), np.float32) == 0
+
+
+SINGULAR = jnp.arange(1., 10.).reshape(3, 3)
+
+
+def test_outputs_zero_to_rounding_beside_an_integer_output_keep_their_floors():
+  """det of a singular matrix (zero to rounding: judged on the host's floor,
+  scaled) twice, an integer output between them: each det keeps its own
+  floor on the device."""
+  f = lambda a: (jnp.linalg.det(a), jnp.argmax(a), 2 * jnp.linalg.det(a))
+  report = check_rules(f, SINGULAR, order=1, device=CPU)
+  assert report.passed, report

@@ -45,6 +45,8 @@ def test_only_the_modes_asked_for_are_differentiated_again():
 
 # --- what a mutation run of _second_order found untested (issue 61) --------
 
+from typing import Any  # noqa: E402
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -65,8 +67,11 @@ def _first_index(x):
   return jnp.argmax(x)
 
 
-_first_index.defjvp(lambda p, t: (_first_index(p[0]),
-                                  np.zeros((), jax.dtypes.float0)))
+def _first_index_jvp(primals, tangents) -> tuple[Any, Any]:
+  return _first_index(primals[0]), np.zeros((), jax.dtypes.float0)
+
+
+_first_index.defjvp(_first_index_jvp)
 
 
 @pytest.mark.parametrize("fn, x", [(_halve, jnp.arange(3)), (_first_index, X)],
@@ -277,3 +282,20 @@ def test_the_second_order_cost_counts_the_first_derivatives_evaluations():
   evaluations = report.cost["second-order evaluations"]
   assert evaluations > 2
   assert runs[2] - runs[1] == evaluations + 1, (runs, report.cost)
+
+
+class _SinFrozenJvp(_SinBwdBindsCos):
+  """Right at first order; its tangent map's own derivative is wrong (the
+  slope is held constant)."""
+
+  def jvp(self, primals, tangents):
+    x, t = primals[0], tangents[0]
+    return self(x), jax.lax.stop_gradient(jnp.cos(x)) * t
+
+
+def test_a_tangent_map_wrong_at_second_order_is_named_in_the_failure():
+  report = check_rules(_call(_SinFrozenJvp), X, modes=("jvp", "second_order"),
+                       raise_on_failure=False)
+  (failure,) = [f for f in report.failures if "differentiated again" in f.check]
+  assert failure.rule == "_SinFrozenJvp.jvp"
+  assert "jvp of the tangent map gives" in str(failure), str(failure)
