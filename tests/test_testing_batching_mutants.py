@@ -27,12 +27,13 @@ def test_every_batching_check_runs_or_is_skipped_for_time(monkeypatch,
   none is dropped silently."""
   clock = one_second_per_check(monkeypatch)
   full = check_rules(zoo.sin_times_y, X, Y, modes="batch", order=1,
-                     time_budget=None)
+                     time_budget=None, device=False)  # the host's checks
   assert len(_batch(full.ran)) == 10, full  # 6 in_axes, 4 derivatives
   clock[0] = 0.
   with pytest.warns(UserWarning, match="time budget"):
     report = check_rules(zoo.sin_times_y, X, Y, modes="batch", order=1,
-                         time_budget=seconds, accept_inconclusive=True)
+                         time_budget=seconds, accept_inconclusive=True,
+                         device=False)
   ran, skipped = _batch(report.ran), _batch(report.skipped_for_time)
   assert ran and skipped, report
   assert len(ran) + len(skipped) == 10, report
