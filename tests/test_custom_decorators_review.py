@@ -239,7 +239,7 @@ def test_grad_through_a_stop_gradient_argument(api, jit):
   f = api.custom_jvp(lambda x: jnp.sin(x) * 2.0)
 
   @f.defjvp
-  def _(primals, tangents):
+  def rule(primals, tangents):
     (x,), (t,) = primals, tangents
     return f(x), t * jnp.cos(x) * 2.0
   g = jax.value_and_grad(
