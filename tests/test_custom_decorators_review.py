@@ -273,3 +273,19 @@ def test_a_jvp_rule_is_not_run_for_a_closed_over_tangent_alone():
   jvp = lambda w: jax.jvp(outer, (w,), (jnp.ones_like(w),))  # noqa: E731
   np.testing.assert_allclose(jvp(2.0)[1], jnp.sin(x), rtol=1e-6)
   assert "cos" not in str(jax.make_jaxpr(jvp)(2.0))
+
+
+def test_a_rule_applying_the_function_to_its_tangent_after_an_int_argument():
+  """``f(n, x) = n x``, its rule ``f(n, t)``: ``grad`` transposes the
+  function in ``x``, found linear though an integer argument comes first."""
+  f = hijax.custom_jvp(lambda n, x: n * x)
+
+  @f.defjvp
+  def rule(primals, tangents):
+    (n, x), (_, t) = primals, tangents
+    return f(n, x), f(n, t)
+  x = jnp.linspace(0.1, 1.0, 4)
+  np.testing.assert_allclose(
+      jax.grad(lambda x: jnp.sum(f(3, x)))(x), jnp.full(4, 3.0))
+  np.testing.assert_allclose(
+      jax.jit(jax.grad(lambda x: jnp.sum(f(3, x))))(x), jnp.full(4, 3.0))
