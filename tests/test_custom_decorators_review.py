@@ -239,7 +239,7 @@ def test_grad_through_a_stop_gradient_argument(api, jit):
   f = api.custom_jvp(lambda x: jnp.sin(x) * 2.0)
 
   @f.defjvp
-  def _(primals, tangents):
+  def rule(primals, tangents):
     (x,), (t,) = primals, tangents
     return f(x), t * jnp.cos(x) * 2.0
   g = jax.value_and_grad(
@@ -251,3 +251,41 @@ def test_grad_through_a_stop_gradient_argument(api, jit):
     np.testing.assert_allclose(value, jnp.sum(jnp.sin(x) * 2.0 * x),
                                rtol=1e-6)
     np.testing.assert_allclose(grad, jnp.sin(x) * 2.0, rtol=1e-6)
+
+
+# --- a zero tangent: the jvp rule does not run ------------------------------
+
+def test_a_jvp_rule_is_not_run_for_a_closed_over_tangent_alone():
+  """Differentiated only through a value it closes over (its argument's
+  tangent is zero), a custom_jvp function's tangent is that of its own code:
+  the program has none of the rule's operations (``cos``), as JAX runs a
+  rule only for a nonzero tangent; the value is right."""
+  x = jnp.linspace(0.1, 1.0, 4)
+
+  def outer(w):
+    f = hijax.custom_jvp(lambda x: jnp.sin(x) * w)
+
+    @f.defjvp
+    def _(primals, tangents):
+      (x,), (t,) = primals, tangents
+      return f(x), t * jnp.cos(x) * w
+    return f(x)
+  jvp = lambda w: jax.jvp(outer, (w,), (jnp.ones_like(w),))  # noqa: E731
+  np.testing.assert_allclose(jvp(2.0)[1], jnp.sin(x), rtol=1e-6)
+  assert "cos" not in str(jax.make_jaxpr(jvp)(2.0))
+
+
+def test_a_rule_applying_the_function_to_its_tangent_after_an_int_argument():
+  """``f(n, x) = n x``, its rule ``f(n, t)``: ``grad`` transposes the
+  function in ``x``, found linear though an integer argument comes first."""
+  f = hijax.custom_jvp(lambda n, x: n * x)
+
+  @f.defjvp
+  def rule(primals, tangents):
+    (n, x), (_, t) = primals, tangents
+    return f(n, x), f(n, t)
+  x = jnp.linspace(0.1, 1.0, 4)
+  np.testing.assert_allclose(
+      jax.grad(lambda x: jnp.sum(f(3, x)))(x), jnp.full(4, 3.0))
+  np.testing.assert_allclose(
+      jax.jit(jax.grad(lambda x: jnp.sum(f(3, x))))(x), jnp.full(4, 3.0))
