@@ -257,3 +257,18 @@ def test_outputs_zero_to_rounding_beside_an_integer_output_keep_their_floors():
   f = lambda a: (jnp.linalg.det(a), jnp.argmax(a), 2 * jnp.linalg.det(a))
   report = check_rules(f, SINGULAR, order=1, device=CPU)
   assert report.passed, report
+
+
+@pytest.mark.parametrize("name", list(_device._DERIVATIVES))
+def test_the_calibrations_exact_derivatives_are_the_functions(name):
+  """The closed forms the calibration measures a device's derivatives
+  against are each function's first and second derivatives (JAX's, in
+  float64, across the function's range): a wrong one, even one that is zero,
+  would hide the device's error (an error against zero counts as none)."""
+  jf, _, (lo, hi) = _device._FUNCTIONS[name]
+  x = np.linspace(lo, hi, 33)
+  with jax.enable_x64(True):
+    d1 = jax.grad(jf)
+    want = [jax.vmap(d1)(x), jax.vmap(jax.grad(d1))(x)]
+  for exact, w in zip(_device._DERIVATIVES[name], want):
+    np.testing.assert_allclose(exact(x), w, rtol=1e-9, err_msg=name)
