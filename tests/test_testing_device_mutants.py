@@ -272,3 +272,17 @@ def test_the_calibrations_exact_derivatives_are_the_functions(name):
     want = [jax.vmap(d1)(x), jax.vmap(jax.grad(d1))(x)]
   for exact, w in zip(_device._DERIVATIVES[name], want):
     np.testing.assert_allclose(exact(x), w, rtol=1e-9, err_msg=name)
+
+
+def test_only_a_second_order_part_is_allowed_the_derivatives_error(monkeypatch):
+  """With a device whose derivatives are measured far worse than its
+  functions, the device check's line gives the functions' tolerance, and the
+  derivatives' only where a second-order part was checked."""
+  monkeypatch.setattr(_device, "calibrate", lambda device, dtype: {
+      "matmul": 0.0, "transcendental": 216.0, "differentiated": 5000.0})
+  first = check_rules(zoo.tanh, X, order=1, device=CPU, raise_on_failure=False)
+  line = first.devices["device check"]
+  assert "tolerance 864 ulps" in line and "second-order" not in line, line
+  both = check_rules(zoo.tanh, X, device=CPU, raise_on_failure=False)
+  line = both.devices["device check"]
+  assert "tolerance 864 ulps" in line and "20000 for a second-order part" in line, line
