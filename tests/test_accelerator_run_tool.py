@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tools_loader import ROOT, load_tool
 
 
@@ -114,31 +115,60 @@ except ValueError as e:
 """
 
 
-def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(
-    tmp_path):
+# The tool run once for the tests below that only read its records: three
+# test files in its tests child (the first one checking that nothing took
+# the devices before it) and two pages, each in a process of its own.
+FAILS_TO_MATCH = ("import numpy as np\n\ndef test_close():\n"
+                  "  np.testing.assert_allclose(1.0, 1.1)\n")
+UNTAKEN = ("from jax._src import xla_bridge\n\n"
+           "def test_no_backend_is_initialized_yet():\n"
+           "  assert not xla_bridge.backends_are_initialized()\n")
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+  """(the folder, the results, the Markdown table) of one tool run."""
+  tmp = tmp_path_factory.mktemp("one_run")
+  for name, source in (("test_untaken.py", UNTAKEN), ("test_one.py", FAILS_TO_MATCH),
+                       ("test_async.py", LEAVES_AN_ERROR), ("first.md", FIRST),
+                       ("second.md", SECOND)):
+    (tmp / name).write_text(source)
+  out = tmp / "out"
+  _run_tool("--out", out, "--docs", tmp, "--deadline", "300", "--tests",
+            *(tmp / f"test_{n}.py" for n in ("untaken", "one", "async")),
+            "--pages", "first", "second")
+  return (tmp, json.loads((out / "accelerator-results.json").read_text()),
+          (out / "accelerator-results.md").read_text())
+
+
+def _summary(results, name):
+  """The results' summary of the test file ``name`` (named as pytest names it)."""
+  (summary,) = [s for file, s in results["tests"].items() if Path(file).name == name]
+  return summary
+
+
+def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(one_run):
   """Each page in a fresh process: a page that configures JAX's devices in
   its first cell (as vjp-objects asks for two CPU devices) runs after one
   that used JAX, and sees none of its names; every cell's outcome and time
   are kept, of every page, and a cell meant to raise passes by raising. A
   traceback shows a cell's lines, as in a Jupyter kernel (nan-gradients
   asserts the line a NaN came from)."""
-  (tmp_path / "first.md").write_text(FIRST)
-  (tmp_path / "second.md").write_text(SECOND)
-  out = tmp_path / "out"
-  _run_tool("--out", out, "--docs", tmp_path, "--pages", "first", "second",
-            "--deadline", "300")
-  results = json.loads((out / "accelerator-results.json").read_text())
+  tmp, results, _ = one_run
   for page, cells in (("first", 1), ("second", 5)):
     summary = results["pages"][page]
     assert (summary["cells"], summary["passed"], summary["failed"]) == (
         cells, cells, 0), summary
     assert len(summary["cell_seconds"]) == cells
-  records = [json.loads(r) for r in (out / "pages.jsonl").read_text().splitlines()]
+  records = [json.loads(r) for r in (tmp / "out" / "pages.jsonl").read_text().splitlines()]
   assert sum(r["kind"] == "cell" for r in records) == 6
-  assert results["environment"]["backend"] == "cpu"
-  assert "libtpu" in results["environment"]
+  # each page's process reads its environment after the page's cells:
   # the run's own precision, not what a page set
-  assert results["environment"]["default_matmul_precision"] == "None"
+  environments = [r for r in records if r["kind"] == "environment"]
+  assert len(environments) == 2, records
+  for environment in environments:
+    assert environment["backend"] == "cpu" and "libtpu" in environment
+    assert environment["default_matmul_precision"] == "None", environment
 
 
 def _run_one_test_file(tmp_path, name, source, out_name="out", extra=()):
@@ -150,17 +180,13 @@ def _run_one_test_file(tmp_path, name, source, out_name="out", extra=()):
   out = tmp_path / out_name
   _run_tool("--out", out, "--tests", test, "--deadline", "200", *extra)
   results = json.loads((out / "accelerator-results.json").read_text())
-  (summary,) = results["tests"].values()
-  return summary, (out / "accelerator-results.md").read_text()
+  return _summary(results, name), (out / "accelerator-results.md").read_text()
 
 
-def test_a_failures_whole_message_is_kept(tmp_path):
+def test_a_failures_whole_message_is_kept(one_run):
   """An assert_allclose's message starts with an empty line: the record
   keeps every line and where it was raised."""
-  summary, _ = _run_one_test_file(
-      tmp_path, "test_one.py", "import numpy as np\n\ndef test_close():\n"
-      "  np.testing.assert_allclose(1.0, 1.1)\n")
-  (failure,) = summary["failures"]
+  (failure,) = _summary(one_run[1], "test_one.py")["failures"]
   assert "Not equal to tolerance" in failure and "test_one.py:4" in failure
 
 
@@ -181,12 +207,12 @@ def test_after():
 """
 
 
-def test_an_error_left_by_a_tests_programs_is_named_after_it(tmp_path):
+def test_an_error_left_by_a_tests_programs_is_named_after_it(one_run):
   """On a TPU a failed solve's error surfaced at exit, after no test: the
   tool waits for each test's effects and records what that raises under
   the test's name, beside its own outcome."""
-  summary, table = _run_one_test_file(tmp_path, "test_async.py",
-                                      LEAVES_AN_ERROR)
+  tmp, results, table = one_run
+  summary = _summary(results, "test_async.py")
   assert (summary["passed"], summary["failed"]) == (2, 0)
   (line,) = summary["async_errors"]
   assert line.endswith("::test_leaves_an_error: RuntimeError: a callback "
@@ -194,8 +220,8 @@ def test_an_error_left_by_a_tests_programs_is_named_after_it(tmp_path):
   assert "error after the test (its programs' effects): " in table
   # a later call that resumes from this one keeps it
   resumed, _ = _run_one_test_file(
-      tmp_path, "test_async.py", LEAVES_AN_ERROR, "resumed",
-      ["--resume", str(tmp_path / "out" / "tests.jsonl")])
+      tmp, "test_async.py", LEAVES_AN_ERROR, "resumed",
+      ["--resume", str(tmp / "out" / "tests.jsonl")])
   assert resumed["async_errors"] == [line]
   assert (resumed["passed"], resumed["failed"]) == (2, 0)
 
@@ -294,19 +320,15 @@ def test_todo_prints_the_files_and_pages_left(tmp_path):
   assert pages_line == "pages: page"
 
 
-def test_the_tests_find_no_backend_taken_and_the_record_still_names_it(tmp_path):
+def test_the_tests_find_no_backend_taken_and_the_record_still_names_it(one_run):
   """A test that starts a fresh process using JAX (a page's visible cells)
   needs the TPU free: the tool's child must not take the devices before its
   tests run (on a TPU the pages' fresh processes failed with "Unable to
   initialize backend 'tpu': ABORTED" while it held them); it reads the
   environment after them."""
-  summary, table = _run_one_test_file(
-      tmp_path, "test_untaken.py",
-      "from jax._src import xla_bridge\n\n"
-      "def test_no_backend_is_initialized_yet():\n"
-      "  assert not xla_bridge.backends_are_initialized()\n")
+  _, results, table = one_run
+  summary = _summary(results, "test_untaken.py")
   assert (summary["passed"], summary["failed"]) == (1, 0), summary
-  results = json.loads((tmp_path / "out" / "accelerator-results.json").read_text())
   assert results["environment"]["backend"] == "cpu"
   # and the code that ran: the checkout's commit, marked where it was changed
   head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
