@@ -36,6 +36,11 @@ def system(seed, log_cond, n=N):
           jnp.asarray(A @ x, jnp.float32))
 
 
+# one program per shape and side, traced once for all the examples below
+_check = jax.jit(lambda A, x, b, transpose: Dense()._check(A, x, b, transpose),
+                 static_argnums=3)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2 ** 16), st.floats(0., 7.), st.floats(-8., 0.),
        st.booleans(), st.sampled_from([N, BIG]))
@@ -47,8 +52,7 @@ def test_the_verdict_and_error_are_the_full_checks(seed, log_cond, log_err,
   # a solution off by a relative 10**log_err: passes or fails by the bound
   x_off = x * (1 + 10. ** log_err * jnp.cos(jnp.arange(n, dtype=jnp.float32)))
   tol = float(jnp.finfo(jnp.float32).eps) ** 0.5
-  st_ = jax.jit(lambda A, x, b: Dense()._check(A, x, b, transpose))(
-      A, x_off, b)
+  st_ = _check(A, x_off, b, transpose)
   ok, err = reference(A, x_off, b, tol, transpose)
   assume(abs(float(err) / tol - 1) > 1e-3)  # not at the bound, to rounding
   assert bool(st_.converged) == bool(ok)

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hijax.implicit import Dense, MatMul, linear_solve
-from hijax.implicit._backward_error import (SKETCH_BOUND, SKETCH_VECTORS,
-                                            sketch_applies, sketch_flags)
+from hijax.implicit._backward_error import (SKETCH_BOUND, SKETCH_VECTORS, _columns,
+                                            _one, sketch_applies, sketch_flags)
 
 TOL = float(np.finfo(np.float32).eps) ** 0.5  # Dense's default in float32
 
@@ -99,6 +99,11 @@ def test_a_wrong_solution_in_any_one_column_fails_that_column(
   np.testing.assert_allclose(status.error[column], errors[column], rtol=1e-3)
 
 
+# the matrix an argument: one program per shape, traced once for all examples
+_solve_columns = jax.jit(jax.vmap(
+    lambda M, b: linear_solve(MatMul(), b, M, throw=False), in_axes=(None, 0)))
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2 ** 16), st.sampled_from(SHAPES), st.floats(0., 5.),
        st.booleans())
@@ -107,9 +112,7 @@ def test_right_solutions_of_many_columns_all_pass(seed, shape, log_cond,
   n, m = shape
   A, B, _ = system(seed, n, m, log_cond)
   M = A.T if transpose else A
-  solve = jax.jit(jax.vmap(lambda M, b: linear_solve(MatMul(), b, M, throw=False),
-                           in_axes=(None, 0)))
-  X, status = solve(jnp.asarray(M), jnp.asarray(B))
+  X, status = _solve_columns(jnp.asarray(M), jnp.asarray(B))
   assert all(status.converged.tolist()), status
   errors = backward_errors(A, X, B, transpose)
   # the errors are at the rounding level: each column's, to rounding
@@ -183,6 +186,17 @@ def test_where_the_sketch_applies():
   assert 2e-7 < bound < 3e-7
 
 
+# one program per shape and side, traced once for all the examples below
+@functools.partial(jax.jit, static_argnums=3)
+def _jit_columns(A, X, B, transpose):
+  return _columns(A, X, B, TOL, transpose)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _jit_one(A, X, B, transpose):
+  return jax.vmap(lambda x, b: _one(A, x, b, TOL, transpose))(X, B)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2 ** 16), st.sampled_from([(3, 5), (50, 50), (20, 80), (1, 1)]),
        st.floats(0., 4.), st.booleans(), st.booleans())
@@ -194,7 +208,6 @@ def test_many_columns_of_a_small_matrix_get_each_columns_own_verdict(
   the residuals agree to their rounding, n eps times the bound's scale at
   worst, so the errors to n eps and the verdicts where not decided by it):
   right columns, wrong ones, non-finite ones, zero ones."""
-  from hijax.implicit._backward_error import _columns, _one
   n, m = shape
   A, B, rng = system(seed, n, m, log_cond)
   X = (B @ np.linalg.inv(A.T if transpose else A).T).astype(np.float32)
@@ -207,10 +220,8 @@ def test_many_columns_of_a_small_matrix_get_each_columns_own_verdict(
     B[rng.integers(m)] = 0.
     X[rng.integers(m), rng.integers(n)] = np.inf
   A, X, B = (jnp.asarray(v) for v in (A, X, B))
-  code, error = (np.asarray(v) for v in jax.jit(
-      lambda A, X, B: _columns(A, X, B, TOL, transpose))(A, X, B))
-  code1, error1 = (np.asarray(v) for v in jax.jit(jax.vmap(
-      lambda A, x, b: _one(A, x, b, TOL, transpose), in_axes=(None, 0, 0)))(A, X, B))
+  code, error = (np.asarray(v) for v in _jit_columns(A, X, B, transpose))
+  code1, error1 = (np.asarray(v) for v in _jit_one(A, X, B, transpose))
   # the Status's reasons: 0 converged, 1 not within tol, 2 non-finite
   ok, finite, ok1, finite1 = code == 0, code != 2, code1 == 0, code1 != 2
   np.testing.assert_array_equal(finite, finite1)
