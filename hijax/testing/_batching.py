@@ -201,26 +201,23 @@ def _check_batched_derivatives(ctx: CheckContext, stacked, refusals: list):
       extra=f"all arguments batched along axis 0, batch size {size}")
   ts = [ctx.random_like(x) for x in xs]
   cts = [ctx.random_like(np.stack([y] * size)) for y in ctx.ref_out()]
-  # one example's derivative: the programs the jvp and vjp checks compiled
-  one = {"jvp": lambda x, t: ctx.jvp_at(direction, t, xs=x)[1],
-         "vjp": lambda x, c: ctx.vjp_at(direction, c, xs=x)[1]}
+  k_th = lambda arrays, k: [on_device(a[k]) for a in to_numpy(arrays)]
   for check, kind, _, _ in _derivative_cases(ctx):
     if ctx.out_of_time("batch", check):
       continue
-    a, b = (xs, ts) if kind == "jvp" else (xs, cts)
+    vs = ts if kind == "jvp" else cts
     try:
       got = jax.tree.leaves(ctx.compiled.run(Part("batch", "batch", check),
-                                             (tuple(a), tuple(b))))
-      a_np, b_np = to_numpy(a), to_numpy(b)
-      want = [jax.tree.leaves(one[kind]([on_device(x[k]) for x in a_np],
-                                        [on_device(y[k]) for y in b_np]))
-              for k in range(size)]
-      want = [np.stack(ys) for ys in zip(*want)]
+                                             (tuple(xs), tuple(vs))))
+      # one example's derivative: the programs the jvp and vjp checks ran
+      want = [np.stack(ys) for ys in zip(*(jax.tree.leaves(ctx.derivative(
+          kind, direction, k_th(vs, k), xs=k_th(xs, k))[1])
+                                            for k in range(size)))]
     except Exception as e:  # pylint: disable=broad-except
       _refused_or_failed(ctx, refusals, check, inputs, e)
       continue
     ctx.ran("batch", check)
     names = ([ctx.out_names[i] for i in ctx.out_float_idx]
-             if "jvp" in check else [ctx.leaf_names[i] for i in direction])
+             if kind == "jvp" else [ctx.leaf_names[i] for i in direction])
     ctx.compare("batch", check, inputs, got, want, ctx.settings.tol,
                 names=names, got_label="vmap", want_label="the loop")

@@ -55,13 +55,16 @@ def aligned_cotangents(ctx: CheckContext, like, j_t, judged):
 
 def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                    tangents: list | None, like: Sequence,
-                   reference: Callable, transpose: Callable,
+                   reference: Callable, transpose: Callable, judge: Callable,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
                    "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = "") -> bool:
   """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``; records a failure or an
-  inconclusive entry."""
-  ref, label, bounds, judged, used, uncounted = reference(tangents)
+  inconclusive entry. ``reference(tangents, first)``: `_reference`'s
+  ``(J ṫ, label, bounds, tangents, est)``; ``judge(bounds, est)``: the
+  output elements it judges."""
+  ref, label, bounds, used, est = reference(tangents, True)
+  judged = judge(bounds, est)
   if not any(np.any(ok) for ok in judged):
     ctx.judged_nothing(check, "no output element can be judged along this "
                        "direction (see the finite differences above)")
@@ -75,8 +78,9 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                      "element(s), and the function is not smooth or not "
                      "finite at some output element (see above): those "
                      "input elements are left out")
-    ref, label, bounds, judged, used, uncounted = reference(
-        [on_device(np.where(b, 0, t)) for t, b in zip(used, left_out)])
+    ref, label, bounds, used, est = reference(
+        [on_device(np.where(b, 0, t)) for t, b in zip(used, left_out)], False)
+    judged = judge(bounds, est)
     ybar = aligned_cotangents(ctx, like, ref, judged)
     cts_in = [on_device(np.where(b, 0, c))
               for c, b in zip(transpose(ybar), left_out)]
@@ -88,8 +92,8 @@ def check_identity(ctx: CheckContext, mode: str, check: str, inputs: str,
                if np.size(y)] or [0.0])
     bound += 2 * top * sum(float(np.sum(f)) for f in floors(used))
   if abs(lhs - rhs) <= bound:
-    counted = judged if uncounted is None or lhs == rhs else [
-        ok & ~u for ok, u in zip(judged, uncounted)]
+    counted = judged if est is None or lhs == rhs else [
+        ok & ~u for ok, u in zip(judged, est.uncounted())]
     if np.isfinite(bound) and any(np.any(ok) for ok in counted):
       ctx.conclusive_pass(mode, rule)
     else:
@@ -214,7 +218,7 @@ def check_jvp(ctx: CheckContext, jvp_passed: dict):
     tangents = list(ctx.fd(direction).tangents)  # those of the reference
     check = f"jvp vs central finite differences of {ctx.fd_of}"
     try:
-      out, t_out = ctx.jvp_at(direction, tangents)
+      out, t_out = ctx.derivative("jvp", direction, tangents)
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("jvp", check, inputs, e)
       jvp_passed[direction] = False
@@ -248,26 +252,13 @@ def _reference(ctx: CheckContext, direction, jvp_passed: dict, tangents,
   of the point, along their own tangents)."""
   if _trusts_jvp(ctx, jvp_passed, direction):
     try:
-      return (list(ctx.jvp_at(direction, tangents)[1]), "the jvp rule", None,
-              list(tangents), None)
+      return (list(ctx.derivative("jvp", direction, tangents)[1]),
+              "the jvp rule", None, list(tangents), None)
     except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
       pass
   est = ctx.fd(direction) if first else ctx.fd_along(direction, tangents)
   return (list(est.values), f"finite differences of {ctx.fd_of}", est.bounds,
           list(est.tangents), est)
-
-
-def _identity_reference(ctx: CheckContext, direction, jvp_passed: dict):
-  """`_reference` for `check_identity`, with the elements it judges."""
-  calls = []
-
-  def reference(tangents):
-    calls.append(None)
-    ref, label, bounds, used, est = _reference(ctx, direction, jvp_passed,
-                                               tangents, len(calls) == 1)
-    return (ref, label, bounds, ctx.judged(direction, bounds, est), used,
-            None if est is None else est.uncounted())
-  return reference
 
 
 def check_vjp(ctx: CheckContext, jvp_passed: dict):
@@ -281,12 +272,11 @@ def check_vjp(ctx: CheckContext, jvp_passed: dict):
     xs = tuple(ctx.xs_of(direction))
     tangents = [ctx.random_like(ctx.leaves[i]) for i in direction]
     try:
-      out, _ = ctx.vjp_at(direction, [np.zeros_like(y)
+      out, _ = ctx.derivative("vjp", direction, [np.zeros_like(y)
                                       for y in ctx.ref_out()])
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("vjp", "vjp", inputs, e)
       continue
-    reference = _identity_reference(ctx, direction, jvp_passed)
     label = ("the jvp rule" if _trusts_jvp(ctx, jvp_passed, direction)
              else f"finite differences of {ctx.fd_of}")
     check = f"vjp vs {label} (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"
@@ -300,7 +290,7 @@ def check_vjp(ctx: CheckContext, jvp_passed: dict):
     seen = []
 
     def transpose(ybar):
-      cts_in = list(ctx.vjp_at(direction, ybar)[1])
+      cts_in = list(ctx.derivative("vjp", direction, ybar)[1])
       if not seen:
         seen.append(_check_types(
             ctx, "vjp", "vjp's cotangent types vs the inputs' types", inputs,
@@ -308,7 +298,9 @@ def check_vjp(ctx: CheckContext, jvp_passed: dict):
       return cts_in
     try:
       check_identity(ctx, "vjp", check, inputs, tangents, ctx.ref_out(),
-                     reference, transpose,
+                     lambda t, first: _reference(ctx, direction, jvp_passed,
+                                                 t, first), transpose,
+                     lambda b, est: ctx.judged(direction, b, est),
                      lambda t: ctx.flat_floors(direction, t))
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("vjp", check, inputs, e)
@@ -332,7 +324,7 @@ def check_lin(ctx: CheckContext, jvp_passed: dict):
                          "tangent is not compared with the function")
       continue
     try:
-      out, t_out = ctx.derivative_at("lin", direction, tangents)
+      out, t_out = ctx.derivative("lin", direction, tangents)
     except Exception as e:  # pylint: disable=broad-except
       ctx.fail_raised("lin", "linearize", inputs, e)
       continue

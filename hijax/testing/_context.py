@@ -395,7 +395,7 @@ class CheckContext:
     self.compiled.add(derivative_part(kind, direction), part,
                       lambda: (self.xs_of(direction), extra()))
 
-  def derivative_at(self, kind, direction, extra, xs=None):
+  def derivative(self, kind, direction, extra, xs=None):
     """``(out, J ṫ)`` (``Jᵀ ȳ`` for vjp) from ``jax.jvp`` (``vjp``,
     ``linearize``: ``kind``) in the leaves of ``direction``, at their values
     ``xs`` (default: the point)."""
@@ -403,9 +403,6 @@ class CheckContext:
       self.add_derivative(kind, direction)
     return self.compiled.run(derivative_part(kind, direction), (
         self.xs_of(direction) if xs is None else list(xs), list(extra)))
-
-  jvp_at = functools.partialmethod(derivative_at, "jvp")
-  vjp_at = functools.partialmethod(derivative_at, "vjp")
 
   def primal_floors(self, all_outputs=False, computed_only=False) -> list:
     """Per output, the absolute error allowed between two evaluations at the

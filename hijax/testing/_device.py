@@ -215,16 +215,6 @@ def _float_dtype(name, default):
   return np.dtype(name) if name in _FLOATS else default
 
 
-def _same_kind(got, want) -> bool:
-  """Whether ``got`` and ``want`` are both signed integers, both unsigned,
-  or both booleans (of any widths)."""
-  return got.dtype.kind == want.dtype.kind and got.dtype.kind in "iub"
-
-
-def _values(out) -> list[np.ndarray]:
-  return [np.asarray(y) for y in jax.tree.leaves(out)]
-
-
 def function_floors(ctx, dtype, n_values: int) -> list:
   """The host's `primal_floors`, scaled to ``dtype``, for ``n_values``
   outputs on the device."""
@@ -261,8 +251,9 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
       for call in host_bundle.seen[key]:
         args = rounded(call, template)
         with jax.default_device(device), jax.enable_x64(device_x64):
-          got += _values(bundle.run(key, args))
-        want += _values(host_run(key, rounded(args, call)))
+          got += map(np.asarray, jax.tree.leaves(bundle.run(key, args)))
+        want += map(np.asarray, jax.tree.leaves(host_run(key, rounded(
+            args, call))))
     except Exception as e:  # pylint: disable=broad-except
       if key in host_bundle.raised:
         continue  # the host half judged it (a failure, or a rule's refusal)
@@ -286,9 +277,10 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
         continue
     # the host's values in the device's dtypes: float64 rounded to the
     # dtype, and an integer of the host's width (int64 where float64 is on)
-    # as the device's (int32), compared by value
-    want = [w.astype(g.dtype) if is_float(g) or _same_kind(g, w) else w
-            for g, w in zip(got, want)]
+    # as the device's (int32), compared by value (both signed, unsigned or
+    # boolean, of any widths)
+    want = [w.astype(g.dtype) if is_float(g) or g.dtype.kind == w.dtype.kind
+            in "iub" else w for g, w in zip(got, want)]
     ctx.ran(mode, check)
     # (lowered only where the products' error is the largest measured)
     products = (tolerance(measured) != tolerance(measured, False)

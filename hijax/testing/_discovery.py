@@ -17,10 +17,6 @@ from hijax._internals import core as _core
 from hijax.primitive import HiPrim
 
 
-def _overrides(cls, name) -> bool:
-  return getattr(cls, name, None) is not getattr(HiPrim, name, None)
-
-
 @dataclasses.dataclass(frozen=True)
 class CustomRules:
   """A ``jax.custom_jvp`` or ``jax.custom_vjp`` function ``prim_fn`` calls
@@ -68,7 +64,8 @@ def defined_rules(prim: Any) -> dict[str, str]:
   fun = None if prim is cls else getattr(prim, "params", {}).get("fun")
   if isinstance(fun, str):  # a hijax decorator's call: name the function
     name = f"{name}[fun={fun}]"
-  has = lambda attr: _overrides(cls, attr)
+  has = lambda attr: getattr(cls, attr, None) is not getattr(HiPrim, attr,
+                                                            None)
   how = lambda rule: "".join(f" ({n})" for n in _DERIVED if rule is getattr(
       getattr(derived, n), "first", getattr(derived, n)))
   rules = {"expand": f"{name}.expand"}

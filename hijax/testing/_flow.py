@@ -150,9 +150,8 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
       # a refusal by design (or a surrogate) in a program names the mode's
       # rules together, and would excuse them all: checked alone too
       if (ctx.report.failures or ctx.report.by_intent) and error is None:
-        blame_alone(prim_fn, ctx.args, ctx.prims, ctx.settings, ctx.rng,
-                    ctx.report, request.modes)
-        inner_first(ctx, ctx.report)
+        blame_alone(ctx)
+        inner_first(ctx)
     if accel is not None and error is None and not budget.spent:
       assert plan is not None  # planned with the host's context above
       host_done = True
@@ -313,9 +312,10 @@ def stopped(ctx: CheckContext, plan, e: BudgetSpent):
       f"{mode}: the checks not yet run" for mode in plan if mode not in done]
 
 
-def inner_first(ctx: CheckContext, report: RuleReport):
+def inner_first(ctx: CheckContext):
   """Puts first the failures of primitives the checked rules bind (fix those
   first)."""
+  report = ctx.report
   outer = {name for rules in ctx.rules for name in rules.values()}
   inner = [f for f in report.failures
            if f.rule not in outer and f.rule != "prim_fn"]
@@ -342,24 +342,25 @@ def _absorb(report: RuleReport, alone: RuleReport):
       setattr(report, field.name, mine + theirs)
 
 
-def blame_alone(prim_fn, args, prims, settings, rng, report, modes):
+def blame_alone(ctx: CheckContext):
   """Checks each custom function alone, where a program of several failed or
   excused its rules together by intent."""
   # Not done first: a library's rule can rely on a relation the program
   # keeps between its inputs (equinox's loop wrapper), which perturbing its
   # inputs independently breaks.
-  if len(prims) < 2 or not all(isinstance(p, CustomRules) for p in prims):
+  report = ctx.report
+  if len(ctx.prims) < 2 or not all(isinstance(p, CustomRules)
+                                   for p in ctx.prims):
     return
   try:
-    calls = custom_calls(prim_fn, args)
+    calls = custom_calls(ctx.prim_fn, ctx.args)
   except Exception:  # pylint: disable=broad-except  (the program's failures stand)
     return
   alone = RuleReport(report.primitives, report.dtype)
   for rules, fn, inputs in calls:
-    ctx = CheckContext(fn, tuple(inputs), [f"args[{i}]" for i in range(
-        len(inputs))], settings, rng, alone, [rules],
-                       label=f"{rules!r} alone: ", requested=modes)
-    run(ctx, plan_modes(ctx, modes, explicit=False))
+    sub = ctx.sub(fn, inputs, [f"args[{i}]" for i in range(len(inputs))],
+                  [rules], report=alone, label=f"{rules!r} alone: ")
+    run(sub, plan_modes(sub, ctx.requested, explicit=False))
   _absorb(report, alone)
   if alone.failures:
     named = sorted({f.rule for f in report.failures})

@@ -20,22 +20,26 @@ from hijax.testing._context import CheckContext, Part, derivative_part
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
 
-def _backward_pass(f, ybar):
-  """``x -> vjp(f, x)[1](ȳ)``, with ``ȳ`` in the dtypes of ``f``'s outputs
-  (so that finite differences can evaluate it in a wider dtype)."""
-  def backward(*xs):
-    out, f_vjp = jax.vjp(f, *xs)
-    return tuple(f_vjp(tuple(jnp.asarray(y, o.dtype)
-                             for y, o in zip(ybar, out))))
-  return backward
+def _derivative(kind, f, n):
+  """The tangent map ``x, ṫ -> jvp(f, x, ṫ)[1]`` (``kind`` ``"jvp"``), the
+  backward pass ``x, ȳ -> vjp(f, x)[1](ȳ)`` or the linearized map of ``f``
+  (of ``n`` inputs), a function of ``(*x, *vector)``; the vector is cast to
+  the dtypes it pairs with (finite differences evaluate it wider)."""
+  def g(*a):
+    xs, v = tuple(a[:n]), a[n:]
+    if kind == "vjp":
+      out, f_vjp = jax.vjp(f, *xs)
+      return tuple(f_vjp(tuple(jnp.asarray(y, o.dtype)
+                               for y, o in zip(v, out))))
+    v = tuple(jnp.asarray(t, x.dtype) for t, x in zip(v, xs))
+    return tuple(jax.jvp(f, xs, v)[1] if kind == "jvp"
+                 else jax.linearize(f, *xs)[1](*v))
+  return g
 
 
-def _tangent_map(f, tdot):
-  """``x -> jvp(f, x, ṫ)[1]``, with ``ṫ`` in the dtypes of ``x``."""
-  def tangent_map(*xs):
-    return tuple(jax.jvp(f, xs, tuple(jnp.asarray(t, x.dtype)
-                                      for t, x in zip(tdot, xs)))[1])
-  return tangent_map
+# The first derivatives differentiated again, with their fixed vectors.
+_AGAIN = {"vjp": "the backward pass x -> vjp(f, x)[1](ȳ)",
+          "jvp": "the tangent map x -> jvp(f, x, ṫ)[1]"}
 
 
 def _first_derivatives(ctx: CheckContext):
@@ -51,31 +55,31 @@ def _first_derivatives(ctx: CheckContext):
   top = lambda vs: max([float(np.max(np.abs(np.asarray(v)))) for v in vs
                         if np.size(v)] or [0.0])
   y_top = top(ctx.ref_out())
-  for mode, what, like, make in (
-      ("vjp", "the backward pass x -> vjp(f, x)[1](ȳ)", ctx.ref_out,
-       _backward_pass),
-      ("jvp", "the tangent map x -> jvp(f, x, ṫ)[1]", lambda: xs,
-       _tangent_map)):
+  for mode, what in _AGAIN.items():
     if ctx.has(mode) and mode in ctx.requested:
-      v = tuple(ctx.random_like(y) for y in like())  # ȳ, or ṫ
-      found.append((mode, what, make(f, v), xs, names, y_top * top(v),
-                    lambda a, mode=mode, v=v: ctx.derivative_at(
+      v = tuple(ctx.random_like(y)  # ȳ, or ṫ
+                for y in (ctx.ref_out() if mode == "vjp" else xs))
+      g = _derivative(mode, f, len(xs))
+      found.append((mode, what, lambda *x, g=g, v=v: g(*x, *v), xs, names,
+                    y_top * top(v),
+                    lambda a, mode=mode, v=v: ctx.derivative(
                         mode, direction, v, xs=a)[1], v))
   return found
 
 
 def _again(ctx: CheckContext, mode):
   """The second derivative of ``mode``: ``(first derivative, second)`` at
-  ``(xs, vector, direction)``."""
-  f = ctx.restrict(tuple(ctx.float_idx))
+  ``(xs, vector, direction)`` (reverse of reverse, forward of forward)."""
+  g = _derivative(mode, ctx.restrict(tuple(ctx.float_idx)),
+                  len(ctx.float_idx))
 
-  def vjp_again(xs, ybar, w):
-    out, g_vjp = jax.vjp(_backward_pass(f, ybar), *xs)
-    return out, g_vjp(tuple(w))
-
-  def jvp_again(xs, tdot, u):
-    return jax.jvp(_tangent_map(f, tdot), tuple(xs), tuple(u))
-  return vjp_again if mode == "vjp" else jvp_again
+  def again(xs, v, u):
+    h = lambda *x: g(*x, *v)
+    if mode == "jvp":
+      return jax.jvp(h, tuple(xs), tuple(u))
+    out, h_vjp = jax.vjp(h, *xs)
+    return out, h_vjp(tuple(u))
+  return again
 
 
 def _again_part(mode) -> Part:
@@ -86,12 +90,11 @@ def add_second_order_parts(ctx: CheckContext):
   """Adds the vjp of the backward pass and the jvp of the tangent map (the
   checks of `check_differentiated_rules`) to ``ctx``'s compiled program."""
   d = tuple(ctx.float_idx)
-  vector = {"vjp": ctx.zeros_like_outputs,  # ȳ, else ṫ
-            "jvp": lambda: ctx.zeros_like_inputs(d)}
-  for mode in ("vjp", "jvp"):
+  for mode in _AGAIN:
     if ctx.has(mode) and mode in ctx.requested:
-      ctx.compiled.add(_again_part(mode), _again(ctx, mode), lambda v=vector[
-          mode]: (ctx.xs_of(d), v(), ctx.zeros_like_inputs(d)))
+      ctx.compiled.add(_again_part(mode), _again(ctx, mode), lambda mode=mode: (
+          ctx.xs_of(d), ctx.zeros_like_outputs() if mode == "vjp"
+          else ctx.zeros_like_inputs(d), ctx.zeros_like_inputs(d)))
 
 
 def check_differentiated_rules(ctx: CheckContext):
@@ -114,28 +117,30 @@ def check_differentiated_rules(ctx: CheckContext):
                         g, xs, ctx.settings.jit, budget=ctx.settings.budget,
                         evaluate_one=evaluate_one, bound=bound))
       est = sub.fd(tuple(sub.float_idx))
-    except Exception as e:  # pylint: disable=broad-except
-      _raised(ctx, check, inputs, e, rule, what)
-      continue
-    if not sub.out_float_idx:
-      continue
-    ctx.report.cost["second-order evaluations"] = ctx.report.cost.get(
-        "second-order evaluations", 0) + est.evaluations + 1
-    if mode == "vjp":
-      try:  # reverse over reverse: needs no jvp rule
-        _reverse_over_reverse(ctx, sub, check, inputs, rule)
+      if not sub.out_float_idx:
         continue
-      except Exception as e:  # pylint: disable=broad-except
-        why = ctx.declared_limit(e)
-        if why is None or ctx.settings.require_second_order:
-          ctx.fail_raised("second_order", check, inputs, e, rule=rule)
+      ctx.report.cost["second-order evaluations"] = ctx.report.cost.get(
+          "second-order evaluations", 0) + est.evaluations + 1
+      if mode == "vjp":
+        try:  # reverse over reverse: needs no jvp rule
+          _reverse_over_reverse(ctx, sub, check, inputs, rule)
           continue
-        ctx.skip("second_order", f"{what}: reverse over reverse is not "
-                 f"supported ({why}); checked forward over reverse instead")
-    try:  # forward over forward, or over reverse
-      _, t_out = sub.jvp_at(tuple(sub.float_idx), est.tangents)
+        except Exception as e:  # pylint: disable=broad-except
+          why = ctx.declared_limit(e)
+          if why is None or ctx.settings.require_second_order:
+            ctx.fail_raised("second_order", check, inputs, e, rule=rule)
+            continue
+          ctx.skip("second_order", f"{what}: reverse over reverse is not "
+                   f"supported ({why}); checked forward over reverse instead")
+      # forward over forward, or over reverse
+      _, t_out = sub.derivative("jvp", tuple(sub.float_idx), est.tangents)
     except Exception as e:  # pylint: disable=broad-except
-      _raised(ctx, check, inputs, e, rule, what)
+      why = ctx.declared_limit(e)
+      if why is None or ctx.settings.require_second_order:
+        ctx.fail_raised("second_order", check, inputs, e, rule=rule)
+      else:  # a declared limitation: a first-order-only rule
+        ctx.report.first_order_only.append(
+            f"{rule}: {what} cannot be differentiated again ({why})")
       continue
     ctx.ran("second_order", check + (" (forward over reverse)"
                                      if mode == "vjp" else ""))
@@ -149,33 +154,21 @@ def check_differentiated_rules(ctx: CheckContext):
                 own=est.own)
 
 
-def _raised(ctx, check, inputs, e, rule, what):
-  """A failure, or, for a declared limitation, a first-order-only rule."""
-  why = ctx.declared_limit(e)
-  if why is None or ctx.settings.require_second_order:
-    ctx.fail_raised("second_order", check, inputs, e, rule=rule)
-  else:
-    ctx.report.first_order_only.append(
-        f"{rule}: {what} cannot be differentiated again ({why})")
-
-
 def _reverse_over_reverse(ctx, sub, check, inputs, rule):
   """``<w, H ṫ>`` with ``H ṫ`` from finite differences of the backward pass,
   against ``<vjp of the backward pass (w), ṫ>``."""
   direction = tuple(sub.float_idx)
-  transpose = lambda w: list(sub.vjp_at(direction, w)[1])
+  transpose = lambda w: list(sub.derivative("vjp", direction, w)[1])
   transpose([np.zeros_like(y) for y in sub.ref_out()])  # may raise
 
-  def reference(tangents):
-    est = (sub.fd(direction) if tangents is None
-           else sub.fd_along(direction, tangents))
+  def reference(tangents, first):
+    est = sub.fd(direction) if first else sub.fd_along(direction, tangents)
     return (list(est.values), "finite differences of the backward pass",
-            est.bounds, sub.judged(direction, est.bounds, est),
-            list(est.tangents), est.uncounted())
+            est.bounds, list(est.tangents), est)
   ctx.ran("second_order", check)
   check_identity(
-      ctx, "second_order", check, inputs, None, sub.ref_out(),
-      lambda t: reference(t), transpose, rule=rule,
+      ctx, "second_order", check, inputs, None, sub.ref_out(), reference,
+      transpose, lambda b, est: sub.judged(direction, b, est), rule=rule,
       what="<w, H ṫ> = {lhs:.8g} with H ṫ from {ref}, but <vjp of the "
       "backward pass (w), ṫ> = {rhs:.8g}",
       hint="; the backward rule is not differentiable as it stands (a "
@@ -193,20 +186,16 @@ def _derived_functions(ctx: CheckContext, modes):
   x_names = [ctx.leaf_names[i] for i in direction]
   out_names = [ctx.out_names[i] for i in ctx.out_float_idx]
   rng = ctx.rng.spawn(1)[0]
-  n = len(xs)
-  kinds = {  # what, the function, its vectors' templates, their names
-      "jvp": ("the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
-              lambda *a: jax.jvp(f, tuple(a[:n]), tuple(a[n:]))[1],
-              lambda: xs, [f"ṫ for {m}" for m in x_names]),
+  kinds = {  # what, its vectors' templates, their names
+      "jvp": ("the tangent map x, ṫ -> jvp(f, x, ṫ)[1]", lambda: xs,
+              [f"ṫ for {m}" for m in x_names]),
       "vjp": ("the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
-              lambda *a: jax.vjp(f, *a[:n])[1](tuple(a[n:])),
               ctx.zeros_like_outputs, [f"ȳ for {m}" for m in out_names]),
       "lin": ("the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
-              lambda *a: jax.linearize(f, *a[:n])[1](*a[n:]),
               lambda: xs, [f"ṫ for {m}" for m in x_names])}
-  return [(kind, what, g, xs + [ctx.random_like(v, rng) for v in like()],
-           x_names + v_names)
-          for kind, (what, g, like, v_names) in kinds.items()
+  return [(kind, what, _derivative(kind, f, len(xs)),
+           xs + [ctx.random_like(v, rng) for v in like()], x_names + v_names)
+          for kind, (what, like, v_names) in kinds.items()
           if ctx.has(kind) and kind in modes]
 
 
