@@ -159,9 +159,8 @@ def _quiet():
   """No warnings or prints; strict promotion and debug_nans/infs off."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
-      contextlib.redirect_stderr(sink), \
-      jax.numpy_dtype_promotion("standard"), jax.debug_nans(False), \
-      jax.debug_infs(False):
+      contextlib.redirect_stderr(sink), jax.numpy_dtype_promotion("standard"), \
+      jax.debug_nans(False), jax.debug_infs(False):
     warnings.simplefilter("ignore")
     yield
 
@@ -259,10 +258,10 @@ def check_rule(rule: RecordedRule, seconds: float,
       t.surrogate for t in result.tried)
   best = min(result.tried, default=None, key=lambda t: (  # its detail first
       _VERDICTS.index(t.verdict), not t.detail, t.detail == "no array inputs"))
-  result.verdict = ("inconclusive" if best is None or best.verdict ==
-                    "not checked" else best.verdict)
-  result.detail = best.detail if best else (
-      "no call with inputs that can be checked")
+  result.verdict, result.detail = ("inconclusive", (
+      "no call with inputs that can be checked")) if best is None else (
+          {"not checked": "inconclusive"}.get(best.verdict, best.verdict),
+          best.detail)
   return result
 
 

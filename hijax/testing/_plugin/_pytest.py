@@ -247,10 +247,9 @@ class RuleCheckPlugin:
     if in_tests := sum(self.in_test_file(r.rule) for r in results):
       lines.append(f"{in_tests} of them defined in the test files")
     if rec.skipped_rules:
-      lines.append(
-          f"{len(rec.skipped_rules)} rule(s) defined in JAX, jaxlib or "
-          "hijax were called and not checked (--hijax-rules-include-jax "
-          "checks them)")
+      lines.append(f"{len(rec.skipped_rules)} rule(s) defined in JAX, jaxlib "
+                   "or hijax were called and not checked "
+                   "(--hijax-rules-include-jax checks them)")
     of = (f" ({self.share:.0%} of the tests' {self.suite_seconds:.1f} s CPU "
           "time)" if self.share is not None else "")
     lines.append(f"recording: {rec.calls} call(s), {rec.seconds:.2f} s; "

@@ -213,8 +213,7 @@ class RecordedRule:
   samples: dict[Any, Sample] = dataclasses.field(default_factory=dict)
   full: bool = False  # as many concrete samples as kept
   tests_done: set[str] = dataclasses.field(default_factory=set)  # once full
-  # per pytree structure: the in_axes of calls under vmap; the array inputs
-  # (by position) a call differentiated
+  # per pytree structure: the in_axes under vmap; the inputs differentiated
   batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
   differentiated: dict[Any, set[int]] = dataclasses.field(
       default_factory=dict)
