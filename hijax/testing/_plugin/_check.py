@@ -290,12 +290,10 @@ def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
   keep = ([i for i in sorted(rule.differentiated[sample.treedef])
            if _moves(sample, arrays, i)]
           if rule.identity.kind == "Primitive" else range(len(arrays)))
-  patterns = {tuple(p[i] for i in keep) for p in rule.batched.get(
-      sample.treedef, ()) if len(p) == len(arrays)}
-  if patterns:
+  if patterns := {tuple(p[i] for i in keep) for p in rule.batched.get(
+      sample.treedef, ()) if len(p) == len(arrays)}:
     options["batch_in_axes"] = sorted(patterns, key=repr)
-  bits = _bits(sample)
-  if bits and max(bits) <= 32 and any(
+  if (bits := _bits(sample)) and max(bits) <= 32 and any(
       np.dtype(x.dtype).kind in "fc" for x in sample.leaves
       if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu":
     options["device"] = jax.devices("cpu")[0]

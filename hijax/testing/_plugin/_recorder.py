@@ -265,9 +265,8 @@ class CallRecorder:
     self.include_jax, self.values_inside_jit = include_jax, values_inside_jit
     self.rules: dict[Any, RecordedRule] = {}
     self.skipped_rules: set[Any] = set()  # out of scope, by key
-    self.calls, self.seconds = 0, 0.0  # (seconds: spent recording)
+    self.test, self.calls, self.seconds = "", 0, 0.0  # (s spent recording)
     self.errors: list[str] = []
-    self.test = ""
     self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     self._saved: list[tuple[Any, Any]] = []
     self._watched: weakref.WeakSet = weakref.WeakSet()
