@@ -14,12 +14,13 @@ docs/pytest-plugin.md come from the results file it writes
       jaxtyping wadler_lindig typing_extensions beartype optax pytest
   VIRTUAL_ENV=/tmp/eqxvenv uv pip install --no-deps -e /tmp/eqx -e .
   python tools/plugin_on_library.py --python /tmp/eqxvenv/bin/python \\
-      --repo /tmp/eqx --name equinox --version 0.13.8 --repeat 2 \\
-      --budget 1200 --rule-budget 120 --pytest-args "-k 'not test_speed'" \\
-      tests
+      --repo /tmp/eqx --name equinox --version 0.13.8 --repeat 1 \\
+      --pytest-args "-k 'not test_speed'" tests
 
 (``test_speed_*`` time loops and compare the timings: they fail on a busy
-machine with or without the plugin.)
+machine with or without the plugin.) The other libraries' results files
+say how each was run (``tests_selected``, ``pytest_args``; the plugin's
+defaults otherwise).
 
 Timing. The machines this runs on are shared, and their load changes over
 the minutes a suite takes, so the runs with and without the plugin run at

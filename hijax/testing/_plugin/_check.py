@@ -110,14 +110,11 @@ def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
 
 def _from_calls(spec: jax.ShapeDtypeStruct, seen: list[Any],
                 rng: np.random.Generator) -> tuple[Any, str] | None:
-  same = [x for x in seen if np.shape(x) == tuple(spec.shape)]
-  if same:
+  if same := [x for x in seen if np.shape(x) == tuple(spec.shape)]:
     return np.asarray(same[0]).astype(spec.dtype), "values of another call"
-  seen = [np.asarray(x).real for x in seen if np.size(x)]
-  if not seen:
+  if not (seen := [np.asarray(x).real for x in seen if np.size(x)]):
     return None
-  kind = np.dtype(spec.dtype).kind
-  lo = min(np.min(x) for x in seen)
+  kind, lo = np.dtype(spec.dtype).kind, min(np.min(x) for x in seen)
   return _drawn(spec, rng, int(lo) if kind in "iu" else float(lo), float(
       max(np.max(x) for x in seen))), (
           "drawn" if kind == "b" else "drawn in the range seen")
@@ -146,15 +143,14 @@ def candidates(rule: RecordedRule, sample: Sample,
 
 
 def _not_finite(values: Any) -> bool:
-  return any(np.asarray(x).dtype.kind in "fc"
-             and not np.all(np.isfinite(np.asarray(x)))
-             for x in jax.tree.leaves(values))
+  return not all(np.all(np.isfinite(x)) for x in map(
+      np.asarray, jax.tree.leaves(values)) if x.dtype.kind in "fc")
 
 
 def _bits(sample: Sample) -> set[int]:
   """The widths of the floating-point (and integer) inputs' dtypes."""
-  dtypes = [np.dtype(x.dtype) for x in sample.leaves if hasattr(x, "dtype")]
-  return {d.itemsize * 8 // (2 if d.kind == "c" else 1) for d in dtypes
+  return {d.itemsize * 8 // (2 if d.kind == "c" else 1) for d in (
+      np.dtype(x.dtype) for x in sample.leaves if hasattr(x, "dtype"))
           if d.kind in "fciu"}
 
 
@@ -163,9 +159,8 @@ def _quiet():
   """No warnings or prints; strict promotion and debug_nans/infs off."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
-      contextlib.redirect_stderr(sink), \
-      jax.numpy_dtype_promotion("standard"), jax.debug_nans(False), \
-      jax.debug_infs(False):
+      contextlib.redirect_stderr(sink), jax.numpy_dtype_promotion("standard"), \
+      jax.debug_nans(False), jax.debug_infs(False):
     warnings.simplefilter("ignore")
     yield
 
@@ -183,10 +178,10 @@ def _check_rules(fn: Callable, arrays: list[Any], seconds: float,
             time_budget=seconds, progress=progress or False,
             surrogates=surrogates, modes=modes, **options)
     except ValueError as e:
-      undefined = re.match(r"mode '(\w+)' was requested", str(e))
-      if modes is None or undefined is None:
+      if modes is None or not (undefined := re.match(
+          r"mode '(\w+)' was requested", str(e))):
         raise
-      modes = [m for m in modes if m != undefined.group(1)]
+      modes.remove(undefined.group(1))
 
 
 def one_line(text: str, error: BaseException | None = None) -> str:
@@ -200,22 +195,18 @@ def one_line(text: str, error: BaseException | None = None) -> str:
   return (head.splitlines() or [""])[0][:300]
 
 
-def is_surrogate(rule: RecordedRule, objects: list[Any]) -> bool:
-  """Whether one of ``objects`` (or what it decorates or holds) is ``rule``."""
-  def functions_of(obj):
-    found = [obj, unwrap(obj)]
-    if getattr(obj, "fun", None) is not None:
-      found += [obj.fun, named_function(obj.fun)]
-    if hasattr(obj, "__dict__"):
-      found += [f for v in vars(obj).values()
-                if callable(v) and not isinstance(v, type)
-                for f in (v, named_function(getattr(v, "fun", v)))]
-    return found
-  target = rule.identity.target
-  fns = [target, rule.identity.fun] + [s.fn for s in rule.samples.values()]
-  return any(obj is target if isinstance(obj, type) else
-             any(f is g for f in functions_of(obj) for g in fns)
-             for obj in objects)
+def is_surrogate(rule: RecordedRule, obj: Any) -> bool:
+  """Whether ``obj`` (or what it decorates or holds) is ``rule``."""
+  if isinstance(obj, type):
+    return obj is rule.identity.target
+  found = [obj, unwrap(obj)] + ([obj.fun, named_function(obj.fun)] if getattr(
+      obj, "fun", None) is not None else []) + [
+          f for v in getattr(obj, "__dict__", {}).values()
+          if callable(v) and not isinstance(v, type)
+          for f in (v, named_function(getattr(v, "fun", v)))]
+  return any(f is g for f in found for g in [
+      rule.identity.target, rule.identity.fun,
+      *(s.fn for s in rule.samples.values())])
 
 
 def check_rule(rule: RecordedRule, seconds: float,
@@ -223,10 +214,8 @@ def check_rule(rule: RecordedRule, seconds: float,
                progress: Callable[[str], None] | None = None,
                pace: float = 1.0) -> RuleResult:
   """Checks ``rule`` within ``seconds`` CPU (``pace``: wall s per CPU s)."""
-  declared = declared or Declaration()
-  start = time.process_time()
-  result = RuleResult(rule, "skipped for time")
-  rng = np.random.default_rng(0)
+  declared, start = declared or Declaration(), time.process_time()
+  result, rng = RuleResult(rule, "skipped for time"), np.random.default_rng(0)
   for sample in sorted(rule.samples.values(), key=lambda s: (
       _SOURCE_ORDER.index(s.source), s.size)):
     tried = Tried(sample.types(), sample.source, "skipped for time",
@@ -261,18 +250,18 @@ def check_rule(rule: RecordedRule, seconds: float,
             _check_sample(rule, sample, candidates(rule, sample, rng),
                           tried, declared, progress, (start + seconds, pace))
         except _OutOfTime:
-          tried.verdict = "skipped for time"
-          tried.detail = "stopped where the rule's budget ran out"
+          tried.verdict, tried.detail = (
+              "skipped for time", "stopped where the rule's budget ran out")
       tried.seconds = time.process_time() - t0
   result.seconds = time.process_time() - start
-  result.surrogate = declared.surrogate or any(t.surrogate
-                                               for t in result.tried)
+  result.surrogate = declared.surrogate or any(
+      t.surrogate for t in result.tried)
   best = min(result.tried, default=None, key=lambda t: (  # its detail first
       _VERDICTS.index(t.verdict), not t.detail, t.detail == "no array inputs"))
-  result.verdict = ("inconclusive" if best is None or best.verdict ==
-                    "not checked" else best.verdict)
-  result.detail = best.detail if best else (
-      "no call with inputs that can be checked")
+  result.verdict, result.detail = ("inconclusive", (
+      "no call with inputs that can be checked")) if best is None else (
+          {"not checked": "inconclusive"}.get(best.verdict, best.verdict),
+          best.detail)
   return result
 
 
@@ -301,12 +290,10 @@ def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
   keep = ([i for i in sorted(rule.differentiated[sample.treedef])
            if _moves(sample, arrays, i)]
           if rule.identity.kind == "Primitive" else range(len(arrays)))
-  patterns = {tuple(p[i] for i in keep) for p in rule.batched.get(
-      sample.treedef, ()) if len(p) == len(arrays)}
-  if patterns:
+  if patterns := {tuple(p[i] for i in keep) for p in rule.batched.get(
+      sample.treedef, ()) if len(p) == len(arrays)}:
     options["batch_in_axes"] = sorted(patterns, key=repr)
-  bits = _bits(sample)
-  if bits and max(bits) <= 32 and any(
+  if (bits := _bits(sample)) and max(bits) <= 32 and any(
       np.dtype(x.dtype).kind in "fc" for x in sample.leaves
       if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu":
     options["device"] = jax.devices("cpu")[0]
@@ -409,14 +396,13 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
                          traceback.format_exception(f.error))}
                     for f in failures]
   if failures:
-    f = failures[0]
-    at = f.inputs.partition("\n")[0]
+    f, at = failures[0], failures[0].inputs.partition("\n")[0]
     tried.detail = (f"{f.rule}: {f.check}: {one_line(f.detail, f.error)}"
                     + (f" [{at}]" if at else ""))
   elif tried.verdict == "inconclusive" and report.skipped_for_time:
-    tried.verdict = "skipped for time"  # (what it judged was not enough)
-    tried.detail = (f"the budget ran out during its checks "
-                    f"({len(report.skipped_for_time)} not run)")
+    tried.verdict, tried.detail = "skipped for time", (  # (judged too little)
+        f"the budget ran out during its checks "
+        f"({len(report.skipped_for_time)} not run)")
   elif tried.verdict == "inconclusive":
     tried.detail = "; ".join(report.why_inconclusive()[:2])
 
@@ -431,11 +417,10 @@ def _not_a_root(sample: Sample, arrays: list[Any]) -> str:
   outs = out if isinstance(out, tuple) else (out,)
   scale = max(1.0, biggest((outs, arrays)))
   for condition in jax.tree.leaves(list(sample.statics.values())):
-    if not isinstance(condition, types.FunctionType):
-      continue
     try:
       with _quiet():
-        size = biggest(condition(*outs, *arrays))
+        size = biggest(condition(*outs, *arrays)) if isinstance(
+            condition, types.FunctionType) else 0.0
     except Exception:  # pylint: disable=broad-except  (not a condition)
       continue
     if size > 1e-3 * scale:

@@ -119,21 +119,20 @@ class RuleCheckPlugin:
     self.recorder.remove()
 
   def _failing(self) -> list[str]:
-    bad = {"failed"} | ({"inconclusive"} if self.fail_on == "inconclusive"
-                        else set())
-    return [r.rule.identity.label() for r in self.results
-            if r.verdict in bad and self.fail_on != "never"]
+    bad = {"never": (), "inconclusive": ("failed", "inconclusive")}.get(
+        self.fail_on, ("failed",))
+    return [r.rule.identity.label() for r in self.results if r.verdict in bad]
 
-  def _declarations(self) -> list[tuple[Any, str, str]]:
-    """``(object or None, location or "", what)`` per declaration."""
+  def _declarations(self) -> list[tuple[Any, str, str, set[str]]]:
+    """``(object or None, location or "", word, items)`` per declaration."""
     out, deliberate = [], self.config.getini("hijax_deliberate")
     for line in ([f"{n}: surrogate" for n in self.config.getini(
         "hijax_surrogates")] + deliberate):
       target, _, what = (s.strip() for s in line.rpartition(": "))
       word, _, items = what.partition(" ")
-      if not target or word not in ("surrogate", "skip", "output") or any(
-          word == "skip" and i.strip() not in MODES for i in items.split(",")
-          if i.strip()):
+      items = {i.strip() for i in items.split(",") if i.strip()}
+      if not target or word not in ("surrogate", "skip", "output") or (
+          word == "skip" and not items <= set(MODES)):
         self.unresolved.append(
             f"{line!r} (hijax_deliberate takes TARGET: surrogate, TARGET: "
             f"skip MODE,... with MODE one of {', '.join(MODES)}, or TARGET: "
@@ -141,11 +140,10 @@ class RuleCheckPlugin:
         continue
       if line in deliberate:
         self.declared.append((target, what))
-      if ".py:" in target or not re.fullmatch(r"[\w.:]+", target):
-        out.append((None, target, what))
-        continue
-      try:  # a dotted name, or module:attr.path
-        out.append((pkgutil.resolve_name(target), "", what))
+      try:  # a location, a dotted name, or module:attr.path
+        obj = None if ".py:" in target or not re.fullmatch(
+            r"[\w.:]+", target) else pkgutil.resolve_name(target)
+        out.append((obj, target if obj is None else "", word, items))
       except (ImportError, AttributeError, ValueError) as e:
         self.unresolved.append(f"{target} ({type(e).__name__}: {e})")
     return out
@@ -154,15 +152,13 @@ class RuleCheckPlugin:
     """What the declarations say of ``rule``."""
     file, line = rule.identity.where()
     file, out = "/" + file.replace(os.sep, "/"), Declaration()
-    for obj, location, what in declared:
+    for obj, location, word, items in declared:
       path, _, at = location.rpartition("::" if "::" in location else ":")
-      if is_surrogate(rule, [obj]) if obj is not None else (
+      if is_surrogate(rule, obj) if obj is not None else (
           path and file.endswith("/" + path.lstrip("/"))
           and at in (str(line), rule.identity.name)):
-        word, _, items = what.partition(" ")
         out.surrogate |= word == "surrogate"
-        (out.skip if word == "skip" else out.outputs).update(
-            i.strip() for i in items.split(",") if i.strip())
+        (out.skip if word == "skip" else out.outputs).update(items)
     return out
 
   def _progress(self, line: str, every: float = 0.0) -> None:
@@ -251,10 +247,9 @@ class RuleCheckPlugin:
     if in_tests := sum(self.in_test_file(r.rule) for r in results):
       lines.append(f"{in_tests} of them defined in the test files")
     if rec.skipped_rules:
-      lines.append(
-          f"{len(rec.skipped_rules)} rule(s) defined in JAX, jaxlib or "
-          "hijax were called and not checked (--hijax-rules-include-jax "
-          "checks them)")
+      lines.append(f"{len(rec.skipped_rules)} rule(s) defined in JAX, jaxlib "
+                   "or hijax were called and not checked "
+                   "(--hijax-rules-include-jax checks them)")
     of = (f" ({self.share:.0%} of the tests' {self.suite_seconds:.1f} s CPU "
           "time)" if self.share is not None else "")
     lines.append(f"recording: {rec.calls} call(s), {rec.seconds:.2f} s; "

@@ -1,7 +1,6 @@
 """`CallRecorder`: the custom rules a test suite calls (``jax.custom_jvp``/
-``custom_vjp``, hijax's decorators, `HiPrim`, `library_primitives`), keyed
-by code, named after the function a library's wrapper holds; per rule a
-few varied samples, the ``in_axes`` under ``vmap``, the inputs
+``custom_vjp``, hijax's decorators, `HiPrim`, `library_primitives`) and per
+rule a few varied samples, the ``in_axes`` under ``vmap``, the inputs
 differentiated. Recording never raises into a test."""
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ _SCALARS = (bool, int, float, complex)
 
 @dataclasses.dataclass
 class RuleIdentity:
-  """A rule: key, kind, name, the function or class naming it (``target``),
-  the decorated function or primitive (``fun``), the library's wrapper."""
+  """A rule: ``target`` names it, ``fun`` is decorated, ``via`` wraps it."""
   key: Any
   kind: str
   name: str
@@ -55,8 +53,7 @@ class RuleIdentity:
       if isinstance(target, type):
         return (inspect.getsourcefile(target) or "?",
                 inspect.getsourcelines(target)[1])
-      code = code_of(target)
-      return code.co_filename, code.co_firstlineno
+      return code_of(target).co_filename, code_of(target).co_firstlineno
     except (OSError, TypeError, AttributeError):
       return "?", 0
 
@@ -73,14 +70,12 @@ def _functions_held(fn: Any) -> list[Any]:
   """The functions ``fn`` closes over, or an object it closes over holds."""
   found = []
   for cell in getattr(fn, "__closure__", None) or ():
-    try:
+    with contextlib.suppress(ValueError):  # (an empty cell)
       value = unwrap(cell.cell_contents)
-    except ValueError:  # an empty cell
-      continue
-    held = [value] if not hasattr(value, "__dict__") or isinstance(
-        value, (type, types.FunctionType)) else map(unwrap, vars(value)
-                                                     .values())
-    found += [f for f in held if isinstance(f, types.FunctionType)]
+      held = [value] if not hasattr(value, "__dict__") or isinstance(
+          value, (type, types.FunctionType)) else vars(value).values()
+      found += [f for f in map(unwrap, held)
+                if isinstance(f, types.FunctionType)]
   return found
 
 
@@ -89,15 +84,13 @@ def named_function(fun: Any) -> Any:
   function it holds defined in another file (not JAX's), followed down."""
   fun = unwrap(fun)
   for _ in range(5):
-    try:
+    with contextlib.suppress(TypeError):  # (not a function: itself)
       here = code_of(fun).co_filename
-    except TypeError:
-      return fun
-    inner = [f for f in _functions_held(fun)
-             if f.__code__.co_filename != here and not _in_jax(f)]
-    if not inner:
-      return fun
-    fun = inner[0]
+      if inner := [f for f in _functions_held(fun)
+                   if f.__code__.co_filename != here and not _in_jax(f)]:
+        fun = inner[0]
+        continue
+    break
   return fun
 
 
@@ -108,9 +101,9 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
     return RuleIdentity(("Primitive", obj.prim), kind, obj.prim.name, named,
                         False, obj.prim)
   if kind == "HiPrim":
-    cls = type(obj)
-    return None if (cls.__module__ or "").startswith(_MACHINERY) else \
-        RuleIdentity(cls, kind, cls.__qualname__, cls, _in_jax(cls))
+    return None if ((cls := type(obj)).__module__ or "").startswith(
+        _MACHINERY) else RuleIdentity(cls, kind, cls.__qualname__, cls,
+                                      _in_jax(cls))
 
   def code_key(fn):
     try:
@@ -122,11 +115,11 @@ def identity_of(kind: str, obj: Any) -> RuleIdentity | None:
   rules = ([getattr(obj, "jvp", None)] if kind.endswith("custom_jvp")
            else [getattr(obj, "fwd", None), getattr(obj, "bwd", None)])
   named = named_function(fun)
-  name = getattr(named, "__qualname__", None) or getattr(
-      named, "__name__", repr(named))
   return RuleIdentity(
-      (kind, code_key(fun), *map(code_key, rules)), kind, name, named,
-      _in_jax(named), fun, None if named is unwrap(fun) else fun)
+      (kind, code_key(fun), *map(code_key, rules)), kind, getattr(
+          named, "__qualname__", None) or getattr(named, "__name__", repr(
+              named)), named, _in_jax(named), fun,
+      None if named is unwrap(fun) else fun)
 
 
 class PrimitiveCall:
@@ -220,8 +213,7 @@ class RecordedRule:
   samples: dict[Any, Sample] = dataclasses.field(default_factory=dict)
   full: bool = False  # as many concrete samples as kept
   tests_done: set[str] = dataclasses.field(default_factory=set)  # once full
-  # per pytree structure: the in_axes of calls under vmap; the array inputs
-  # (by position) a call differentiated
+  # per pytree structure: the in_axes under vmap; the inputs differentiated
   batched: dict[Any, set[tuple]] = dataclasses.field(default_factory=dict)
   differentiated: dict[Any, set[int]] = dataclasses.field(
       default_factory=dict)
@@ -237,9 +229,8 @@ def _region(leaves: list[Any]) -> tuple:
 
 
 def _batch_axis(x: Any) -> int | None:
-  axis = getattr(x, "batch_dim", None)
   return axis if isinstance(getattr(x, "_trace", None), BatchTrace) and \
-      isinstance(axis, int) else None
+      isinstance(axis := getattr(x, "batch_dim", None), int) else None
 
 
 def _differentiated(x: Any) -> bool:
@@ -253,8 +244,7 @@ def _leaf_of(x: Any) -> tuple[Any, str]:
     if not hasattr(aval, "shape") or jnp.issubdtype(aval.dtype,
                                                     jax.dtypes.extended):
       return None, "static"
-    value = x.to_concrete_value()
-    if value is not None:
+    if (value := x.to_concrete_value()) is not None:
       return np.array(value, dtype=aval.dtype), "known"
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype), "traced"
   if isinstance(x, _SCALARS):
@@ -266,9 +256,8 @@ def _leaf_of(x: Any) -> tuple[Any, str]:
 
 
 class CallRecorder:
-  """Records the calls of custom rules while installed (``include_jax``:
-  JAX's and hijax's too, else counted in `skipped_rules`; ``values_inside_jit``:
-  see `_when_run`)."""
+  """Records the calls of custom rules while installed (``include_jax``: JAX's
+  too, else counted in `skipped_rules`; ``values_inside_jit``: `_when_run`)."""
 
   def __init__(self, samples: int = 3, include_jax: bool = False,
                values_inside_jit: bool = False) -> None:
@@ -276,9 +265,8 @@ class CallRecorder:
     self.include_jax, self.values_inside_jit = include_jax, values_inside_jit
     self.rules: dict[Any, RecordedRule] = {}
     self.skipped_rules: set[Any] = set()  # out of scope, by key
-    self.calls, self.seconds = 0, 0.0  # (seconds: spent recording)
+    self.test, self.calls, self.seconds = "", 0, 0.0  # (s spent recording)
     self.errors: list[str] = []
-    self.test = ""
     self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     self._saved: list[tuple[Any, Any]] = []
     self._watched: weakref.WeakSet = weakref.WeakSet()
@@ -325,8 +313,8 @@ class CallRecorder:
       try:
         out = original(*args, **kwargs)
       except Exception:
-        rule = self._known.get(prim) if prim is not None else None
-        if rule is not None and any(map(_differentiated, args)):
+        if prim is not None and (rule := self._known.get(prim)) and any(
+            map(_differentiated, args)):
           rule.refused = True  # (its rule raises on purpose)
         raise
       if sample is not None:
@@ -353,11 +341,11 @@ class CallRecorder:
     def arrived(*values):
       if self._saved and not sent:
         it = iter(values)
-        sent.append(dataclasses.replace(
+        sent.append((rule, dataclasses.replace(
             sample, source="traced, values at run time", leaves=[
                 x if x is None else np.array(next(it))
-                for x in sample.leaves]))
-        self._arrived.append((rule, sent[0]))
+                for x in sample.leaves])))
+        self._arrived.append(sent[0])
     try:
       jax.debug.callback(arrived, *arrays)
     except Exception as e:  # pylint: disable=broad-except  (never break a test)
@@ -365,9 +353,7 @@ class CallRecorder:
 
   def _take_arrived(self) -> None:
     while self._arrived:
-      rule, sample = self._arrived.pop()
-      sample.region = _region(sample.leaves)
-      self._keep(rule, sample)
+      self._keep(*self._arrived.pop())
 
   def record(self, kind: str, obj: Any, args: tuple,
              kwargs: dict) -> Sample | None:
@@ -379,8 +365,7 @@ class CallRecorder:
       key = (type(obj) if kind == "HiPrim" else obj.prim
              if kind == "Primitive" else obj)
       try:
-        rule = self._known.get(key, self)
-        if rule is self:
+        if (rule := self._known.get(key, self)) is self:
           rule = self._known[key] = self._new_rule(identity_of(kind, obj))
       except TypeError:  # not weakly referenceable: looked up each time
         rule = self._new_rule(identity_of(kind, obj))
@@ -422,22 +407,19 @@ class CallRecorder:
     arrays = [x for i, x in enumerate(flat) if i not in statics]
     rule.differentiated.setdefault(treedef, set()).update(
         i for i, x in enumerate(arrays) if _differentiated(x))
-    axes = tuple(map(_batch_axis, arrays))
-    patterns = rule.batched.setdefault(treedef, set())
+    axes, patterns = tuple(map(_batch_axis, arrays)), rule.batched.setdefault(
+        treedef, set())
     if any(a is not None for a in axes) and len(patterns) < 8:
       patterns.add(axes)
-    signature = (treedef, tuple(None if x is None else (
-        np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
-                               for x in leaves))
-    source = ("traced" if "traced" in sources else
-              "traced, values known" if "known" in sources else "eager")
-    sample = Sample(obj, treedef, leaves, statics, source, self.test,
-                    signature)
+    sample = Sample(obj, treedef, leaves, statics, (
+        "traced" if "traced" in sources else "traced, values known"
+        if "known" in sources else "eager"), self.test, (treedef, tuple(
+            None if x is None else (np.shape(x), str(getattr(
+                x, "dtype", type(x).__name__))) for x in leaves)))
     if sample.concrete and sample.size > MAX_ELEMENTS:
       sample.leaves = [x if x is None else jax.ShapeDtypeStruct(
           np.shape(x), np.asarray(x).dtype) for x in leaves]
       sample.source = "too large to keep"
-    sample.region = _region(sample.leaves)
     self._keep(rule, sample)
     if rule.full and sample.concrete:
       rule.tests_done.add(self.test)
@@ -446,6 +428,8 @@ class CallRecorder:
   def _keep(self, rule: RecordedRule, sample: Sample) -> None:
     """Keeps ``sample`` if the samples get more varied, in place of one of its
     types without values, else of the one it varies most."""
+    sample.region = _region(sample.leaves)
+
     def variety(ss):  # with values, distinct types, functions, tests, regions
       return (sum(s.concrete for s in ss), len({s.signature for s in ss}),
               len({s.test.split("[", 1)[0] for s in ss}),
