@@ -241,26 +241,22 @@ class Entry:
     self.reentered = False
 
 
-class _Running(threading.local):
-  def __init__(self) -> None:
-    self.stack: list[Entry] = []
-
-
-_RUNNING = _Running()
+_RUNNING = threading.local()  # .stack: the entries running, innermost last
 
 
 @contextlib.contextmanager
 def running(entry: Entry) -> Iterator[Entry]:
-  _RUNNING.stack.append(entry)
+  stack = _RUNNING.__dict__.setdefault("stack", [])
+  stack.append(entry)
   try:
     yield entry
   finally:
-    _RUNNING.stack.pop()
+    stack.pop()
 
 
 def find(decorator: Any, key: Any) -> Entry | None:
   """The innermost running call of ``decorator`` with the signature ``key``."""
-  for entry in reversed(_RUNNING.stack):
+  for entry in reversed(getattr(_RUNNING, "stack", ())):
     if entry.decorator is decorator and _same_key(entry.key, key):
       return entry
   return None
