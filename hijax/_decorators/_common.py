@@ -82,7 +82,7 @@ class CallPrimitive(BatchRules, HiPrim):
     self.rules: dict[str, _tracing.Traced] = {}
     traces = self.trace_rules(diff_args)
     self.in_avals = (*jax.tree.unflatten(self.arg_tree, self.arg_avals),
-                     tuple(core.typeof(h) for h in hoisted.values))
+                     tuple(core.typeof(h) for h in hoisted))
     self.out_aval = jax.tree.unflatten(self.out_tree, self.out_avals_flat)
     self.params = dict(fun=self.name, _call=self)
     self.effects = primal.effects
@@ -108,13 +108,13 @@ class CallPrimitive(BatchRules, HiPrim):
     """``(Traced, shape, reentered)``, or None where it cannot be traced
     here (it then runs directly, as in JAX)."""
     entry = _tracing.Entry(self.decorated, self.key, self,
-                           self.hoisted.values, mode)
+                           self.hoisted, mode)
     before = len(self.hoisted)
     try:
       with _tracing.running(entry):
         traced, shape = _tracing.trace(name, fn, args, self.hoisted)
     except Exception:  # noqa: BLE001 (reported when the rule is used)
-      self.hoisted.truncate(before)
+      del self.hoisted[before:]
       return None
     return traced, shape, entry.reentered
 
@@ -128,7 +128,7 @@ class CallPrimitive(BatchRules, HiPrim):
         again = first[2] and self._trace_rule(name, fn, args, "bind")
         if again and len(self.hoisted) == n_hoisted:
           first = again
-        self.hoisted.truncate(n_hoisted)
+        del self.hoisted[n_hoisted:]
         self.rules[name] = first[0]
 
   def expand(self, *args: Any) -> Any:
@@ -275,7 +275,7 @@ class Decorated:
                                            diff_args, key, primal, hoisted)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
-    return call(*diff_args, tuple(call.hoisted.values))
+    return call(*diff_args, tuple(call.hoisted))
 
   def _calls_key(self, statics: list[Any], key: Any) -> Any:
     """None where the function or a static argument reaches a traced value."""

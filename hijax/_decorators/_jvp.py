@@ -156,19 +156,17 @@ class LinearCustomJVPCall(CustomJVPCall):
   def transpose(self, ct: Any, *args: Any) -> Any:
     leaves, tree = jax.tree.flatten(
         args, is_leaf=lambda x: isinstance(x, GradAccum))
-    linear = [isinstance(x, GradAccum) for x in leaves]
+    accums = [x for x in leaves if isinstance(x, GradAccum)]
 
-    def f(*lin_values):
-      it = iter(lin_values)
-      full = [next(it) if lin else x for x, lin in zip(leaves, linear)]
-      *xs, hvals = jax.tree.unflatten(tree, full)
+    def f(*linear):
+      it = iter(linear)
+      *xs, hvals = jax.tree.unflatten(tree, [
+          next(it) if isinstance(x, GradAccum) else x for x in leaves])
       return self.primal(hvals, *xs)
-
-    examples = [jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
-                for x, lin in zip(leaves, linear) if lin]
-    ct = jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero)
-    cts = jax.linear_transpose(f, *examples)(ct)
-    for acc, c in zip([x for x, lin in zip(leaves, linear) if lin], cts):
+    cts = jax.linear_transpose(f, *[
+        jax.ShapeDtypeStruct(a.aval.shape, a.aval.dtype) for a in accums])(
+            jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero))
+    for acc, c in zip(accums, cts):
       acc.accum(c)
 
 

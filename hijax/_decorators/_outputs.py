@@ -133,14 +133,14 @@ def tangent_out(owner: Any, rule: str, tangent: Any,
   out = []
   for where, aval, declared, t in zip(_paths(owner.out_tree, "output"),
                                       owner.out_avals_flat, declared_all, flat):
-    if t is None or _is_symbolic(t) or (is_float0(t) and not is_float0(declared)):
-      if t is not None and _is_symbolic(t) and not _checks.matches(
-          declared, t.aval, "tangent"):
-        raise owner.error(
-            rule, f"returned a symbolic zero of type {t.aval.str_short()} as "
-            f"the tangent of {where}, whose tangent type is "
-            f"{declared.str_short()}: return None for a zero tangent",
-            _checks.RuleTypeError, _tangent_words(owner, declared_all, flat))
+    symbolic = _is_symbolic(t)
+    if symbolic and not _checks.matches(declared, t.aval, "tangent"):
+      raise owner.error(
+          rule, f"returned a symbolic zero of type {t.aval.str_short()} as "
+          f"the tangent of {where}, whose tangent type is "
+          f"{declared.str_short()}: return None for a zero tangent",
+          _checks.RuleTypeError, _tangent_words(owner, declared_all, flat))
+    if t is None or symbolic or is_float0(t) and not is_float0(declared):
       out.append(None)
       continue
     if not _checks.matches(declared, _checks.type_of(t), "tangent"):
