@@ -125,7 +125,7 @@ def _flags(owner, rule_name, out_batched) -> list[bool]:
   if isinstance(out_batched, bool):
     return [out_batched] * len(owner.out_avals_flat)
   try:
-    flags = owner.out_tree.flatten_up_to(out_batched)
+    flags: list[Any] = owner.out_tree.flatten_up_to(out_batched)
   except (ValueError, TypeError):
     flags = [None]
   if not all(isinstance(b, bool) for b in flags):

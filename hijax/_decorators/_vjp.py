@@ -225,7 +225,7 @@ def _linearized_value(*args: Any, prim: Any, res_tree: Any,
     else:
       return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
               for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
-  err = prim.forward_mode_error  # a copy raised: the same error each time
+  err: Any = prim.forward_mode_error  # a copy raised: the same error each time
   raise NonlinearBackwardError(str(err), err.prim, err.method,
                                err.reason) from None
 
