@@ -128,6 +128,18 @@ def test_defjvps_one_rule_per_argument_and_none(api):
   close(jax.grad(g, (0, 1))(2., 3.), (0., 2.))
 
 
+def test_defjvps_one_rule_with_an_integer_output():
+  """One rule, and an integer output: its float0 tangent is kept as the
+  rule returns it (no sum of one term), the float output's is the rule's."""
+  f = hijax.custom_jvp(lambda x: (jnp.sin(x), jnp.int32(3)))
+  f.defjvps(lambda t, out, x: (jnp.cos(x) * t,
+                               np.zeros((), jax.dtypes.float0)))
+  (y, n), (t, tn) = jax.jvp(f, (0.5,), (2.,))
+  close(y, np.sin(0.5))
+  close(t, 2. * np.cos(0.5))
+  assert n == 3 and tn.dtype == jax.dtypes.float0
+
+
 def test_defjvps_with_no_rule_at_all_gives_zero_tangents():
   """Every argument's rule None: the output depends on none of them, so its
   tangent is zero, and so is the gradient (JAX's own ``defjvps`` raises

@@ -55,6 +55,18 @@ def test_forward_mode_values():
   close(jax.hessian(safe_norm)(X), jax.hessian(jnp.linalg.norm)(X))
 
 
+def test_forward_mode_of_a_logged_function_twice():
+  """With logs, forward mode is the equation whose transpose runs bwd; its
+  own forward mode (jvp of jvp, jacfwd of jacfwd) gives the second
+  derivative."""
+  f = custom_vjp(jnp.sin)
+  f.defvjp_with_logs(lambda x: (jnp.sin(x), jnp.cos(x)),
+                     lambda c, g: ((c * g,), None))
+  close(jax.jvp(lambda x: jax.jvp(f, (x,), (1.,))[1], (1.,), (1.,)),
+        (np.cos(1.), -np.sin(1.)))
+  close(jax.jit(jax.jacfwd(jax.jacfwd(f)))(1.), -np.sin(1.))
+
+
 @pytest.mark.parametrize("transform", [
     "jit", "vmap", "scan", "checkpoint", "second_order"])
 def test_forward_mode_under(transform):
@@ -291,6 +303,18 @@ def test_closure_used_by_the_backward_rule_only():
   close(jax.grad(scale_gradient)(3., 1.), 0.)
 
 
+def test_closure_with_residuals_unlike_the_output():
+  """Rules closing over a traced value are traced once, bwd with the types
+  of fwd's residuals (a vector here, where the output is a scalar)."""
+  def grad_at(c):
+    @custom_vjp
+    def f(x):
+      return jnp.sum(x * c)
+    f.defvjp(lambda x: (f(x), x), lambda x, g: (g * c * jnp.ones_like(x),))
+    return jax.grad(f)(jnp.arange(3.))
+  close(jax.jit(grad_at)(2.), 2. * jnp.ones(3))
+
+
 def test_closure_that_cannot_be_differentiated_says_what_to_do():
   def solve(w, x):
     @custom_vjp
@@ -375,6 +399,33 @@ def test_defbatch_rule_with_derivatives_from_the_rules(transform):
           jnp.diag(-jnp.sin(xs)))
     close(jax.vmap(jax.grad(jax.grad(f)))(xs), -jnp.sin(xs))
   assert calls, "the batch rule was used"
+
+
+def test_defbatch_flags_per_output_linearized_and_vmapped_twice():
+  """out_batched as a tuple of flags (an unbatched output broadcast by
+  vmap); the batched call linearized with the jvp rule, and vmapped again
+  (the rule then runs on the inner batch)."""
+  @custom_jvp
+  def g(x, c):
+    return jnp.sin(x) * c, 2. * c
+  g.defjvp(lambda p, t: (g(*p), (jnp.cos(p[0]) * p[1] * t[0]
+                                 + jnp.sin(p[0]) * t[1], 2. * t[1])))
+  seen = []
+
+  @g.defbatch
+  def g_batch(axis_size, in_batched, x, c):
+    seen.append(in_batched)
+    return (jnp.sin(x) * c, 2. * c), (True, False)
+  xs = jnp.array([0.3, -1.2, 2.0])
+  vg = jax.vmap(g, (0, None))
+  close(vg(xs, 1.5), (jnp.sin(xs) * 1.5, jnp.full(3, 3.)))
+  assert seen == [[True, False]]
+  out, linear = jax.linearize(lambda xs: vg(xs, 1.5), xs)
+  close((out, linear(jnp.arange(3.))),
+        (vg(xs, 1.5), (1.5 * jnp.cos(xs) * jnp.arange(3.), jnp.zeros(3))))
+  x2 = jnp.stack([xs, -xs])
+  close(jax.vmap(vg, (0, None))(x2, 1.5),
+        (jnp.sin(x2) * 1.5, jnp.full((2, 3), 3.)))
 
 
 def test_defbatch_sees_which_arguments_are_batched():

@@ -237,6 +237,26 @@ def test_wrong_symbolic_zero_tangent_and_logs():
       "None or a dict of backward-pass logs, but it is a list")
 
 
+def test_zero_tangents_and_cotangents_a_rule_may_return():
+  """None or a symbolic zero of the right type as a tangent, a symbolic zero
+  of the right type as a cotangent, and any array of the input's shape as
+  the cotangent of an integer input (dropped, as JAX does): each is zero."""
+  for zero in (lambda x: None, lambda x: SymbolicZero(jax.typeof(x))):
+    f = custom_jvp(lambda x: (jnp.sin(x), 2. * x))
+    f.defjvp(lambda p, t, zero=zero: (f(p[0]), (jnp.cos(p[0]) * t[0],
+                                               zero(p[0]))),
+             symbolic_zeros=True)
+    close(jax.jvp(f, (1.,), (3.,))[1], (3. * np.cos(1.), 0.))
+  g = custom_vjp(lambda x, y: x * y)
+  g.defvjp(lambda x, y: (g(x, y), (x, y)),
+           lambda r, ct: (r[1] * ct, SymbolicZero(jax.typeof(r[0]))))
+  close(jax.grad(g, (0, 1))(2., 3.), (3., 0.))
+  h = custom_vjp(lambda x, n: x * n)
+  h.defvjp(lambda x, n: (h(x, n), n),
+           lambda n, ct: (n * ct, jnp.zeros(())))
+  close(jax.grad(h)(2., 3), 3.)
+
+
 def test_wrong_batch_rule_outputs():
   f = custom_vjp(jnp.sin)
   f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (c * g,))
@@ -380,6 +400,11 @@ def test_check_rules_on_a_linear_custom_jvp_checks_its_transpose():
   softplus = custom_jvp(lambda x: jnp.logaddexp(x, 0.))
   softplus.defjvp(lambda p, t: (softplus(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
   assert type(jax.make_jaxpr(softplus)(1.).eqns[0].params[
+      "_prim"]).__name__ == "CustomJVPCall"
+  # an integer argument has no tangent: sin(x) n is linear in no input
+  sin_n = custom_jvp(lambda x, n: jnp.sin(x) * n)
+  sin_n.defjvp(lambda p, t: (sin_n(*p), jnp.cos(p[0]) * t[0] * p[1]))
+  assert type(jax.make_jaxpr(sin_n)(1., 2).eqns[0].params[
       "_prim"]).__name__ == "CustomJVPCall"
 
 

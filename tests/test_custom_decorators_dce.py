@@ -59,6 +59,11 @@ def test_an_unused_output_is_pruned_and_the_rules_still_apply(kind, used):
         jax.vmap(jax.grad(jax_f))(jnp.ones(2), jnp.ones(2)))
   if kind == "custom_jvp":
     close(jax.jvp(f, (x, y), (1., 1.)), jax.jvp(jax_f, (x, y), (1., 1.)))
+  xs, ys = jnp.linspace(0.1, 0.5, 3), jnp.linspace(-1., 1., 3)
+  close(jax.vmap(f)(xs, ys), jnp.sin(xs) if used[0] else xs + jnp.cos(ys))
+  out, linear = jax.linearize(f, x, y)  # the rules' tangent, both kinds
+  close((out, linear(1., 2.)), (np.sin(x), 2. * np.cos(x)) if used[0]
+        else (x + np.cos(y), 1.5 - np.sin(y)))
   # the pruned call lowers to the kept output's computation only
   text = jax.jit(f).lower(x, y).as_text()
   assert ("stablehlo.sine" in text) == used[0], text

@@ -164,6 +164,23 @@ def test_logged_function_in_forward_mode_and_second_order():
   close((ct, logs["f"]["y"]), (np.cos(x) * y, y))
 
 
+def test_logs_and_accums_with_symbolic_zeros():
+  """defvjp_with_logs and defvjp_with_accums take symbolic_zeros (their
+  optimize_remat is off unless asked for, as defvjp's)."""
+  f = hijax.custom_vjp(lambda x, y: x * y)
+  f.defvjp_with_logs(lambda x, y: (f(x.value, y.value), (x.value, y.value)),
+                     lambda r, g: ((r[1] * g, r[0] * g), {"g": g}),
+                     symbolic_zeros=True)
+  close(jax.grad(f)(2., 3.), 3.)
+  (ct, _), logs = jax.vjp(f, 2., 3.)[1].with_logs(4.)
+  close((ct, logs["g"]), (12., 4.))
+  g = hijax.custom_vjp(lambda x: 2. * x)
+  g.defvjp_with_accums(lambda x: (g(x.value), None),
+                       lambda _, ct, acc: acc.accum(2. * ct),
+                       symbolic_zeros=True)
+  close(jax.grad(g)(1.), 2.)
+
+
 # --- a traced non-differentiable argument, differentiated ----------------------
 
 def scaled(kind):

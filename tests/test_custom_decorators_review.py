@@ -53,9 +53,10 @@ def test_a_dropped_hoisted_value_gets_a_new_slot():
   def check(a, b, c):
     hoisted = Hoisted()
     assert (hoisted.slot(a), hoisted.slot(b)) == (0, 1)
-    hoisted.truncate(1)
+    del hoisted[1:]
     assert hoisted.slot(c) == 1
-    assert hoisted.slot(b) == 2 and hoisted.values == [a, c, b]
+    assert hoisted.slot(b) == 2
+    assert [x is y for x, y in zip(hoisted, [a, c, b])] == [True] * 3
     assert hoisted.slot(a) == 0
     return a
   jax.jit(check)(1., 2., 3.)
@@ -133,6 +134,24 @@ def test_the_decorator_error_for_a_nonlinear_bwd_names_the_operation():
   assert type(info.value.prim).__name__ == "CustomVJPCall"
   with pytest.raises(NonlinearBackwardError):  # raised again, afresh
     jax.jit(jax.jacfwd(clip_gradient))(3.)
+
+
+def test_forward_mode_through_another_function_s_nonlinear_bwd_names_it():
+  """f's bwd takes the jvp of h, whose bwd is not linear in g: forward mode
+  of f raises h's error, naming h's rule, eagerly and under jit."""
+  h = hijax.custom_vjp(jnp.sin)
+
+  def h_bwd(x, g):
+    return (g * g,)
+  h.defvjp(lambda x: (jnp.sin(x), x), h_bwd)
+  f = hijax.custom_vjp(jnp.sin)
+  f.defvjp(lambda x: (jnp.sin(x), x),
+           lambda x, g: (g * jax.jvp(h, (x,), (1.,))[1],))
+  for jvp in (jax.jvp, jax.jit(jax.jvp, static_argnums=0)):
+    with pytest.raises(NonlinearBackwardError, match="the bwd rule h_bwd is "
+                       "not linear in the cotangent g") as info:
+      jvp(f, (1.,), (1.,))
+    assert info.value.prim.decorated is h
 
 
 

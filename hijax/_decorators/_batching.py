@@ -87,60 +87,48 @@ class UnbatchedCallBatched(Batched):
         "function too, or pass what it depends on as a batched argument")
 
 
-def _leading(x, d):
-  return x if d is None else jnp.moveaxis(x, d, 0)
-
-
 def _batch_by_rule(prim, rule, axis_data, args, dims):
   rule_name = f"its batch rule {_tracing.function_name(rule)}"
   *xs, hvals = args
-  x_dims = dims[:-1]
-  size = axis_data.size
-  in_batched = jax.tree.map(lambda d: d is not None, list(x_dims),
-                            is_leaf=is_none)
-  statics_batched = [jax.tree.map(lambda _: False, s) for s in prim.statics]
-  in_batched_full = list(prim.signature.merge(statics_batched, in_batched))
-  examples = tuple(jax.tree.map(
-      lambda d, x: _example(x, d), list(x_dims), xs, is_leaf=is_none))
-  out_batched_box = []
+  size, x_dims = axis_data.size, list(dims[:-1])
+  in_batched = list(prim.signature.merge(
+      [jax.tree.map(lambda _: False, s) for s in prim.statics],
+      jax.tree.map(lambda d: d is not None, x_dims, is_leaf=is_none)))
+  examples = tuple(jax.tree.map(_example, x_dims, xs, is_leaf=is_none))
+  found = []
 
   def run(*moved):
     out, out_batched = pair(prim, rule_name, rule(
-        size, in_batched_full, *prim.full_args(moved)), "(out, out_batched)")
-    flags = _flags(prim, rule_name, out_batched)
-    out_flat = _check_batched(prim, rule_name, out, flags, size)
-    out_batched_box.append(flags)
-    return out_flat
+        size, in_batched, *prim.full_args(moved)), "(out, out_batched)")
+    found.append(_flags(prim, rule_name, out_batched))
+    return _check_batched(prim, rule_name, out, found[0], size)
 
   hoisted = _tracing.Hoisted()
   with prim.running(hvals):
     traced, _ = _tracing.trace(_tracing.function_name(rule), run, examples,
                                hoisted)
-  flags = out_batched_box[0]
   out_dim = jax.tree.unflatten(prim.out_tree,
-                               [0 if b else None for b in flags])
-  batched = Batched(prim, axis_data, dims, out_dim)
-  const_avals = tuple(core.typeof(h) for h in hoisted.values)
-  new = BatchedByRule(batched, traced, const_avals)
-  return new(*args, tuple(hoisted.values)), out_dim
+                               [0 if b else None for b in found[0]])
+  new = BatchedByRule(Batched(prim, axis_data, dims, out_dim), traced,
+                      tuple(core.typeof(h) for h in hoisted))
+  return new(*args, tuple(hoisted)), out_dim
 
 
-def _example(x, d):
-  aval = core.typeof(x)
-  shape = aval.shape if d is None else (
-      (aval.shape[d],) + aval.shape[:d] + aval.shape[d + 1:])
-  return jax.ShapeDtypeStruct(shape, aval.dtype)
+def _example(d, x):  # x with its batch axis d first
+  shape = core.typeof(x).shape
+  if d is not None:
+    shape = (shape[d], *shape[:d], *shape[d + 1:])
+  return jax.ShapeDtypeStruct(shape, core.typeof(x).dtype)
 
 
 def _flags(owner, rule_name, out_batched) -> list[bool]:
-  n = len(owner.out_avals_flat)
   if isinstance(out_batched, bool):
-    return [out_batched] * n
+    return [out_batched] * len(owner.out_avals_flat)
   try:
-    flags = owner.out_tree.flatten_up_to(out_batched)
+    flags: list[Any] = owner.out_tree.flatten_up_to(out_batched)
   except (ValueError, TypeError):
-    flags = None
-  if flags is None or not all(isinstance(b, bool) for b in flags):
+    flags = [None]
+  if not all(isinstance(b, bool) for b in flags):
     raise owner.error(
         rule_name, "must return (out, out_batched) with out_batched a bool or "
         "a pytree of bools with the structure of the output "
@@ -159,8 +147,8 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
   for i, (x, batched, aval) in enumerate(zip(out_flat, flags,
                                              owner.out_avals_flat)):
     declared = aval.update(shape=(size, *aval.shape)) if batched else aval
-    if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
-      actual = _checks.type_of(x)
+    actual = _checks.type_of(x)
+    if not _checks.matches(declared, actual, "rule-primal"):
       got = "a non-JAX value" if actual is None else actual.str_short()
       what = "the output" if len(out_flat) == 1 else f"output {i}"
       raise owner.error(
@@ -197,8 +185,8 @@ class BatchedByRule(HiPrim):
   def expand(self, *args: Any) -> Any:
     *xs, _, consts = args  # the function's hoisted values are the rule's consts
     in_dims = self._batched.in_dims[:-1]
-    moved = jax.tree.map(lambda d, x: _leading(x, d), list(in_dims), xs,
-                         is_leaf=is_none)
+    moved = jax.tree.map(lambda d, x: x if d is None else jnp.moveaxis(x, d, 0),
+                         list(in_dims), xs, is_leaf=is_none)
     out_flat = self._rule(consts, *moved)
     out_dim_flat = jax.tree.leaves(self._batched.out_dim, is_leaf=is_none)
     return jax.tree.unflatten(self._batched.out_tree, [

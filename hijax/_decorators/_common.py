@@ -9,7 +9,6 @@ rules, if they may close over traced values) once.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +19,6 @@ from jax.custom_derivatives import SymbolicZero
 
 from hijax._decorators import _tracing
 from hijax._decorators._batching import BatchRules
-from hijax._decorators._outputs import RuleOwner
 from hijax._function_key import Uncacheable, by_value
 from hijax._internals import config, core
 from hijax._util import is_float0, is_zero, store_bounded
@@ -58,7 +56,7 @@ def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
   return True, used_outs, PrunedCall(of, kept)
 
 
-class CallPrimitive(RuleOwner, BatchRules, HiPrim):
+class CallPrimitive(BatchRules, HiPrim):
   """The primitive of one call signature: its inputs are the differentiable
   arguments and, last, the tuple of hoisted values. It holds the traced
   function, the hoisted values and the traced rules (``rules``: only those
@@ -68,6 +66,8 @@ class CallPrimitive(RuleOwner, BatchRules, HiPrim):
   out_aval: Any
   params: dict[str, Any]
   _call: Any  # itself (a `_call` param names the decorated function's call)
+  # ``(name, first, fn, args)`` per rule traced here (`_trace_again`)
+  trace_rules: Callable[[tuple[Any, ...]], list[Any]]
 
   def __init__(self, decorated: Decorated, signature: _tracing.Signature,
                statics: list[Any], diff_args: tuple[Any, ...], key: Any,
@@ -82,7 +82,7 @@ class CallPrimitive(RuleOwner, BatchRules, HiPrim):
     self.rules: dict[str, _tracing.Traced] = {}
     traces = self.trace_rules(diff_args)
     self.in_avals = (*jax.tree.unflatten(self.arg_tree, self.arg_avals),
-                     tuple(core.typeof(h) for h in hoisted.values))
+                     tuple(core.typeof(h) for h in hoisted))
     self.out_aval = jax.tree.unflatten(self.out_tree, self.out_avals_flat)
     self.params = dict(fun=self.name, _call=self)
     self.effects = primal.effects
@@ -94,43 +94,42 @@ class CallPrimitive(RuleOwner, BatchRules, HiPrim):
   def __eq__(self, other: object) -> bool:
     return self is other
 
-  def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
-    """``(name, first, fn, args)`` per rule traced here (`_trace_again`)."""
-    raise NotImplementedError
+  def __str__(self) -> str:
+    return f"hijax.{self.decorated.kind} function {self.name}"
+
+  def error(self, rule: str, message: str, cls: type = TypeError,
+            jax_words: str | None = None) -> Exception:
+    """``cls``: JAX's words for it (if any), then hijax's, naming ``rule``."""
+    detail = f"{self}: {rule} {message}"
+    return cls(detail if jax_words is None else f"{jax_words}\n{detail}")
 
   def _trace_rule(self, name: str, fn: Callable[..., Any],
                   args: tuple[Any, ...], mode: str):
     """``(Traced, shape, reentered)``, or None where it cannot be traced
     here (it then runs directly, as in JAX)."""
     entry = _tracing.Entry(self.decorated, self.key, self,
-                           self.hoisted.values, mode)
+                           self.hoisted, mode)
     before = len(self.hoisted)
     try:
       with _tracing.running(entry):
         traced, shape = _tracing.trace(name, fn, args, self.hoisted)
     except Exception:  # noqa: BLE001 (reported when the rule is used)
-      self.hoisted.truncate(before)
+      del self.hoisted[before:]
       return None
     return traced, shape, entry.reentered
 
-  def _trace_again(
-      self, traces: list[tuple[str, Any, Callable[..., Any], tuple[Any, ...]]]
-  ) -> None:
+  def _trace_again(self, traces: list[Any]) -> None:
     """Keeps in `rules` each ``(name, first, fn, args)`` that hoists; one
     that called the function is traced again binding this primitive (so
     its own derivatives use the rules), if that hoists nothing new."""
     n_hoisted = len(self.hoisted)
     for name, first, fn, args in traces:
-      if first is None or not first[0].hoists:
-        continue
-      traced, _, reentered = first
-      if reentered:
-        again = self._trace_rule(name, fn, args, "bind")
-        if again is not None and len(self.hoisted) == n_hoisted:
-          traced = again[0]
-        else:
-          self.hoisted.truncate(n_hoisted)
-      self.rules[name] = traced
+      if first is not None and first[0].hoists:
+        again = first[2] and self._trace_rule(name, fn, args, "bind")
+        if again and len(self.hoisted) == n_hoisted:
+          first = again
+        del self.hoisted[n_hoisted:]
+        self.rules[name] = first[0]
 
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
@@ -146,12 +145,10 @@ class CallPrimitive(RuleOwner, BatchRules, HiPrim):
     return [x if type(x) in (bool, int, float, complex) else c
             for x, c in zip(given, checked)]
 
-  @contextlib.contextmanager
-  def running(self, hoisted_values: Sequence[Any]):
+  def running(self, hoisted_values: Sequence[Any]) -> Any:
     """While a rule runs directly, its call of the function binds this."""
-    with _tracing.running(_tracing.Entry(self.decorated, self.key, self,
-                                         hoisted_values, "bind")):
-      yield
+    return _tracing.running(_tracing.Entry(self.decorated, self.key, self,
+                                           hoisted_values, "bind"))
 
   def full_args(self, diff_args: Sequence[Any]) -> tuple[Any, ...]:
     return self.signature.merge(self.statics, diff_args)
@@ -278,7 +275,7 @@ class Decorated:
                                            diff_args, key, primal, hoisted)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
-    return call(*diff_args, tuple(call.hoisted.values))
+    return call(*diff_args, tuple(call.hoisted))
 
   def _calls_key(self, statics: list[Any], key: Any) -> Any:
     """None where the function or a static argument reaches a traced value."""

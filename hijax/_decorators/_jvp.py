@@ -25,10 +25,6 @@ from hijax.derived import linearize_flat, linearize_from_jvp, vjp_from_lin
 _LINS_KEPT = 64  # kept eager linearizations per call
 
 
-def _add(a, b):  # None: a zero tangent
-  return b if a is None else a if b is None else a + b
-
-
 def _nonzero(t) -> bool:
   return not (t is None or is_zero(t) or is_float0(t))
 
@@ -92,7 +88,7 @@ class CustomJVPCall(CallPrimitive):
           jax.jvp, self.primal_of_hoisted(xs, hvals, closed),
           tuple(hvals[i] for i in closed),
           tuple(instantiate_zeros(th[i]) for i in closed))
-      t_flat = [_add(a, b) for a, b in
+      t_flat = [b if a is None else a + b for a, b in  # (None: a zero)
                 zip(t_flat, self.out_tree.flatten_up_to(t_closed))]
     return out, jax.tree.unflatten(self.out_tree, t_flat)
 
@@ -114,9 +110,8 @@ class CustomJVPCall(CallPrimitive):
             jax.tree.unflatten(self.out_tree, list(nzs_out)))
 
   def _kept_key(self, nzs_flat: list[Any], leaves: list[Any]) -> Any:
-    """The key of an eager linearization (``grad`` outside ``jit``) in
-    ``_lins``: flags, input types and what the rule reads (by value, as the
-    call itself is kept); None where it is not kept."""
+    """An eager linearization's key in ``_lins`` (flags, input types, what
+    the rule reads, by value); None where it is not kept."""
     if not all(isinstance(x, jax.Array) and not isinstance(x, core.Tracer)
                for x in leaves):
       return None
@@ -130,10 +125,9 @@ class CustomJVPCall(CallPrimitive):
     return (tuple(nzs_flat), types, rule, config.trace_context())
 
   def _traced_lin(self, nzs_flat: tuple[bool, ...], types: Any) -> Any:
-    """``lin`` traced once on ``types``: (the compiled program of the
-    outputs and residuals, the number of outputs, their nonzero flags, the
-    linear map), or None where the rule cannot be traced (it branches on a
-    value: it then runs on the values at each call, as in JAX)."""
+    """``lin`` traced on ``types``: (compiled outputs and residuals, number
+    of outputs, their nonzero flags, linear map), or None where the rule
+    cannot be traced (it then runs on the values, as in JAX)."""
     found = []
 
     def forward(*xs):
@@ -162,19 +156,17 @@ class LinearCustomJVPCall(CustomJVPCall):
   def transpose(self, ct: Any, *args: Any) -> Any:
     leaves, tree = jax.tree.flatten(
         args, is_leaf=lambda x: isinstance(x, GradAccum))
-    linear = [isinstance(x, GradAccum) for x in leaves]
+    accums: list[Any] = [x for x in leaves if isinstance(x, GradAccum)]
 
-    def f(*lin_values):
-      it = iter(lin_values)
-      full = [next(it) if lin else x for x, lin in zip(leaves, linear)]
-      *xs, hvals = jax.tree.unflatten(tree, full)
+    def f(*linear):
+      it = iter(linear)
+      *xs, hvals = jax.tree.unflatten(tree, [
+          next(it) if isinstance(x, GradAccum) else x for x in leaves])
       return self.primal(hvals, *xs)
-
-    examples = [jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
-                for x, lin in zip(leaves, linear) if lin]
-    ct = jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero)
-    cts = jax.linear_transpose(f, *examples)(ct)
-    for acc, c in zip([x for x, lin in zip(leaves, linear) if lin], cts):
+    cts = jax.linear_transpose(f, *[
+        jax.ShapeDtypeStruct(a.aval.shape, a.aval.dtype) for a in accums])(
+            jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero))
+    for acc, c in zip(accums, cts):
       acc.accum(c)
 
 
@@ -204,15 +196,14 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
   tangent_out)``, or `defjvps` with one rule per argument. Reverse mode
   transposes the linearized rule, as JAX does.
 
-  What it adds to ``jax.custom_jvp``: traced values that ``fun`` or the rule
-  close over are passed in as inputs (no escaped tracer; the derivative of
-  ``f`` with respect to a closed-over value that ``fun`` reads is that of
-  ``fun``'s own code, and so is its derivative with respect to a traced
-  value in a non-differentiable argument, where JAX's gives a silent zero); `custom_jvp.defbatch` for ``vmap``, the batched
-  function being differentiated with the jvp rule; every value the rule
-  returns checked against the function's types, with an error naming the
-  function, the rule and the output; and what a `HiPrim` has (residual
-  reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
+  What it adds to ``jax.custom_jvp``: traced values that ``fun``, the rule
+  or a non-differentiable argument hold are inputs (no escaped tracer;
+  differentiated with respect to one, ``f`` has the derivative of ``fun``'s
+  own code, where JAX's gives a silent zero); `custom_jvp.defbatch` for
+  ``vmap``, differentiated with the jvp rule; every value the rule returns
+  checked against the function's types, with an error naming the function,
+  the rule and the output; and what a `HiPrim` has (residual reports,
+  ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
   kind: str = "custom_jvp"
@@ -228,10 +219,9 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     ``primals`` and ``tangents`` are tuples with one entry per
     differentiable argument; ``out`` must equal the function's output and
     ``tangent_out`` have its structure and tangent types. With
-    ``symbolic_zeros``, a zero tangent is a
-    ``jax.custom_derivatives.SymbolicZero`` (when the function or its rule
-    close over traced values, the rule is traced once with array tangents).
-    Returns ``jvp``, so that it can be used as a decorator.
+    ``symbolic_zeros``, a zero tangent is a ``SymbolicZero`` (a rule that
+    closes over traced values is traced once, with array tangents).
+    Returns ``jvp`` (a decorator).
     """
     self.jvp = jvp
     self.symbolic_zeros = symbolic_zeros

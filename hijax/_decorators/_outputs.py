@@ -46,29 +46,9 @@ def _source_info(fun: Callable[..., Any]) -> str:
       f"{name} at {code.co_filename}:{code.co_firstlineno}")
 
 
-class RuleOwner:
-  """The base of `_common.CallPrimitive`: names and types for messages
-  (``arg_tree``, ``arg_avals``: the differentiable arguments')."""
-
-  decorated: Any
-  name: str
-  signature: Any
-  arg_tree: Any
-  arg_avals: list[Any]
-  out_tree: Any
-  out_avals_flat: list[Any]
-
-  def __str__(self) -> str:
-    return f"hijax.{self.decorated.kind} function {self.name}"
-
-  def error(self, rule: str, message: str, cls: type = TypeError,
-            jax_words: str | None = None) -> Exception:
-    detail = f"{self}: {rule} {message}"
-    return cls(detail if jax_words is None else f"{jax_words}\n{detail}")
-
-  def types(self, tree: Any, leaves: list[Any]) -> str:
-    return _shown(tree, [type(x).__name__ if a is None else a.str_short()
-                         for a, x in zip(map(_checks.type_of, leaves), leaves)])
+def _types(tree: Any, leaves: list[Any]) -> str:
+  return _shown(tree, [type(x).__name__ if a is None else a.str_short()
+                       for a, x in zip(map(_checks.type_of, leaves), leaves)])
 
 
 def _type_message(declared, value, kind: str) -> tuple[str, str]:
@@ -78,7 +58,7 @@ def _type_message(declared, value, kind: str) -> tuple[str, str]:
   return got, _checks._advice(declared, actual, kind)  # pyright: ignore[reportPrivateUsage]
 
 
-def pair(owner: RuleOwner, rule: str, result: Any, what: str,
+def pair(owner: Any, rule: str, result: Any, what: str,
          jax_words: Callable[[Any], str] | None = None) -> tuple:
   if not isinstance(result, (tuple, list)) or len(result) != 2:
     raise owner.error(rule, f"must return a pair {what}, but returned "
@@ -93,7 +73,7 @@ def _paths(tree: Any, prefix: str = "") -> list[str]:
           jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
-def primal_out(owner: RuleOwner, rule: str, out: Any,
+def primal_out(owner: Any, rule: str, out: Any,
                head: Callable[[bool], str], rule_output: str,
                mismatch: bool = False) -> list[Any]:
   """Checks a rule's primal output; JAX's words are ``head(shapes)``, then
@@ -106,12 +86,12 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
     expected = _shown(owner.out_tree,
                       [a.str_short() for a in owner.out_avals_flat])
     text = (f"{head(shapes)}, but instead the {rule_output}'s first element "
-            f"had {what}:\n    {owner.types(tree, flat)}\nwhile the "
+            f"had {what}:\n    {_types(tree, flat)}\nwhile the "
             f"{owner.decorated.kind}-decorated function {owner.name} had "
             f"output {what}:\n    {expected}{'' if shapes else '.'}")
     if mismatch and shapes:
       text += (f"\nat {where}, got fwd output type "
-               f"{owner.types(jax.tree.structure(0), [x])} which doesn't match "
+               f"{_types(jax.tree.structure(0), [x])} which doesn't match "
                f"primal output type {declared.str_short()}")
     return text
   if tree != owner.out_tree:
@@ -131,7 +111,7 @@ def primal_out(owner: RuleOwner, rule: str, out: Any,
   return flat
 
 
-def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
+def tangent_out(owner: Any, rule: str, tangent: Any,
                 jvp_name: str) -> list[Any]:
   flat = None
   for is_leaf in (lambda x: x is None or _is_symbolic(x), _is_symbolic):
@@ -153,14 +133,14 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
   out = []
   for where, aval, declared, t in zip(_paths(owner.out_tree, "output"),
                                       owner.out_avals_flat, declared_all, flat):
-    if t is None or _is_symbolic(t) or (is_float0(t) and not is_float0(declared)):
-      if t is not None and _is_symbolic(t) and not _checks.matches(
-          declared, t.aval, "tangent"):
-        raise owner.error(
-            rule, f"returned a symbolic zero of type {t.aval.str_short()} as "
-            f"the tangent of {where}, whose tangent type is "
-            f"{declared.str_short()}: return None for a zero tangent",
-            _checks.RuleTypeError, _tangent_words(owner, declared_all, flat))
+    symbolic = _is_symbolic(t)
+    if symbolic and not _checks.matches(declared, t.aval, "tangent"):
+      raise owner.error(
+          rule, f"returned a symbolic zero of type {t.aval.str_short()} as "
+          f"the tangent of {where}, whose tangent type is "
+          f"{declared.str_short()}: return None for a zero tangent",
+          _checks.RuleTypeError, _tangent_words(owner, declared_all, flat))
+    if t is None or symbolic or is_float0(t) and not is_float0(declared):
       out.append(None)
       continue
     if not _checks.matches(declared, _checks.type_of(t), "tangent"):
@@ -174,7 +154,7 @@ def tangent_out(owner: RuleOwner, rule: str, tangent: Any,
   return out
 
 
-def _tangent_words(owner: RuleOwner, declared: list[Any], flat: list[Any]
+def _tangent_words(owner: Any, declared: list[Any], flat: list[Any]
                    ) -> str:
   def shown(t, d):
     a = t.aval if _is_symbolic(t) else _checks.type_of(t)
@@ -201,7 +181,7 @@ def _bwd_structure_words(cts: Any, in_tree: Any) -> str:
           f"{jax.tree.structure(cts)} for primal input structure {in_tree}.")
 
 
-def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
+def cotangents(owner: Any, rule: str, cts: Any) -> list[Any]:
   n = len(owner.signature.names)
   if isinstance(cts, list):
     cts = tuple(cts)
@@ -212,17 +192,14 @@ def cotangents(owner: RuleOwner, rule: str, cts: Any) -> list[Any]:
         f"{', '.join(owner.signature.names) or 'none'}), but returned "
         f"{describe_value(cts)}", TypeError,
         _bwd_structure_words(cts, owner.arg_tree))
-  arg_trees = owner.arg_tree.children()
   flat: list[Any] = []
   avals = iter(owner.arg_avals)
   check = not bwd_checks_disabled()
-  for i, (name, ct, tree) in enumerate(zip(owner.signature.names, cts, arg_trees)):
-    leaves = _broadcast_none(owner, rule, name, ct, tree)
-    for path, c in leaves:
-      aval = next(avals)
+  for i, (name, ct, tree) in enumerate(zip(owner.signature.names, cts,
+                                           owner.arg_tree.children())):
+    for path, c in _broadcast_none(owner, rule, name, ct, tree):
       flat.append(_cotangent(owner, rule, f"argument {name}{path}",
-                             f"[{i}]{path}", aval, c) if check else
-                  _unchecked_cotangent(aval, c))
+                             f"[{i}]{path}", next(avals), c, check))
   return flat
 
 
@@ -247,21 +224,6 @@ def _broadcast_none(owner, rule, name, ct, tree) -> list[tuple[str, Any]]:
   return list(zip(paths, parts))
 
 
-def _unchecked_cotangent(aval, ct):
-  if ct is None or _is_symbolic(ct) or is_float0(aval.to_ct_aval()):
-    return None
-  return ct
-
-
-def _weak_float_mismatch(aval, declared, actual) -> bool:
-  return (getattr(aval, "weak_type", False)
-          and isinstance(actual, core.ShapedArray)
-          and actual.shape == declared.shape
-          and actual.dtype != declared.dtype
-          and jnp.issubdtype(actual.dtype, jnp.floating)
-          and jnp.issubdtype(declared.dtype, jnp.floating))
-
-
 def _bwd_type_words(owner, path, got, expected, aval, symbolic: bool) -> str:
   source = _source_info(owner.decorated.fun)
   words = (f"at output{path} the bwd rule attached to {source} produced an "
@@ -277,10 +239,12 @@ def _bwd_type_words(owner, path, got, expected, aval, symbolic: bool) -> str:
           f"{aval.str_short()}")
 
 
-def _cotangent(owner, rule, where, path, aval, ct):
+def _cotangent(owner, rule, where, path, aval, ct, check: bool):
   declared = aval.to_ct_aval()
-  if ct is None:
+  if ct is None or not check and (_is_symbolic(ct) or is_float0(declared)):
     return None
+  if not check:
+    return ct
   if _is_symbolic(ct):
     if not _checks.matches(declared, ct.aval, "cotangent"):
       raise owner.error(
@@ -294,7 +258,11 @@ def _cotangent(owner, rule, where, path, aval, ct):
   if is_float0(declared):
     if getattr(actual, "shape", None) == declared.shape:
       return None  # an integer input's cotangent is dropped, as JAX does
-  if _weak_float_mismatch(aval, declared, actual):
+  if (getattr(aval, "weak_type", False)  # a weak float input: its dtype
+      and isinstance(actual, core.ShapedArray)
+      and actual.shape == declared.shape and actual.dtype != declared.dtype
+      and jnp.issubdtype(actual.dtype, jnp.floating)
+      and jnp.issubdtype(declared.dtype, jnp.floating)):
     return jnp.asarray(ct, declared.dtype)
   if not _checks.matches(declared, actual, "cotangent"):
     got, advice = _type_message(declared, ct, "cotangent")

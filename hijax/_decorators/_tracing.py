@@ -82,11 +82,9 @@ def resolve(fun: Callable, args: tuple, kwargs: dict, decorator: str
   """``args`` and ``kwargs`` as positional arguments of ``fun``, defaults
   filled in; a TypeError in JAX's words where they do not bind, or bind to
   a keyword-only parameter."""
-  target = fun
-  if isinstance(fun, functools.partial):
-    target = lambda *args, **kwargs: None  # noqa: E731 (opaque, as in JAX)
-  try:
-    signature = inspect.signature(target)
+  try:  # (a partial's signature is opaque, as in JAX)
+    signature = inspect.signature((lambda *a, **k: None) if isinstance(
+        fun, functools.partial) else fun)
   except (TypeError, ValueError):
     signature = None  # no signature to read (a builtin)
   if signature is None and not kwargs:
@@ -146,27 +144,15 @@ class Signature:
                  for i in range(len(statics) + len(diff_args)))
 
 
-class Hoisted:
+class Hoisted(list):
   """The traced values a call's functions close over, each once."""
 
-  def __init__(self):
-    self.values: list[Any] = []
-    self._index: dict[int, int] = {}
-
   def slot(self, tracer: Any) -> int:
-    i = self._index.get(id(tracer))
-    if i is None:
-      i = self._index[id(tracer)] = len(self.values)
-      self.values.append(tracer)
-    return i
-
-  def truncate(self, n: int) -> None:
-    for x in self.values[n:]:
-      del self._index[id(x)]
-    del self.values[n:]
-
-  def __len__(self) -> int:
-    return len(self.values)
+    for i, x in enumerate(self):
+      if x is tracer:
+        return i
+    self.append(tracer)
+    return len(self) - 1
 
 
 class Traced:
@@ -241,26 +227,22 @@ class Entry:
     self.reentered = False
 
 
-class _Running(threading.local):
-  def __init__(self) -> None:
-    self.stack: list[Entry] = []
-
-
-_RUNNING = _Running()
+_RUNNING = threading.local()  # .stack: the entries running, innermost last
 
 
 @contextlib.contextmanager
 def running(entry: Entry) -> Iterator[Entry]:
-  _RUNNING.stack.append(entry)
+  stack = _RUNNING.__dict__.setdefault("stack", [])
+  stack.append(entry)
   try:
     yield entry
   finally:
-    _RUNNING.stack.pop()
+    stack.pop()
 
 
 def find(decorator: Any, key: Any) -> Entry | None:
   """The innermost running call of ``decorator`` with the signature ``key``."""
-  for entry in reversed(_RUNNING.stack):
+  for entry in reversed(getattr(_RUNNING, "stack", ())):
     if entry.decorator is decorator and _same_key(entry.key, key):
       return entry
   return None

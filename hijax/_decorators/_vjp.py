@@ -5,7 +5,7 @@ whose transpose runs ``bwd`` (`_linearized_value`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
@@ -37,15 +37,12 @@ class CustomVJPCall(CallPrimitive):
     fwd = self._fwd_with(None)
     first_fwd = self._trace_rule(f"the fwd rule {self.fwd_name}", fwd,
                                  diff_args, "inline")
-    first_bwd, bwd_args = None, ()
-    if first_fwd is not None:
-      out_shape_res = first_fwd[1]
-      if isinstance(out_shape_res, (tuple, list)) and len(out_shape_res) == 2:
-        g = jax.tree.unflatten(self.out_tree, [
-            example_of(a.to_ct_aval()) for a in self.out_avals_flat])
-        bwd_args = (out_shape_res[1], g)
-        first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
-                                     self._bwd_direct, bwd_args, "inline")
+    first_bwd, bwd_args, shape = None, (), first_fwd and first_fwd[1]
+    if isinstance(shape, (tuple, list)) and len(shape) == 2:
+      bwd_args = (shape[1], jax.tree.unflatten(self.out_tree, [
+          example_of(a.to_ct_aval()) for a in self.out_avals_flat]))
+      first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
+                                   self._bwd_direct, bwd_args, "inline")
     return [("fwd", first_fwd, fwd, diff_args),
             ("bwd", first_bwd, self._bwd_direct, bwd_args)]
 
@@ -167,9 +164,7 @@ class CustomVJPCall(CallPrimitive):
       try:
         derived = jvp_from_vjp(self, primals, tangents)
       except NonlinearBackwardError as e:
-        if e.prim is not self:
-          raise  # another primitive's rule, inside bwd
-        self.forward_mode_error = _nonlinear_bwd_error(self, e)
+        self.nonlinear(e)
     out, tangent = derived or self._transpose_only_tangent(primals, tangents)
     if self.decorated.optimize_remat:
       out = self(*primals)  # fwd is for residuals only, as in JAX
@@ -190,26 +185,24 @@ class CustomVJPCall(CallPrimitive):
     t_out = linearized(res, None, *tangents_flat)
     return out, jax.tree.unflatten(self.out_tree, t_out)
 
+  def nonlinear(self, e: NonlinearBackwardError) -> None:
+    """Keeps why forward mode fails: ``bwd`` is not linear in ``g`` (``e``
+    raised for another primitive, inside ``bwd``, is re-raised)."""
+    if e.prim is not self:
+      raise e
+    self.forward_mode_error = NonlinearBackwardError(str(self.error(
+        f"the bwd rule {self.bwd_name}",
+        "is not linear in the cotangent g, so forward mode (jax.jvp, "
+        f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
+        f"{e.reason}. hijax.custom_vjp derives forward mode by transposing "
+        "bwd in g, which is right only for a rule linear in g (the chain rule "
+        "multiplies g by the Jacobian). If the rule is meant to change g (a "
+        "clipped or scaled gradient), give forward mode a rule of its own "
+        "with hijax.custom_jvp; otherwise fix the rule", TypeError,
+        "can't apply forward-mode autodiff (jvp) to a custom_vjp function.")),
+        e.prim, e.method, e.reason)
+
   lin, linearized = linearize_from_jvp
-
-
-def _nonlinear_bwd_error(call: Any, e: NonlinearBackwardError
-                         ) -> NonlinearBackwardError:
-  detail = call.error(
-      f"the bwd rule {call.bwd_name}",
-      "is not linear in the cotangent g, so forward mode (jax.jvp, "
-      f"jax.jacfwd, jax.hessian, jax.linearize) cannot be derived from it: "
-      f"{e.reason}. hijax.custom_vjp derives forward mode by transposing bwd "
-      "in g, which is right only for a rule linear in g (the chain rule "
-      "multiplies g by the Jacobian). If the rule is meant to change g (a "
-      "clipped or scaled gradient), give forward mode a rule of its own with "
-      "hijax.custom_jvp; otherwise fix the rule", TypeError,
-      "can't apply forward-mode autodiff (jvp) to a custom_vjp function.")
-  return NonlinearBackwardError(str(detail), e.prim, e.method, e.reason)
-
-
-def _raise_copy(e: NonlinearBackwardError) -> NoReturn:
-  raise NonlinearBackwardError(str(e), e.prim, e.method, e.reason) from None
 
 
 # `_transpose_only_tangent`'s equation (its transpose runs bwd): its value is
@@ -217,24 +210,24 @@ def _raise_copy(e: NonlinearBackwardError) -> NoReturn:
 def _linearized_value(*args: Any, prim: Any, res_tree: Any,
                       nzs_in: tuple[bool, ...], nzs_out: tuple[bool, ...],
                       has_sres: bool) -> list[Any]:
-  if prim.forward_mode_error is not None:
-    _raise_copy(prim.forward_mode_error)
-  n_res = res_tree.num_leaves
-  res = jax.tree.unflatten(res_tree, args[:n_res])
-  res, sres = res if has_sres else (res, None)
-  nz_tangents = iter(args[n_res:])
-  tangents_flat = [next(nz_tangents) if nz else Zero(a.to_tangent_aval())
-                   for a, nz in zip(prim.in_avals_flat, nzs_in)]
-  try:
-    t_out = tangent_from_backward(prim, list(nzs_in), list(nzs_out), res, sres,
-                                  tangents_flat)
-  except NonlinearBackwardError as e:
-    if e.prim is not prim:
-      raise
-    prim.forward_mode_error = _nonlinear_bwd_error(prim, e)
-    _raise_copy(prim.forward_mode_error)
-  return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
-          for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
+  if prim.forward_mode_error is None:
+    n_res = res_tree.num_leaves
+    res = jax.tree.unflatten(res_tree, args[:n_res])
+    res, sres = res if has_sres else (res, None)
+    nz_tangents = iter(args[n_res:])
+    tangents_flat = [next(nz_tangents) if nz else Zero(a.to_tangent_aval())
+                     for a, nz in zip(prim.in_avals_flat, nzs_in)]
+    try:
+      t_out = tangent_from_backward(prim, list(nzs_in), list(nzs_out), res,
+                                    sres, tangents_flat)
+    except NonlinearBackwardError as e:
+      prim.nonlinear(e)
+    else:
+      return [instantiate_zeros(Zero(a.to_tangent_aval())) if t is None else t
+              for t, a, nz in zip(t_out, prim.out_avals_flat, nzs_out) if nz]
+  err: Any = prim.forward_mode_error  # a copy raised: the same error each time
+  raise NonlinearBackwardError(str(err), err.prim, err.method,
+                               err.reason) from None
 
 
 def _linearized_batched(axis_data: Any, args: Any, dims: Any, **params: Any
@@ -256,15 +249,20 @@ batching.fancy_primitive_batchers[_LINEARIZED] = _linearized_batched
 ad.primitive_jvps[_LINEARIZED] = _linearized_jvp
 
 
-def _remat_refused(method: str) -> NotImplementedError:
-  logs = "_with_logs" if method.endswith("_with_logs") else ""
-  return NotImplementedError(
-      f"hijax.custom_vjp has no {method}: its rematerialization is that of "
-      f"jax.checkpoint, whose policy applies to the fwd rule of defvjp{logs} "
-      "(mark the residuals to save with jax.ad_checkpoint.checkpoint_name). "
-      "For rules of your own, use hijax.custom_remat: its (fwd, rem, bwd) "
-      f"are those of JAX's {method}, and its fwd also receives the "
-      "checkpoint policy")
+def _refused(method: str) -> Callable[..., None]:
+  """A ``def...`` method that JAX's `custom_vjp` has and hijax's refuses."""
+  def refuse(self: Any, *_: Any, **__: Any) -> None:
+    raise NotImplementedError(
+        f"hijax.custom_vjp has no {method}: its rematerialization is that of "
+        "jax.checkpoint, whose policy applies to the fwd rule of defvjp"
+        f"{method[8:]} (mark the residuals to save with "
+        "jax.ad_checkpoint.checkpoint_name). For rules of your own, use "
+        "hijax.custom_remat: its (fwd, rem, bwd) are those of JAX's "
+        f"{method}, and its fwd also receives the checkpoint policy")
+  refuse.__doc__ = (f"Refused (NotImplementedError naming the alternatives: "
+                    "`defvjp` under ``jax.checkpoint``, or `hijax.custom_remat`"
+                    f", whose ``(fwd, rem, bwd)`` are those of JAX's {method}).")
+  return refuse
 
 
 class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
@@ -278,25 +276,16 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   per differentiable argument (None, anywhere in one, for zeros). Arguments
   may be pytrees and keywords; the output may be a pytree.
 
-  What it adds to ``jax.custom_vjp``:
-
-  * forward mode from ``bwd``: ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``
-    and ``jax.linearize`` transpose ``bwd`` in ``g`` (after checking that it
-    is linear in ``g``), also when ``fwd`` calls ``f`` itself;
-  * traced values that ``fun``, ``fwd`` or ``bwd`` close over are passed in
-    as inputs (no escaped tracer); the derivative of ``f`` with respect to
-    a closed-over value that ``fun`` reads is that of ``fun``'s own code;
-  * ``vmap`` vmaps the rules, or uses a rule given to
-    `custom_vjp.defbatch`, and the batched function is differentiated with
-    the rules;
-  * every value the rules return is checked against the function's types,
-    with an error naming the function, the rule and the argument;
-  * a non-differentiable argument may hold traced values (under ``jit`` or
-    ``vmap``, say); differentiated with respect to one, ``f`` has the
-    derivative of ``fun``'s own code, as for a closed-over value (JAX's
-    ``custom_vjp`` raises, and its ``custom_jvp`` gives a silent zero);
-  * it is a `HiPrim` underneath: residual reports, ``jax.checkpoint`` and
-    `hijax.testing.check_rules` apply to it.
+  What it adds to ``jax.custom_vjp``: forward mode (``jax.jvp``,
+  ``jacfwd``, ``hessian``, ``linearize``) by transposing ``bwd`` in ``g``,
+  checked linear, also when ``fwd`` calls ``f``; traced values that ``fun``,
+  the rules or a non-differentiable argument hold are inputs (no escaped
+  tracer; differentiated with respect to one, ``f`` has the derivative of
+  ``fun``'s own code, where JAX's raises); ``vmap`` of the rules, or of
+  `custom_vjp.defbatch`'s rule, differentiated with the rules; every value
+  the rules return checked against the function's types, with an error
+  naming the function, the rule and the argument; and what a `HiPrim` has
+  (residual reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
   kind: str = "custom_vjp"
@@ -323,15 +312,11 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
         cotangent per differentiable argument (None for zeros). With
         ``symbolic_zeros``, a zero cotangent in ``g`` is a
         ``jax.custom_derivatives.SymbolicZero``.
-      symbolic_zeros: as in JAX. When the function or its rules close over
-        traced values, the rules are traced once with every input perturbed
-        and every cotangent an array.
-      optimize_remat: as in JAX, the primal output under forward mode is the
-        function's own; ``jax.checkpoint``'s policy applies to ``fwd``. As
-        in JAX, it cannot be combined with ``symbolic_zeros``.
-      generic_batching: accepted for JAX 0.12's signature; ``vmap`` batches
-        every output of a hijax ``custom_vjp`` function, so an output shared
-        by the batch needs no special treatment.
+      symbolic_zeros: as in JAX (rules that close over traced values are
+        traced once, every input perturbed, every cotangent an array).
+      optimize_remat: as in JAX: forward mode's primal output is the
+        function's own; not with ``symbolic_zeros``.
+      generic_batching: accepted (JAX 0.12); ``vmap`` batches every output.
     """
     self._define(fwd, bwd, symbolic_zeros, optimize_remat, False, False)
 
@@ -364,15 +349,8 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12)."""
     self._define(fwd, bwd, symbolic_zeros, optimize_remat, True, True)
 
-  def defremat(self, *_: Any, **__: Any) -> None:
-    """Refused (NotImplementedError naming the alternatives: `defvjp` under
-    ``jax.checkpoint``, or `hijax.custom_remat`, whose ``(fwd, rem, bwd)``
-    are those of JAX's ``defremat``)."""
-    raise _remat_refused("defremat")
-
-  def defremat_with_logs(self, *_: Any, **__: Any) -> None:
-    """Refused, as `defremat` is."""
-    raise _remat_refused("defremat_with_logs")
+  defremat = _refused("defremat")
+  defremat_with_logs = _refused("defremat_with_logs")
 
   def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
     return CustomVJPCall
