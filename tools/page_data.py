@@ -361,7 +361,12 @@ def _implicit(figures: dict) -> dict:
 def _per_run(run: dict) -> dict:
   bench, figures = run["bench"], run["figures"]
   if bench == "bench_hiprim":
-    return {**_hiprim(figures["seconds"]), "same HLO": figures["same HLO"]}
+    ratios = _hiprim(figures["seconds"])["ratios"]
+    # the decorators' interleaved rounds (newer runs), where recorded
+    ratios.update({f"{kind}: {row}": _sig(r)
+                   for kind, rows in figures.get("decorator ratios", {}).items()
+                   for row, r in rows.items()})
+    return {"ratios": ratios, "same HLO": figures["same HLO"]}
   if bench == "bench_implicit":
     return _implicit(figures)
   if bench == "bench_jvp_from_vjp":
