@@ -349,8 +349,8 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12)."""
     self._define(fwd, bwd, symbolic_zeros, optimize_remat, True, True)
 
-  defremat = _refused("defremat")
-  defremat_with_logs = _refused("defremat_with_logs")
+  defremat: Callable[..., None] = _refused("defremat")
+  defremat_with_logs: Callable[..., None] = _refused("defremat_with_logs")
 
   def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
     return CustomVJPCall
