@@ -279,8 +279,9 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     # dtype, and an integer of the host's width (int64 where float64 is on)
     # as the device's (int32), compared by value (both signed, unsigned or
     # boolean, of any widths)
-    want = [w.astype(g.dtype) if is_float(g) or g.dtype.kind == w.dtype.kind
-            in "iub" else w for g, w in zip(got, want)]
+    want = [w.astype(g.dtype) if is_float(g) or (
+        g.dtype.kind == w.dtype.kind and g.dtype.kind in "iub") else w
+            for g, w in zip(got, want)]
     ctx.ran(mode, check)
     # (lowered only where the products' error is the largest measured)
     products = (tolerance(measured) != tolerance(measured, False)
