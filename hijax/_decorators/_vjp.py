@@ -5,7 +5,7 @@ whose transpose runs ``bwd`` (`_linearized_value`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 from jax.custom_derivatives import CustomVJPPrimal
@@ -249,9 +249,9 @@ batching.fancy_primitive_batchers[_LINEARIZED] = _linearized_batched
 ad.primitive_jvps[_LINEARIZED] = _linearized_jvp
 
 
-def _refused(method: str) -> Callable[..., None]:
+def _refused(method: str) -> Callable[..., NoReturn]:
   """A ``def...`` method that JAX's `custom_vjp` has and hijax's refuses."""
-  def refuse(self: Any, *_: Any, **__: Any) -> None:
+  def refuse(self: Any, *_: Any, **__: Any) -> NoReturn:
     raise NotImplementedError(
         f"hijax.custom_vjp has no {method}: its rematerialization is that of "
         "jax.checkpoint, whose policy applies to the fwd rule of defvjp"
@@ -349,8 +349,8 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
     for ``jax.custom_vjp.defvjp_with_accums`` (jax 0.12)."""
     self._define(fwd, bwd, symbolic_zeros, optimize_remat, True, True)
 
-  defremat: Callable[..., None] = _refused("defremat")
-  defremat_with_logs: Callable[..., None] = _refused("defremat_with_logs")
+  defremat: Callable[..., NoReturn] = _refused("defremat")
+  defremat_with_logs: Callable[..., NoReturn] = _refused("defremat_with_logs")
 
   def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
     return CustomVJPCall
