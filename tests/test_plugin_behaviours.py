@@ -450,6 +450,35 @@ def test_calls():
   assert "in float32 vs the host's float64" in rules["sin"]["detail"]
 
 
+def test_an_integer_input_is_drawn_nonzero_where_no_value_was_seen(suite):
+  """The jvp's primal output adds an integer the function ignores: wrong
+  unless it is 0; the test passes it traced, so no value was seen. Where
+  the function is not finite there, the integers are drawn 0."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def second(n, x):
+  return x
+second.defjvp(lambda p, t: (p[0] + p[1], t[1]))
+@jax.custom_jvp
+def pick(n, x):  # not finite unless n is 0 (for x of one element)
+  return jnp.take(x, n, mode="fill", fill_value=jnp.nan)
+pick.defjvp(lambda p, t: (pick(*p), pick(p[0], t[1])))
+''', test_second='''
+import jax, jax.numpy as jnp
+from lib import second, pick
+def test_calls():
+  jax.jit(second)(jnp.int32(3), jnp.float32(0.5))
+  jax.jit(pick)(jnp.int32(0), jnp.ones(1))
+''')
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED
+  assert rules["second"]["verdict"] == "failed", rules["second"]
+  assert rules["second"]["inputs"][0]["source"] == "traced; drawn"
+  assert rules["pick"]["verdict"] == "passed", rules["pick"]  # then at 0
+  assert rules["pick"]["inputs"][0]["source"] == "traced; drawn, integers 0"
+
+
 def test_samples_represent_distinct_tests_and_regions(suite):
   """A smoke test fills the three slots with three types; a later test at
   negative inputs, where the rule is wrong, takes one of them."""

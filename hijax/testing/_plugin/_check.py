@@ -28,6 +28,7 @@ from hijax.testing._plugin._recorder import (RecordedRule, Sample,
 OVERRUN = 1.5  # check_rules overruns its time budget by at most this factor
 CHECK_COST = 5  # a sample's checks cost about this many times its call
 DRAW_RANGE = (0.1, 0.9)  # where inputs are drawn where no call showed values
+DRAW_INTEGERS = (1, 3)  # likewise integers (then 0 where those raise)
 STOP_AGAIN = 0.1  # CPU s from a stop to the next, until the block ends
 _SOURCE_ORDER = ("eager", "traced, values known", "traced, values at run time",
                  "traced", "too large to keep")
@@ -99,10 +100,17 @@ class Declaration:
 
 
 def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
-           lo: float = DRAW_RANGE[0], hi: float = DRAW_RANGE[1]) -> Any:
+           lo: float | None = None, hi: float | None = None) -> Any:
+  """Uniform in ``[lo, hi]`` (integers: `DRAW_INTEGERS` if none given; a
+  value the rule ignores only at 0 is then seen); booleans False."""
   kind = np.dtype(spec.dtype).kind
-  if kind in "biu":
-    return np.full(spec.shape, 0 if kind == "b" else lo, spec.dtype)
+  if kind in "iu":
+    lo, hi = DRAW_INTEGERS if lo is None or hi is None else (lo, hi)
+    return rng.integers(int(lo), int(hi), spec.shape, endpoint=True).astype(
+        spec.dtype)
+  if kind == "b":
+    return np.zeros(spec.shape, bool)
+  lo, hi = DRAW_RANGE if lo is None or hi is None else (lo, hi)
   value = rng.uniform(lo, hi, spec.shape)
   return (value + 1j * rng.uniform(lo, hi, spec.shape) if kind == "c"
           else value).astype(spec.dtype)
@@ -114,10 +122,9 @@ def _from_calls(spec: jax.ShapeDtypeStruct, seen: list[Any],
     return np.asarray(same[0]).astype(spec.dtype), "values of another call"
   if not (seen := [np.asarray(x).real for x in seen if np.size(x)]):
     return None
-  kind, lo = np.dtype(spec.dtype).kind, min(np.min(x) for x in seen)
-  return _drawn(spec, rng, int(lo) if kind in "iu" else float(lo), float(
-      max(np.max(x) for x in seen))), (
-          "drawn" if kind == "b" else "drawn in the range seen")
+  return _drawn(spec, rng, min(np.min(x) for x in seen), max(
+      np.max(x) for x in seen)), ("drawn" if np.dtype(
+          spec.dtype).kind == "b" else "drawn in the range seen")
 
 
 def candidates(rule: RecordedRule, sample: Sample,
@@ -138,8 +145,13 @@ def candidates(rule: RecordedRule, sample: Sample,
       hows.add(found[1] if found else "drawn" if found is None else "")
   how = next(h for h in ("drawn", "drawn in the range seen",
                          "values of another call") if h in hows)
+  zeros = [np.zeros_like(x) if isinstance(s, jax.ShapeDtypeStruct) and
+           np.dtype(s.dtype).kind in "iu" else x
+           for x, s in zip(drawn, [x for x in sample.leaves if x is not None])]
   return [(from_calls, f"{sample.source}; {how}")] + (
-      [(drawn, f"{sample.source}; drawn")] if how != "drawn" else [])
+      [(drawn, f"{sample.source}; drawn")] if how != "drawn" else []) + (
+          [(zeros, f"{sample.source}; drawn, integers 0")]
+          if any(z is not x for z, x in zip(zeros, drawn)) else [])
 
 
 def _not_finite(values: Any) -> bool:
