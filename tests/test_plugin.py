@@ -370,6 +370,43 @@ def test_calls():
   assert _row(result, "clip_gradient").endswith(" passed")
 
 
+def test_a_surrogate_with_a_reference_is_checked_against_it(rules):
+  """Gradients scaled by 0.5, and a copy whose bwd flips the sign: their
+  consistency alone cannot tell them apart; the declared reference, plain
+  JAX of the same value with the intended derivative, can."""
+  rules.makepyfile(scaled='''
+import jax, jax.numpy as jnp
+@jax.custom_vjp
+def half_grad(x):
+  return x
+half_grad.defvjp(lambda x: (x, None), lambda _, g: (0.5 * g,))
+@jax.custom_vjp
+def flipped(x):
+  return x
+flipped.defvjp(lambda x: (x, None), lambda _, g: (-0.5 * g,))
+def reference(x):
+  return 0.5 * x + jax.lax.stop_gradient(x - 0.5 * x)
+''', test_scaled='''
+import jax.numpy as jnp
+from scaled import half_grad, flipped
+def test_calls():
+  half_grad(jnp.array([0.3, 1.7], jnp.float32))
+  flipped(jnp.array([0.3, 1.7]))
+''')
+  rules.makeini("[pytest]\nhijax_surrogates =\n  scaled.half_grad\n"
+                "  scaled.flipped\n")
+  result = _run(rules, "--hijax-check-rules")
+  assert result.ret == 0
+  rules.makeini("[pytest]\nhijax_deliberate =\n  scaled.half_grad: "
+                "surrogate scaled:reference\n  scaled.flipped: surrogate "
+                "scaled:reference\n")
+  result = _run(rules, "--hijax-check-rules")
+  assert result.ret == pytest.ExitCode.TESTS_FAILED
+  assert _row(result, "half_grad").endswith(" passed")
+  assert _row(result, "flipped").endswith(" failed")
+  result.stdout.fnmatch_lines(["    against the reference scaled:reference "
+                               "(the difference checked): *"])
+
 def test_a_surrogate_name_that_is_not_found_is_reported(rules):
   rules.makepyfile(test_x="def test_nothing():\n  pass\n")
   rules.makeini("[pytest]\nhijax_surrogates =\n  rules.no_such_thing\n")

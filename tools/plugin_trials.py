@@ -42,9 +42,10 @@ SELECTIONS = {
               "optax/losses/_classification_test.py",
               "optax/_src/utils_test.py",
               "-k", "simplex or SoftmaxCrossEntropyTest or scale_gradient",
-              # scales the gradient: deliberately not the derivative
+              # scales the gradient: deliberately not the derivative, but
+              # the derivative of a reference (in _PRELUDE)
               "-o", "hijax_deliberate=optax/_src/utils.py::_scale_gradient: "
-              "surrogate"],
+              "surrogate _hijax_trial:scale_gradient_reference"],
     "optimistix": ["tests/test_root_find.py", "-k",
                    "test_root_find_jvp and solver0 and "
                    "(_cos or _nn or _midpoint_y_linear)", "-o",
@@ -58,7 +59,7 @@ SELECTIONS = {
 }
 
 # Wraps a tangent- or cotangent-computing function so that every inexact
-# leaf of what it returns goes through ``change``.
+# leaf of what it returns goes through ``change``; and the references.
 _PRELUDE = '''
 import jax, jax.numpy as jnp
 import jax.tree_util as jtu
@@ -67,6 +68,13 @@ def _leaves_map(change, tree):
   return jtu.tree_map(
       lambda x: change(x) if hasattr(x, "dtype")
       and jnp.issubdtype(x.dtype, jnp.inexact) else x, tree)
+
+# The references of SELECTIONS' surrogates: plain JAX of the rule's value
+# whose derivative is the one the rule means (optax's scales the gradient).
+def scale_gradient_reference(inputs, scale):
+  s = jax.lax.stop_gradient(scale)
+  return jtu.tree_map(lambda x: x * s + jax.lax.stop_gradient(x - x * s),
+                      inputs)
 '''
 
 

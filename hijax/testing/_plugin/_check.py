@@ -93,24 +93,24 @@ class RuleResult:
 
 @dataclasses.dataclass
 class Declaration:
-  """A rule's ``hijax_deliberate`` lines: surrogate, modes, outputs."""
+  """A rule's ``hijax_deliberate`` lines: surrogate (with a reference:
+  ``(name, function)``), modes, outputs."""
   surrogate: bool = False
   skip: set[str] = dataclasses.field(default_factory=set)
   outputs: set[str] = dataclasses.field(default_factory=set)
+  reference: tuple[str, Callable] | None = None
 
 
 def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
            lo: float | None = None, hi: float | None = None) -> Any:
-  """Uniform in ``[lo, hi]`` (integers: `DRAW_INTEGERS` if none given; a
-  value the rule ignores only at 0 is then seen); booleans False."""
+  """Uniform in ``[lo, hi]`` (if not given `DRAW_RANGE`, or `DRAW_INTEGERS`:
+  a value ignored only at 0 is then seen); booleans False."""
   kind = np.dtype(spec.dtype).kind
-  if kind in "iu":
-    lo, hi = DRAW_INTEGERS if lo is None or hi is None else (lo, hi)
-    return rng.integers(int(lo), int(hi), spec.shape, endpoint=True).astype(
-        spec.dtype)
-  if kind == "b":
-    return np.zeros(spec.shape, bool)
-  lo, hi = DRAW_RANGE if lo is None or hi is None else (lo, hi)
+  lo, hi = (lo, hi) if lo is not None else (
+      DRAW_INTEGERS if kind in "iu" else DRAW_RANGE)
+  if kind in "biu":
+    return np.zeros(spec.shape, bool) if kind == "b" else rng.integers(
+        int(lo), int(hi), spec.shape, endpoint=True).astype(spec.dtype)
   value = rng.uniform(lo, hi, spec.shape)
   return (value + 1j * rng.uniform(lo, hi, spec.shape) if kind == "c"
           else value).astype(spec.dtype)
@@ -135,7 +135,7 @@ def candidates(rule: RecordedRule, sample: Sample,
     return [([x for x in sample.leaves if x is not None], sample.source)]
   others = [s for s in rule.samples.values()
             if s.concrete and s.treedef == sample.treedef]
-  from_calls, drawn, hows = [], [], set()
+  from_calls, drawn, zeros, hows = [], [], [], set()
   for i, x in enumerate(sample.leaves):
     found = isinstance(x, jax.ShapeDtypeStruct) and _from_calls(
         x, [s.leaves[i] for s in others if s.leaves[i] is not None], rng)
@@ -143,15 +143,15 @@ def candidates(rule: RecordedRule, sample: Sample,
       drawn.append(_drawn(x, rng) if found is not False else x)
       from_calls.append(found[0] if found else drawn[-1])
       hows.add(found[1] if found else "drawn" if found is None else "")
+      zeros.append(np.zeros_like(drawn[-1]) if found is not False and np.dtype(
+          x.dtype).kind in "iu" else drawn[-1])
   how = next(h for h in ("drawn", "drawn in the range seen",
                          "values of another call") if h in hows)
-  zeros = [np.zeros_like(x) if isinstance(s, jax.ShapeDtypeStruct) and
-           np.dtype(s.dtype).kind in "iu" else x
-           for x, s in zip(drawn, [x for x in sample.leaves if x is not None])]
   return [(from_calls, f"{sample.source}; {how}")] + (
       [(drawn, f"{sample.source}; drawn")] if how != "drawn" else []) + (
           [(zeros, f"{sample.source}; drawn, integers 0")]
           if any(z is not x for z, x in zip(zeros, drawn)) else [])
+
 
 
 def _not_finite(values: Any) -> bool:
@@ -291,6 +291,9 @@ def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
       given = dict(zip(keep, a))
       a = tuple(given.get(i, x) for i, x in enumerate(arrays))
     out = sample.call(list(a))
+    if declared.reference:  # then its derivatives are the rule's less its
+      out = jax.tree.map(lambda o, r: o - r, out, sample.call(
+          list(a), declared.reference[1]))
     if not declared.outputs:
       return out
     paths, tree = jax.tree_util.tree_flatten_with_path(out)
@@ -352,7 +355,7 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
     return
   names = ([type(sample.fn) if rule.identity.kind == "HiPrim" else
             getattr(sample.fn, "custom_jvp", sample.fn)]
-           if declared.surrogate else [])
+           if declared.surrogate and not declared.reference else [])
   fn, checked, options = _checked(rule, sample, arrays, declared)
   if not checked:
     tried.verdict, tried.detail = "not checked", (
@@ -411,6 +414,10 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
     f, at = failures[0], failures[0].inputs.partition("\n")[0]
     tried.detail = (f"{f.rule}: {f.check}: {one_line(f.detail, f.error)}"
                     + (f" [{at}]" if at else ""))
+    if declared.reference:
+      tried.detail = (f"against the reference {declared.reference[0]} (the "
+                      f"difference checked): {tried.detail}")
+
   elif tried.verdict == "inconclusive" and report.skipped_for_time:
     tried.verdict, tried.detail = "skipped for time", (  # (judged too little)
         f"the budget ran out during its checks "

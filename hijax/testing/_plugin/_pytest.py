@@ -132,17 +132,20 @@ class RuleCheckPlugin:
       word, _, items = what.partition(" ")
       items = {i.strip() for i in items.split(",") if i.strip()}
       if not target or word not in ("surrogate", "skip", "output") or (
-          word == "skip" and not items <= set(MODES)):
+          word == "skip" and not items <= set(MODES)) or (
+              word == "surrogate" and len(items) > 1):
         self.unresolved.append(
-            f"{line!r} (hijax_deliberate takes TARGET: surrogate, TARGET: "
-            f"skip MODE,... with MODE one of {', '.join(MODES)}, or TARGET: "
-            "output OUT,...)")
+            f"{line!r} (hijax_deliberate takes TARGET: surrogate [REFERENCE]"
+            f", TARGET: skip MODE,... with MODE one of {', '.join(MODES)}, "
+            "or TARGET: output OUT,...)")
         continue
       if line in deliberate:
         self.declared.append((target, what))
       try:  # a location, a dotted name, or module:attr.path
         obj = None if ".py:" in target or not re.fullmatch(
             r"[\w.:]+", target) else pkgutil.resolve_name(target)
+        if word == "surrogate":  # (its reference: a function of that value)
+          items = {(i, pkgutil.resolve_name(i)) for i in items}
         out.append((obj, target if obj is None else "", word, items))
       except (ImportError, AttributeError, ValueError) as e:
         self.unresolved.append(f"{target} ({type(e).__name__}: {e})")
@@ -157,8 +160,12 @@ class RuleCheckPlugin:
       if is_surrogate(rule, obj) if obj is not None else (
           path and file.endswith("/" + path.lstrip("/"))
           and at in (str(line), rule.identity.name)):
-        out.surrogate |= word == "surrogate"
-        (out.skip if word == "skip" else out.outputs).update(items)
+        if word == "surrogate":
+          out.surrogate = True
+          out.reference = next(iter(items), out.reference)
+        else:
+          (out.skip if word == "skip" else out.outputs).update(items)
+
     return out
 
   def _progress(self, line: str, every: float = 0.0) -> None:

@@ -196,13 +196,14 @@ class Sample:
         np.shape(x), x.dtype).str_short(short_dtypes=True)
             for x in self.leaves if x is not None]
 
-  def call(self, arrays: list[Any]) -> Any:
-    """Calls ``fn`` with ``arrays`` in place of the array leaves."""
+  def call(self, arrays: list[Any], fn: Any = None) -> Any:
+    """Calls ``fn`` (this call's) with ``arrays`` for the array leaves."""
     it = iter(arrays)
     args, kwargs = jax.tree.unflatten(self.treedef, [
         self.statics[i] if x is None else next(it)
         for i, x in enumerate(self.leaves)])
-    return self.fn(*map(_unwrap_static, args), **kwargs)
+    return (fn or self.fn)(*map(_unwrap_static, args), **kwargs)
+
 
 
 @dataclasses.dataclass
