@@ -299,9 +299,11 @@ def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
     paths, tree = jax.tree_util.tree_flatten_with_path(out)
     return jax.tree.unflatten(tree, [None if left_out(i, path) else leaf
                                      for i, (path, leaf) in enumerate(paths)])
-  options: dict[str, Any] = {}
-  if declared.skip:
-    options["modes"] = [m for m in testing.MODES if m not in declared.skip]
+  options: dict[str, Any] = {}  # a reference's second order means nothing
+  if skip := declared.skip | ({"second_order"} if declared.reference
+                              else set()):  # (it stops gradients)
+    options["modes"] = [m for m in testing.MODES if m not in skip]
+
   keep = ([i for i in sorted(rule.differentiated[sample.treedef])
            if _moves(sample, arrays, i)]
           if rule.identity.kind == "Primitive" else range(len(arrays)))
@@ -310,7 +312,8 @@ def _checked(rule, sample, arrays, declared) -> tuple[Callable, list, dict]:
     options["batch_in_axes"] = sorted(patterns, key=repr)
   if (bits := _bits(sample)) and max(bits) <= 32 and any(
       np.dtype(x.dtype).kind in "fc" for x in sample.leaves
-      if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu":
+      if hasattr(x, "dtype")) and jax.devices()[0].platform == "cpu" and (
+          not declared.reference):  # (a difference of about 0: no ulps)
     options["device"] = jax.devices("cpu")[0]
   return fn, [arrays[i] for i in keep], options
 
