@@ -106,8 +106,8 @@ def _drawn(spec: jax.ShapeDtypeStruct, rng: np.random.Generator,
   """Uniform in ``[lo, hi]`` (if not given `DRAW_RANGE`, or `DRAW_INTEGERS`:
   a value ignored only at 0 is then seen); booleans False."""
   kind = np.dtype(spec.dtype).kind
-  lo, hi = (lo, hi) if lo is not None else (
-      DRAW_INTEGERS if kind in "iu" else DRAW_RANGE)
+  lo, hi = (DRAW_INTEGERS if kind in "iu" else DRAW_RANGE) if (
+      lo is None or hi is None) else (lo, hi)
   if kind in "biu":
     return np.zeros(spec.shape, bool) if kind == "b" else rng.integers(
         int(lo), int(hi), spec.shape, endpoint=True).astype(spec.dtype)
