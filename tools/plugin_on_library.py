@@ -15,10 +15,15 @@ docs/pytest-plugin.md come from the results file it writes
   VIRTUAL_ENV=/tmp/eqxvenv uv pip install --no-deps -e /tmp/eqx -e .
   python tools/plugin_on_library.py --python /tmp/eqxvenv/bin/python \\
       --repo /tmp/eqx --name equinox --version 0.13.8 --repeat 1 \\
-      --pytest-args "-k 'not test_speed'" tests
+      --pytest-args "-k 'not test_speed'" tests/test_ad.py \\
+      tests/test_debug.py tests/test_finalise_jaxpr.py tests/test_errors.py \\
+      tests/test_enum.py tests/test_nontraceable.py tests/test_noinline.py \\
+      tests/test_primitive.py
 
-(``test_speed_*`` time loops and compare the timings: they fail on a busy
-machine with or without the plugin.) The other libraries' results files
+(the test files that call equinox's rules outside its loops, whose tests
+take most of the suite's CPU time; ``test_speed_*`` time loops and compare
+the timings: they fail on a busy machine with or without the plugin.) The
+runs with the plugin declare the library's deliberate rules (`DELIBERATE`). The other libraries' results files
 say how each was run (``tests_selected``, ``pytest_args``; the plugin's
 defaults otherwise).
 
