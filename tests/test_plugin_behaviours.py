@@ -530,7 +530,8 @@ def test_calls():
 
 def test_a_declaration_that_cannot_be_read_is_reported(suite):
   suite.makeini("[pytest]\nhijax_deliberate =\n  lib.solve: skip vamp\n"
-                "  lib.solve: ignore\n")
+                "  lib.solve: ignore\n  lib.solve: surrogate lib:a, lib:b\n"
+                "  lib.solve: surrogate lib:no_such_reference\n")
   suite.makepyfile(lib=RESIDUAL, test_solve='''
 import jax.numpy as jnp
 from lib import solve
@@ -541,10 +542,12 @@ def test_calls():
   assert rules["solve"]["verdict"] == "failed"
   result.stdout.fnmatch_lines([
       "hijax: hijax_surrogates / hijax_deliberate: cannot use "
-      "'lib.solve: skip vamp' (hijax_deliberate takes TARGET: surrogate, "
-      "TARGET: skip MODE,... with MODE one of expand, jvp, vjp, lin, "
-      "transpose, batch, second_order, or TARGET: output OUT,...)",
-      "*cannot use 'lib.solve: ignore' (hijax_deliberate takes*"])
+      "'lib.solve: skip vamp' (hijax_deliberate takes TARGET: surrogate "
+      "[REFERENCE], TARGET: skip MODE,... with MODE one of expand, jvp, vjp, "
+      "lin, transpose, batch, second_order, or TARGET: output OUT,...)",
+      "*cannot use 'lib.solve: ignore' (hijax_deliberate takes*",
+      "*cannot use 'lib.solve: surrogate lib:a, lib:b' (hijax_deliberate*",
+      "*cannot use lib.solve (AttributeError: *no_such_reference*"])
 
 
 IMPLICIT = '''
