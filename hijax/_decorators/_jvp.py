@@ -249,7 +249,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     jvp.__name__ = f"defjvps({names})"
     self.defjvp(jvp)
 
-  def _primitive_class(self, primal: Any) -> type[CustomJVPCall]:
+  def _call_class(self, primal: Any) -> type[CustomJVPCall]:
     return (LinearCustomJVPCall if _linear_in_some_input(primal)
             else CustomJVPCall)
 

@@ -259,9 +259,8 @@ def _refused(method: str) -> Callable[..., NoReturn]:
         "jax.ad_checkpoint.checkpoint_name). For rules of your own, use "
         "hijax.custom_remat: its (fwd, rem, bwd) are those of JAX's "
         f"{method}, and its fwd also receives the checkpoint policy")
-  refuse.__doc__ = (f"Refused (NotImplementedError naming the alternatives: "
-                    "`defvjp` under ``jax.checkpoint``, or `hijax.custom_remat`"
-                    f", whose ``(fwd, rem, bwd)`` are those of JAX's {method}).")
+  refuse.__doc__ = (f"Refused (NotImplementedError): use `defvjp` under "
+                    f"``jax.checkpoint``, or `hijax.custom_remat` ({method}).")
   return refuse
 
 
@@ -352,7 +351,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   defremat: Callable[..., NoReturn] = _refused("defremat")
   defremat_with_logs: Callable[..., NoReturn] = _refused("defremat_with_logs")
 
-  def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
+  def _call_class(self, primal: Any) -> type[CustomVJPCall]:
     return CustomVJPCall
 
   def as_jax(self) -> Callable[..., Any]:
