@@ -162,15 +162,12 @@ class CustomVJPCall(CallPrimitive):
     return out, tangent
 
   def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
-    tangents_flat = [
-        Zero(a.to_tangent_aval()) if t is None or is_zero(t) or is_float0(t)
-        else t for t, a in zip(self.in_tree.flatten_up_to(tangents),
-                               self.in_avals_flat)]
+    # (JAX passes every zero tangent as a symbolic Zero, and applies the
+    # primitive, not its jvp, where all are)
+    tangents_flat = self.in_tree.flatten_up_to(tangents)
     nzs_flat = [not is_zero(t) for t in tangents_flat]
-    out, res, *rest = self.vjp_fwd(
-        jax.tree.unflatten(self.in_tree, nzs_flat), *primals)
-    if rest:  # nothing is differentiated
-      return out, None
+    out, res = self.vjp_fwd(jax.tree.unflatten(self.in_tree, nzs_flat),
+                            *primals)
     t_out = _bind_linearized(self, nzs_flat, [True] * len(
         self.out_avals_flat))(res, None, *tangents_flat)
     return out, jax.tree.unflatten(self.out_tree, t_out)
