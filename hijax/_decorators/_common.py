@@ -334,7 +334,5 @@ class PrunedCall(HiPrim):
     return self._of.transpose(self._full(ct), *args)
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    out, out_dim = self._of.batch(axis_data, args, dims)
-    if out_dim is None or isinstance(out_dim, int):
-      out_dim = jax.tree.map(lambda _: out_dim, self._of.out_aval)
+    out, out_dim = self._of.batch(axis_data, args, dims)  # (a full tree)
     return self._select(out), self._select(out_dim)
