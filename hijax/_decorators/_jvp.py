@@ -153,7 +153,7 @@ class LinearCustomJVPCall(CustomJVPCall):
   def transpose(self, ct: Any, *args: Any) -> Any:
     leaves, tree = jax.tree.flatten(
         args, is_leaf=lambda x: isinstance(x, GradAccum))
-    accums = [x for x in leaves if isinstance(x, GradAccum)]
+    accums: list[Any] = [x for x in leaves if isinstance(x, GradAccum)]
 
     def f(*linear):
       it = iter(linear)
