@@ -106,3 +106,30 @@ def test_the_call_is_lowered_as_one_call_of_its_jaxpr():
   assert eqn.primitive.name in ("closed_call", "eval_jaxpr")
   assert len(eqn.params["call_jaxpr"].eqns) == 10
   close(jax.jit(f)(1.), f(1.))
+
+
+def test_a_pruned_call_keeps_the_tangent_flag_of_its_kept_output():
+  """The first output, an integer (no tangent), dropped: linearizing the
+  pruned call gives the kept output's tangent."""
+  f = hijax.custom_jvp(lambda x: (jnp.floor(x).astype(jnp.int32),
+                                  jnp.sin(x)))
+  f.defjvp(lambda p, t: (f(*p), (np.zeros((), jax.dtypes.float0),
+                                 jnp.cos(p[0]) * t[0])))
+  closed = jax.make_jaxpr(f)(0.3)
+  jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [False, True])
+  g = lambda x: jaxpr_as_fun(ClosedJaxpr(jaxpr, closed.consts))(x)[0]
+  out, linear = jax.linearize(g, 0.3)
+  close((out, linear(2.)), (np.sin(0.3), 2. * np.cos(0.3)))
+  close(jax.grad(g)(0.3), np.cos(0.3))
+
+
+def test_a_pruned_linear_call_is_transposed():
+  """A custom_jvp function linear in its input, one output dropped: the
+  kept output's transpose (3 x transposed is 3 ct)."""
+  f = hijax.custom_jvp(lambda x: (2. * x, 3. * x))
+  f.defjvp(lambda p, t: (f(*p), f(*t)))
+  closed = jax.make_jaxpr(f)(1.)
+  jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [False, True])
+  g = lambda x: jaxpr_as_fun(ClosedJaxpr(jaxpr, closed.consts))(x)[0]
+  close(jax.linear_transpose(g, 1.)(5.), (15.,))
+  close(jax.grad(g)(1.), 3.)

@@ -3,9 +3,9 @@
 that primitive with unused outputs dropped (`PrunedCall`).
 
 Outside any transformation a call runs the function, as JAX's decorators
-do. Otherwise it binds a `CallPrimitive`: the running one when a rule calls
-the function, a kept one, or a new one, which traces the function (and the
-rules, if they may close over traced values) once.
+do; otherwise it binds a `CallPrimitive`: the running one when a rule
+calls the function, a kept one, or a new one, which traces the function
+(and the rules, if they may close over traced values) once.
 """
 from __future__ import annotations
 
@@ -44,8 +44,7 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
 
 def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
          ) -> Any:
-  """`HiPrim.dce` of ``prim``, which computes ``of``'s outputs
-  ``used_before``: kept whole, dropped, or a `PrunedCall`."""
+  """`HiPrim.dce` of ``prim``, computing ``of``'s outputs ``used_before``."""
   used = [bool(u) for u in jax.tree.leaves(used_outs)]
   if all(used):
     return True, True, prim
@@ -87,7 +86,17 @@ class CallPrimitive(BatchRules, HiPrim):
     self.params = dict(fun=self.name, _call=self)
     self.effects = primal.effects
     super().__init__()
-    self._trace_again(traces)
+    # a rule that hoists is kept; one that called the function is traced
+    # again binding this primitive (its derivatives then use the rules), if
+    # that hoists nothing new
+    n_hoisted = len(hoisted)
+    for name, first, fn, args in traces:
+      if first is not None and first[0].hoists:
+        again = first[2] and self._trace_rule(name, fn, args, "bind")
+        if again and len(hoisted) == n_hoisted:
+          first = again
+        del hoisted[n_hoisted:]
+        self.rules[name] = first[0]
 
   __hash__ = object.__hash__  # (``params`` holds the instance itself)
 
@@ -107,8 +116,7 @@ class CallPrimitive(BatchRules, HiPrim):
                   args: tuple[Any, ...], mode: str):
     """``(Traced, shape, reentered)``, or None where it cannot be traced
     here (it then runs directly, as in JAX)."""
-    entry = _tracing.Entry(self.decorated, self.key, self,
-                           self.hoisted, mode)
+    entry = _tracing.Entry(self.decorated, self.key, self, self.hoisted, mode)
     before = len(self.hoisted)
     try:
       with _tracing.running(entry):
@@ -117,19 +125,6 @@ class CallPrimitive(BatchRules, HiPrim):
       del self.hoisted[before:]
       return None
     return traced, shape, entry.reentered
-
-  def _trace_again(self, traces: list[Any]) -> None:
-    """Keeps in `rules` each ``(name, first, fn, args)`` that hoists; one
-    that called the function is traced again binding this primitive (so
-    its own derivatives use the rules), if that hoists nothing new."""
-    n_hoisted = len(self.hoisted)
-    for name, first, fn, args in traces:
-      if first is not None and first[0].hoists:
-        again = first[2] and self._trace_rule(name, fn, args, "bind")
-        if again and len(self.hoisted) == n_hoisted:
-          first = again
-        del self.hoisted[n_hoisted:]
-        self.rules[name] = first[0]
 
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
@@ -190,7 +185,7 @@ class Decorated:
   fun: Callable[..., Any]
   nondiff_argnums: tuple[int, ...]
   batch_rule: Callable[..., Any] | None = None
-  _primitive_class: Callable[[_tracing.Traced], type[CallPrimitive]]
+  _call_class: Callable[[_tracing.Traced], type[CallPrimitive]]
   as_jax: Callable[[], Callable[..., Any]]  # JAX's decorator, same rules
 
   def __init__(self, fun: Callable[..., Any],
@@ -253,12 +248,16 @@ class Decorated:
     statics, diff_args = signature.split(args)
     key = _tracing.signature_key(statics, diff_args)
     entry = _tracing.find(self, key)
-    if entry is not None:
+    if entry is not None:  # called from its own rule
       entry.reentered = True
       if entry.mode == "inline":
         return entry.call.primal(entry.hoisted_values, *diff_args)
       return entry.call(*diff_args, tuple(entry.hoisted_values))
-    calls_key = self._calls_key(statics, key)
+    try:  # None where the function or a static argument reaches a tracer
+      calls_key = (by_value(self.fun, *statics), key[1], tuple(key[2]),
+                   config.trace_context(), _rules_version[0])
+    except Uncacheable:
+      calls_key = None
     call = self._calls.get(calls_key) if calls_key is not None else None
     if call is None:
       hoisted = _tracing.Hoisted()
@@ -271,21 +270,11 @@ class Decorated:
         # it branches on its arguments' values: JAX's decorator runs it on
         # concrete values under eager autodiff
         return self.as_jax()(*args)
-      call = self._primitive_class(primal)(self, signature, statics,
-                                           diff_args, key, primal, hoisted)
+      call = self._call_class(primal)(self, signature, statics, diff_args,
+                                      key, primal, hoisted)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
     return call(*diff_args, tuple(call.hoisted))
-
-  def _calls_key(self, statics: list[Any], key: Any) -> Any:
-    """None where the function or a static argument reaches a traced value."""
-    try:
-      spec = by_value(self.fun, *statics)
-    except Uncacheable:
-      return None
-    _, tree, avals = key
-    return (spec, tree, tuple(avals), config.trace_context(),
-            _rules_version[0])
 
 
 class PrunedCall(HiPrim):
@@ -318,8 +307,7 @@ class PrunedCall(HiPrim):
         for a, u in zip(self._of.out_avals_flat, self._used)])
 
   def _forward(self, out: Any, res: Any, *rest: Any) -> Any:
-    return (self._select(out), res, *[self._select(r) for r in rest[:1]],
-            *rest[1:])
+    return (self._select(out), res, *map(self._select, rest[:1]), *rest[1:])
 
   def dce(self, used_outs: Any, live_ins: Any) -> Any:
     return _dce(self, self._of, self._used, used_outs)
@@ -328,8 +316,7 @@ class PrunedCall(HiPrim):
     return self._select(self._of.expand(*args))
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
-    out, tangent = self._of.jvp(primals, tangents)
-    return self._select(out), self._select(tangent)
+    return tuple(map(self._select, self._of.jvp(primals, tangents)))
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     return self._forward(*self._of.vjp_fwd(nzs_in, *args))
@@ -347,9 +334,5 @@ class PrunedCall(HiPrim):
     return self._of.transpose(self._full(ct), *args)
 
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    out, out_dim = self._of.batch(axis_data, args, dims)
-    if out_dim is None or isinstance(out_dim, int):
-      out_dim = jax.tree.map(lambda _: out_dim, self._of.out_aval)
-    flat_dims = self._of.out_tree.flatten_up_to(out_dim)
-    return self._select(out), tuple(
-        d for d, u in zip(flat_dims, self._used) if u)
+    out, out_dim = self._of.batch(axis_data, args, dims)  # (a full tree)
+    return self._select(out), self._select(out_dim)

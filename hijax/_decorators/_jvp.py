@@ -23,6 +23,7 @@ from hijax.derived import linearize_flat, linearize_from_jvp, vjp_from_lin
 
 
 _LINS_KEPT = 64  # kept eager linearizations per call
+_LINEARITY_LEAVES = 32  # leaves tested (one pass over the equations each)
 
 
 def _nonzero(t) -> bool:
@@ -39,13 +40,12 @@ class CustomJVPCall(CallPrimitive):
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         self.decorated.jvp, self.statics)):
       return []  # the rule runs directly, when differentiated, as in JAX
-    tangents = tuple(jax.tree.map(
+    args = (diff_args, tuple(jax.tree.map(
         lambda x: example_of(core.typeof(x).to_tangent_aval()), a)
-        for a in diff_args)
-    args = (diff_args, tangents)
-    first = self._trace_rule(f"the jvp rule {self.jvp_name}", self._jvp_direct,
-                             args, "inline")
-    return [("jvp", first, self._jvp_direct, args)]
+        for a in diff_args))
+    return [("jvp", self._trace_rule(f"the jvp rule {self.jvp_name}",
+                                     self._jvp_direct, args, "inline"),
+             self._jvp_direct, args)]
 
   def _jvp_direct(self, primals: Any, tangents: Any) -> Any:
     return self.decorated.jvp(*self.statics, tuple(primals), tuple(tangents))
@@ -78,11 +78,11 @@ class CustomJVPCall(CallPrimitive):
   def jvp(self, primals: Any, tangents: Any) -> Any:
     *xs, hvals = primals
     *txs, th = tangents
-    closed = [i for i, t in enumerate(th) if _nonzero(t)]
     if any(_nonzero(t) for t in jax.tree.leaves(txs, is_leaf=is_zero)):
       out, t_flat = self.run_jvp(xs, txs, hvals)
     else:  # as in JAX, the rule runs only for a nonzero tangent
       out, t_flat = self(*primals), [None] * len(self.out_avals_flat)
+    closed = [i for i, t in enumerate(th) if _nonzero(t)]
     if closed:
       _, t_closed = self.differentiating(
           jax.jvp, self.primal_of_hoisted(xs, hvals, closed),
@@ -93,15 +93,15 @@ class CustomJVPCall(CallPrimitive):
     return out, jax.tree.unflatten(self.out_tree, t_flat)
 
   def lin(self, nzs_in: Any, *args: Any) -> Any:
+    """Eager, from the second call with the same key (`_kept_key`) on: the
+    linearization traced once and compiled."""
     leaves = jax.tree.leaves(args)
     key = self._kept_key(jax.tree.leaves(nzs_in), leaves)
-    if key is None or key not in self._lins:  # kept from the second call on
-      if key is not None:
-        store_bounded(self._lins, key, None, _LINS_KEPT)
-      return linearize_from_jvp.first(self, nzs_in, *args)
-    if self._lins[key] is None:
+    if key is not None and key in self._lins and self._lins[key] is None:
       self._lins[key] = self._traced_lin(*key[:2]) or ()
-    if not self._lins[key]:  # the rule cannot be traced
+    elif key is not None and key not in self._lins:
+      store_bounded(self._lins, key, None, _LINS_KEPT)
+    if key is None or not self._lins[key]:  # first call, or not traceable
       return linearize_from_jvp.first(self, nzs_in, *args)
     compiled, n_out, nzs_out, linear_map = self._lins[key]
     outs = compiled(*leaves)
@@ -110,24 +110,22 @@ class CustomJVPCall(CallPrimitive):
             jax.tree.unflatten(self.out_tree, list(nzs_out)))
 
   def _kept_key(self, nzs_flat: list[Any], leaves: list[Any]) -> Any:
-    """An eager linearization's key in ``_lins`` (flags, input types, what
-    the rule reads, by value); None where it is not kept."""
+    """Flags, input types and what the rule reads, by value; None where the
+    inputs are not concrete arrays or the rule reaches a traced value."""
     if not all(isinstance(x, jax.Array) and not isinstance(x, core.Tracer)
-               for x in leaves):
-      return None
-    types = tuple(core.typeof(x) for x in leaves)
-    if not all(type(t) is core.ShapedArray for t in types):
+               and type(core.typeof(x)) is core.ShapedArray for x in leaves):
       return None
     try:
       rule = by_value(self.decorated.jvp, *self.statics)
     except Uncacheable:
       return None
-    return (tuple(nzs_flat), types, rule, config.trace_context())
+    return (tuple(nzs_flat), tuple(core.typeof(x) for x in leaves), rule,
+            config.trace_context())
 
   def _traced_lin(self, nzs_flat: tuple[bool, ...], types: Any) -> Any:
-    """``lin`` traced on ``types``: (compiled outputs and residuals, number
-    of outputs, their nonzero flags, linear map), or None where the rule
-    cannot be traced (it then runs on the values, as in JAX)."""
+    """(compiled outputs and residuals, number of outputs, their nonzero
+    flags, linear map), or None where the rule cannot be traced (it then
+    runs on the values, as in JAX)."""
     found = []
 
     def forward(*xs):
@@ -135,10 +133,9 @@ class CustomJVPCall(CallPrimitive):
                                                         list(xs))
       found.append((len(out), nzs_out, linear_map))
       return [*out, *consts]
-    specs = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type)
-             for t in types]
     try:
-      closed = jax.make_jaxpr(forward)(*specs)
+      closed = jax.make_jaxpr(forward)(*[jax.ShapeDtypeStruct(
+          t.shape, t.dtype, weak_type=t.weak_type) for t in types])
     except Exception:  # noqa: BLE001 (the direct call raises it, or works)
       return None
     return (jax.jit(jax.extend.core.jaxpr_as_fun(closed)), *found[0])
@@ -170,18 +167,13 @@ class LinearCustomJVPCall(CustomJVPCall):
       acc.accum(c)
 
 
-_LINEARITY_LEAVES = 32  # leaves tested (one pass over the equations each)
-
-
 def _linear_in_some_input(traced: Any) -> bool:
   avals = [v.aval for v in traced.jaxpr.invars]
-  n = len(avals)
   for i, aval in enumerate(avals[:_LINEARITY_LEAVES]):
     dtype = getattr(aval, "dtype", None)  # a hi type has none
-    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
-      continue
-    if _linearity.nonlinear_reason(traced.jaxpr,
-                                   [j == i for j in range(n)]) is None:
+    if (dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+        and _linearity.nonlinear_reason(
+            traced.jaxpr, [j == i for j in range(len(avals))]) is None):
       return True
   return False
 
@@ -249,7 +241,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     jvp.__name__ = f"defjvps({names})"
     self.defjvp(jvp)
 
-  def _primitive_class(self, primal: Any) -> type[CustomJVPCall]:
+  def _call_class(self, primal: Any) -> type[CustomJVPCall]:
     return (LinearCustomJVPCall if _linear_in_some_input(primal)
             else CustomJVPCall)
 

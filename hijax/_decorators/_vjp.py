@@ -49,13 +49,11 @@ class CustomVJPCall(CallPrimitive):
   def _fwd_with(self, nzs: Any) -> Callable[..., Any]:
     """``fwd`` of the differentiable arguments (``CustomVJPPrimal`` leaves
     with ``symbolic_zeros``, perturbed as ``nzs`` says, all if None)."""
-    d = self.decorated
-
     def fwd(*xs):
-      if d.symbolic_zeros:
-        flags = (jax.tree.map(lambda _: True, xs) if nzs is None else nzs)
-        xs = jax.tree.map(CustomVJPPrimal, xs, flags)
-      return d.fwd(*self.full_args(xs))
+      if self.decorated.symbolic_zeros:
+        xs = jax.tree.map(CustomVJPPrimal, xs, jax.tree.map(
+            lambda _: True, xs) if nzs is None else nzs)
+      return self.decorated.fwd(*self.full_args(xs))
     return fwd
 
   def _bwd_direct(self, res: Any, g: Any) -> Any:
@@ -65,8 +63,8 @@ class CustomVJPCall(CallPrimitive):
     accums = [ValAccum(a.to_ct_aval()) for a in self.arg_avals]
     logs = self._logs(d.bwd(*self.statics, res, g, *jax.tree.unflatten(
         self.arg_tree, accums)), "defvjp_with_accums", "it must return", "")
-    cts = jax.tree.unflatten(self.arg_tree, [a.freeze() for a in accums])
-    return tuple(cts), logs
+    return tuple(jax.tree.unflatten(self.arg_tree, [
+        a.freeze() for a in accums])), logs
 
   def _logs(self, logs: Any, method: str, what: str, jax_what: str) -> Any:
     """``logs``, checked: None or a dict, as ``method`` says."""
@@ -87,32 +85,28 @@ class CustomVJPCall(CallPrimitive):
     else:
       with self.running(hvals):
         result = self._fwd_with(nzs)(*xs)
-    rule = f"the fwd rule {self.fwd_name}"
+    rule, fwd, fun = f"the fwd rule {self.fwd_name}", self.fwd_name, self.name
+    head = lambda equal: (
+        f"Custom VJP fwd rule {fwd} for function {fun} must produce a pair "
+        "(list or tuple of length two) where the first element represents "
+        f"the primal output (equal to {equal} of the custom_vjp-decorated "
+        f"function {fun}) and the second element represents residuals (i.e. "
+        "values stored from the forward pass for use on the backward pass)")
     out, res = pair(self, rule, result, "(primal output, residuals)",
-                    lambda got: f"{self._fwd_head()}, but instead of a pair "
-                    f"the fwd rule {self.fwd_name} produced {got}.")
-    primal_out(self, rule, out, lambda _: self._fwd_head("the output"),
+                    lambda got: f"{head('those')}, but instead of a pair the "
+                    f"fwd rule {fwd} produced {got}.")
+    primal_out(self, rule, out, lambda _: head("the output"),
                "fwd rule output", mismatch=True)
     return out, res
-
-  def _fwd_head(self, equal: str = "those") -> str:
-    return (f"Custom VJP fwd rule {self.fwd_name} for function {self.name} "
-            "must produce a pair (list or tuple of length two) where the first "
-            f"element represents the primal output (equal to {equal} of the "
-            f"custom_vjp-decorated function {self.name}) and the second "
-            "element represents residuals (i.e. values stored from the "
-            "forward pass for use on the backward pass)")
 
   def run_bwd(self, res: Any, g: Any, hvals: Sequence[Any]):
     traced = self.rules.get("bwd")
     if traced is not None:
-      g = to_rule_zeros(g, False)
-      result = traced(hvals, res, g)
+      result = traced(hvals, res, to_rule_zeros(g, False))
     else:
       result = self._bwd_direct(
           res, to_rule_zeros(g, self.decorated.symbolic_zeros))
-    rule = f"the bwd rule {self.bwd_name}"
-    logs = None
+    rule, logs = f"the bwd rule {self.bwd_name}", None
     if self.decorated.with_logs:
       result, logs = pair(
           self, rule, result, "(cotangents, logs)", lambda got:
@@ -125,22 +119,19 @@ class CustomVJPCall(CallPrimitive):
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
     *xs, hvals = args
-    *nzs_x, nzs_h = nzs_in
     if not any(jax.tree.leaves(nzs_in)):
       # Nothing is differentiated: the function runs, not its fwd rule.
       return self(*args), None, jax.tree.map(lambda _: False, self.out_aval)
-    out, res = self.run_fwd(tuple(nzs_x), xs, hvals)
+    out, res = self.run_fwd(tuple(nzs_in[:-1]), xs, hvals)
     bwd_hvals = None
     if "bwd" in self.rules:
       used = {s for s in self.rules["bwd"].slots if s is not None}
       bwd_hvals = tuple(h if i in used else None for i, h in enumerate(hvals))
-    closed = [i for i, nz in enumerate(nzs_h) if nz]
-    closure_vjp = None
-    if closed:
-      _, closure_vjp = self.differentiating(
-          jax.vjp, self.primal_of_hoisted(xs, hvals, closed),
-          *[hvals[i] for i in closed])
-    return out, (res, bwd_hvals, closure_vjp, Static(tuple(closed)))
+    closed = [i for i, nz in enumerate(nzs_in[-1]) if nz]
+    closure_vjp = closed and self.differentiating(
+        jax.vjp, self.primal_of_hoisted(xs, hvals, closed),
+        *[hvals[i] for i in closed])[1]
+    return out, (res, bwd_hvals, closure_vjp or None, Static(tuple(closed)))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     user_res, bwd_hvals, closure_vjp, closed = res
@@ -150,8 +141,8 @@ class CustomVJPCall(CallPrimitive):
       g_full = jax.tree.map(instantiate_zeros, g, is_leaf=is_zero)
       for i, ct in zip(closed.value, self.differentiating(closure_vjp, g_full)):
         ct_h[i] = ct
-    accums = self.in_tree.flatten_up_to(arg_accums)
-    for acc, ct in zip(accums, [*cts_flat, *ct_h]):
+    for acc, ct in zip(self.in_tree.flatten_up_to(arg_accums),
+                       [*cts_flat, *ct_h]):
       if ct is not None:
         acc.accum(ct)
     return logs if self.decorated.with_logs else None
@@ -171,18 +162,14 @@ class CustomVJPCall(CallPrimitive):
     return out, tangent
 
   def _transpose_only_tangent(self, primals: Any, tangents: Any) -> Any:
-    tangent_avals = [a.to_tangent_aval() for a in self.in_avals_flat]
-    tangents_flat = [
-        t if not (t is None or is_zero(t) or is_float0(t)) else Zero(a)
-        for t, a in zip(self.in_tree.flatten_up_to(tangents), tangent_avals)]
+    # (JAX passes every zero tangent as a symbolic Zero, and applies the
+    # primitive, not its jvp, where all are)
+    tangents_flat = self.in_tree.flatten_up_to(tangents)
     nzs_flat = [not is_zero(t) for t in tangents_flat]
-    out, res, *rest = self.vjp_fwd(
-        jax.tree.unflatten(self.in_tree, nzs_flat), *primals)
-    if rest:  # nothing is differentiated
-      return out, None
-    linearized = _bind_linearized(self, nzs_flat,
-                                  [True] * len(self.out_avals_flat))
-    t_out = linearized(res, None, *tangents_flat)
+    out, res = self.vjp_fwd(jax.tree.unflatten(self.in_tree, nzs_flat),
+                            *primals)
+    t_out = _bind_linearized(self, nzs_flat, [True] * len(
+        self.out_avals_flat))(res, None, *tangents_flat)
     return out, jax.tree.unflatten(self.out_tree, t_out)
 
   def nonlinear(self, e: NonlinearBackwardError) -> None:
@@ -259,9 +246,8 @@ def _refused(method: str) -> Callable[..., NoReturn]:
         "jax.ad_checkpoint.checkpoint_name). For rules of your own, use "
         "hijax.custom_remat: its (fwd, rem, bwd) are those of JAX's "
         f"{method}, and its fwd also receives the checkpoint policy")
-  refuse.__doc__ = (f"Refused (NotImplementedError naming the alternatives: "
-                    "`defvjp` under ``jax.checkpoint``, or `hijax.custom_remat`"
-                    f", whose ``(fwd, rem, bwd)`` are those of JAX's {method}).")
+  refuse.__doc__ = (f"Refused (NotImplementedError): use `defvjp` under "
+                    f"``jax.checkpoint``, or `hijax.custom_remat` ({method}).")
   return refuse
 
 
@@ -352,7 +338,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   defremat: Callable[..., NoReturn] = _refused("defremat")
   defremat_with_logs: Callable[..., NoReturn] = _refused("defremat_with_logs")
 
-  def _primitive_class(self, primal: Any) -> type[CustomVJPCall]:
+  def _call_class(self, primal: Any) -> type[CustomVJPCall]:
     return CustomVJPCall
 
   def as_jax(self) -> Callable[..., Any]:
