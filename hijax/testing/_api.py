@@ -196,12 +196,12 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                       linear_argnums=linear_argnums, order=order, jit=jit,
                       require_second_order=require_second_order,
                       budget=Budget.of(time_budget, progress, 1),
-                      surrogates=Surrogates(surrogates))
+                      surrogates=Surrogates(surrogates), modes=modes)
   # on an accelerator the checks themselves run on the host, in float64
   # (device=False too: it only leaves out the device's half)
   accel = accelerator(device) if jit else None
   checks_on = host() if accel is not None or on_accelerator() else None
-  report = check(Request(prim_fn, modes, explicit, settings, seed,
+  report = check(Request(prim_fn, explicit, settings, seed,
                          time_budget == "default", checks_on),
                  args, x64, accel)
   if report.skipped_for_time:

@@ -10,7 +10,6 @@ adds failures, never conclusive passes; a part the host saw raise is the
 host's to judge."""
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
@@ -193,16 +192,16 @@ def rounded(args, like):
       else np.asarray(x) for x, d in zip(leaves, jax.tree.leaves(like))])
 
 
-def _part_of(key, ctx) -> tuple[int, str, str, str]:
+def _part_of(key, p) -> tuple[int, str, str, str]:
   """A part of the checks' program: its rank (compared first: the function,
   then a rule before what builds on it), its mode, its rule, what it is."""
   if key == "points":
-    return 0, "expand", ctx.rule_name("expand"), "the function"
+    return 0, "expand", p.rule_name("expand"), "the function"
   if isinstance(key, Part):
-    return (MODES.index(key.mode), key.mode, ctx.rule_name(key.rule),
+    return (MODES.index(key.mode), key.mode, p.rule_name(key.rule),
             key.describe())
   # a derived function's part, ``((..., kind), key)``: its kind's rule
-  return (len(MODES), "second_order", ctx.rule_name(key[0][-1]),
+  return (len(MODES), "second_order", p.rule_name(key[0][-1]),
           f"the second-order part {key!r}")
 
 
@@ -215,35 +214,35 @@ def _float_dtype(name, default):
   return np.dtype(name) if name in _FLOATS else default
 
 
-def function_floors(ctx, dtype, n_values: int) -> list:
+def function_floors(p, w, dtype, n_values: int) -> list:
   """The host's `primal_floors`, scaled to ``dtype``, for ``n_values``
   outputs on the device."""
-  floors = ctx.primal_floors(all_outputs=True, computed_only=True)
+  floors = p.primal_floors(w, all_outputs=True, computed_only=True)
   if not floors or n_values % len(floors):
     return [None] * n_values
-  ratio = eps_of(dtype) / eps_of(_float_dtype(ctx.report.dtype, np.float64))
+  ratio = eps_of(dtype) / eps_of(_float_dtype(w.report.dtype, np.float64))
   scaled = [None if f is None else np.asarray(f) * ratio for f in floors]
   return scaled * (n_values // len(floors))
 
 
-def check_on_device(ctx, device, device_ctx, host_run, plan,
+def check_on_device(p, w, device, bundle, dtype_name, host_run, plan,
                     device_x64: bool = False) -> None:
-  """Each part the host evaluated, evaluated again on ``device`` and
-  compared with the host's float64."""
-  host_bundle = ctx.compiled.bundle
-  bundle = device_ctx.compiled.bundle
-  dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
+  """Each part the host's point ``p`` evaluated, evaluated again on
+  ``device`` by ``bundle`` (in ``dtype_name``) and compared with the host's
+  float64 (``host_run``)."""
+  host_bundle = p.compiled.bundle
+  dtype = _float_dtype(dtype_name, np.dtype(np.float32))
   where = describe(device, dtype)
   keys = [k for k in host_bundle.seen if k in bundle.parts]
-  keys.sort(key=lambda k: _part_of(k, ctx)[0])
+  keys.sort(key=lambda k: _part_of(k, p)[0])
   measured = dict(calibrate(device, dtype))
-  inputs = ctx.describe_inputs()
+  inputs = p.describe_inputs()
   with_products = set()  # the parts judged at the products' tolerance
   for key in keys:
-    _, mode, rule, what = _part_of(key, ctx)
+    _, mode, rule, what = _part_of(key, p)
     check = (f"on {where.split(' (')[0]}: {what} in {dtype.name} vs the "
              "host's float64")
-    if ctx.out_of_time(mode, check):
+    if w.out_of_time(mode, check):
       continue
     template = bundle.parts[key].template()
     try:
@@ -258,17 +257,17 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
       if key in host_bundle.raised:
         continue  # the host half judged it (a failure, or a rule's refusal)
       if key == "points":  # the function itself does not run there
-        ctx.skip(mode, f"{check}: the function does not run on "
+        w.skip(mode, f"{check}: the function does not run on "
                  f"{where} ({type(e).__name__}: {str(e).strip()[:120]}); "
                  "nothing was checked there")
-        ctx.report.devices["device check"] = (
+        w.report.devices["device check"] = (
             f"{where}: not checked, the function does not run there")
         return
-      ctx.fail_raised(mode, check, inputs, e, rule=rule)
+      w.fail_raised(mode, check, inputs, e, rule=rule)
       continue
     floors = None
     if key == "points":  # the function's own accuracy on the device
-      floors = function_floors(ctx, dtype, len(got))
+      floors = function_floors(p, w, dtype, len(got))
       floats = [(g, w, f) for g, w, f in zip(got, want, floors)
                 if is_float(g)]
       measured["the function"] = max(
@@ -282,7 +281,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     want = [w.astype(g.dtype) if is_float(g) or (
         g.dtype.kind == w.dtype.kind and g.dtype.kind in "iub") else w
             for g, w in zip(got, want)]
-    ctx.ran(mode, check)
+    w.ran(mode, check)
     # (lowered only where the products' error is the largest measured)
     products = (tolerance(measured) != tolerance(measured, False)
                 and multiplies_matrices(bundle.parts[key]))
@@ -292,68 +291,17 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     # the host's verdict says whether a rule was judged: the device's half
     # compares a rule with itself elsewhere, so it adds failures, not
     # conclusive comparisons
-    ctx.compare(mode, check, inputs, got, want, tol,
+    w.compare(mode, check, inputs, got, want, tol,
                 names=[f"output {i}" for i in range(len(got))],
                 got_label=where.split(" (")[0], want_label="the host",
                 rule=rule, counts=False, floors=floors)
   widened = (f", {tolerance(measured).ulps:.0f} for the {len(with_products)} "
              "with a matrix product" if with_products else "")
-  if any(_part_of(k, ctx)[1] == "second_order" for k in keys):
+  if any(_part_of(k, p)[1] == "second_order" for k in keys):
     widened += (f", {tolerance(measured, False, True).ulps:.0f} for a "
                 "second-order part")
-  ctx.report.devices["device check"] = (
+  w.report.devices["device check"] = (
       f"{where}: {len(keys)} part(s) of the checks' program against the "
       f"host's float64, tolerance {tolerance(measured, False).ulps:.0f} ulps"
       f"{widened} (measured, in ulps of the dtype: " + ", ".join(
           f"{k} {v:.0f}" for k, v in measured.items()) + ")")
-
-
-def _x64(own_dtype) -> bool:
-  """Whether the device's half runs with float64 enabled: only for float64
-  inputs (else a constant the function makes would come out float64)."""
-  return _float_dtype(own_dtype, None) == np.float64
-
-
-def device_context(plan, own, own_dtype, accel, make_context, add_parts,
-                   ahead=True):
-  """The device's context of ``plan``, its compile started ahead (so both
-  halves compile at once)."""
-  with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
-    device_ctx, _ = make_context(own, own_dtype)
-    add_parts(device_ctx, plan)
-    if ahead:
-      device_ctx.compiled.bundle.compile_ahead()
-  return device_ctx
-
-
-def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
-                add_parts, device_ctx=None) -> None:
-  """Runs `check_on_device` for the host run ``ctx``, against a float64 host
-  context at ``own``."""
-  x64 = _x64(own_dtype)
-  host64 = ctx.report.dtype == "float64"
-
-  def host_settings():
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.enable_x64(host64))
-    if host_device is not None:
-      stack.enter_context(jax.default_device(host_device))
-    return stack
-  if device_ctx is None:
-    device_ctx = device_context(plan, own, own_dtype, accel, make_context,
-                                add_parts, ahead=False)
-  reference = ctx
-  same = all(np.array_equal(wide(a), wide(b))
-             for a, b in zip(jax.tree.leaves(own), ctx.leaves))
-  if host64 and not same:
-    with host_settings():
-      reference, _ = make_context(jax.tree.map(
-          lambda x: wide(x) if is_float(x) else np.asarray(x), own), "float64")
-      add_parts(reference, plan)
-    reference.compiled.bundle.seen = ctx.compiled.bundle.seen
-
-  def host_run(key, args):
-    with host_settings():
-      return reference.compiled.bundle.run(key, args)
-  with jax.enable_x64(x64 or host64):
-    check_on_device(ctx, accel, device_ctx, host_run, plan, device_x64=x64)
