@@ -9,13 +9,14 @@ import jax
 import numpy as np
 
 from hijax._checks import HIJAX_CHECK, raised_by
-from hijax.testing._context import Part, Point, Settings, Writer
+from hijax.testing._compiled import Part
+from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._numerics import dtype_of, is_float, on_device, to_numpy
 
 
 def _batch_variants(p: Point, s: Settings, arg):
   """``batch_size`` perturbed variants of ``arg``, stacked (the first
-  ``arg``; integer leaves repeated)."""
+  ``arg``; integers repeated)."""
   size = s.batch_size
 
   def stack(x):
@@ -31,7 +32,7 @@ def _batch_variants(p: Point, s: Settings, arg):
 
 def _batch_combinations(p: Point, s: Settings) -> list[tuple]:
   """The ``in_axes`` to check: the user's, or each subset of the arguments
-  batched along the first axis and (where they have one) the last."""
+  batched along the first axis and the last."""
   n = len(p.args)
   if s.batch_in_axes is not None:
     return [tuple(a) if isinstance(a, (tuple, list)) else (a,)
@@ -52,8 +53,7 @@ def _batch_combinations(p: Point, s: Settings) -> list[tuple]:
 
 
 def _loop(p: Point, s: Settings, stacked, batched) -> list:
-  """The outputs of ``prim_fn`` on each batch element, stacked (evaluated
-  one element at a time, in one compiled call)."""
+  """``prim_fn``'s outputs on each batch element, stacked (one call)."""
   fulls = []
   for k in range(s.batch_size):
     args_k = [jax.tree.map(lambda x: np.asarray(x[k]), stacked[i])
@@ -84,9 +84,8 @@ def _derivative_cases(p: Point, s: Settings) -> list:
                          dtype_of(p.leaves[i])) for i in direction]
   cts = lambda: [np.zeros((size,) + p.out_avals[i].shape,
                           p.out_avals[i].dtype) for i in p.out_float_idx]
-  # vmap of a derivative traces the unbatched instance's rules; a derivative
-  # of vmap runs the rules of the instance that the batch rule binds, on
-  # batched types.
+  # vmap of a derivative runs the unbatched instance's rules; a derivative
+  # of vmap those of the instance the batch rule binds
   cases = []
   if p.has("jvp"):
     cases += [("vmap of jvp vs a loop", "jvp", vmap(jvp(f)), ts),
@@ -103,8 +102,7 @@ def _vmap_part(in_axes) -> Part:
 
 
 def add_batch_parts(p: Point, s: Settings):
-  """Adds the programs `check_batch` runs to ``p``'s compiled program:
-  ``vmap`` for each ``in_axes`` and the batched derivatives."""
+  """Adds the programs `check_batch` runs to ``p``'s compiled program."""
   for in_axes in _batch_combinations(p, s):
     p.compiled.add(
         _vmap_part(in_axes), jax.vmap(p.fn, in_axes=in_axes),
@@ -122,8 +120,8 @@ def add_batch_parts(p: Point, s: Settings):
 def _refused_or_failed(s: Settings, w: Writer, refusals: list, check: str,
                        inputs: str, e: BaseException,
                        label: str | None = None):
-  """A failure, or, where the rule itself raised on a combination the
-  checker chose, a refusal."""
+  """A failure, or a refusal where the rule raised on a combination the
+  checker chose."""
   rule = raised_by(e) if s.batch_in_axes is None else None
   if rule is None or rule == HIJAX_CHECK:
     w.fail_raised("batch", check, inputs, e)
@@ -174,8 +172,7 @@ def check_batch(p: Point, s: Settings, w: Writer):
 
 
 def _batched_args(p: Point, s: Settings, stacked, in_axes) -> list:
-  """The arguments of ``vmap`` with ``in_axes``: the stacked variants with
-  the batch axis moved where ``in_axes`` says, the point where None."""
+  """The arguments of ``vmap`` with ``in_axes`` (the point where None)."""
   args_b = []
   for i, ax in enumerate(in_axes):
     if ax is None:

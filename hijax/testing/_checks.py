@@ -1,6 +1,5 @@
-"""The checks of the derivative rules and of `expand`: one function per mode,
-each taking a `Point`, the `Settings` and a `Writer`; the inner-product
-identity that checks a backward rule (`check_identity`)."""
+"""The checks of `expand` and the first-order rules, one function per mode,
+and the inner-product identity that checks a backward rule."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -16,25 +15,12 @@ from hijax.testing._numerics import (compare_leaf, inner_identity, on_device,
 from hijax.testing._nzs_out import check_nzs_out
 
 
-# The identity ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` that checks a
-# backward rule against a reference for ``J ṫ`` (the jvp rule, or finite
-# differences), element by element where it matters:
-#
-# * output elements the reference cannot judge (not smooth, not finite; for
-#   finite differences also unresolved) get a zero cotangent and are left out
-#   of ``<ȳ, J ṫ>``;
-# * where the backward rule gives a non-finite cotangent and some output
-#   element could not be judged (a kink, a domain boundary: ``entr`` at 0),
-#   those input elements are left out too: the identity is checked again with
-#   a tangent that is zero there, so that one element's NaN does not hide the
-#   others' verdicts. A non-finite cotangent where every element was judged
-#   is a failure;
-# * two rules compared with each other may each lose a different part of a
-#   result that cancels (softmax with a dominant logit, whose output is
-#   1 - exp(-40)): where finite differences find the function flat, each
-#   side may be off by the rounding of values of the output's size
-#   (`Point.flat_floors`). Finite differences allow their own error
-#   bound instead.
+# ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` checks a backward rule against a reference for
+# ``J ṫ``: output elements the reference cannot judge get a zero cotangent;
+# input elements whose cotangent is not finite, where some output element
+# was not judged (a kink), are left out (a zero tangent) and the identity
+# checked again; where the function is flat, each of two rules may lose
+# what cancels (`Point.flat_floors`).
 
 def aligned_cotangents(p: Point, like, j_t, judged):
   """Random cotangents with the signs of ``J ṫ``: ``<ȳ, J ṫ>`` then has no
@@ -59,10 +45,9 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
                    "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = "") -> bool:
-  """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``; records a failure or an
-  inconclusive entry. ``reference(tangents, first)``: `_reference`'s
-  ``(J ṫ, label, bounds, tangents, est)``; ``judge(bounds, est)``: the
-  output elements it judges."""
+  """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``. ``reference(tangents,
+  first)``: `_reference`'s tuple; ``judge(bounds, est)``: the elements it
+  judges."""
   ref, label, bounds, used, est = reference(tangents, True)
   judged = judge(bounds, est)
   if not any(np.any(ok) for ok in judged):
@@ -109,8 +94,7 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
 
 def _check_types(w: Writer, mode, check, inputs, got, like, names,
                  got_label) -> bool:
-  """Checks that each of ``got`` has the type of its input; records the
-  first mismatch."""
+  """Fails the first of ``got`` without the type of its input."""
   for name, g, x in zip(names, got, like):
     if type_str(g) != type_str(x):
       w.fail(mode, check, inputs,
@@ -123,7 +107,7 @@ def _check_types(w: Writer, mode, check, inputs, got, like, names,
 
 def check_expand(p: Point, s: Settings, w: Writer):
   """`expand`'s output types against ``out_aval``; the eager and the jitted
-  call against `expand` evaluated directly."""
+  call against `expand`."""
   inputs = p.describe_inputs()
   if p.fd_of != "expand":
     _check_eager_and_jit(p, s, w, inputs)
@@ -170,8 +154,7 @@ def check_expand(p: Point, s: Settings, w: Writer):
 
 
 def _check_eager_and_jit(p: Point, s: Settings, w: Writer, inputs):
-  """A function with custom rules is its own reference: its compiled call
-  must return the types its trace declares."""
+  """A custom function's compiled call must return its trace's types."""
   check = "jitted call's output types vs its trace"
   try:
     got = (p.compiled.evaluate([p.leaves])[0] if s.jit
@@ -201,8 +184,7 @@ def _check_eager_and_jit(p: Point, s: Settings, w: Writer, inputs):
 
 def _same_primal(p: Point, s: Settings, w: Writer, mode, inputs,
                  out) -> bool:
-  """Whether a derivative's primal output is the function's (not counted as
-  a comparison of the rule)."""
+  """Whether a derivative's primal output is the function's (uncounted)."""
   return w.compare(mode, f"{mode}'s primal output vs the primitive's "
                      "output", inputs, out, p.ref_out(), s.tol,
                      got_label=mode, want_label="the primitive",
@@ -241,16 +223,14 @@ def check_jvp(p: Point, s: Settings, w: Writer, jvp_passed: dict):
 
 
 def _trusts_jvp(p: Point, jvp_passed: dict, direction) -> bool:
-  """Whether the jvp rule is the reference in ``direction``: it is defined
-  and did not fail its own check there (or that check did not run)."""
+  """Whether the jvp rule (defined, not failed there) is the reference."""
   return p.has("jvp") and jvp_passed.get(direction, True)
 
 
 def _reference(p: Point, s: Settings, w: Writer, direction,
                jvp_passed: dict, tangents, first=True):
-  """``(J ṫ, label, bounds, tangents, est)``: from the jvp rule where it
-  passed (``est`` None), else from finite differences (``first``: those
-  of the point, along their own tangents)."""
+  """``(J ṫ, label, bounds, tangents, est)`` from the jvp rule where it
+  passed, else from finite differences (``first``: the point's own)."""
   if _trusts_jvp(p, jvp_passed, direction):
     try:
       return (list(p.derivative("jvp", direction, tangents)[1]),
@@ -343,8 +323,7 @@ def check_lin(p: Point, s: Settings, w: Writer, jvp_passed: dict):
 
 
 def _linear_sets(p: Point, s: Settings):
-  """The sets of leaves in which prim_fn is linear (each transposed alone),
-  and how they were found."""
+  """The sets of leaves prim_fn is linear in, and how they were found."""
   ends = np.cumsum([len(jax.tree.leaves(a)) for a in p.args], dtype=int)
   arg_leaves = [tuple(range(e - len(jax.tree.leaves(a)), e))
                 for a, e in zip(p.args, ends)]
@@ -396,9 +375,7 @@ def check_transpose(p: Point, s: Settings, w: Writer):
              "linear_argnums= to say which arguments are linear",
              float("inf"))
     return
-  # Where linearity was found numerically, not declared, a rule that raises
-  # transposing in one argument may handle only the others (Scale: c * x,
-  # transposed in x only): that is judged after the loop.
+  # found linear numerically: a rule may refuse some (judged after the loop)
   raised, transposed = [], False
   for direction in sets:
     names = ", ".join(p.names[i] for i in direction)

@@ -15,8 +15,7 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
-from hijax.testing._compiled import (Compiled, Part, derivative_part,
-                                     replaced)
+from hijax.testing._compiled import Compiled, derivative_part, replaced
 from hijax.testing._discovery import Surrogates, applications, defined_rules
 from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
@@ -26,9 +25,6 @@ from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
                                      on_device, real_or_int, to_numpy)
 from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
                                    declared_limit, first_lines)
-
-__all__ = ["Part", "Point", "Settings", "Writer", "derivative_part"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -102,8 +98,7 @@ class Point:
 
   @property
   def fd_of(self) -> str:
-    """What finite differences are taken of: ``expand`` for hijax
-    primitives, ``the function`` for custom_jvp / custom_vjp ones."""
+    """``expand`` (hijax primitives) or ``the function`` (custom_jvp/vjp)."""
     return ("expand" if all(hasattr(p, "in_avals") for p in self.prims)
             else "the function")
 
@@ -169,8 +164,8 @@ class Point:
 
   @functools.cached_property
   def primal_reads_tangent(self) -> bool:
-    """Whether ``jax.jvp``'s primal output depends on the tangent (JAX's
-    linearize then fails in words that also name a limit by design)."""
+    """Whether ``jax.jvp``'s primal output depends on the tangent (JAX then
+    refuses to linearize in a declared limit's words)."""
     if not self.has("jvp") or not self.float_idx or not self.out_float_idx:
       return False
     d = tuple(self.float_idx)
@@ -274,8 +269,7 @@ class Point:
 
   def primal_floors(self, w: Writer, all_outputs=False,
                     computed_only=False) -> list:
-    """Per output, the error allowed between two evaluations at the point
-    (`FDEstimate.floors`)."""
+    """Per output, the error allowed between two evaluations at the point."""
     floors = [None] * len(self.out_float_idx)
     direction = tuple(self.float_idx)
     if direction and self.out_float_idx and not (
@@ -299,8 +293,7 @@ class Point:
             for y, flat in zip(self.ref_out(), est.flat())]
 
   def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
-    """Per output, the elements a reference along ``direction`` can judge
-    (not rough; for finite differences, resolved)."""
+    """Per output, the elements a reference along ``direction`` judges."""
     est = self._memo.fd.get(direction) if est is None else est
     return [np.ones(np.shape(y), bool)
             & (True if est is None else ~est.skipped()[k])

@@ -1,13 +1,7 @@
-"""Checking rules where they run: on an accelerator, in the user's dtype.
-
-An accelerator has no usable float64 and its float32 is not a CPU's (bfloat16
-passes in matrix products, transcendental functions thousands of ulps off),
-so `check_rules` judges twice: on the host CPU, in float64, the sharp
-verdict; then every part of the checks' program the host evaluated runs
-again on the device in the inputs' dtype and is compared with the host's
-float64, within the device's *measured* accuracy (`calibrate`). The device
-adds failures, never conclusive passes; a part the host saw raise is the
-host's to judge."""
+"""The device's half: each part of the checks' program the host evaluated in
+float64 runs again on the accelerator in the inputs' dtype, compared within
+the device's measured accuracy (`calibrate`); it adds failures, never
+conclusive passes."""
 from __future__ import annotations
 
 import functools
@@ -16,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._context import Part
+from hijax.testing._compiled import Part
 from hijax.testing._numerics import (RULE_ULPS, Tol, eps_of, is_float,
                                      on_device, wide)
 from hijax.testing._report import MODES
@@ -69,9 +63,7 @@ def on_accelerator() -> bool:
 
 
 def accelerator(device=None):
-  """The device to check on besides the host: ``device`` if given (a
-  `jax.Device`), else JAX's default device where it is not a CPU; None for
-  ``False`` or a CPU default."""
+  """The device to check on besides the host (None: none)."""
   if device is False:
     return None
   if device is not None and device is not True:
@@ -89,8 +81,7 @@ def host():
 
 
 def _ulps(got, want, dtype, floor=None) -> float:
-  """The largest ``|got - want|`` (less ``floor``) in ulps of ``dtype``,
-  over elements finite on both sides."""
+  """The largest ``|got - want|`` (less ``floor``) in ulps of ``dtype``."""
   got, want = wide(got), wide(want)  # a complex error counts both parts
   finite = np.isfinite(got) & np.isfinite(want)
   want = np.where(finite, want, 0.0)
@@ -104,9 +95,7 @@ def _ulps(got, want, dtype, floor=None) -> float:
 
 
 def _derivatives(xs):
-  """Each calibration function's first and second derivatives at ``xs``, as
-  JAX differentiates them (tanh's from its output: 1 - tanh**2 magnifies
-  tanh's error where tanh is near 1)."""
+  """Each calibration function's first and second derivatives at ``xs``."""
   out = []
   for (jf, _, _), x in zip(_FUNCTIONS.values(), xs):
     d1 = jax.grad(jf)
@@ -115,8 +104,7 @@ def _derivatives(xs):
 
 
 def _measured(a, b, xs):
-  """What `calibrate` runs on the device, as one program (one compile: a
-  program each took seven more on a device, where compiles cost most)."""
+  """What `calibrate` runs on the device, as one program (one compile)."""
   return (jnp.matmul(a, b),
           [jf(x) for (jf, _, _), x in zip(_FUNCTIONS.values(), xs)],
           _derivatives(xs))
@@ -160,10 +148,8 @@ def calibrate(device, dtype) -> dict[str, float]:
 
 def tolerance(measured: dict[str, float], products: bool = True,
               derived: bool = False) -> Tol:
-  """The tolerance of the device's results against the host's float64:
-  `SAFETY` times the worst error measured, at least the CPU's; the matrix
-  products' error counts only for a program with ``products``, the
-  derivatives' only for a ``derived`` (second-order) part."""
+  """`SAFETY` times the worst error measured (at least the CPU's): matrix
+  products' only with ``products``, derivatives' only where ``derived``."""
   worst = max((v for k, v in measured.items()
                if (products or k != "matmul") and (derived or k != "differentiated")),
               default=0)
@@ -171,10 +157,8 @@ def tolerance(measured: dict[str, float], products: bool = True,
 
 
 def multiplies_matrices(part) -> bool:
-  """Whether a part's program has a matrix product or a convolution (a TPU
-  runs float32 ones with bfloat16 passes at the default precision), read
-  from its lowered program: a HiPrim's expansion included. True where it
-  cannot be lowered (the wider tolerance)."""
+  """Whether a part's lowered program has a matrix product or a
+  convolution (True where it cannot be lowered)."""
   try:
     text = jax.jit(lambda args: part.fn(*args)).lower(part.template()).as_text()
   except Exception:  # pylint: disable=broad-except
@@ -183,9 +167,7 @@ def multiplies_matrices(part) -> bool:
 
 
 def rounded(args, like):
-  """``args`` (a part's arguments, a pytree) with each floating leaf cast to
-  the dtype of the leaf at the same position of ``like`` where that one is
-  floating too."""
+  """``args`` with each floating leaf cast to ``like``'s (where floating)."""
   leaves, tree = jax.tree.flatten(args)
   return jax.tree.unflatten(tree, [
       np.asarray(x).astype(np.asarray(d).dtype) if is_float(x) and is_float(d)
@@ -193,8 +175,7 @@ def rounded(args, like):
 
 
 def _part_of(key, p) -> tuple[int, str, str, str]:
-  """A part of the checks' program: its rank (compared first: the function,
-  then a rule before what builds on it), its mode, its rule, what it is."""
+  """A part's rank (the function first), mode, rule and description."""
   if key == "points":
     return 0, "expand", p.rule_name("expand"), "the function"
   if isinstance(key, Part):
@@ -209,8 +190,7 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def _float_dtype(name, default):
-  """The dtype ``name`` (a report's dtype: a string) names where it is a
-  floating one, else ``default``."""
+  """The floating dtype ``name`` names, else ``default``."""
   return np.dtype(name) if name in _FLOATS else default
 
 

@@ -372,23 +372,6 @@ def inner_first(p: Point, report: RuleReport):
     report.inner_first = list(dict.fromkeys(f.rule for f in inner))
 
 
-def _absorb(report: RuleReport, alone: RuleReport):
-  """Adds to the program's report what the checks alone did, but their
-  failures and requirements."""
-  for field in dataclasses.fields(RuleReport):
-    mine, theirs = getattr(report, field.name), getattr(alone, field.name)
-    if field.name in ("failures", "required", "primitives", "dtype",
-                      "seconds", "inner_first", "devices"):
-      continue
-    if isinstance(mine, list):
-      mine += [x for x in theirs if not (
-          field.name in ("by_intent", "surrogates") and x in mine)]
-    elif isinstance(mine, dict):
-      mine.update({k: mine.get(k, 0) + n for k, n in theirs.items()})
-    else:
-      setattr(report, field.name, mine + theirs)
-
-
 def blame_alone(p: Point, s: Settings, w: Writer):
   """Checks each custom function alone, where a program of several failed or
   excused its rules together by intent."""
@@ -403,18 +386,19 @@ def blame_alone(p: Point, s: Settings, w: Writer):
     calls = custom_calls(p.fn, p.args)
   except Exception:  # pylint: disable=broad-except  (the program's failures stand)
     return
-  alone = RuleReport(report.primitives, report.dtype)
+  # written into the program's report, but for their failures
+  program, report.failures = report.failures, []
   for rules, fn, inputs in calls:
     sub = Point.of(fn, inputs, [f"args[{i}]" for i in range(len(inputs))],
                    [rules], s, p.rng, per_leaf=p.per_leaf,
                    fd_scale=p.fd_scale)
-    sub_w = Writer(alone, sub, s, f"{rules!r} alone: ", w.within)
+    sub_w = Writer(report, sub, s, f"{rules!r} alone: ", w.within)
     plan = plan_modes(sub, s, sub_w, explicit=False)
     run(sub, s, sub_w, plan, add_parts(sub, s, plan))
-  _absorb(report, alone)
-  if alone.failures:
+  alone, report.failures = report.failures, program
+  if alone:
     named = sorted({f.rule for f in report.failures})
-    report.failures[:] = alone.failures
+    report.failures[:] = alone
     report.skipped.append(("all modes", (
         f"the failures of the program as a whole (of {'; '.join(named)}) "
         "are replaced by those of each function alone" if named else

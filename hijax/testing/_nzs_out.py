@@ -16,8 +16,7 @@ from hijax.testing._report import RuleReport
 
 
 def _nz_in(x) -> bool:
-  """Whether the tangent type of a leaf (a value or its type) is a floating-
-  point array."""
+  """Whether a leaf's (or type's) tangent type is a floating-point array."""
   aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   try:
     return is_float(aval if isinstance(aval, _core.ShapedArray)
@@ -35,16 +34,13 @@ def _prim_jvp(prim, direction, p_leaves, tangents):
   return jax.jvp(f, tuple(p_leaves[i] for i in direction), tuple(tangents))
 
 
-# One program per primitive (equal instances are one) and types, whichever
-# context or mode asks (vjp and lin, the second-order mode's derived
-# functions, which bind the same primitive).
+# One program per primitive and types, whichever point or mode asks.
 _prim_jvp_compiled = jax.jit(_prim_jvp, static_argnums=(0, 1))
 
 
 def _zero_derivatives(p: Point, s: Settings, prim, p_args, zero_outs):
   """``{k: (max |J ṫ|, allowed, label, resolved)}`` of the outputs
-  ``zero_outs`` (``resolved``: some element judged); None where nothing can
-  differentiate them."""
+  ``zero_outs``; None where nothing can differentiate them."""
   p_leaves = jax.tree.leaves(p_args)
   direction = tuple(i for i, x in enumerate(p_leaves) if _nz_in(x))
   if not direction:
@@ -98,8 +94,7 @@ def _zero_derivatives(p: Point, s: Settings, prim, p_args, zero_outs):
 
 
 def _declared_nzs_out(s: Settings, rule, nzs_in, p_types, values):
-  """The ``nzs_out`` that ``rule`` returns (traced abstractly where it can
-  be), or None."""
+  """The ``nzs_out`` ``rule`` returns (traced where it can be), or None."""
   def nzs_of(result):
     return result[2] if isinstance(result, tuple) and len(result) >= 3 else None
   if s.jit and all(isinstance(a, _core.ShapedArray)

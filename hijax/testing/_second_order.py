@@ -1,9 +1,6 @@
-"""The second derivative of the rules, against finite differences of the
-first (``g * stop_gradient(cos(x))`` is right at first order only), and
-the first-order checks again on derived functions that bind hijax
-primitives. A rule that declares it cannot be differentiated again is
-first-order only (reverse over reverse falls back to forward over reverse
-first)."""
+"""The second order: the rules' derivatives differentiated again against
+finite differences of the first, and the first-order checks again on the
+derived functions that bind hijax primitives."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,17 +12,15 @@ import numpy as np
 from hijax._internals import partial_eval as _pe
 
 from hijax.testing._checks import check_identity
-from hijax.testing._compiled import Compiled
-from hijax.testing._context import (Part, Point, Settings, Writer,
-                                    derivative_part)
+from hijax.testing._compiled import Compiled, Part, derivative_part
+from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._discovery import find_hiprims
 from hijax.testing._report import DERIVATIVE_MODES
 
+
 def _derivative(kind, f, n):
-  """The tangent map ``x, ṫ -> jvp(f, x, ṫ)[1]`` (``kind`` ``"jvp"``), the
-  backward pass ``x, ȳ -> vjp(f, x)[1](ȳ)`` or the linearized map of ``f``
-  (of ``n`` inputs), a function of ``(*x, *vector)``; the vector is cast to
-  the dtypes it pairs with (finite differences evaluate it wider)."""
+  """The tangent map, backward pass or linearized map (``kind``) of ``f`` (of
+  ``n`` inputs) as a function of ``(*x, *vector)``."""
   def g(*a):
     xs, v = tuple(a[:n]), a[n:]
     if kind == "vjp":
@@ -44,8 +39,8 @@ _AGAIN = {"vjp": "the backward pass x -> vjp(f, x)[1](ȳ)",
 
 
 def _first_derivatives(p: Point, s: Settings):
-  """The backward pass and the tangent map as functions of the floating-
-  point inputs, with their fixed vectors."""
+  """The backward pass and the tangent map of the floating-point inputs,
+  with their fixed vectors."""
   direction = tuple(p.float_idx)
   f = p.restrict(direction)
   xs = p.xs_of(direction)
@@ -69,8 +64,7 @@ def _first_derivatives(p: Point, s: Settings):
 
 
 def _again(p: Point, mode):
-  """The second derivative of ``mode``: ``(first derivative, second)`` at
-  ``(xs, vector, direction)`` (reverse of reverse, forward of forward)."""
+  """``(first derivative, second)`` of ``mode`` at ``(xs, vector, u)``."""
   g = _derivative(mode, p.restrict(tuple(p.float_idx)), len(p.float_idx))
 
   def again(xs, v, u):
@@ -154,8 +148,8 @@ def check_differentiated_rules(p: Point, s: Settings, w: Writer):
 
 
 def _reverse_over_reverse(p, s, w, sub, sub_w, check, inputs, rule):
-  """``<w, H ṫ>`` with ``H ṫ`` from finite differences of the backward pass,
-  against ``<vjp of the backward pass (w), ṫ>``."""
+  """``<w, H ṫ>`` (finite differences) against ``<vjp of the backward pass
+  (w), ṫ>``."""
   direction = tuple(sub.float_idx)
   transpose = lambda c: list(sub.derivative("vjp", direction, c)[1])
   transpose([np.zeros_like(y) for y in sub.ref_out()])  # may raise
@@ -178,8 +172,7 @@ def _reverse_over_reverse(p, s, w, sub, sub_w, check, inputs, rule):
 # --- the first-order checks again, on derived functions ------------------
 
 def _derived_functions(p: Point, modes):
-  """The tangent map, the backward pass and the linearized map of ``fn``,
-  as functions."""
+  """The tangent map, backward pass and linearized map of ``fn``."""
   direction = tuple(p.float_idx)
   f = p.restrict(direction)
   xs = p.xs_of(direction)
