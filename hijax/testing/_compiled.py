@@ -14,7 +14,8 @@ import numpy as np
 from hijax.testing._budget import Budget
 from hijax.testing._numerics import dtype_of, is_float, on_device
 
-POINTS = 64  # the points one call evaluates (finite differences: 20-40)
+# The points one call evaluates at most (finite differences take 20-40).
+POINTS = 64
 
 
 def replaced(leaves, idx, values) -> list:

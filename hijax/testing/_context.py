@@ -178,11 +178,12 @@ class Point:
     _, used = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
     return any(used[len(d):])
 
-  def ref_out(self):
+  def ref_out(self) -> tuple:
     """The floating-point outputs at the point (computed once)."""
-    if self._memo.ref_out is None:
-      self._memo.ref_out = self.restrict([], evaluate=True)()
-    return self._memo.ref_out
+    out = self._memo.ref_out
+    if out is None:
+      out = self._memo.ref_out = self.restrict([], evaluate=True)()
+    return out
 
   def random_like(self, x, rng: np.random.Generator | None = None):
     """Standard normal values like ``x`` (complex: in both parts)."""

@@ -114,7 +114,7 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
   on_accel, accel_float = _in_own_dtypes(args) if accel else (None, None)
   accel_dtype = accel_float or "float32"
   devices: dict = {}  # plan -> the device's point, compiling ahead
-  p = w = plan = derived = error = None
+  p = w = plan = made = derived = error = None
   host_done = False  # a stop in the device's half leaves no mode unrun
   try:
     with contextlib.ExitStack() as stack:
@@ -130,30 +130,25 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
         for in64 in (True, False):
           with jax.enable_x64(True) if in64 else contextlib.nullcontext():
             try:
-              p, w, plan = request.point(*points[in64])
+              made = q, w, plan = request.point(*points[in64])
             except Exception:  # pylint: disable=broad-except
               continue
-            if not s.jit:
-              runs = jax.jit(p.fn)
-            else:
-              derived = add_parts(p, s, plan)
-              if accel is not None and tuple(plan) not in devices:
-                devices[tuple(plan)] = _device_point(
-                    request, plan, on_accel, accel_dtype, accel)
-              runs = lambda *_: p.compiled.evaluate([p.leaves])
-            if _raised(lambda: runs(*p.args)) is None:
+            p, derived = q, add_parts(q, s, plan) if s.jit else None
+            if s.jit and accel is not None and tuple(plan) not in devices:
+              devices[tuple(plan)] = _device_point(request, plan, on_accel,
+                                                   accel_dtype, accel)
+            if _raised(lambda: q.compiled.evaluate([q.leaves]) if s.jit
+                       else jax.jit(q.fn)(*q.args)) is None:
               break
         else:
           error = _raised(lambda: jax.jit(request.prim_fn)(*own))
           with jax.enable_x64(True):
             in64 = _raised(lambda: jax.make_jaxpr(request.prim_fn)(
                 *args64)) is None
-          p = None
+          made = derived = None
       if in64:
         stack.enter_context(jax.enable_x64(True))
-      if p is None or w is None or plan is None:
-        p, w, plan = request.point(*points[in64])
-        derived = None
+      p, w, plan = made or request.point(*points[in64])
       if derived is None:
         derived = add_parts(p, s, plan)
       if accel is not None and error is None and tuple(plan) not in devices:
