@@ -43,11 +43,11 @@ def _batch_combinations(p: Point, s: Settings) -> list[tuple]:
     subsets = [s for r in range(1, n + 1)
                for s in itertools.combinations(range(n), r)]
   combos = []
-  for s in subsets:
-    combos.append(tuple(0 if i in s else None for i in range(n)))
+  for sub in subsets:
+    combos.append(tuple(0 if i in sub else None for i in range(n)))
     last = tuple(jax.tree.map(lambda x: np.ndim(x), p.args[i])
-                 if i in s else None for i in range(n))
-    if any(np.ndim(x) > 0 for i in s for x in jax.tree.leaves(p.args[i])):
+                 if i in sub else None for i in range(n))
+    if any(np.ndim(x) > 0 for i in sub for x in jax.tree.leaves(p.args[i])):
       combos.append(last)
   return combos
 

@@ -10,8 +10,9 @@ import numpy as np
 from hijax._internals import core as _core
 from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._discovery import ExpandStructureError, eval_expanded
-from hijax.testing._numerics import (compare_leaf, inner_identity, on_device,
-                                     type_str, ulp_factor)
+from hijax.testing._finite_diff import FLOOR
+from hijax.testing._numerics import (compare_leaf, eps_of, inner_identity,
+                                     on_device, type_str, ulp_factor)
 from hijax.testing._nzs_out import check_nzs_out
 
 
@@ -20,7 +21,7 @@ from hijax.testing._nzs_out import check_nzs_out
 # input elements whose cotangent is not finite, where some output element
 # was not judged (a kink), are left out (a zero tangent) and the identity
 # checked again; where the function is flat, each of two rules may lose
-# what cancels (`Point.flat_floors`).
+# what cancels (`_flat_floors`).
 
 def aligned_cotangents(p: Point, like, j_t, judged):
   """Random cotangents with the signs of ``J ṫ``: ``<ȳ, J ṫ>`` then has no
@@ -90,6 +91,17 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
            + f": error {abs(lhs - rhs):.3g} (tolerance {bound:.3g})"
            + (hint if np.isfinite(rhs) else ""), abs(lhs - rhs), rule=rule)
   return False
+
+
+def _flat_floors(p: Point, w: Writer, direction, tangents) -> list:
+  """Per output, the error allowed between two rules' ``J ṫ`` where the
+  function is flat: ``FLOOR eps |y| max |ṫ|``."""
+  est = p.fd(direction, w)
+  top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
+               if np.size(t)] or [0.0])
+  return [np.where(flat, FLOOR * eps_of(np.asarray(y).dtype)
+                   * np.abs(np.asarray(y)) * top_t, 0.0)
+          for y, flat in zip(p.ref_out(), est.flat())]
 
 
 def _check_types(w: Writer, mode, check, inputs, got, like, names,
@@ -283,7 +295,7 @@ def check_vjp(p: Point, s: Settings, w: Writer, jvp_passed: dict):
                      lambda t, first: _reference(p, s, w, direction,
                                                  jvp_passed, t, first), transpose,
                      lambda b, est: p.judged(direction, b, est),
-                     lambda t: p.flat_floors(direction, t, w))
+                     lambda t: _flat_floors(p, w, direction, t))
     except Exception as e:  # pylint: disable=broad-except
       w.fail_raised("vjp", check, inputs, e)
 
@@ -315,7 +327,7 @@ def check_lin(p: Point, s: Settings, w: Writer, jvp_passed: dict):
     _same_primal(p, s, w, "lin", inputs, out)
     floors = None
     if bounds is None:  # two rules: each may lose what cancels
-      floors = [2 * f for f in p.flat_floors(direction, tangents, w)]
+      floors = [2 * f for f in _flat_floors(p, w, direction, tangents)]
     skip = [~ok for ok in p.judged(direction)]
     w.compare("lin", check, inputs, t_out, ref, s.tol,
                 got_label="linearized", want_label=ref_label, bounds=bounds,

@@ -17,10 +17,10 @@ from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
 from hijax.testing._compiled import Compiled, derivative_part, replaced
 from hijax.testing._discovery import Surrogates, applications, defined_rules
-from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
+from hijax.testing._finite_diff import (BOUNDED, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
-                                     describe_tol, dtype_of, eps_of,
+                                     describe_tol, dtype_of,
                                      fmt_array, is_float, judged_elements,
                                      on_device, real_or_int, to_numpy)
 from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
@@ -283,16 +283,6 @@ class Point:
     return ([by_out.get(i) for i in range(len(self.out_avals))]
             if all_outputs else floors)
 
-  def flat_floors(self, direction, tangents, w: Writer) -> list:
-    """Per output, the error allowed between two rules' ``J ṫ`` where the
-    function is flat: ``FLOOR eps |y| max |ṫ|``."""
-    est = self.fd(direction, w)
-    top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
-                 if np.size(t)] or [0.0])
-    return [np.where(flat, FLOOR * eps_of(np.asarray(y).dtype)
-                     * np.abs(np.asarray(y)) * top_t, 0.0)
-            for y, flat in zip(self.ref_out(), est.flat())]
-
   def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
     """Per output, the elements a reference along ``direction`` judges."""
     est = self._memo.fd.get(direction) if est is None else est
@@ -354,11 +344,6 @@ class Writer:
     self.report.failures.append(RuleFailure(
         rule=rule or self.point.rule_name(mode), check=self.label + check,
         inputs=inputs, detail=detail, max_error=max_error, error=error))
-
-  def declared_limit(self, exc) -> str | None:
-    """`declared_limit`'s reason, unless the jvp rule is at fault."""
-    why = declared_limit(exc)
-    return None if why is None or self.point.primal_reads_tangent else why
 
   def fail_raised(self, mode, check, inputs, exc, rule=None):
     p, why = self.point, None  # a refusal by design (a surrogate's: more)
