@@ -857,8 +857,8 @@ def test_many_arguments_batch_each_alone_and_all_together():
   first (that never ended: the plugin on diffrax's backsolve adjoint)."""
   import types  # pylint: disable=import-outside-toplevel
   from hijax.testing import _batching  # pylint: disable=import-outside-toplevel
-  ctx = types.SimpleNamespace(args=[0.0] * 40, settings=types.SimpleNamespace(
-      batch_in_axes=None))
-  combos = _batching._batch_combinations(ctx)
+  combos = _batching._batch_combinations(
+      types.SimpleNamespace(args=[0.0] * 40),
+      types.SimpleNamespace(batch_in_axes=None))
   assert len(combos) == 41 and combos[-1] == (0,) * 40
   assert combos[3] == (None,) * 3 + (0,) + (None,) * 36

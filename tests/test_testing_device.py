@@ -166,9 +166,9 @@ def test_a_function_the_device_cannot_run_is_not_a_rule_failure(monkeypatch):
   from hijax.testing import _compiled
   run, half = _compiled.Bundle.run, _device.check_on_device
 
-  def marked(ctx, device, device_ctx, host_run, plan, **kwargs):
-    device_ctx.compiled.bundle.on_the_device = True
-    return half(ctx, device, device_ctx, host_run, plan, **kwargs)
+  def marked(p, w, device, bundle, *args, **kwargs):
+    bundle.on_the_device = True
+    return half(p, w, device, bundle, *args, **kwargs)
 
   def refuse_on_the_device(bundle, key, args):
     if key == "points" and getattr(bundle, "on_the_device", False):

@@ -82,8 +82,8 @@ from __future__ import annotations
 
 # Its modules, each importing only those before it: _foreign_words (others'
 # errors recognized), _report, _numerics, _finite_diff, _discovery
-# (the jaxpr walk, surrogates), _budget, _compiled, _context (the point
-# checked, what the checks record), _nzs_out, _checks (with the identity of
+# (the jaxpr walk, surrogates), _budget, _compiled, _context (the settings,
+# the point checked, the report's writer), _nzs_out, _checks (with the identity of
 # backward rules), _batching, _second_order, _device (the accelerator's
 # half), _flow (one run), _api.
 from hijax.testing import _report

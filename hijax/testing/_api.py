@@ -37,44 +37,40 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
   Args:
     prim_fn: a function of ``args`` that builds and applies a hijax primitive,
       like ``lambda x: Log1pExp(jax.typeof(x))(x)``. It is traced once with
-      ``jax.make_jaxpr`` to find the primitives it binds (each equation of a
-      hijax primitive carries its instance) and which rules they define.
-      The checks transform ``prim_fn`` as a whole, so it may also do other
-      JAX operations or bind several primitives; a mode runs when every
-      primitive found defines its rule. Static data (functions, shapes) is
-      closed over, not passed in ``args``. A function that binds no hijax
-      primitive but calls ``jax.custom_jvp`` or ``jax.custom_vjp`` functions
-      (or is one) has their rules checked the same way: the jvp rule against
-      finite differences, reverse mode against forward mode (or finite
-      differences for a custom_vjp), ``vmap`` against a loop, and the second
-      order. With several of them, where the program fails, each is then
-      checked alone, at the inputs the program gives it, so that a failure
-      names the one at fault.
+      ``jax.make_jaxpr`` to find the primitives it binds and the rules they
+      define; the checks transform ``prim_fn`` as a whole, so it may do other
+      JAX operations or bind several primitives (a mode runs when every
+      primitive found defines its rule). Static data is closed over, not
+      passed in ``args``. A function that binds no hijax primitive but calls
+      ``jax.custom_jvp`` or ``jax.custom_vjp`` functions (or is one) has
+      their rules checked the same way: the jvp rule against finite
+      differences, reverse mode against forward mode (or finite differences
+      for a custom_vjp), ``vmap`` against a loop, and the second order.
+      With several of them, where the program fails, each is then checked
+      alone, at the inputs the program gives it, so that a failure names
+      the one at fault.
     *args: the point to check at: pytrees of arrays (or Python scalars) of
-      floating, complex, integer or boolean dtypes (hi types are not
-      supported as arguments or outputs of ``prim_fn``; the primitives
-      inside may take and return hi values). Floating-point and complex
-      leaves are differentiated, a complex number as the pair of its real
-      and imaginary parts, with JAX's convention (a cotangent ``w`` pairs
-      with a tangent ``t`` as ``Re(w t)``, without a conjugate: see the
-      cookbook's complex numbers); integer and boolean leaves are not
-      (they are held fixed, and kept equal across the batch in the
-      batching check, since they may be indices).
-      Finite differences step to either side of the point: an output
-      element with a kink or a domain boundary within the step (relu at
-      0, entr at 0), or that finite differences cannot resolve in the
-      dtype, is reported under the report's ``inconclusive`` and not
-      compared, and the other elements are judged as usual.
+      floating, complex, integer or boolean dtypes (not hi types; the
+      primitives inside may take and return hi values). Floating-point and
+      complex leaves are differentiated, a complex number as the pair of its
+      parts, with JAX's convention (a cotangent ``w`` pairs with a tangent
+      ``t`` as ``Re(w t)``, without a conjugate: see the cookbook's complex
+      numbers); integer and boolean leaves are held fixed (and equal across
+      the batch in the batching check, since they may be indices).
+      Finite differences step to either side of the point: an output element
+      with a kink or a domain boundary within the step (relu at 0, entr at
+      0), or that they cannot resolve in the dtype, is listed under the
+      report's ``inconclusive`` and not compared; the others are judged.
     modes: the checks to run, a subset of `MODES`. By default, every mode whose
       rules the primitives define. Naming a mode whose rule is not defined is a
       ``ValueError``.
     atol, rtol: the tolerance of comparisons between rules, ``|got - want| <=
-      atol + rtol |want|``. By default it follows the dtype: 256 units in the
-      last place of the compared values (at most 1/16), relative to each
-      element and to the largest element of its leaf. Comparisons with finite
-      differences also allow the error bound estimated for them; where a
-      value is zero to rounding (the determinant of a singular matrix), an
-      absolute floor measured from the function's own rounding applies.
+      atol + rtol |want|``. By default 256 units in the last place of the
+      compared values (at most 1/16), relative to each element and to the
+      largest element of its leaf. Comparisons with finite differences also
+      allow their estimated error bound; where a value is zero to rounding
+      (the determinant of a singular matrix), an absolute floor measured from
+      the function's own rounding applies.
     eps: a fixed relative finite-difference step (rounded to a power of two).
       By default steps from about ``eps^(1/3)`` of the dtype down to a few
       units in the last place are tried, and for each output element the one
@@ -87,40 +83,35 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     batch_size: the batch size of the batching checks.
     batch_in_axes: the ``in_axes`` values to check ``vmap`` with (one per
       entry), instead of every combination of batched (along the first or the
-      last axis) and unbatched arguments. Use it for a `batch` rule that
-      supports only some combinations. Without it, a rule that raises for
-      some combinations and runs for others is taken to support only those
-      (the others are listed as skipped); one that raises for all fails.
+      last axis) and unbatched arguments: for a `batch` rule that supports
+      only some. Without it, a rule that raises for some combinations and
+      runs for others is taken to support only those (the others are listed
+      as skipped); one that raises for all fails.
     linear_argnums: for the transpose check, the arguments in which
-      ``prim_fn`` is linear, as a list whose entries are an argument index or
-      a tuple of indices transposed together. By default each argument is
-      tested numerically for linearity and the linear ones are transposed one
-      at a time; where the rule raises in some of them and works in others,
-      it is taken to handle only those (the others are listed as skipped).
-    order: 2 (the default) also checks second derivatives: JAX's derivative
-      of the backward pass and of the tangent map against their finite
-      differences (which catches a rule that is right at first order but not
+      ``prim_fn`` is linear: a list of argument indices or tuples of indices
+      transposed together. By default each argument is tested numerically
+      for linearity and the linear ones are transposed one at a time; where
+      the rule raises in some and works in others, it is taken to handle only
+      those (the others are listed as skipped).
+    order: 2 (the default) also checks second derivatives: the backward pass
+      and the tangent map differentiated again against their finite
+      differences (which catches a rule right at first order but not
       differentiable again, e.g. a ``stop_gradient`` in a backward rule; the
       report's ``cost`` gives the evaluations it took), and the rules of the
-      primitives that the first-order rules bind (see the ``"second_order"``
-      mode). 1 checks first order only. Higher values recurse further.
-    jit: compile every evaluation, together, as one program: ``prim_fn``
-      at any number of points (a loop: all the points of a finite
-      difference in one call) and each transformation under test
-      (``jax.jvp``, ``jax.vjp``, ``jax.linearize``, ``jax.vmap``, second
-      derivatives, and the first-order checks that the second-order mode
-      runs again on derived functions whose rules bind hijax primitives),
-      each a branch that a call runs alone. A transformation
-      that cannot be traced, or a program that fails to compile or run, is
-      compiled alone instead, so the check that needs it reports why.
-      Compiling is most of what a check costs; the program depends only on
-      ``prim_fn`` and the types, so JAX's persistent compilation cache
-      (``jax_compilation_cache_dir``, with
+      primitives that the first-order rules bind (the ``"second_order"``
+      mode). 1 checks first order only; higher values recurse further.
+    jit: compile every evaluation together, as one program: ``prim_fn`` at
+      any number of points (a loop) and each transformation under test, each
+      a branch that a call runs alone. A transformation that cannot be
+      traced, or a program that fails to compile or run, is compiled alone,
+      so the check that needs it reports why. Compiling is most of what a
+      check costs; the program depends only on ``prim_fn`` and the types, so
+      JAX's persistent compilation cache (``jax_compilation_cache_dir``, with
       ``jax_persistent_cache_min_compile_time_secs`` at 0) keeps it for a
-      later run of a test suite, which then compiles nothing. With False,
-      everything runs eagerly: slower, but an `expand` that branches in
-      Python on values works (leave out the ``"expand"`` mode, whose check
-      includes a jitted call).
+      later run, which then compiles nothing. With False, everything runs
+      eagerly: slower, but an `expand` that branches in Python on values
+      works (leave out the ``"expand"`` mode, whose check includes a jitted
+      call).
     raise_on_failure: when False, return the report whatever its verdict
       (with its ``failures``) instead of raising.
     accept_inconclusive: return an inconclusive report instead of raising
@@ -128,54 +119,50 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
     surrogates: the custom derivative functions (``jax.custom_jvp``,
       ``jax.custom_vjp``, hijax's decorators) and `HiPrim` classes whose
       rules are deliberately not the derivative (a straight-through
-      estimator, a gradient clipper): they are never compared with the
-      function's finite differences, only with each other, with loops and
-      for types, and the report lists them (``report.surrogates``). Those
-      marked with `hijax.testing.surrogate` are surrogates too.
+      estimator, a gradient clipper): never compared with the function's
+      finite differences, only with each other, with loops and for types;
+      the report lists them (``report.surrogates``). Those marked with
+      `hijax.testing.surrogate` are surrogates too.
     device: where the rules run besides the host CPU. By default, JAX's
-      default device where it is an accelerator (a TPU or a GPU): the
-      checks then run on the host CPU (in float64, as on a CPU), and every
-      part of their program is evaluated again on the device in the inputs'
-      own dtype and compared with the host's float64 result, with a
-      tolerance measured on the device (see `RuleReport.devices`). A
-      `jax.Device` checks on that device (a CPU too); False checks on the
-      host only. Needs ``jit=True``.
-    time_budget: seconds the run may take; ``"default"`` allows
-      30 seconds per rule checked, None no limit. Once it is
-      spent, no further check starts: those are listed in the report's
-      ``skipped_for_time`` and a warning says so. A check that has started
-      runs to its end; a compile cannot be interrupted, so none starts that
-      would end past 1.4 times the budget by its estimate (a program too
-      long is compiled in pieces; a check whose piece does not fit does not
-      run), and a run ends within about 1.5 times its budget.
+      default device where it is an accelerator (a TPU or a GPU): the checks
+      then run on the host CPU (in float64), and every part of their program
+      is evaluated again on the device in the inputs' own dtype and compared
+      with the host's float64 result, within a tolerance measured on the
+      device (see `RuleReport.devices`). A `jax.Device` checks on that device
+      (a CPU too); False checks on the host only. Needs ``jit=True``.
+    time_budget: seconds the run may take; ``"default"`` allows 30 seconds
+      per rule checked, None no limit. Once it is spent, no further check
+      starts: those are listed in the report's ``skipped_for_time`` and a
+      warning says so. A check that has started runs to its end; a compile
+      cannot be interrupted, so none starts that would end past 1.4 times the
+      budget by its estimate (a program too long is compiled in pieces), and
+      a run ends within about 1.5 times its budget.
     progress: where the run says what it is doing: None prints a line to
       ``stderr`` now and then once a run has taken 10 seconds, True from
       the start, False never; a function receives each line instead.
     require_second_order: a rule that declares that it cannot be
       differentiated again (JAX's forward mode of a ``jax.custom_vjp``
-      function, reverse mode of a ``while_loop``, a
-      ``NotImplementedError``) fails the second-order check instead of
-      being listed in the report's ``first_order_only``.
+      function, reverse mode of a ``while_loop``, a ``NotImplementedError``)
+      fails the second-order check instead of being listed in the report's
+      ``first_order_only``.
 
   Returns:
-    A `RuleReport` listing the checks that ran, the modes skipped, what was
-    inconclusive (and why), the rules found first-order only and the checks
-    skipped for time, with its verdict: ``"passed"`` only where no
-    comparison failed and every rule checked was compared conclusively (at
-    some output element, in some direction); ``"failed"`` where a
-    comparison failed; ``"inconclusive"`` otherwise (nothing could be
-    judged: finite differences that resolve nothing at this point, every
-    check skipped for time, ...). A report that compared nothing never
+    A `RuleReport` of the checks that ran, those skipped (and why), what was
+    inconclusive, the rules found first-order only and the checks skipped
+    for time, with its verdict: ``"passed"`` only where no comparison failed
+    and every rule checked was compared conclusively (at some output
+    element, in some direction); ``"failed"`` where a comparison failed;
+    ``"inconclusive"`` otherwise. A report that compared nothing never
     passes.
 
   Raises:
-    RuleCheckError: (an ``AssertionError``) if a comparison fails. Its
-      message has one paragraph per failure naming the rule, the check, the
-      input and the largest error.
+    RuleCheckError: (an ``AssertionError``) if a comparison fails; one
+      paragraph per failure naming the rule, the check, the input and the
+      largest error.
     InconclusiveCheckError: (an ``AssertionError``, not a `RuleCheckError`)
       if nothing failed but some rule was not compared conclusively, unless
-      ``accept_inconclusive`` (or ``raise_on_failure=False``). Its message
-      says which rules, why, and what would make them judgeable.
+      ``accept_inconclusive`` (or ``raise_on_failure=False``); it says which
+      rules, why, and what would make them judgeable.
   """
   __tracebackhide__ = True  # pylint: disable=unused-variable
   explicit = modes is not None
@@ -196,12 +183,12 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                       linear_argnums=linear_argnums, order=order, jit=jit,
                       require_second_order=require_second_order,
                       budget=Budget.of(time_budget, progress, 1),
-                      surrogates=Surrogates(surrogates))
+                      surrogates=Surrogates(surrogates), modes=modes)
   # on an accelerator the checks themselves run on the host, in float64
   # (device=False too: it only leaves out the device's half)
   accel = accelerator(device) if jit else None
   checks_on = host() if accel is not None or on_accelerator() else None
-  report = check(Request(prim_fn, modes, explicit, settings, seed,
+  report = check(Request(prim_fn, explicit, settings, seed,
                          time_budget == "default", checks_on),
                  args, x64, accel)
   if report.skipped_for_time:

@@ -1,14 +1,6 @@
-"""The time budget of one run of `check_rules`, and the progress it shows.
-
-No check starts once the budget is spent (the rest are listed as skipped
-for time); one that started runs to its end. A compile cannot be
-interrupted, so none starts that would end past `HARD_LIMIT` times the
-budget by its estimate (`BudgetSpent` instead, which ends the run): its
-program's characters of StableHLO times the slowest rate of this run's
-compiles, or before the first, `PRIOR_RATE` times how much slower than CPU
-time the run's wall time goes. Compiles run in the caller's thread, but
-the one `Budget.begin` starts ahead, which `Budget.finish` waits for.
-"""
+"""The time budget of one run of `check_rules`, and its progress lines: no
+check starts once it is spent, no compile that would end past `HARD_LIMIT`
+times it (estimated from its StableHLO's size: `BudgetSpent` instead)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,9 +15,7 @@ from typing import Any
 # The default budget, per rule checked (primitive or jax.custom_* function).
 SECONDS_PER_RULE = 30.0
 
-# With progress=None, progress is shown once a run has taken this long, and
-# then at most this often.
-PROGRESS_AFTER = 10.0
+PROGRESS_AFTER = 10.0  # progress=None: shown after this long, this often
 
 # No compile starts that would end past this many times the budget.
 HARD_LIMIT = 1.4
@@ -35,15 +25,13 @@ HARD_LIMIT = 1.4
 # 0.12.0.1), the slowest per character of bench/bench_checker.py's (i0: 6e-6).
 PRIOR_RATE = 6e-5
 
-# The clocks (a test replaces them).
 _clock = time.monotonic
 _cpu_clock = time.process_time
 
 
 class BudgetSpent(BaseException):
-  """A compile would end past `HARD_LIMIT` times the time budget: the run
-  ends, what did not run skipped for time. A BaseException: the checks'
-  handlers of a rule's exceptions do not take it for the rule's failure."""
+  """A compile would end past `HARD_LIMIT` times the budget: the run ends
+  (a BaseException: not taken for a rule's failure)."""
 
   def __init__(self, what: str, seconds: float,
                estimate: float | None = None):
@@ -56,13 +44,8 @@ class BudgetSpent(BaseException):
 
 @dataclasses.dataclass
 class Budget:
-  """The deadline of one run of the checks, shared by its sub-checks.
-
-  Attributes:
-    seconds: the time allowed (None: no limit).
-    progress: where progress lines go (None: nowhere).
-    always: show progress from the start (else after `PROGRESS_AFTER`).
-  """
+  """The deadline of one run (``seconds``, None: no limit) and where its
+  progress lines go (``always``: from the start)."""
   seconds: float | None
   progress: Callable[[str], None] | None = None
   always: bool = False
@@ -117,9 +100,8 @@ class Budget:
 
   def compile(self, what: str, lowered: Any, probe: bool = False,
               size: int | None = None) -> Any:
-    """``lowered.compile()``, measuring the rate; `BudgetSpent` instead
-    where the budget is spent or it does not `fits`, unless it is a
-    ``probe`` (a small program) and no rate is measured yet."""
+    """``lowered.compile()``, measuring the rate; `BudgetSpent` where it
+    does not fit (but a first ``probe``)."""
     if self.seconds is None:
       return lowered.compile()
     size = self.size(lowered) if size is None else size
@@ -134,10 +116,8 @@ class Budget:
 
   def begin(self, what: str, lowered: Any,
             size: int | None = None) -> Callable[[], Any]:
-    """A function that returns ``lowered.compile()``: compiled in a thread
-    started now, where it fits (`fits`; `finish` waits for it); else by
-    `compile` at the first call. (A compile reads no JAX setting of the
-    thread: dtypes, precision and devices are fixed in the lowered program.)"""
+    """A function returning ``lowered.compile()``, compiled in a thread
+    started now where it fits (`finish` waits for it)."""
     if not self.fits(self.size(lowered) if size is None else size):
       return functools.cache(lambda: self.compile(what, lowered, probe=True))
     box: dict[str, Any] = {}

@@ -1,15 +1,6 @@
-"""Compiled evaluations shared by the checks.
-
-Compiling is what a check mostly costs, per program more than per
-operation, so every evaluation of a run is a part of one program (`Bundle`:
-a ``lax.cond`` on the part asked for, so that a call costs what its part
-costs and runs its side effects only). A part that cannot be traced, added
-after the compile or called with other types, every part once the program
-fails, and every part of a program too long for the time budget, is
-compiled alone. `Compiled`: ``prim_fn``'s evaluations at up to `POINTS`
-points (one part: a loop), and the parts the checks add. Compiled with
-XLA's default options, as a user's ``jax.jit``; ``jit=False``: eagerly.
-"""
+"""Every evaluation of a run as a part of one compiled program (compiling is
+what a check mostly costs): a ``lax.cond`` on the part asked for; a part
+that cannot join it is compiled alone."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
@@ -23,8 +14,7 @@ import numpy as np
 from hijax.testing._budget import Budget
 from hijax.testing._numerics import dtype_of, is_float, on_device
 
-# The points one call of the points part evaluates at most (finite
-# differences take 20 to 40 at a time).
+# The points one call evaluates at most (finite differences take 20-40).
 POINTS = 64
 
 
@@ -42,8 +32,7 @@ def _signature(flat) -> list:
 
 
 def compiled_within(fn: Callable, budget: Budget, what: str) -> Callable:
-  """``jax.jit(fn)``, each new signature of its arguments traced, lowered
-  and compiled here within ``budget`` (`Budget.compile`)."""
+  """``jax.jit(fn)``, each new signature compiled within ``budget``."""
   jitted = jax.jit(fn)
   if budget.seconds is None:
     return jitted
@@ -75,10 +64,8 @@ class _Program:
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-  """A key of the checks' compiled program (the function itself is
-  `Compiled`'s ``"points"``): the ``mode`` it is reported under, the mode
-  whose ``rule`` it runs, and ``what`` it computes (``{}`` filled with
-  ``where``, which tells apart its inputs: a direction, ``in_axes``)."""
+  """A key of the checks' program: the ``mode`` it is reported under, the
+  mode whose ``rule`` it runs, ``what`` it computes (``{}``: ``where``)."""
   mode: str
   rule: str
   what: str
@@ -89,22 +76,20 @@ class Part:
 
 
 def derivative_part(kind, direction) -> Part:
-  """The part ``jax.jvp`` (``vjp``, ``linearize``: ``kind``) in the leaves
-  of ``direction``."""
+  """The part ``jax.jvp`` (``vjp``, ``linearize``) in ``direction``."""
   name = "linearize" if kind == "lin" else kind
   return Part(kind, kind, f"jax.{name} in {{}}", direction)
 
 
 class Bundle:
-  """Parts, each a function of a tuple of arguments, compiled as one program
-  at the first call of one of them; parts added later, likewise."""
+  """Parts (functions of a tuple of arguments) compiled as one program at
+  the first call of one of them."""
 
   def __init__(self, jit: bool = True, budget: Budget | None = None):
     self.jit = jit
     self.budget = budget if budget is not None else Budget(None)
     self.parts: dict[Hashable, _Part] = {}
-    # each part's calls' arguments, the first and the last two (the device
-    # check runs them again: hijax.testing._device)
+    # each part's first and last two calls' arguments (the device's half)
     self.seen: dict[Hashable, list] = {}
     self.raised: set[Hashable] = set()  # the parts that raised here
     self._where: dict[Hashable, _Program | None] = {}  # None: alone
@@ -148,15 +133,12 @@ class Bundle:
     return self._alone[key](*args)
 
   def compile_ahead(self) -> None:
-    """Traces and lowers the new parts as one program now and compiles it
-    in a thread (`Budget.begin`), waited for at the first call of one of
-    them (the device's half, while the host's runs: hijax.testing._device)."""
+    """Lowers the new parts now, compiled in a thread (`Budget.begin`)."""
     if self.jit:
       self._build(ahead=True)
 
   def _build(self, ahead=False):
-    """Compiles the new parts as one program, leaving alone those that
-    cannot be traced (or all, where that fails or is too long)."""
+    """Compiles the new parts as one program (alone: those that cannot)."""
     new = [k for k in self.parts if k not in self._where]
     self._where.update(dict.fromkeys(new))
     flats, trees = {}, {}
@@ -181,10 +163,8 @@ class Bundle:
       return False
 
   def _program(self, keys, flats, trees, ahead) -> bool:
-    """Compiles the parts ``keys`` as one program, each traced once in its
-    branch; False where one cannot be traced or the compile fails. Too long
-    for the budget: each part alone, where it fits (True). ``ahead``: see
-    `compile_ahead` (a failed compile then fails the first call)."""
+    """Compiles ``keys`` as one program; False where that fails (too long
+    for the budget: True, each alone)."""
     out_trees: list = [None] * len(keys)
 
     def program(which, all_flat):
@@ -223,15 +203,11 @@ class Bundle:
 
 
 class Compiled:
-  """``prim_fn`` of the flat leaves of ``args``, and the compiled
-  evaluations of it and its transformations (`Bundle` parts).
-
-  ``evaluate_one``: evaluates ``prim_fn`` at one point's floating-point
-  leaves with a program compiled elsewhere (a backward pass: its context's
-  vjp). ``bound``: ``{key: (other, other_key, extra)}`` runs ``key`` at
-  ``(xs, *rest)`` as ``other``'s ``other_key`` at ``(xs, *extra, *rest)``.
-  ``shared``: ``(bundle, name)`` (`nested`): the parts go into that
-  `Bundle`, under keys ``(name, key)``."""
+  """``prim_fn``'s evaluations at points and its transformations' (parts).
+  ``evaluate_one``: a program compiled elsewhere evaluates one point;
+  ``bound``: ``{key: (other, other_key, extra)}`` runs ``key`` as
+  ``other``'s ``other_key`` with ``extra`` after ``xs``; ``shared``:
+  ``(bundle, name)``, the parts go into that bundle (`nested`)."""
 
   def __init__(self, prim_fn: Callable, args: Sequence[Any], jit: bool,
                evaluate_one: Callable | None = None,
@@ -270,8 +246,7 @@ class Compiled:
     return key in self._bound or self._in_bundle(key) in self.bundle.parts
 
   def call(self, full: Sequence[Any]) -> list:
-    """The output leaves of the jitted ``prim_fn`` (``prim_fn`` with
-    ``jit=False``) at the flat leaves ``full``."""
+    """The output leaves of the jitted ``prim_fn`` at the leaves ``full``."""
     if self._jitted is None:
       self._jitted = (self.prim_fn if not self.jit else compiled_within(
           self.prim_fn, self.bundle.budget, "compiling prim_fn"))
@@ -279,8 +254,7 @@ class Compiled:
         self._jitted(*jax.tree.unflatten(self.in_tree, list(full))))
 
   def evaluate(self, fulls: Sequence[Sequence[Any]]) -> list[list]:
-    """``prim_fn``'s output leaves at each of ``fulls`` (flat leaves): by the
-    points part where their other leaves are the point's, else one by one."""
+    """``prim_fn``'s output leaves at each of ``fulls`` (flat leaves)."""
     same = lambda x, y: x is y or np.array_equal(np.asarray(x),
                                                  np.asarray(y))
     if all(same(full[i], x) for full in fulls
@@ -291,8 +265,7 @@ class Compiled:
 
   def at_points(self, idx: Sequence[int], points: Sequence[Sequence[Any]]
                 ) -> list[list[np.ndarray]]:
-    """``prim_fn``'s output leaves at each point, where a point gives the
-    values of the leaves ``idx`` (the others keep their values)."""
+    """``prim_fn``'s output leaves at points giving the leaves ``idx``."""
     one = self._evaluate_one
     if one is not None and all(
         np.shape(v) == np.shape(self.leaves[i])

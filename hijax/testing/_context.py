@@ -1,6 +1,6 @@
-"""The point a check runs at, its settings, and the bookkeeping every check
-shares: functions of a subset of the inputs, random directions, finite
-differences, comparisons that write failures into the report."""
+"""The three values one check works with: `Settings` (the run's options), the
+`Point` checked (a function at flat leaves, with the program that evaluates
+it), and the `Writer` of the report."""
 from __future__ import annotations
 
 import contextlib
@@ -15,18 +15,16 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 from hijax.testing._budget import Budget
-from hijax.testing._compiled import (Compiled, Part, derivative_part,
-                                     replaced)
+from hijax.testing._compiled import Compiled, derivative_part, replaced
 from hijax.testing._discovery import Surrogates, applications, defined_rules
-from hijax.testing._finite_diff import (BOUNDED, FLOOR, REASONS, FDEstimate,
+from hijax.testing._finite_diff import (BOUNDED, REASONS, FDEstimate,
                                        estimate, scaled_tangents, wider)
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
-                                     describe_tol, dtype_of, eps_of,
+                                     describe_tol, dtype_of,
                                      fmt_array, is_float, judged_elements,
                                      on_device, real_or_int, to_numpy)
 from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
                                    declared_limit, first_lines)
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -38,68 +36,273 @@ class Settings:
   linear_argnums: Sequence[int | Sequence[int]] | None = None
   order: int = 2
   jit: bool = True
-  per_leaf: bool = True  # also differentiate each input alone
   require_second_order: bool = False  # a declared limit fails too
-  fd_scale: float | None = None  # the size of the values f combines
   budget: Budget = dataclasses.field(default_factory=lambda: Budget(None))
   surrogates: Surrogates = dataclasses.field(default_factory=Surrogates)
+  modes: tuple[str, ...] = ()  # the modes asked for
 
 
 @dataclasses.dataclass
-class CheckContext:
-  """One function of a flat list of leaves, checked at one point."""
-  prim_fn: Callable
-  args: tuple
-  leaf_names: list[str]
-  settings: Settings
-  rng: np.random.Generator
-  report: RuleReport
-  prims: list
-  label: str = ""
-  requested: tuple[str, ...] = ()
-  within: str | None = None
-  # where the evaluations are compiled (None: a `Compiled` of its own)
-  prepared: dataclasses.InitVar[Compiled | None] = None
-  compiled: Compiled = dataclasses.field(init=False)
-  # the second-order mode's derived functions, with their contexts (made by
-  # hijax.testing._flow.add_parts; None until then)
-  derived: list | None = dataclasses.field(init=False, default=None)
+class _Memo:
+  fd: dict = dataclasses.field(default_factory=dict)  # direction -> estimate
+  ref_out: tuple | None = None
 
-  def __post_init__(self, prepared):
-    self.compiled = prepared or Compiled(self.prim_fn, self.args,
-                                         self.settings.jit,
-                                         budget=self.settings.budget)
-    self.leaves, self.in_tree = jax.tree.flatten(self.args)
-    self.rules = [defined_rules(p) for p in self.prims]
-    # a surrogate's derivative is not the function's: never compared with
-    # its finite differences (hijax.testing._discovery.Surrogates)
-    self.surrogate = any(p in self.settings.surrogates for p in self.prims)
-    self.float_idx = [i for i, x in enumerate(self.leaves) if is_float(x)]
-    out_shape = jax.eval_shape(self.prim_fn, *self.args)
-    out_paths, self.out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Point:
+  """``fn`` of the flat ``leaves`` of ``args`` (named ``names``), the
+  primitives it applies, and ``compiled``, which evaluates it and its
+  derivatives (`of` builds one)."""
+  fn: Callable
+  args: tuple
+  names: list[str]
+  prims: list
+  compiled: Compiled
+  rng: np.random.Generator
+  leaves: list
+  in_tree: Any
+  rules: list[dict]
+  surrogate: bool  # never compared with finite differences
+  float_idx: list[int]
+  out_names: list[str]
+  out_avals: list
+  out_float_idx: list[int]
+  per_leaf: bool = True  # also differentiate each input alone
+  fd_scale: float | None = None  # the size of the values fn combines
+  _memo: _Memo = dataclasses.field(default_factory=_Memo, repr=False)
+
+  @classmethod
+  def of(cls, fn, args, names, prims, settings: Settings, rng,
+         compiled: Compiled | None = None, **kw) -> Point:
+    args = tuple(args)
+    leaves, in_tree = jax.tree.flatten(args)
+    out_paths = jax.tree_util.tree_flatten_with_path(
+        jax.eval_shape(fn, *args))[0]
     check_arrays("output", "out", out_paths,
                  lambda a: isinstance(a, jax.ShapeDtypeStruct)
                  and real_or_int(a.dtype))
-    self.out_names = ["out" + jax.tree_util.keystr(p) for p, _ in out_paths]
-    self.out_avals = [a for _, a in out_paths]
-    self.out_float_idx = [i for i, a in enumerate(self.out_avals)
-                          if jnp.issubdtype(a.dtype, jnp.inexact)]
-    self._ref_out = None
-    self._fd = {}  # direction -> FDEstimate
+    avals = [a for _, a in out_paths]
+    return cls(
+        fn, args, names, prims, compiled or Compiled(
+            fn, args, settings.jit, budget=settings.budget), rng, leaves,
+        in_tree, [defined_rules(p) for p in prims],
+        any(p in settings.surrogates for p in prims),
+        [i for i, x in enumerate(leaves) if is_float(x)],
+        ["out" + jax.tree_util.keystr(p) for p, _ in out_paths], avals,
+        [i for i, a in enumerate(avals)
+         if jnp.issubdtype(a.dtype, jnp.inexact)], **kw)
 
-  def sub(self, prim_fn, args, leaf_names, prims, **changes) -> CheckContext:
-    """A context for another function; ``changes`` are settings or own
-    fields (``prepared``: not inherited)."""
-    own = {k: changes.pop(k) for k in ("report", "label", "within",
-                                       "prepared") if k in changes}
-    return dataclasses.replace(
-        self, prim_fn=prim_fn, args=tuple(args), leaf_names=leaf_names,
-        prims=prims, settings=dataclasses.replace(self.settings, **changes),
-        **own)
+  def has(self, mode) -> bool:
+    """Whether every primitive found defines the rule of ``mode``."""
+    return all(mode in r for r in self.rules)
 
-  # -- what the checks record --
+  @property
+  def fd_of(self) -> str:
+    """``expand`` (hijax primitives) or ``the function`` (custom_jvp/vjp)."""
+    return ("expand" if all(hasattr(p, "in_avals") for p in self.prims)
+            else "the function")
+
+  def rule_name(self, mode) -> str:
+    # not a rule's own check: name the primitives
+    return ", ".join([r[mode] for r in self.rules if mode in r]
+                     or [r["expand"].split(".")[0] for r in self.rules])
+
+  def describe_inputs(self, direction=None, extra=None) -> str:
+    return "\n".join(
+        [f"input {n} = {fmt_array(x)}"
+         for n, x in zip(self.names, self.leaves)]
+        + (["tangent/cotangent on " + self.describe_direction(direction)]
+           if direction is not None else []) + ([extra] if extra else []))
+
+  def describe_direction(self, direction) -> str:
+    if len(direction) == len(self.float_idx) and len(direction) > 1:
+      return "all floating-point inputs"
+    return ", ".join(self.names[i] for i in direction) + (
+        " only (the others get symbolic zeros)" if len(self.float_idx) > 1
+        else "")
+
+  def directions(self) -> list[tuple[int, ...]]:
+    """All floating-point leaves together, then (``per_leaf``) each alone."""
+    each = self.per_leaf and len(self.float_idx) > 1
+    return [tuple(self.float_idx)] + [(i,) for i in self.float_idx if each]
+
+  def xs_of(self, direction) -> list:
+    return [self.leaves[i] for i in direction]
+
+  def zeros_like_inputs(self, direction) -> list:
+    return [np.zeros(np.shape(self.leaves[i]), dtype_of(self.leaves[i]))
+            for i in direction]
+
+  def zeros_like_outputs(self) -> list:
+    return [np.zeros(self.out_avals[i].shape, self.out_avals[i].dtype)
+            for i in self.out_float_idx]
+
+  def restrict(self, direction, evaluate=False) -> Callable:
+    """``fn`` of the leaves in ``direction`` (others fixed), returning its
+    floating-point output leaves."""
+    def f(*xs):
+      full = replaced(self.leaves, direction, xs)
+      if evaluate:
+        out = [on_device(y) for y in self.compiled.evaluate([full])[0]]
+      else:
+        out = jax.tree.leaves(self.fn(*jax.tree.unflatten(self.in_tree,
+                                                          full)))
+      return tuple(out[i] for i in self.out_float_idx)
+    return f
+
+  @functools.cached_property
+  def application_values(self) -> list:
+    """The arguments of each primitive applied outside loops and branches."""
+    def application_inputs(*args):
+      return [a for _, a in applications(self.fn, args)]
+    if self.compiled.jit:
+      try:
+        return jax.jit(application_inputs)(*self.args)
+      except Exception:  # pylint: disable=broad-except  (eagerly: same values)
+        pass
+    return application_inputs(*self.args)
+
+  @functools.cached_property
+  def primal_reads_tangent(self) -> bool:
+    """Whether ``jax.jvp``'s primal output depends on the tangent (JAX then
+    refuses to linearize in a declared limit's words)."""
+    if not self.has("jvp") or not self.float_idx or not self.out_float_idx:
+      return False
+    d = tuple(self.float_idx)
+    f = self.restrict(d)
+    try:
+      closed = jax.make_jaxpr(lambda xs, ts: jax.jvp(f, tuple(xs), tuple(
+          ts))[0])(self.xs_of(d), self.zeros_like_inputs(d))
+    except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
+      return False
+    _, used = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    return any(used[len(d):])
+
+  def ref_out(self) -> tuple:
+    """The floating-point outputs at the point (computed once)."""
+    out = self._memo.ref_out
+    if out is None:
+      out = self._memo.ref_out = self.restrict([], evaluate=True)()
+    return out
+
+  def random_like(self, x, rng: np.random.Generator | None = None):
+    """Standard normal values like ``x`` (complex: in both parts)."""
+    rng, x = self.rng if rng is None else rng, np.asarray(x)
+    v = rng.standard_normal(x.shape)
+    if np.iscomplexobj(x):
+      v = v + 1j * rng.standard_normal(x.shape)
+    return on_device(v.astype(x.dtype))
+
+  def fd(self, direction, w: Writer) -> FDEstimate:
+    """Central differences along ``direction`` (once per direction); ``w``
+    reports the elements they cannot judge."""
+    if direction not in self._memo.fd:
+      est = self._memo.fd[direction] = self.fd_along(
+          direction, scaled_tangents(self.rng, self.xs_of(direction)),
+          w.settings.eps)
+      names = [self.out_names[i] for i in self.out_float_idx]
+      for verdict, reason in REASONS.items():
+        at = [name + (str(tuple(int(i) for i in idx)) if s.ndim else "")
+              for name, s in zip(names, est.status)
+              for idx in np.argwhere(s == verdict)[:3]]
+        if at:
+          w.report.inconclusive.append(
+              f"{w.label}finite differences "
+              f"({self.describe_direction(direction)}): {est.count(verdict)} "
+              f"output element(s) {reason} (at {', '.join(at[:3])}"
+              f"{', ...' if len(at) > 3 else ''})"
+              + (": compared with that bound only" if verdict == BOUNDED
+                 else ": not compared with finite differences"))
+    return self._memo.fd[direction]
+
+  def fd_along(self, direction, tangents, eps) -> FDEstimate:
+    """Central differences along ``tangents``, not cached nor reported."""
+    xs, ts = to_numpy(self.xs_of(direction)), to_numpy(tangents)
+    out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
+
+    def evaluate(points):  # the floating-point outputs, one compiled call
+      return [[outs[i] for i in self.out_float_idx]
+              for outs in self.compiled.at_points(direction, points)]
+    # in the next wider dtype, where fn takes and returns it
+    wide = [x.astype(wider(x.dtype) or x.dtype) for x in xs]
+    want = [np.dtype(wider(d) or d) for d in out_dtypes]
+    x64 = any(w.dtype != x.dtype and w.dtype in (np.float64, np.complex128)
+              for w, x in zip(wide, xs))
+    if any(w.dtype != x.dtype for w, x in zip(wide, xs)):
+      with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+        try:
+          est = estimate(evaluate, wide, [t.astype(w.dtype) for t, w in zip(
+              ts, wide)], want, None, eps, cast_to=out_dtypes,
+                         tangent_dtypes=[t.dtype for t in ts],
+                         combines=self.fd_scale)
+          if [np.asarray(y).dtype for y in est.center] == want:
+            return est
+        except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
+          pass
+    est = estimate(evaluate, xs, ts, out_dtypes, self._memo.ref_out, eps,
+                   combines=self.fd_scale)
+    if self._memo.ref_out is None:  # the point was evaluated with the others
+      self._memo.ref_out = tuple(on_device(y) for y in est.center)
+    return est
+
+  def add_derivative(self, kind, direction):
+    """Adds the part ``jax.jvp`` (``vjp``, ``linearize``) in the leaves of
+    ``direction``, the others fixed."""
+    f = self.restrict(direction)
+
+    def part(xs, extra):  # extra: tangents (a cotangent for vjp)
+      if kind == "jvp":
+        return jax.jvp(f, tuple(xs), tuple(extra))
+      out, f_vjp = (jax.vjp if kind == "vjp" else jax.linearize)(f, *xs)
+      return out, f_vjp(tuple(extra)) if kind == "vjp" else f_vjp(*extra)
+    extra = (self.zeros_like_outputs if kind == "vjp"
+             else lambda: self.zeros_like_inputs(direction))
+    self.compiled.add(derivative_part(kind, direction), part,
+                      lambda: (self.xs_of(direction), extra()))
+
+  def derivative(self, kind, direction, extra, xs=None):
+    """``(out, J ṫ)`` (``Jᵀ ȳ`` for vjp) of ``kind`` in the leaves of
+    ``direction``, at ``xs`` (default: the point)."""
+    if not self.compiled.has(derivative_part(kind, direction)):
+      self.add_derivative(kind, direction)
+    return self.compiled.run(derivative_part(kind, direction), (
+        self.xs_of(direction) if xs is None else list(xs), list(extra)))
+
+  def primal_floors(self, w: Writer, all_outputs=False,
+                    computed_only=False) -> list:
+    """Per output, the error allowed between two evaluations at the point."""
+    floors = [None] * len(self.out_float_idx)
+    direction = tuple(self.float_idx)
+    if direction and self.out_float_idx and not (
+        computed_only and direction not in self._memo.fd):
+      try:
+        floors = list(self.fd(direction, w).floors)
+      except Exception:  # pylint: disable=broad-except  (the checks report it)
+        pass
+    by_out = dict(zip(self.out_float_idx, floors))
+    return ([by_out.get(i) for i in range(len(self.out_avals))]
+            if all_outputs else floors)
+
+  def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
+    """Per output, the elements a reference along ``direction`` judges."""
+    est = self._memo.fd.get(direction) if est is None else est
+    return [np.ones(np.shape(y), bool)
+            & (True if est is None else ~est.skipped()[k])
+            & (True if bounds is None else np.isfinite(bounds[k]))
+            for k, y in enumerate(self.ref_out())]
+
+
+@dataclasses.dataclass
+class Writer:
+  """Writes what the checks of ``point`` find into ``report`` (``label``
+  prefixes its lines; ``within``: the mode a sub-check runs under)."""
+  report: RuleReport
+  point: Point
+  settings: Settings
+  label: str = ""
+  within: str | None = None
+
   def ran(self, mode, what):
-    # within: e.g. a sub-check of the second-order mode
     what = f"{self.label}{mode}: {what}" if self.within else self.label + what
     self.report.ran.append(f"{self.within or mode}: {what}")
 
@@ -110,13 +313,13 @@ class CheckContext:
     """Skips a check a surrogate's or a refusing rule cannot pass by design;
     the rule is then not required (`RuleReport.by_intent`)."""
     self.skip(mode, why)
-    name = rule or self.rule_name(mode)
+    name = rule or self.point.rule_name(mode)
     if name not in self.report.by_intent:
       self.report.by_intent.append(name)
 
   def out_of_time(self, mode, what) -> bool:
-    """Whether the budget is spent (the check then skipped for time); else
-    the check starts."""
+    """Whether the budget is spent (the check skipped for time); else the
+    check starts."""
     label = f"{self.label}{mode}: {what}"
     if self.settings.budget.spent:
       self.report.skipped_for_time.append(label)
@@ -128,47 +331,44 @@ class CheckContext:
     self.report.inconclusive.append(f"{self.label}{check}: {why}")
 
   def judged_nothing(self, check, why):
-    """Records a comparison that judged no element (see `RuleReport`)."""
     self.report.unjudged += 1
     self.inconclusive(check, why)
 
   def conclusive_pass(self, mode, rule=None):
-    """Records a conclusive comparison of the rule of ``mode`` (or ``rule``)
-    that passed."""
     if mode != "second_order":
-      name = rule or self.rule_name(mode)
+      name = rule or self.point.rule_name(mode)
       self.report.compared[name] = self.report.compared.get(name, 0) + 1
 
   def fail(self, mode, check, inputs, detail, max_error=None, rule=None,
            error=None):
     self.report.failures.append(RuleFailure(
-        rule=rule or self.rule_name(mode), check=self.label + check,
+        rule=rule or self.point.rule_name(mode), check=self.label + check,
         inputs=inputs, detail=detail, max_error=max_error, error=error))
 
   def fail_raised(self, mode, check, inputs, exc, rule=None):
-    why = None  # a refusal by design (a surrogate's: in more modes)
-    if (self.surrogate or mode in DERIVATIVE_MODES + ("batch", "second_order")
+    p, why = self.point, None  # a refusal by design (a surrogate's: more)
+    if (p.surrogate or mode in DERIVATIVE_MODES + ("batch", "second_order")
         ) and not (mode == "second_order"
                    and self.settings.require_second_order):
-      why = declared_limit(exc, not self.surrogate, self.surrogate)
+      why = declared_limit(exc, not p.surrogate, p.surrogate)
     if why is None:
       self.fail(mode, check, inputs, f"raised {type(exc).__name__}: "
                 f"{first_lines(str(exc))}", float("inf"), rule=rule, error=exc)
-    elif mode != "jvp" and self.primal_reads_tangent:
+    elif mode != "jvp" and p.primal_reads_tangent:
       # a declared limit in JAX's words that is in fact a broken jvp rule
       self.fail(mode, check, inputs, f"raised {why}\nthe jvp rule's primal "
                 "output depends on the tangent, so JAX cannot linearize it: "
                 "compute the primal output from the primals alone",
-                float("inf"), rule=self.rule_name("jvp"), error=exc)
+                float("inf"), rule=p.rule_name("jvp"), error=exc)
     else:
       short = why if len(why) <= 160 else why[:157] + "..."
-      who = "the surrogate" if self.surrogate else "the rule"
+      who = "the surrogate" if p.surrogate else "the rule"
       self.skip_by_intent(mode, f"{check}: {who} declares it cannot "
                           f"({short})", rule)
 
   def judge_refusals(self, mode, refusals, handled_some: bool):
-    """Checks where the rule raised: skipped (``why``) where it handled
-    other cases (``handled_some``), else failed."""
+    """Where the rule raised: skipped where it handled other cases, else
+    failed."""
     for check, inputs, exc, why in refusals:
       if handled_some:
         self.skip(mode, why)
@@ -181,7 +381,8 @@ class CheckContext:
               uncounted=None, own=None) -> bool:
     """Compares lists of arrays leaf by leaf; records the worst difference
     as a failure."""
-    names = names or [self.out_names[i] for i in self.out_float_idx]
+    p = self.point
+    names = names or [p.out_names[i] for i in p.out_float_idx]
     bounds, skip, floors, uncounted, own = (
         x or [None] * len(want) for x in (bounds, skip, floors, uncounted, own))
     worst, judged = None, 0
@@ -214,227 +415,3 @@ class CheckContext:
                    if bounds[0] is not None else "") + ")")
     self.fail(mode, check, inputs, detail, err, rule=rule)
     return False
-
-  def has(self, mode) -> bool:
-    """Whether every primitive found defines the rule of ``mode``."""
-    return all(mode in r for r in self.rules)
-
-  @property
-  def fd_of(self) -> str:
-    """What finite differences are taken of: ``expand`` for hijax
-    primitives, ``the function`` for jax.custom_jvp / custom_vjp ones."""
-    return ("expand" if all(hasattr(p, "in_avals") for p in self.prims)
-            else "the function")
-
-  def rule_name(self, mode) -> str:
-    # not a rule's own check: name the primitives
-    return ", ".join([r[mode] for r in self.rules if mode in r]
-                     or [r["expand"].split(".")[0] for r in self.rules])
-
-  def describe_inputs(self, direction=None, extra=None) -> str:
-    return "\n".join(
-        [f"input {n} = {fmt_array(x)}"
-         for n, x in zip(self.leaf_names, self.leaves)]
-        + (["tangent/cotangent on " + self.describe_direction(direction)]
-           if direction is not None else []) + ([extra] if extra else []))
-
-  def describe_direction(self, direction) -> str:
-    if len(direction) == len(self.float_idx) and len(direction) > 1:
-      return "all floating-point inputs"
-    return ", ".join(self.leaf_names[i] for i in direction) + (
-        " only (the others get symbolic zeros)" if len(self.float_idx) > 1
-        else "")
-
-  @functools.cached_property
-  def application_values(self) -> list:
-    """The arguments of each primitive applied outside loops and branches."""
-    def application_inputs(*args):
-      return [a for _, a in applications(self.prim_fn, args)]
-    if self.settings.jit:
-      try:
-        return jax.jit(application_inputs)(*self.args)
-      except Exception:  # pylint: disable=broad-except  (eagerly: same values)
-        pass
-    return application_inputs(*self.args)
-
-  @functools.cached_property
-  def primal_reads_tangent(self) -> bool:
-    """Whether ``jax.jvp``'s primal output depends on the tangent (JAX's
-    linearize then fails in words that also name a limit by design)."""
-    if not self.has("jvp") or not self.float_idx or not self.out_float_idx:
-      return False
-    d = tuple(self.float_idx)
-    f = self.restrict(d)
-    try:
-      closed = jax.make_jaxpr(lambda xs, ts: jax.jvp(f, tuple(xs), tuple(
-          ts))[0])(self.xs_of(d), self.zeros_like_inputs(d))
-    except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
-      return False
-    _, used = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-    return any(used[len(d):])
-
-  def declared_limit(self, exc) -> str | None:
-    """`declared_limit`'s reason, unless the jvp rule is at fault."""
-    why = declared_limit(exc)
-    return None if why is None or self.primal_reads_tangent else why
-
-  # -- functions of subsets of the leaves --
-
-  def restrict(self, direction, evaluate=False) -> Callable:
-    """``prim_fn`` as a function of the leaves in ``direction`` (others
-    fixed), returning the tuple of its floating-point output leaves."""
-    def f(*xs):
-      full = replaced(self.leaves, direction, xs)
-      if evaluate:
-        out = [on_device(y) for y in self.compiled.evaluate([full])[0]]
-      else:
-        out = jax.tree.leaves(self.prim_fn(*jax.tree.unflatten(self.in_tree,
-                                                               full)))
-      return tuple(out[i] for i in self.out_float_idx)
-    return f
-
-  def ref_out(self):
-    """The floating-point outputs at the point (computed once)."""
-    if self._ref_out is None:
-      self._ref_out = self.restrict([], evaluate=True)()
-    return self._ref_out
-
-  def random_like(self, x, rng: np.random.Generator | None = None):
-    """Standard normal values like ``x`` (complex: in both parts), drawn
-    from ``rng`` (default: the context's)."""
-    rng, x = self.rng if rng is None else rng, np.asarray(x)
-    v = rng.standard_normal(x.shape)
-    if np.iscomplexobj(x):
-      v = v + 1j * rng.standard_normal(x.shape)
-    return on_device(v.astype(x.dtype))
-
-  def directions(self) -> list[tuple[int, ...]]:
-    """All floating-point leaves together, then (if ``per_leaf``) each alone."""
-    each = self.settings.per_leaf and len(self.float_idx) > 1
-    return [tuple(self.float_idx)] + [(i,) for i in self.float_idx if each]
-
-  def fd(self, direction) -> FDEstimate:
-    """Central differences along ``direction`` (once per direction); the
-    elements they cannot judge are reported (the first few named)."""
-    if direction not in self._fd:
-      est = self._fd[direction] = self.fd_along(
-          direction, scaled_tangents(self.rng, self.xs_of(direction)))
-      names = [self.out_names[i] for i in self.out_float_idx]
-      for verdict, reason in REASONS.items():
-        at = [name + (str(tuple(int(i) for i in idx)) if s.ndim else "")
-              for name, s in zip(names, est.status)
-              for idx in np.argwhere(s == verdict)[:3]]
-        if at:
-          self.report.inconclusive.append(
-              f"{self.label}finite differences "
-              f"({self.describe_direction(direction)}): {est.count(verdict)} "
-              f"output element(s) {reason} (at {', '.join(at[:3])}"
-              f"{', ...' if len(at) > 3 else ''})"
-              + (": compared with that bound only" if verdict == BOUNDED
-                 else ": not compared with finite differences"))
-    return self._fd[direction]
-
-  def fd_along(self, direction, tangents) -> FDEstimate:
-    """Central differences along ``tangents`` (signed powers of two, or
-    zeros), not cached and not reported."""
-    xs, ts = to_numpy(self.xs_of(direction)), to_numpy(tangents)
-    out_dtypes = [self.out_avals[i].dtype for i in self.out_float_idx]
-    eps, scale = self.settings.eps, self.settings.fd_scale
-
-    def evaluate(points):  # the floating-point outputs, one compiled call
-      return [[outs[i] for i in self.out_float_idx]
-              for outs in self.compiled.at_points(direction, points)]
-    # in the next wider dtype, where prim_fn takes and returns it
-    wide = [x.astype(wider(x.dtype) or x.dtype) for x in xs]
-    want = [np.dtype(wider(d) or d) for d in out_dtypes]
-    x64 = any(w.dtype != x.dtype and w.dtype in (np.float64, np.complex128)
-              for w, x in zip(wide, xs))
-    if any(w.dtype != x.dtype for w, x in zip(wide, xs)):
-      with jax.enable_x64(True) if x64 else contextlib.nullcontext():
-        try:
-          est = estimate(evaluate, wide, [t.astype(w.dtype) for t, w in zip(
-              ts, wide)], want, None, eps, cast_to=out_dtypes,
-                         tangent_dtypes=[t.dtype for t in ts], combines=scale)
-          if [np.asarray(y).dtype for y in est.center] == want:
-            return est
-        except Exception:  # pylint: disable=broad-except  (types fixed by the primitive)
-          pass
-    est = estimate(evaluate, xs, ts, out_dtypes, self._ref_out, eps,
-                   combines=scale)
-    if self._ref_out is None:  # the point was evaluated with the others
-      self._ref_out = tuple(on_device(y) for y in est.center)
-    return est
-
-  # -- the transformations under test: parts of the compiled program --
-
-  def xs_of(self, direction) -> list:
-    return [self.leaves[i] for i in direction]
-
-  def zeros_like_inputs(self, direction) -> list:
-    """Zeros like the leaves of ``direction`` (a tangent's template)."""
-    return [np.zeros(np.shape(self.leaves[i]), dtype_of(self.leaves[i]))
-            for i in direction]
-
-  def zeros_like_outputs(self) -> list:
-    """Zeros like the floating-point outputs (a cotangent's template)."""
-    return [np.zeros(self.out_avals[i].shape, self.out_avals[i].dtype)
-            for i in self.out_float_idx]
-
-  def add_derivative(self, kind, direction):
-    """Adds the part ``jax.jvp`` (``vjp``, ``linearize``) in the leaves of
-    ``direction``, the others fixed."""
-    f = self.restrict(direction)
-
-    def part(xs, extra):  # extra: tangents (a cotangent for vjp)
-      if kind == "jvp":
-        return jax.jvp(f, tuple(xs), tuple(extra))
-      out, f_vjp = (jax.vjp if kind == "vjp" else jax.linearize)(f, *xs)
-      return out, f_vjp(tuple(extra)) if kind == "vjp" else f_vjp(*extra)
-    extra = (self.zeros_like_outputs if kind == "vjp"
-             else lambda: self.zeros_like_inputs(direction))
-    self.compiled.add(derivative_part(kind, direction), part,
-                      lambda: (self.xs_of(direction), extra()))
-
-  def derivative(self, kind, direction, extra, xs=None):
-    """``(out, J ṫ)`` (``Jᵀ ȳ`` for vjp) from ``jax.jvp`` (``vjp``,
-    ``linearize``: ``kind``) in the leaves of ``direction``, at their values
-    ``xs`` (default: the point)."""
-    if not self.compiled.has(derivative_part(kind, direction)):
-      self.add_derivative(kind, direction)
-    return self.compiled.run(derivative_part(kind, direction), (
-        self.xs_of(direction) if xs is None else list(xs), list(extra)))
-
-  def primal_floors(self, all_outputs=False, computed_only=False) -> list:
-    """Per output, the absolute error allowed between two evaluations at the
-    point (`FDEstimate.floors`)."""
-    floors = [None] * len(self.out_float_idx)
-    direction = tuple(self.float_idx)
-    if direction and self.out_float_idx and not (
-        computed_only and direction not in self._fd):
-      try:
-        floors = list(self.fd(direction).floors)
-      except Exception:  # pylint: disable=broad-except  (the checks report it)
-        pass
-    by_out = dict(zip(self.out_float_idx, floors))
-    return ([by_out.get(i) for i in range(len(self.out_avals))]
-            if all_outputs else floors)
-
-  def flat_floors(self, direction, tangents) -> list:
-    """Per output, the error allowed between two rules' ``J ṫ`` where the
-    function is flat: ``FLOOR eps |y| max |ṫ|``."""
-    est = self.fd(direction)
-    top_t = max([float(np.max(np.abs(np.asarray(t)))) for t in tangents
-                 if np.size(t)] or [0.0])
-    return [np.where(flat, FLOOR * eps_of(np.asarray(y).dtype)
-                     * np.abs(np.asarray(y)) * top_t, 0.0)
-            for y, flat in zip(self.ref_out(), est.flat())]
-
-  def judged(self, direction, bounds=None, est=None) -> list[np.ndarray]:
-    """Per output, the elements a reference along ``direction`` can judge
-    (not rough; for finite differences, resolved)."""
-    est = self._fd.get(direction) if est is None else est
-    return [np.ones(np.shape(y), bool)
-            & (True if est is None else ~est.skipped()[k])
-            & (True if bounds is None else np.isfinite(bounds[k]))
-            for k, y in enumerate(self.ref_out())]
-

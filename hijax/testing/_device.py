@@ -1,23 +1,16 @@
-"""Checking rules where they run: on an accelerator, in the user's dtype.
-
-An accelerator has no usable float64 and its float32 is not a CPU's (bfloat16
-passes in matrix products, transcendental functions thousands of ulps off),
-so `check_rules` judges twice: on the host CPU, in float64, the sharp
-verdict; then every part of the checks' program the host evaluated runs
-again on the device in the inputs' dtype and is compared with the host's
-float64, within the device's *measured* accuracy (`calibrate`). The device
-adds failures, never conclusive passes; a part the host saw raise is the
-host's to judge."""
+"""The device's half: each part of the checks' program the host evaluated in
+float64 runs again on the accelerator in the inputs' dtype, compared within
+the device's measured accuracy (`calibrate`); it adds failures, never
+conclusive passes."""
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hijax.testing._context import Part
+from hijax.testing._compiled import Part
 from hijax.testing._numerics import (RULE_ULPS, Tol, eps_of, is_float,
                                      on_device, wide)
 from hijax.testing._report import MODES
@@ -70,9 +63,7 @@ def on_accelerator() -> bool:
 
 
 def accelerator(device=None):
-  """The device to check on besides the host: ``device`` if given (a
-  `jax.Device`), else JAX's default device where it is not a CPU; None for
-  ``False`` or a CPU default."""
+  """The device to check on besides the host (None: none)."""
   if device is False:
     return None
   if device is not None and device is not True:
@@ -90,8 +81,7 @@ def host():
 
 
 def _ulps(got, want, dtype, floor=None) -> float:
-  """The largest ``|got - want|`` (less ``floor``) in ulps of ``dtype``,
-  over elements finite on both sides."""
+  """The largest ``|got - want|`` (less ``floor``) in ulps of ``dtype``."""
   got, want = wide(got), wide(want)  # a complex error counts both parts
   finite = np.isfinite(got) & np.isfinite(want)
   want = np.where(finite, want, 0.0)
@@ -105,9 +95,7 @@ def _ulps(got, want, dtype, floor=None) -> float:
 
 
 def _derivatives(xs):
-  """Each calibration function's first and second derivatives at ``xs``, as
-  JAX differentiates them (tanh's from its output: 1 - tanh**2 magnifies
-  tanh's error where tanh is near 1)."""
+  """Each calibration function's first and second derivatives at ``xs``."""
   out = []
   for (jf, _, _), x in zip(_FUNCTIONS.values(), xs):
     d1 = jax.grad(jf)
@@ -116,8 +104,7 @@ def _derivatives(xs):
 
 
 def _measured(a, b, xs):
-  """What `calibrate` runs on the device, as one program (one compile: a
-  program each took seven more on a device, where compiles cost most)."""
+  """What `calibrate` runs on the device, as one program (one compile)."""
   return (jnp.matmul(a, b),
           [jf(x) for (jf, _, _), x in zip(_FUNCTIONS.values(), xs)],
           _derivatives(xs))
@@ -161,10 +148,8 @@ def calibrate(device, dtype) -> dict[str, float]:
 
 def tolerance(measured: dict[str, float], products: bool = True,
               derived: bool = False) -> Tol:
-  """The tolerance of the device's results against the host's float64:
-  `SAFETY` times the worst error measured, at least the CPU's; the matrix
-  products' error counts only for a program with ``products``, the
-  derivatives' only for a ``derived`` (second-order) part."""
+  """`SAFETY` times the worst error measured (at least the CPU's): matrix
+  products' only with ``products``, derivatives' only where ``derived``."""
   worst = max((v for k, v in measured.items()
                if (products or k != "matmul") and (derived or k != "differentiated")),
               default=0)
@@ -172,10 +157,8 @@ def tolerance(measured: dict[str, float], products: bool = True,
 
 
 def multiplies_matrices(part) -> bool:
-  """Whether a part's program has a matrix product or a convolution (a TPU
-  runs float32 ones with bfloat16 passes at the default precision), read
-  from its lowered program: a HiPrim's expansion included. True where it
-  cannot be lowered (the wider tolerance)."""
+  """Whether a part's lowered program has a matrix product or a
+  convolution (True where it cannot be lowered)."""
   try:
     text = jax.jit(lambda args: part.fn(*args)).lower(part.template()).as_text()
   except Exception:  # pylint: disable=broad-except
@@ -184,25 +167,22 @@ def multiplies_matrices(part) -> bool:
 
 
 def rounded(args, like):
-  """``args`` (a part's arguments, a pytree) with each floating leaf cast to
-  the dtype of the leaf at the same position of ``like`` where that one is
-  floating too."""
+  """``args`` with each floating leaf cast to ``like``'s (where floating)."""
   leaves, tree = jax.tree.flatten(args)
   return jax.tree.unflatten(tree, [
       np.asarray(x).astype(np.asarray(d).dtype) if is_float(x) and is_float(d)
       else np.asarray(x) for x, d in zip(leaves, jax.tree.leaves(like))])
 
 
-def _part_of(key, ctx) -> tuple[int, str, str, str]:
-  """A part of the checks' program: its rank (compared first: the function,
-  then a rule before what builds on it), its mode, its rule, what it is."""
+def _part_of(key, p) -> tuple[int, str, str, str]:
+  """A part's rank (the function first), mode, rule and description."""
   if key == "points":
-    return 0, "expand", ctx.rule_name("expand"), "the function"
+    return 0, "expand", p.rule_name("expand"), "the function"
   if isinstance(key, Part):
-    return (MODES.index(key.mode), key.mode, ctx.rule_name(key.rule),
+    return (MODES.index(key.mode), key.mode, p.rule_name(key.rule),
             key.describe())
   # a derived function's part, ``((..., kind), key)``: its kind's rule
-  return (len(MODES), "second_order", ctx.rule_name(key[0][-1]),
+  return (len(MODES), "second_order", p.rule_name(key[0][-1]),
           f"the second-order part {key!r}")
 
 
@@ -210,40 +190,39 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def _float_dtype(name, default):
-  """The dtype ``name`` (a report's dtype: a string) names where it is a
-  floating one, else ``default``."""
+  """The floating dtype ``name`` names, else ``default``."""
   return np.dtype(name) if name in _FLOATS else default
 
 
-def function_floors(ctx, dtype, n_values: int) -> list:
+def function_floors(p, w, dtype, n_values: int) -> list:
   """The host's `primal_floors`, scaled to ``dtype``, for ``n_values``
   outputs on the device."""
-  floors = ctx.primal_floors(all_outputs=True, computed_only=True)
+  floors = p.primal_floors(w, all_outputs=True, computed_only=True)
   if not floors or n_values % len(floors):
     return [None] * n_values
-  ratio = eps_of(dtype) / eps_of(_float_dtype(ctx.report.dtype, np.float64))
+  ratio = eps_of(dtype) / eps_of(_float_dtype(w.report.dtype, np.float64))
   scaled = [None if f is None else np.asarray(f) * ratio for f in floors]
   return scaled * (n_values // len(floors))
 
 
-def check_on_device(ctx, device, device_ctx, host_run, plan,
+def check_on_device(p, w, device, bundle, dtype_name, host_run, plan,
                     device_x64: bool = False) -> None:
-  """Each part the host evaluated, evaluated again on ``device`` and
-  compared with the host's float64."""
-  host_bundle = ctx.compiled.bundle
-  bundle = device_ctx.compiled.bundle
-  dtype = _float_dtype(device_ctx.report.dtype, np.dtype(np.float32))
+  """Each part the host's point ``p`` evaluated, evaluated again on
+  ``device`` by ``bundle`` (in ``dtype_name``) and compared with the host's
+  float64 (``host_run``)."""
+  host_bundle = p.compiled.bundle
+  dtype = _float_dtype(dtype_name, np.dtype(np.float32))
   where = describe(device, dtype)
   keys = [k for k in host_bundle.seen if k in bundle.parts]
-  keys.sort(key=lambda k: _part_of(k, ctx)[0])
+  keys.sort(key=lambda k: _part_of(k, p)[0])
   measured = dict(calibrate(device, dtype))
-  inputs = ctx.describe_inputs()
+  inputs = p.describe_inputs()
   with_products = set()  # the parts judged at the products' tolerance
   for key in keys:
-    _, mode, rule, what = _part_of(key, ctx)
+    _, mode, rule, what = _part_of(key, p)
     check = (f"on {where.split(' (')[0]}: {what} in {dtype.name} vs the "
              "host's float64")
-    if ctx.out_of_time(mode, check):
+    if w.out_of_time(mode, check):
       continue
     template = bundle.parts[key].template()
     try:
@@ -258,17 +237,17 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
       if key in host_bundle.raised:
         continue  # the host half judged it (a failure, or a rule's refusal)
       if key == "points":  # the function itself does not run there
-        ctx.skip(mode, f"{check}: the function does not run on "
+        w.skip(mode, f"{check}: the function does not run on "
                  f"{where} ({type(e).__name__}: {str(e).strip()[:120]}); "
                  "nothing was checked there")
-        ctx.report.devices["device check"] = (
+        w.report.devices["device check"] = (
             f"{where}: not checked, the function does not run there")
         return
-      ctx.fail_raised(mode, check, inputs, e, rule=rule)
+      w.fail_raised(mode, check, inputs, e, rule=rule)
       continue
     floors = None
     if key == "points":  # the function's own accuracy on the device
-      floors = function_floors(ctx, dtype, len(got))
+      floors = function_floors(p, w, dtype, len(got))
       floats = [(g, w, f) for g, w, f in zip(got, want, floors)
                 if is_float(g)]
       measured["the function"] = max(
@@ -282,7 +261,7 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     want = [w.astype(g.dtype) if is_float(g) or (
         g.dtype.kind == w.dtype.kind and g.dtype.kind in "iub") else w
             for g, w in zip(got, want)]
-    ctx.ran(mode, check)
+    w.ran(mode, check)
     # (lowered only where the products' error is the largest measured)
     products = (tolerance(measured) != tolerance(measured, False)
                 and multiplies_matrices(bundle.parts[key]))
@@ -292,68 +271,17 @@ def check_on_device(ctx, device, device_ctx, host_run, plan,
     # the host's verdict says whether a rule was judged: the device's half
     # compares a rule with itself elsewhere, so it adds failures, not
     # conclusive comparisons
-    ctx.compare(mode, check, inputs, got, want, tol,
+    w.compare(mode, check, inputs, got, want, tol,
                 names=[f"output {i}" for i in range(len(got))],
                 got_label=where.split(" (")[0], want_label="the host",
                 rule=rule, counts=False, floors=floors)
   widened = (f", {tolerance(measured).ulps:.0f} for the {len(with_products)} "
              "with a matrix product" if with_products else "")
-  if any(_part_of(k, ctx)[1] == "second_order" for k in keys):
+  if any(_part_of(k, p)[1] == "second_order" for k in keys):
     widened += (f", {tolerance(measured, False, True).ulps:.0f} for a "
                 "second-order part")
-  ctx.report.devices["device check"] = (
+  w.report.devices["device check"] = (
       f"{where}: {len(keys)} part(s) of the checks' program against the "
       f"host's float64, tolerance {tolerance(measured, False).ulps:.0f} ulps"
       f"{widened} (measured, in ulps of the dtype: " + ", ".join(
           f"{k} {v:.0f}" for k, v in measured.items()) + ")")
-
-
-def _x64(own_dtype) -> bool:
-  """Whether the device's half runs with float64 enabled: only for float64
-  inputs (else a constant the function makes would come out float64)."""
-  return _float_dtype(own_dtype, None) == np.float64
-
-
-def device_context(plan, own, own_dtype, accel, make_context, add_parts,
-                   ahead=True):
-  """The device's context of ``plan``, its compile started ahead (so both
-  halves compile at once)."""
-  with jax.default_device(accel), jax.enable_x64(_x64(own_dtype)):
-    device_ctx, _ = make_context(own, own_dtype)
-    add_parts(device_ctx, plan)
-    if ahead:
-      device_ctx.compiled.bundle.compile_ahead()
-  return device_ctx
-
-
-def device_half(ctx, plan, own, own_dtype, accel, host_device, make_context,
-                add_parts, device_ctx=None) -> None:
-  """Runs `check_on_device` for the host run ``ctx``, against a float64 host
-  context at ``own``."""
-  x64 = _x64(own_dtype)
-  host64 = ctx.report.dtype == "float64"
-
-  def host_settings():
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.enable_x64(host64))
-    if host_device is not None:
-      stack.enter_context(jax.default_device(host_device))
-    return stack
-  if device_ctx is None:
-    device_ctx = device_context(plan, own, own_dtype, accel, make_context,
-                                add_parts, ahead=False)
-  reference = ctx
-  same = all(np.array_equal(wide(a), wide(b))
-             for a, b in zip(jax.tree.leaves(own), ctx.leaves))
-  if host64 and not same:
-    with host_settings():
-      reference, _ = make_context(jax.tree.map(
-          lambda x: wide(x) if is_float(x) else np.asarray(x), own), "float64")
-      add_parts(reference, plan)
-    reference.compiled.bundle.seen = ctx.compiled.bundle.seen
-
-  def host_run(key, args):
-    with host_settings():
-      return reference.compiled.bundle.run(key, args)
-  with jax.enable_x64(x64 or host64):
-    check_on_device(ctx, accel, device_ctx, host_run, plan, device_x64=x64)

@@ -1,6 +1,5 @@
-"""Which hijax primitives and custom functions a function binds, which rules
-they define, and evaluating a function with each primitive replaced by its
-`expand`: over the package's one walk of a jaxpr (`equations`)."""
+"""The primitives and custom functions a function binds, their rules, and
+its evaluation through `expand`: over one walk of a jaxpr (`equations`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,9 +18,8 @@ from hijax.primitive import HiPrim
 
 @dataclasses.dataclass(frozen=True)
 class CustomRules:
-  """A ``jax.custom_jvp`` or ``jax.custom_vjp`` function ``prim_fn`` calls
-  (its rules are checked as a primitive's are): its name, ``kind``
-  (``"custom_jvp"`` or ``"custom_vjp"``) and where its jaxpr says it is."""
+  """A ``jax.custom_jvp`` / ``custom_vjp`` function ``prim_fn`` calls: its
+  name, ``kind`` and where its jaxpr says it is defined."""
   name: str
   kind: str
   file: str
@@ -29,14 +27,14 @@ class CustomRules:
 
   @property
   def key(self) -> tuple[str, str, int]:
-    """``(name, file, line)`` of the function's definition."""
+    """``(name, file, line)``."""
     return self.name, self.file, self.line
 
   def __repr__(self):
     return f"{self.name} ({self.kind})"
 
   def rules(self) -> dict[str, str]:
-    """``{mode: rule name}``: what JAX derives from the rules it was given."""
+    """``{mode: rule name}``, as JAX derives them."""
     me = repr(self)
     if self.kind == "custom_jvp":
       return {"expand": f"{me}: the function", "jvp": f"{me}: the jvp rule",
@@ -86,14 +84,11 @@ def defined_rules(prim: Any) -> dict[str, str]:
   return rules
 
 
-# -- surrogates: rules deliberately not the derivative (straight-through
-# estimators, gradient clippers), checked against each other, loops and
-# types, never against the function --
+# -- surrogates: rules deliberately not the derivative --
 
 T = TypeVar("T")
 
-# Marked with `surrogate`: HiPrim classes, and functions by where they are
-# defined (name, file, first line), as a jaxpr names a custom function.
+# Marked with `surrogate`: classes, and functions by (name, file, line).
 _CLASSES: weakref.WeakSet = weakref.WeakSet()
 _FUNCTIONS: set[tuple[str, str, int]] = set()
 _KINDS = ("a HiPrim subclass or a custom derivative function (jax.custom_jvp, "
@@ -101,8 +96,8 @@ _KINDS = ("a HiPrim subclass or a custom derivative function (jax.custom_jvp, "
 
 
 def _marked(obj: Any, who: str) -> Any:
-  """``obj`` itself where it is a HiPrim subclass, else where its function
-  is defined, as the program names it; a TypeError naming ``who`` else."""
+  """A HiPrim subclass itself, else where its function is defined; a
+  TypeError naming ``who`` for anything else."""
   if isinstance(obj, type):
     if issubclass(obj, HiPrim):
       return obj
@@ -139,8 +134,7 @@ def surrogate(obj: T) -> T:
 
 
 class Surrogates:
-  """Which of a run's primitives are surrogates: those marked with
-  `surrogate` and those ``declared`` (``check_rules``' ``surrogates=``)."""
+  """The surrogates of a run: those marked and those ``declared``."""
 
   def __init__(self, declared: Iterable[Any] = ()):
     self.declared = {_marked(obj, "check_rules: surrogates= names")
@@ -159,7 +153,6 @@ class Surrogates:
 
 # -- the walk --
 
-# The primitives of calls of jax.custom_jvp and jax.custom_vjp functions.
 _CUSTOM_CALLS = {primitives.custom_jvp_call_p: "custom_jvp",
                  primitives.custom_vjp_call_p: "custom_vjp"}
 
@@ -196,9 +189,8 @@ def equations(jaxpr, into=lambda eqn: True):
 
 
 def call_body(eqn):
-  """``(jaxpr, consts)`` of a call (``jit``, ``jax.checkpoint``, a closed
-  call) that evaluates its one jaxpr, of its own types, once: in place;
-  None for another equation (a loop, a branch, a custom function)."""
+  """``(jaxpr, consts)`` of a call that evaluates its one jaxpr once, of its
+  own types (jit, checkpoint); None for another equation."""
   subs = list(_sub_jaxprs(eqn.params))
   if eqn.primitive not in _CALLS or len(subs) != 1:
     return None
@@ -213,8 +205,7 @@ _in_place = lambda eqn: call_body(eqn) is not None
 
 
 def _custom_rules(eqn) -> CustomRules | None:
-  """The `CustomRules` of a call of a custom function (else None), from its
-  jaxpr's debug info (``name at file:line``)."""
+  """The `CustomRules` of a custom function's call (else None)."""
   kind = _CUSTOM_CALLS.get(eqn.primitive)
   if kind is None:
     return None
@@ -229,8 +220,8 @@ def _custom_rules(eqn) -> CustomRules | None:
 
 
 def find_custom_rules(jaxpr, found: list) -> list:
-  """Appends a `CustomRules` for each distinct ``jax.custom_jvp`` /
-  ``jax.custom_vjp`` function called in ``jaxpr`` (not inside another)."""
+  """Appends each distinct custom function called in ``jaxpr`` (not inside
+  another)."""
   for eqn in equations(jaxpr, into=lambda e: e.primitive not in _CUSTOM_CALLS):
     rules = _custom_rules(eqn)
     if rules is not None and rules not in found:
@@ -266,8 +257,8 @@ def _rebind(eqn, invals):
 
 
 def evaluate(jaxpr, consts, args, apply):
-  """Evaluates ``jaxpr``, each call (`call_body`) in place: ``apply(eqn,
-  invals)`` gives an equation's outputs (a list), or None to bind it."""
+  """Evaluates ``jaxpr``, calls in place; ``apply(eqn, invals)``: the
+  outputs, or None to bind it."""
   env = dict(zip(jaxpr.constvars, consts))
   env.update(zip(jaxpr.invars, args))
   read = lambda v: v.val if isinstance(v, _core.Literal) else env[v]
@@ -283,9 +274,8 @@ def evaluate(jaxpr, consts, args, apply):
 
 
 def eval_expanded(jaxpr, consts, args, applications):
-  """Evaluates ``jaxpr`` with each hijax primitive replaced by its `expand`,
-  appending ``(prim, args, out, out_tree)`` to ``applications`` for each
-  application outside loops and branches."""
+  """Evaluates ``jaxpr`` through each primitive's `expand`, appending
+  ``(prim, args, out, out_tree)`` to ``applications``."""
   def apply(eqn, invals):
     prim = _prim_of(eqn)
     if prim is None:
@@ -301,8 +291,7 @@ def eval_expanded(jaxpr, consts, args, applications):
 
 
 def application_types(prim_fn, args) -> list[tuple]:
-  """`applications`, with the types of the arguments (avals in
-  ``prim.in_tree``), from a trace alone."""
+  """`applications` with the arguments' types, from a trace alone."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   return [(prim, jax.tree.unflatten(prim.in_tree,
                                     [v.aval for v in eqn.invars]))
@@ -311,9 +300,8 @@ def application_types(prim_fn, args) -> list[tuple]:
 
 
 def applications(prim_fn, args) -> list[tuple]:
-  """``(prim, prim_args)`` for each hijax primitive ``prim_fn(*args)`` binds
-  outside loops and branches (evaluated through `expand`), up to one whose
-  `expand` fails."""
+  """``(prim, prim_args)`` of each primitive ``prim_fn(*args)`` binds
+  outside loops and branches, up to one whose `expand` fails."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   found = []
   try:
@@ -324,10 +312,9 @@ def applications(prim_fn, args) -> list[tuple]:
 
 
 def custom_calls(prim_fn, args) -> list[tuple[CustomRules, Any, list]]:
-  """``(rules, fn, inputs)`` for each distinct ``jax.custom_jvp`` /
-  ``jax.custom_vjp`` function that ``prim_fn`` calls outside loops and
-  branches: the function alone (its call, bound again) and the values of
-  its inputs at its first call, which one compiled evaluation computes."""
+  """``(rules, fn, inputs)`` of each distinct custom function ``prim_fn``
+  calls outside loops and branches: its call alone, and its inputs at its
+  first call."""
   closed = jax.make_jaxpr(prim_fn)(*args)
   targets: dict[CustomRules, Any] = {}
   for eqn in equations(closed.jaxpr, into=_in_place):

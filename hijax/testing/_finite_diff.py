@@ -1,16 +1,7 @@
-"""Central finite differences with steps and error bounds that follow the
-input's magnitude and dtype, and a verdict per output element (the model:
-docs/checking-rules.md, "How finite differences are judged").
-
-Tangents and steps are powers of two, so ``x ± h t`` is exact; narrow
-inputs are differenced in a wider dtype where the function accepts it.
-Per element, the step with the smallest error estimate (truncation, seen
-to converge, plus rounding ``σ / h`` from fourth differences); quotients
-equal to the last bit at every step are exact (*resolved* or *bounded*).
-Verdicts: *resolved*, *unresolved* (compared for NaN only), *not smooth*,
-*not finite* (the last two not compared); where ``f(x)`` is NaN a rule
-must give NaN too.
-"""
+"""Central finite differences with an error bound and a verdict per output
+element (the model: docs/checking-rules.md, "How finite differences are
+judged"): exact power-of-two steps, per element the step with the smallest
+estimated error (truncation seen to converge, plus rounding ``σ / h``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,9 +24,8 @@ def _real_dtype(dtype) -> np.dtype:
 
 
 def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
-  """``± 2^e`` with ``2^e <= |x| < 2^(e+1)`` per element (float64); a zero
-  element takes the root mean square of its leaf's nonzero elements (1 if
-  none)."""
+  """``± 2^e`` with ``2^e <= |x| < 2^(e+1)`` per element (a zero: from its
+  leaf's root mean square)."""
   a = np.abs(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64))
   tiny = float(jnp.finfo(x.dtype).tiny)
   ok = np.isfinite(a) & (a >= tiny)
@@ -46,9 +36,7 @@ def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
 
 
 def scaled_tangents(rng: np.random.Generator, xs) -> list[np.ndarray]:
-  """Random tangents, each element a signed power of two of the magnitude of
-  its input element (for a complex element, its real and imaginary parts
-  each)."""
+  """Random tangents: signed powers of two of their inputs' magnitudes."""
   out = []
   for x in xs:
     x = np.asarray(x)
@@ -63,9 +51,8 @@ def scaled_tangents(rng: np.random.Generator, xs) -> list[np.ndarray]:
 
 
 def normalizer(ts, keep_in=None) -> float:
-  """The power of two that the tangents are divided by so that the largest
-  element is at most 1 (1 if none is larger), keeping every nonzero element
-  a normal number of its dtype (or of the dtype in ``keep_in``)."""
+  """The power of two dividing the tangents to at most 1, each nonzero
+  element staying normal in its dtype (or ``keep_in``'s)."""
   top, room = -np.inf, np.inf
   for i, t in enumerate(ts):
     t = np.asarray(t)
@@ -84,9 +71,8 @@ def normalizer(ts, keep_in=None) -> float:
 
 
 def candidate_steps(dtypes, eps=None) -> list[float]:
-  """Powers of two from about ``eps^(1/3)`` of the least precise dtype down
-  to the smallest step that keeps ``x ± h t`` exact in the most precise one,
-  by factors of 4."""
+  """Powers of two by factors of 4, from about ``eps^(1/3)`` down to the
+  smallest step that keeps ``x ± h t`` exact."""
   if eps is not None:
     k = int(round(-np.log2(eps)))
     return [2.0 ** -k, 2.0 ** -(k + 2)]
@@ -109,9 +95,8 @@ def shifted(xs, ts, h):
 
 
 def wider(dtype) -> np.dtype | None:
-  """The dtype a function of ``dtype`` inputs is differenced in, where it
-  accepts it: float32 for bfloat16 and float16, float64 for float32 (and
-  complex128 for complex64); None for float64."""
+  """The dtype ``dtype`` inputs are differenced in where the function takes
+  it (float32 for 16 bits, float64 for float32); None for float64."""
   dtype = np.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.inexact):
     return None
@@ -152,22 +137,11 @@ FLOOR = 4.0
 
 @dataclasses.dataclass
 class FDEstimate:
-  """Finite-difference estimates of ``J t`` along exact tangents; per
-  floating-point output leaf:
-
-  Attributes:
-    tangents: the tangents, arrays of the inputs' dtypes.
-    values: ``J t`` (in the output's dtype).
-    bounds: the estimated error of each element (``inf``: not resolved).
-    status: each element's verdict (`RESOLVED`, `UNRESOLVED`, ...).
-    evaluations: the number of evaluations of the function it took.
-    floors: how much two correct evaluations of the function may differ
-      (its rounding noise and that of its inputs, times `FLOOR`): an output
-      zero to rounding is compared with this absolute floor.
-    center: the outputs at the point, as the function returned them.
-    own: the elements resolved on their own scale (bound at most half their
-      value): a rule is judged there against the element, not its leaf.
-  """
+  """Estimates of ``J t`` along ``tangents``, per floating-point output:
+  ``values``, error ``bounds`` (``inf``: not resolved), verdicts
+  (``status``), ``floors`` (how much two correct evaluations may differ),
+  ``center`` (the outputs at the point), ``own`` (elements resolved on
+  their own scale, judged against themselves, not their leaf)."""
   tangents: list
   values: list
   bounds: list
@@ -290,19 +264,12 @@ def estimate(evaluate: Callable, xs, ts, out_dtypes, f_x=None, eps=None,
              cast_to: Sequence | None = None,
              tangent_dtypes: Sequence | None = None,
              combines: float | None = None) -> FDEstimate:
-  """``J t`` of a function by central differences along ``ts``, with an
-  error bound and a verdict per element (see the module docstring).
-
-  ``evaluate`` takes a list of points (lists of arrays like ``xs``, all in
-  one call) and returns each point's floating-point outputs. ``f_x``: the
-  outputs at ``xs`` (None: evaluated with the others, returned as
-  ``center``). The values are in ``cast_to`` (default ``out_dtypes``),
-  along ``ts`` divided by a power of two (`normalizer`), returned in
-  ``tangent_dtypes`` (default: the dtypes of ``ts``). ``combines``: the
-  size of what the function combines, where known (a backward pass: its
-  output and cotangent): an element far smaller is a cancellation's
-  remainder, with rounding noise at least ``eps combines``.
-  """
+  """``J t`` by central differences along ``ts`` (`FDEstimate`).
+  ``evaluate``: each of a list of points' floating-point outputs, in one
+  call; ``f_x``: the outputs at ``xs`` (None: evaluated too); values in
+  ``cast_to``, tangents in ``tangent_dtypes``; ``combines``: the size of
+  what the function combines (an element far smaller is a cancellation's
+  remainder, its noise at least ``eps combines``)."""
   steps, points = [], []
   for h in candidate_steps([np.asarray(x).dtype for x in xs], eps):
     plus, minus = shifted(xs, ts, h), shifted(xs, ts, -h)

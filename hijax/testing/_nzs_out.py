@@ -8,7 +8,7 @@ import numpy as np
 from hijax._internals import api as _api
 from hijax._internals import core as _core
 from hijax.testing._compiled import replaced
-from hijax.testing._context import CheckContext
+from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._discovery import application_types, defined_rules
 from hijax.testing._finite_diff import BOUNDED, RESOLVED
 from hijax.testing._numerics import describe_leaf, is_float, on_device, ulp_factor
@@ -16,8 +16,7 @@ from hijax.testing._report import RuleReport
 
 
 def _nz_in(x) -> bool:
-  """Whether the tangent type of a leaf (a value or its type) is a floating-
-  point array."""
+  """Whether a leaf's (or type's) tangent type is a floating-point array."""
   aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   try:
     return is_float(aval if isinstance(aval, _core.ShapedArray)
@@ -35,16 +34,13 @@ def _prim_jvp(prim, direction, p_leaves, tangents):
   return jax.jvp(f, tuple(p_leaves[i] for i in direction), tuple(tangents))
 
 
-# One program per primitive (equal instances are one) and types, whichever
-# context or mode asks (vjp and lin, the second-order mode's derived
-# functions, which bind the same primitive).
+# One program per primitive and types, whichever point or mode asks.
 _prim_jvp_compiled = jax.jit(_prim_jvp, static_argnums=(0, 1))
 
 
-def _zero_derivatives(ctx, prim, p_args, zero_outs):
+def _zero_derivatives(p: Point, s: Settings, prim, p_args, zero_outs):
   """``{k: (max |J ṫ|, allowed, label, resolved)}`` of the outputs
-  ``zero_outs`` (``resolved``: some element judged); None where nothing can
-  differentiate them."""
+  ``zero_outs``; None where nothing can differentiate them."""
   p_leaves = jax.tree.leaves(p_args)
   direction = tuple(i for i, x in enumerate(p_leaves) if _nz_in(x))
   if not direction:
@@ -52,14 +48,14 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
   if "jvp" in defined_rules(prim):
     # random tangents (for a hi value: of its tangent type)
     avals = [_core.typeof(p_leaves[i]) for i in direction]
-    tangents = [on_device(ctx.rng.standard_normal(a.shape).astype(a.dtype))
+    tangents = [on_device(p.rng.standard_normal(a.shape).astype(a.dtype))
                 for a in (a if isinstance(a, _core.ShapedArray)
                           else a.to_tangent_aval() for a in avals)]
     top = lambda xs: max(float(np.max(np.abs(np.asarray(x, np.float64))))
                          for x in xs if np.size(x))
-    tol = ctx.settings.tol
+    tol = s.tol
     # compiled (one program, not one per operation), else eagerly
-    for how in ([_prim_jvp_compiled] if ctx.settings.jit else []) + [_prim_jvp]:
+    for how in ([_prim_jvp_compiled] if s.jit else []) + [_prim_jvp]:
       try:
         out, t_out = how(prim, direction, list(p_leaves), list(tangents))
       except Exception:  # pylint: disable=broad-except  (the jvp check reports it)
@@ -79,29 +75,29 @@ def _zero_derivatives(ctx, prim, p_args, zero_outs):
          ) or any(not isinstance(a, _core.ShapedArray)
                   for a in prim.out_avals_flat):  # a hi type
     return None
-  sub = ctx.sub(lambda *a: prim(*a), p_args,
-                [f"leaf {i}" for i in range(len(p_leaves))], [prim],
-                report=RuleReport([], ""), label="")
-  est = sub.fd(tuple(sub.float_idx))
+  sub = Point.of(lambda *a: prim(*a), p_args,
+                 [f"leaf {i}" for i in range(len(p_leaves))], [prim], s,
+                 p.rng, fd_scale=p.fd_scale)
+  est = sub.fd(tuple(sub.float_idx), Writer(RuleReport([], ""), sub, s))
   result = {}
   for k in zero_outs:
     j = sub.out_float_idx.index(k)
-    v, b, s = est.values[j].ravel(), est.bounds[j].ravel(), est.status[j].ravel()
+    v, b, st = (est.values[j].ravel(), est.bounds[j].ravel(),
+                est.status[j].ravel())
     if v.size:  # bounded elements refute, only resolved ones confirm
-      i = int(np.argmax(np.where(np.isin(s, (RESOLVED, BOUNDED)),
+      i = int(np.argmax(np.where(np.isin(st, (RESOLVED, BOUNDED)),
                                  np.abs(v) - b, -np.inf)))
       result[k] = (float(np.abs(v[i])), float(b[i]),
-                   f"finite differences of {ctx.fd_of}",
-                   bool(np.any(s == RESOLVED)))
+                   f"finite differences of {p.fd_of}",
+                   bool(np.any(st == RESOLVED)))
   return result
 
 
-def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
-  """The ``nzs_out`` that ``rule`` returns (traced abstractly where it can
-  be), or None."""
+def _declared_nzs_out(s: Settings, rule, nzs_in, p_types, values):
+  """The ``nzs_out`` ``rule`` returns (traced where it can be), or None."""
   def nzs_of(result):
     return result[2] if isinstance(result, tuple) and len(result) >= 3 else None
-  if ctx.settings.jit and all(isinstance(a, _core.ShapedArray)
+  if s.jit and all(isinstance(a, _core.ShapedArray)
                               for a in jax.tree.leaves(p_types)):
     found = []
 
@@ -121,18 +117,18 @@ def _declared_nzs_out(ctx, rule, nzs_in, p_types, values):
   return None if p_args is None else nzs_of(rule(nzs_in, *p_args))
 
 
-def check_nzs_out(ctx: CheckContext, mode):
+def check_nzs_out(p: Point, s: Settings, w: Writer, mode):
   """Checks the nzs_out each primitive's vjp_fwd / lin declares: an output
   declared symbolically zero must have a zero derivative."""
   method = "vjp_fwd" if mode == "vjp" else "lin"
-  if ctx.fd_of != "expand":  # jax.custom_* functions return no nzs_out
+  if p.fd_of != "expand":  # jax.custom_* functions return no nzs_out
     return
   def values(j):  # found when first needed, once per context
-    found = ctx.application_values
+    found = p.application_values
     return found[j] if j < len(found) else None
 
   for j, (prim, p_types) in enumerate(
-      application_types(ctx.prim_fn, ctx.args)):
+      application_types(p.fn, p.args)):
     name = f"{type(prim).__name__}.{method}"
     p_leaves = jax.tree.leaves(p_types)
     nzs_in = jax.tree.unflatten(prim.in_tree, [_nz_in(a) for a in p_leaves])
@@ -144,10 +140,10 @@ def check_nzs_out(ctx: CheckContext, mode):
                               else jax.tree.leaves(values(j))))
     check = f"{method}'s nzs_out vs the output's derivative"
     try:
-      declared = _declared_nzs_out(ctx, getattr(prim, method), nzs_in,
+      declared = _declared_nzs_out(s, getattr(prim, method), nzs_in,
                                    p_types, lambda j=j: values(j))
     except Exception as e:  # pylint: disable=broad-except
-      ctx.fail_raised(mode, f"calling {method}", inputs(), e, rule=name)
+      w.fail_raised(mode, f"calling {method}", inputs(), e, rule=name)
       continue
     if declared is None:
       continue
@@ -155,29 +151,29 @@ def check_nzs_out(ctx: CheckContext, mode):
       nzs_out = _api.tuptree_flags(declared, prim.out_tree, "nzs_out",
                                    f"the nzs_out returned by {name}")
     except Exception as e:  # pylint: disable=broad-except
-      ctx.fail_raised(mode, check, inputs(), e, rule=name)
+      w.fail_raised(mode, check, inputs(), e, rule=name)
       continue
     zero_outs = [k for k, nz in enumerate(nzs_out)
                  if not nz and _nz_in(prim.out_avals_flat[k])]
     if not zero_outs or values(j) is None:
       continue
-    found = _zero_derivatives(ctx, prim, values(j), zero_outs)
+    found = _zero_derivatives(p, s, prim, values(j), zero_outs)
     if found is None:
-      ctx.skip(mode, f"{check} ({name}): an argument or output of a hi type "
+      w.skip(mode, f"{check} ({name}): an argument or output of a hi type "
                "and no jvp rule to differentiate it with")
       continue
     if found:
-      ctx.ran(mode, f"{check} ({name})")
+      w.ran(mode, f"{check} ({name})")
     out_names = ["out" + jax.tree_util.keystr(p) for p, _ in
                  jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(
                      prim.out_tree, list(nzs_out)))[0]]
     for k, (err, allowed, label, resolved) in found.items():
       if not err <= allowed:
-        ctx.fail(mode, check, inputs(),
+        w.fail(mode, check, inputs(),
                  f"{method} returned nzs_out False for {out_names[k]} "
                  f"(a symbolically zero tangent), but its derivative is "
                  f"nonzero: max |J ṫ| = {err:.3g} from {label}", err,
                  rule=name)
       elif not resolved:
-        ctx.judged_nothing(f"{check} ({name})",
+        w.judged_nothing(f"{check} ({name})",
                            f"{label} resolve no element of {out_names[k]}")
