@@ -40,3 +40,37 @@ def test_a_batched_argument_under_a_named_vmap_is_batched(make):
   f, xs = make(), jnp.arange(3.)
   close(jax.vmap(f, axis_name="i")(xs), jnp.sin(xs))
   close(jax.vmap(jax.grad(f), axis_name="i")(xs), jnp.cos(xs))
+
+
+def test_a_fwd_rule_batched_where_the_function_is_not_is_named_in_the_error():
+  """An unbatched call under a named vmap whose custom_vjp fwd rule makes its
+  primal output depend on the axis: the error names the fwd rule."""
+  @hijax.custom_vjp
+  def shift(x):
+    return x + 1.
+  shift.defvjp(lambda x: (x + 1. + 0. * jax.lax.axis_index("i"), None),
+               lambda _, g: (g,))
+  with pytest.raises(ValueError, match=r"^under vmap, the fwd rule of shift "
+                     r"produced an output batched along the mapped axis"):
+    jax.grad(lambda c: jax.vmap(lambda x: x * shift(c), axis_name="i")(
+        jnp.ones(3)).sum())(1.)
+
+
+@pytest.mark.parametrize("make", DECORATED)
+@pytest.mark.parametrize("in_axes", [0, 1])
+def test_a_batch_rule_sees_a_batched_matrix_with_its_batch_axis_first(
+    make, in_axes):
+  """vmap over either axis of a 4 x 3 matrix: the defbatch rule receives
+  the batch with the mapped axis first, whole, and the result is the
+  function's, mapped."""
+  f, seen = make(), []
+
+  @f.defbatch
+  def _(size, in_batched, x):
+    seen.append((size, in_batched, x.shape))
+    return jnp.sin(x), True
+  xs = jnp.arange(12.).reshape(4, 3)
+  out = jax.vmap(f, in_axes=in_axes)(xs)
+  close(out, jnp.sin(jnp.moveaxis(xs, in_axes, 0)))
+  size = xs.shape[in_axes]
+  assert seen == [(size, [True], (size, 12 // size))]
