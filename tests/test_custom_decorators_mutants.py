@@ -74,3 +74,29 @@ def test_a_batch_rule_sees_a_batched_matrix_with_its_batch_axis_first(
   close(out, jnp.sin(jnp.moveaxis(xs, in_axes, 0)))
   size = xs.shape[in_axes]
   assert seen == [(size, [True], (size, 12 // size))]
+
+
+def scaled_sin(kind, c):
+  """sin(x) * c, closing over c, with its rules and a defbatch rule."""
+  f = getattr(hijax, kind)(lambda x: jnp.sin(x) * c)
+  if kind == "custom_vjp":
+    f.defvjp(lambda x: (jnp.sin(x) * c, jnp.cos(x) * c), lambda r, g: (r * g,))
+  else:
+    f.defjvp(lambda p, t: (jnp.sin(p[0]) * c, jnp.cos(p[0]) * c * t[0]))
+  f.defbatch(lambda size, in_batched, x: (jnp.sin(x) * c, True))
+  return f
+
+
+@pytest.mark.parametrize("kind", ["custom_vjp", "custom_jvp"])
+def test_derivatives_of_a_batch_rule_s_result_with_a_traced_closure(kind):
+  """Under jit the function and its rules close over the traced c; vmap
+  computes the batch by the defbatch rule, differentiated by the rules:
+  grad, jvp and linearize as plain JAX's."""
+  xs, c = jnp.array([0.3, -1.2, 2.0]), 2.
+  batch = lambda c, xs: jax.vmap(scaled_sin(kind, c))(xs)
+  grad = jax.jit(jax.grad(lambda c, xs: batch(c, xs).sum(), 1))
+  close(grad(c, xs), c * jnp.cos(xs))
+  jvp = jax.jit(lambda c, xs, t: jax.jvp(lambda xs: batch(c, xs), (xs,), (t,)))
+  close(jvp(c, xs, 2 * xs), (c * jnp.sin(xs), 2 * xs * c * jnp.cos(xs)))
+  lin = jax.jit(lambda c, xs, t: jax.linearize(lambda xs: batch(c, xs), xs)[1](t))
+  close(lin(c, xs, xs), xs * c * jnp.cos(xs))
