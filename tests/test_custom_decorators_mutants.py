@@ -100,3 +100,22 @@ def test_derivatives_of_a_batch_rule_s_result_with_a_traced_closure(kind):
   close(jvp(c, xs, 2 * xs), (c * jnp.sin(xs), 2 * xs * c * jnp.cos(xs)))
   lin = jax.jit(lambda c, xs, t: jax.linearize(lambda xs: batch(c, xs), xs)[1](t))
   close(lin(c, xs, xs), xs * c * jnp.cos(xs))
+
+
+# --- output checks ----------------------------------------------------------------
+
+class Double:
+  """A callable object: no source lines for JAX's words to name."""
+
+  def __call__(self, x):
+    return 2. * x
+
+
+def test_a_wrong_cotangent_of_a_callable_object_names_its_class():
+  f = hijax.custom_vjp(Double())
+  f.defvjp(lambda x: (2. * x, None), lambda _, g: (jnp.ones(2),))
+  with pytest.raises(ValueError) as info:
+    jax.grad(lambda x: f(x).sum())(jnp.ones(3))
+  assert str(info.value).startswith(
+      "at output[0] the bwd rule attached to Double produced an output of "
+      "type float32[2] which doesn't match expected type float32[3]\n")
