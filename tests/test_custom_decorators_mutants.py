@@ -119,3 +119,29 @@ def test_a_wrong_cotangent_of_a_callable_object_names_its_class():
   assert str(info.value).startswith(
       "at output[0] the bwd rule attached to Double produced an output of "
       "type float32[2] which doesn't match expected type float32[3]\n")
+
+
+def test_a_jvp_rule_s_wrong_primal_output_in_jax_s_words_then_hijax_s():
+  """JAX's custom_jvp names the shapes only (no leaf, unlike its custom_vjp's
+  fwd rule error), then hijax's words name the rule, the output and the fix."""
+  @hijax.custom_jvp
+  def double(x):
+    return 2. * x
+
+  @double.defjvp
+  def double_jvp(p, t):
+    return jnp.ones(2), 2. * t[0]
+  with pytest.raises(TypeError) as info:
+    jax.jvp(double, (jnp.ones(3),), (jnp.ones(3),))
+  assert str(info.value) == (
+      "Custom JVP rule double_jvp for function double must produce a pair "
+      "(list or tuple of length two) where the first element represents the "
+      "primal output (equal in value to the output of the custom_jvp-decorated "
+      "function double, and in particular with leaves of the same "
+      "shape/dtype), but instead the JVP rule output's first element had "
+      "shapes/dtypes of:\n    float32[2]\nwhile the custom_jvp-decorated "
+      "function double had output shapes/dtypes of:\n    float32[3]\n"
+      "hijax.custom_jvp function double: the jvp rule double_jvp returned a "
+      "value of type float32[2] as its primal output, but double returns "
+      "float32[3] there. Return a value of shape (3,). The primal output must "
+      "equal double(*args).")
