@@ -75,7 +75,7 @@ def _paths(tree: Any, prefix: str = "") -> list[str]:
 
 def primal_out(owner: Any, rule: str, out: Any,
                head: Callable[[bool], str], rule_output: str,
-               mismatch: bool = False) -> list[Any]:
+               mismatch: bool = False) -> None:
   """Checks a rule's primal output; JAX's words are ``head(shapes)``, then
   what differs (and, with ``mismatch``, the first leaf that does)."""
   flat, tree = jax.tree.flatten(out)
@@ -108,7 +108,6 @@ def primal_out(owner: Any, rule: str, out: Any,
           f"returns {declared.str_short()} there. {advice}The primal output "
           f"must equal {owner.name}(*args).".rstrip(),
           _checks.RuleTypeError, words(True, where, x, declared))
-  return flat
 
 
 def tangent_out(owner: Any, rule: str, tangent: Any,
