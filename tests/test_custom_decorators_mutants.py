@@ -145,3 +145,24 @@ def test_a_jvp_rule_s_wrong_primal_output_in_jax_s_words_then_hijax_s():
       "value of type float32[2] as its primal output, but double returns "
       "float32[3] there. Return a value of shape (3,). The primal output must "
       "equal double(*args).")
+
+
+def test_a_none_tangent_before_another_output_s_tangent():
+  """None for the first output's tangent (a zero), a value for the second:
+  jvp returns zero and that value, as JAX's decorator does for zeros."""
+  f = hijax.custom_jvp(lambda x: (jnp.sin(x), 2. * x))
+  f.defjvp(lambda p, t: (f(*p), (None, 2. * t[0])))
+  out, tangents = jax.jvp(f, (1.,), (3.,))
+  close(out, (jnp.sin(1.), 2.))
+  close(tangents, (0., 6.))
+
+
+def test_a_float0_tangent_of_a_float_output_is_a_zero_tangent():
+  """float0 is the tangent type of integers, a value that is zero: returned
+  as a float output's tangent, hijax reads it as that zero (JAX's
+  decorator raises a TypeError)."""
+  f = hijax.custom_jvp(lambda x: 2. * x)
+  f.defjvp(lambda p, t: (f(*p), np.zeros((), jax.dtypes.float0)))
+  out, tangent = jax.jvp(f, (1.,), (3.,))
+  close((out, tangent), (2., 0.))
+  assert tangent.dtype == jnp.float32
