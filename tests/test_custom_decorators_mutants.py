@@ -166,3 +166,21 @@ def test_a_float0_tangent_of_a_float_output_is_a_zero_tangent():
   out, tangent = jax.jvp(f, (1.,), (3.,))
   close((out, tangent), (2., 0.))
   assert tangent.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("tangent", ["two", (jnp.ones(2), "two")])
+def test_a_tangent_that_is_not_a_jax_value_is_named_by_its_type(tangent):
+  """A str as an output's tangent: the error says so (JAX's words, which
+  name types, are left out: a str has none), even where another output's
+  tangent is the one of the wrong type."""
+  pair_out = isinstance(tangent, tuple)
+  double = hijax.custom_jvp(
+      (lambda x: (2. * x, 2. * x)) if pair_out else (lambda x: 2. * x))
+  double.defjvp(lambda p, t: (double(*p), tangent))
+  with pytest.raises(TypeError) as info:
+    jax.jvp(double, (1.,), (1.,))
+  first = "output[0]" if pair_out else "output"
+  got = "a value of type float32[2]" if pair_out else "a str, which is not a JAX value"
+  assert str(info.value).startswith(
+      "hijax.custom_jvp function <lambda>: the jvp rule <lambda> returned "
+      f"{got} as the tangent of {first}")
