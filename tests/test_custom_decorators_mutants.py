@@ -184,3 +184,27 @@ def test_a_tangent_that_is_not_a_jax_value_is_named_by_its_type(tangent):
   assert str(info.value).startswith(
       "hijax.custom_jvp function <lambda>: the jvp rule <lambda> returned "
       f"{got} as the tangent of {first}")
+
+
+def test_a_cotangent_of_the_wrong_structure_counts_its_nones_as_leaves():
+  """A bwd rule returning three cotangents (two None) for a pair: hijax's
+  words show the three leaves it returned, JAX's its own structure."""
+  @hijax.custom_vjp
+  def total(xy):
+    return xy[0] + xy[1]
+
+  def total_fwd(xy):
+    return total(xy), None
+
+  def total_bwd(_, g):
+    return ((g, None, None),)
+  total.defvjp(total_fwd, total_bwd)
+  with pytest.raises(TypeError) as info:
+    jax.grad(total)((1., 2.))
+  assert str(info.value).endswith(
+      "but got bwd output structure PyTreeDef((*, None, None)) for primal "
+      "input structure PyTreeDef(((*, *),)).\nhijax.custom_vjp function "
+      "total: the bwd rule total_bwd returned a cotangent with structure "
+      "PyTreeDef((*, *, *)) for argument xy (position 0), whose structure is "
+      "PyTreeDef((*, *)): return a cotangent of the argument's structure "
+      "(None for zeros)")
