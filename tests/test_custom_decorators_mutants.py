@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import config
+from jax.custom_derivatives import SymbolicZero
 
 import hijax
 
@@ -208,3 +210,20 @@ def test_a_cotangent_of_the_wrong_structure_counts_its_nones_as_leaves():
       "PyTreeDef((*, *, *)) for argument xy (position 0), whose structure is "
       "PyTreeDef((*, *)): return a cotangent of the argument's structure "
       "(None for zeros)")
+
+
+def test_zero_cotangents_with_the_bwd_checks_disabled():
+  """With ``jax_disable_bwd_checks`` set, a zero array returned for an
+  integer argument and a symbolic zero for a float one are zeros, as with
+  the checks: the integer's cotangent is float0, the float's 0."""
+  f = hijax.custom_vjp(lambda x, n: x * n)
+  f.defvjp(lambda x, n: (x * n, n), lambda n, g: (g * n, jnp.zeros(())))
+  h = hijax.custom_vjp(lambda x, y: x * y)
+  h.defvjp(lambda x, y: (x * y, y), lambda y, g: (
+      g * y, SymbolicZero(jax.core.ShapedArray((), jnp.float32))))
+  with config.disable_bwd_checks(True):
+    ct_x, ct_n = jax.vjp(f, 2., 3)[1](1.)
+    grads = jax.grad(h, (0, 1))(2., 3.)
+  close(ct_x, 3.)
+  assert ct_n.dtype == jax.dtypes.float0
+  close(grads, (3., 0.))
