@@ -3,6 +3,8 @@ change of their tracing, output checks or batching (``tools/mutants.py``
 over ``hijax/_decorators/``) once changed without any test noticing; each
 asserted here against plain JAX, a closed form, or the error a user meets.
 """
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -227,3 +229,28 @@ def test_zero_cotangents_with_the_bwd_checks_disabled():
   close(ct_x, 3.)
   assert ct_n.dtype == jax.dtypes.float0
   close(grads, (3., 0.))
+
+
+def scale_with_cotangent(ct):
+  """x * 3, whose bwd rule returns ``ct(g)`` as x's cotangent."""
+  f = hijax.custom_vjp(lambda x: x * 3.)
+  f.defvjp(lambda x: (x * 3., None), lambda _, g: (ct(g),))
+  return f
+
+
+def test_a_weak_float_argument_s_cotangent_of_another_float_dtype_is_cast():
+  """A Python float argument (weakly typed float32) may receive a float16
+  cotangent, cast to float32 as JAX's decorator does; a float32 array may
+  not, nor may the weak float receive an integer or a wrong shape."""
+  grad = jax.grad(scale_with_cotangent(lambda g: (3. * g).astype(jnp.float16)))
+  assert grad(2.).dtype == jnp.float32
+  close(grad(2.), 3.)
+  with pytest.raises(hijax.CotangentTypeError, match=r"float16\[\] as the "
+                     r"cotangent of argument x \(position 0\), but that "
+                     r"argument has type float32\[\]"):
+    grad(jnp.float32(2.))
+  for wrong, got in [(lambda g: jnp.int32(3), "int32[]"),
+                     (lambda g: jnp.ones(2, jnp.float16), "float16[2]")]:
+    with pytest.raises(hijax.CotangentTypeError, match=rf"{re.escape(got)} "
+                       r"as the cotangent of argument x"):
+      jax.grad(scale_with_cotangent(wrong))(2.)
