@@ -254,3 +254,16 @@ def test_a_weak_float_argument_s_cotangent_of_another_float_dtype_is_cast():
     with pytest.raises(hijax.CotangentTypeError, match=rf"{re.escape(got)} "
                        r"as the cotangent of argument x"):
       jax.grad(scale_with_cotangent(wrong))(2.)
+
+
+def test_a_hi_type_argument_s_cotangent_of_another_float_dtype_is_refused():
+  """A rank-1 matrix argument (a hi type, whose cotangent is a dense
+  float32 matrix): a float16 matrix as its cotangent is refused, not cast
+  (only a weakly typed float argument's is)."""
+  from hitype_examples import rank1, to_dense
+  f = hijax.custom_vjp(lambda r: to_dense(r).sum())
+  f.defvjp(lambda r: (f(r), None),
+           lambda _, g: (jnp.full((2, 3), g, jnp.float16),))
+  with pytest.raises(hijax.CotangentTypeError, match=r"float16\[2,3\] as "
+                     r"the cotangent of argument r"):
+    jax.grad(lambda u, v: f(rank1(u, v)))(jnp.ones(2), jnp.ones(3))
