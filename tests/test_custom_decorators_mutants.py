@@ -222,7 +222,7 @@ def test_zero_cotangents_with_the_bwd_checks_disabled():
   f.defvjp(lambda x, n: (x * n, n), lambda n, g: (g * n, jnp.zeros(())))
   h = hijax.custom_vjp(lambda x, y: x * y)
   h.defvjp(lambda x, y: (x * y, y), lambda y, g: (
-      g * y, SymbolicZero(jax.core.ShapedArray((), jnp.float32))))
+      g * y, SymbolicZero(hijax.ShapedArray((), jnp.float32))))
   with config.disable_bwd_checks(True):
     ct_x, ct_n = jax.vjp(f, 2., 3)[1](1.)
     grads = jax.grad(h, (0, 1))(2., 3.)
