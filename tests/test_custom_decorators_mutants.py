@@ -267,3 +267,23 @@ def test_a_hi_type_argument_s_cotangent_of_another_float_dtype_is_refused():
   with pytest.raises(hijax.CotangentTypeError, match=r"float16\[2,3\] as "
                      r"the cotangent of argument r"):
     jax.grad(lambda u, v: f(rank1(u, v)))(jnp.ones(2), jnp.ones(3))
+
+
+# --- arguments --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["custom_vjp", "custom_jvp"])
+def test_a_keyword_only_parameter_is_not_filled_by_position(kind):
+  """f(x, *, y) called with two positional arguments: JAX's binding error,
+  not a call of f with y in x's place."""
+  def f(x, *, y):
+    return x * y
+  d = getattr(hijax, kind)(f)
+  if kind == "custom_vjp":
+    d.defvjp(lambda x, *, y: (x * y, y), lambda y, g: (g * y,))
+  else:
+    d.defjvp(lambda p, t: (f(*p), t[0]))
+  with pytest.raises(TypeError, match=r"^The input arguments to the "
+                     rf"{kind}-decorated function f could not be resolved to "
+                     r"positional-only arguments. Binding failed with the "
+                     r"error:\ntoo many positional arguments"):
+    d(1., 2.)
