@@ -3,6 +3,7 @@ change of their tracing, output checks or batching (``tools/mutants.py``
 over ``hijax/_decorators/``) once changed without any test noticing; each
 asserted here against plain JAX, a closed form, or the error a user meets.
 """
+import operator
 import re
 
 import jax
@@ -287,3 +288,19 @@ def test_a_keyword_only_parameter_is_not_filled_by_position(kind):
                      r"positional-only arguments. Binding failed with the "
                      r"error:\ntoo many positional arguments"):
     d(1., 2.)
+
+
+@pytest.mark.parametrize("kind", ["custom_vjp", "custom_jvp"])
+def test_a_function_without_a_signature_is_called_by_position(kind):
+  """operator.methodcaller has no signature Python can read: positional
+  arguments are passed as they are; a keyword cannot be bound."""
+  negate = getattr(hijax, kind)(operator.methodcaller("__neg__"))
+  if kind == "custom_vjp":
+    negate.defvjp(lambda x: (-x, None), lambda _, g: (-g,))
+  else:
+    negate.defjvp(lambda p, t: (-p[0], -t[0]))
+  close(negate(2.), -2.)
+  close(jax.grad(negate)(2.), -1.)
+  with pytest.raises(TypeError, match=r"no signature to bind keyword "
+                     r"arguments with\n.* pass its arguments by position"):
+    negate(x=2.)
