@@ -120,7 +120,8 @@ MODULE_TESTS.update({
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, fastest first (the
 # kept-trace cache's first: most mutants of the call path fail there).
-DECORATORS = ["tests/test_custom_decorators_cache.py", "tests/test_dropin_hooks.py",
+DECORATORS = ["tests/test_custom_decorators_cache.py",
+              "tests/test_custom_decorators_mutants.py", "tests/test_dropin_hooks.py",
               "tests/test_custom_decorators_review.py",
               "tests/test_custom_decorators_dce.py", "tests/test_dropin.py",
               "tests/test_custom_decorators_jax_words.py",

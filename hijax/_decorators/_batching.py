@@ -55,14 +55,10 @@ def _batch_unbatched_call(prim, axis_data, args_flat):
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   dims = jax.tree.map(lambda _: None, args)
   infer = jax.tree.map(lambda _: batching.infer, prim.out_aval)
-  inferred = []
-
-  def vmapped(*args):
-    out, out_dims = vmap_rule(axis_data, prim.expand, dims, infer)(*args)
-    inferred.append(out_dims)
-    return out
-  jax.make_jaxpr(vmapped)(*args)
-  out_dim = inferred[0]
+  found = []  # where vmapping the function batches its outputs
+  jax.make_jaxpr(lambda *a: found.append(
+      vmap_rule(axis_data, prim.expand, dims, infer)(*a)[1]))(*args)
+  out_dim = found[0]
   out = UnbatchedCallBatched(prim, axis_data, dims, out_dim)(*args)
   return (jax.tree.leaves(out),
           jax.tree.leaves(out_dim, is_leaf=is_none))

@@ -75,7 +75,7 @@ def _paths(tree: Any, prefix: str = "") -> list[str]:
 
 def primal_out(owner: Any, rule: str, out: Any,
                head: Callable[[bool], str], rule_output: str,
-               mismatch: bool = False) -> list[Any]:
+               mismatch: bool = False) -> None:
   """Checks a rule's primal output; JAX's words are ``head(shapes)``, then
   what differs (and, with ``mismatch``, the first leaf that does)."""
   flat, tree = jax.tree.flatten(out)
@@ -108,7 +108,6 @@ def primal_out(owner: Any, rule: str, out: Any,
           f"returns {declared.str_short()} there. {advice}The primal output "
           f"must equal {owner.name}(*args).".rstrip(),
           _checks.RuleTypeError, words(True, where, x, declared))
-  return flat
 
 
 def tangent_out(owner: Any, rule: str, tangent: Any,
@@ -155,14 +154,16 @@ def tangent_out(owner: Any, rule: str, tangent: Any,
 
 
 def _tangent_words(owner: Any, declared: list[Any], flat: list[Any]
-                   ) -> str:
-  def shown(t, d):
-    a = t.aval if _is_symbolic(t) else _checks.type_of(t)
-    return strong(d if t is None or a is None else a)
+                   ) -> str | None:
+  """JAX's words; none where a tangent is not a JAX value (no type to name)."""
+  avals = [d if t is None else t.aval if _is_symbolic(t) else
+           _checks.type_of(t) for t, d in zip(flat, declared)]
+  if any(a is None for a in avals):
+    return None
   strong = lambda a: getattr(a, "strip_weak_type", lambda: a)()  # noqa: E731
   primals = [strong(a) for a in owner.out_avals_flat]
   expected = [strong(a) for a in declared]
-  got = [shown(t, d) for t, d in zip(flat, declared)]
+  got = [strong(a) for a in avals]
   head = ("Custom JVP rule must produce primal and tangent outputs with "
           "corresponding shapes and dtypes")
   if len(expected) == 1:
