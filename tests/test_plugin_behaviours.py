@@ -20,7 +20,10 @@ PLUGIN = ("-p", "no:hijax", "-p", "_hijax_pytestplugin", "-p",
 
 
 @pytest.fixture
-def suite(pytester):
+def suite(pytester, monkeypatch):
+  # the inner runs load no installed plugin but ours (hypothesis's, for
+  # one, imports a module at each run's end: 0.4 s a run)
+  monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
   pytester.makeini("[pytest]\n")
   pytester.syspathinsert()
   return pytester
