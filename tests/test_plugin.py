@@ -65,7 +65,10 @@ round_ste.defvjp(lambda x: (round_ste(x), None), lambda _, g: (g,))
 
 
 @pytest.fixture
-def rules(pytester):
+def rules(pytester, monkeypatch):
+  # the inner runs load no installed plugin but ours (hypothesis's, for
+  # one, imports a module at each run's end: 0.4 s a run)
+  monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
   # An ini file of its own: the rootdir (and the paths the table shows) is
   # the test's directory, also where the temporary directory is inside a
   # checkout whose pyproject.toml configures pytest (nox's TMPDIR).
@@ -481,7 +484,7 @@ def test_a_budget_that_is_not_a_number_is_refused(rules):
 
 def test_xdist_is_refused(rules):
   pytest.importorskip("xdist")
-  result = _run(rules, "--hijax-check-rules", "-n", "2")
+  result = _run(rules, "-p", "xdist", "--hijax-check-rules", "-n", "2")
   assert result.ret == pytest.ExitCode.USAGE_ERROR
   result.stderr.fnmatch_lines(["*without pytest-xdist's -n*"])
 

@@ -20,7 +20,10 @@ PLUGIN = ("-p", "no:hijax", "-p", "_hijax_pytestplugin", "-p",
 
 
 @pytest.fixture
-def suite(pytester):
+def suite(pytester, monkeypatch):
+  # the inner runs load no installed plugin but ours (hypothesis's, for
+  # one, imports a module at each run's end: 0.4 s a run)
+  monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
   pytester.makeini("[pytest]\n")
   pytester.syspathinsert()
   return pytester
@@ -303,7 +306,8 @@ def test_calls():
   if verdict == "failed":
     assert rule["how_to_declare"] == (
         "if deliberate, declare it in the ini file (hijax_deliberate = "
-        "lib.py:2: surrogate, or: skip jvp, or: output out[1][1]); "
+        "lib.py:2: surrogate, or: surrogate module:function (a reference "
+        "to check it against), or: skip jvp, or: output out[1][1]); "
         "--hijax-rules-fail-on=never reports without failing"), rule
     assert rule["how_to_declare"] in " ".join(result.stdout.str().split())
 
@@ -337,7 +341,9 @@ def test_calls():
   suite.makeini(ini)
   result, rules = _rules(suite)
   assert rules["f"]["verdict"] == "failed", rules["f"]
-  said = re.search(r"hijax_deliberate = (\S+): surrogate, or: skip \w+, "
+  said = re.search(r"hijax_deliberate = (\S+): surrogate, or: surrogate "
+                   r"module:function \(a reference to check it against\), "
+                   r"or: skip \w+, "
                    r"or: (output \S+)\); ", rules["f"]["how_to_declare"])
   assert said is not None and said.group(2) == f"output {hint}", rules["f"]
   suite.makeini(f"{ini}  {said.group(1)}: {said.group(2)}\n")
@@ -367,7 +373,8 @@ def test_calls():
   assert rules["f"]["verdict"] == "failed", rules["f"]
   assert rules["f"]["how_to_declare"] == (
       "if deliberate, declare it in the ini file (hijax_deliberate = "
-      "lib.py:2: surrogate, or: skip vjp); --hijax-rules-fail-on=never "
+      "lib.py:2: surrogate, or: surrogate module:function (a reference to "
+      "check it against), or: skip vjp); --hijax-rules-fail-on=never "
       "reports without failing"), rules["f"]
   assert rules["f"]["how_to_declare"] in " ".join(result.stdout.str().split())
 

@@ -282,6 +282,23 @@ def _library_run(lib: str) -> dict:
                     for r in run["report"]["rules"]]}
 
 
+def _equinox_fully_checked() -> dict:
+  """Of tools/plugin_on_library_equinox_budget600.json (the same run at a
+  600 s budget): what was run, the checks' budget and CPU time, and each
+  rule's name, whether a test file defines it, verdict and reason."""
+  run = read_json("tools/plugin_on_library_equinox_budget600.json")
+  report = run["report"]
+  return {"tests_run": run["tests_run"], "pytest_args": run["pytest_args"],
+          "deliberate": len(run["deliberate"]),
+          "failed_tests": run["runs"]["on"][-1]["failed"],
+          "checks": {k: round(report["checks"][k], 1)
+                     for k in ("budget", "cpu_seconds")},
+          "rules": [{"rule": r["rule"], "in_test_file": r["in_test_file"],
+                     "verdict": r["verdict"],
+                     "reason": (r["detail"] or "").split("; if deliberate")[0]}
+                    for r in report["rules"]]}
+
+
 @extractor("pytest-plugin", "tools/plugin_on_*.json and " + ACCELERATOR_RESULTS)
 def _pytest_plugin():
   own = read_json("tools/plugin_on_own_examples.json")
@@ -298,6 +315,7 @@ def _pytest_plugin():
                              "checks": {k: report["checks"][k] for k in ("seconds", "budget")},
                              "rules": _plugin_rules(report["rules"], (
                                  "test", "verdict", "skipped", "by_intent"))}},
+      "equinox_budget600": _equinox_fully_checked(),
       "tpu": pick(read_json(ACCELERATOR_RESULTS), *_ulps("log", "tanh"),
                   ("third", "pages", "pytest-plugin", "failures")),
       "libraries": {lib: _library_run(lib) for lib in LIBRARIES},

@@ -24,7 +24,8 @@ PLUGIN_NAME = "hijax-check-rules"
 PROGRESS_EVERY = 1.0  # seconds between rewrites of the progress line
 HOW_TO_DECLARE = (
     "if deliberate, declare it in the ini file (hijax_deliberate = "
-    "{where}: surrogate, or: skip {mode}{output}); "
+    "{where}: surrogate, or: surrogate module:function (a reference to "
+    "check it against), or: skip {mode}{output}); "
     "--hijax-rules-fail-on=never reports without failing")
 HEADER = ("rule", "defined at", "inputs tried", "verdict")
 MAX_WIDTHS = (44, 48, 50)  # the widest a column gets (longer: cut, "…")
