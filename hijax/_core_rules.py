@@ -90,7 +90,6 @@ def install_core_rules(cls):
   _compat.register_remat_rule(p, _remat)
 
 
-
 def _expand_flat(*args_flat, _prim):
   prim = _prim
   if type(core.trace_ctx.trace) is not core.EvalTrace:

@@ -326,7 +326,6 @@ class HiPspec(_jax_hijax.HiPspec):
 # --- registering value classes ---------------------------------------------------
 
 
-
 def register_hitype(value_class: type,
                     typeof_fn: Callable[[Any], HiType]) -> None:
   """Makes ``jax.typeof(v)`` return ``typeof_fn(v)`` for ``v`` a ``value_class``.

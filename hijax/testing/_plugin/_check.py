@@ -153,7 +153,6 @@ def candidates(rule: RecordedRule, sample: Sample,
           if any(z is not x for z, x in zip(zeros, drawn)) else [])
 
 
-
 def _not_finite(values: Any) -> bool:
   return not all(np.all(np.isfinite(x)) for x in map(
       np.asarray, jax.tree.leaves(values)) if x.dtype.kind in "fc")
@@ -420,7 +419,6 @@ def _check_sample(rule, sample, tries, tried, declared, progress,
     if declared.reference:
       tried.detail = (f"against the reference {declared.reference[0]} (the "
                       f"difference checked): {tried.detail}")
-
   elif tried.verdict == "inconclusive" and report.skipped_for_time:
     tried.verdict, tried.detail = "skipped for time", (  # (judged too little)
         f"the budget ran out during its checks "

@@ -205,7 +205,6 @@ class Sample:
     return (fn or self.fn)(*map(_unwrap_static, args), **kwargs)
 
 
-
 @dataclasses.dataclass
 class RecordedRule:
   """A rule the tests called: who it is, how often, and its samples."""
