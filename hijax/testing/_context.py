@@ -26,6 +26,7 @@ from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
 from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
                                    declared_limit, first_lines)
 
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The options of one run of the checks (see `check_rules`)."""
