@@ -48,6 +48,10 @@ def pytest_configure(config):
   _budget._clock = time.process_time
 
 
+def pytest_report_header(config):
+  return f"jax {jax.__version__}, jaxlib {jax.lib.__version__}"
+
+
 def pytest_unconfigure(config):
   if _PRIVATE_DIR:
     shutil.rmtree(_PRIVATE_DIR, ignore_errors=True)
