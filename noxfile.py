@@ -433,7 +433,7 @@ def tests_jax011(session):
   skip, key = _unchanged_since_last_pass(session, JAX_OLD)
   if skip:
     return
-  # No page runs here (pytest's header names the JAX it runs, tests/conftest.py).
+  # No page runs here; pytest's header names the JAX it runs (tests/conftest.py).
   _install(session, "tests", JAX_OLD, pages=False)
   # The pages' checks (marker `pages`) run in `tests`: the pages and their
   # notebooks are built and executed on the pinned JAX only.
