@@ -22,6 +22,7 @@ the wall clock ran four times faster than a worker's CPU, and checks that
 pass on a quiet machine ended "skipped for time". The tests of the budget
 itself run on clocks of their own (tests/test_testing_budget.py).
 """
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -31,7 +32,6 @@ import time
 import types
 from pathlib import Path
 
-import jax
 import pytest
 
 _PRIVATE_DIR = None
@@ -39,6 +39,9 @@ _PRIVATE_DIR = None
 
 def pytest_configure(config):
   global _PRIVATE_DIR
+  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    return  # pytest-xdist's controller runs no test: its workers import JAX
+  import jax
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     _PRIVATE_DIR = tempfile.mkdtemp(prefix="hijax-tests-jax-cache-")
     jax.config.update("jax_compilation_cache_dir", _PRIVATE_DIR)
@@ -46,6 +49,11 @@ def pytest_configure(config):
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   from hijax.testing import _budget
   _budget._clock = time.process_time
+
+
+def pytest_report_header(config):
+  version = importlib.metadata.version
+  return f"jax {version('jax')}, jaxlib {version('jaxlib')}"
 
 
 def pytest_unconfigure(config):

@@ -171,18 +171,6 @@ def test_each_page_runs_in_its_own_process_and_every_cell_is_recorded(one_run):
     assert environment["default_matmul_precision"] == "None", environment
 
 
-def _run_one_test_file(tmp_path, name, source, out_name="out", extra=()):
-  """The tool run on one test file written from ``source`` (with ``extra``
-  arguments, its output in ``tmp_path / out_name``): the file's summary
-  (named as pytest names it) and the Markdown table."""
-  test = tmp_path / name
-  test.write_text(source)
-  out = tmp_path / out_name
-  _run_tool("--out", out, "--tests", test, "--deadline", "200", *extra)
-  results = json.loads((out / "accelerator-results.json").read_text())
-  return _summary(results, name), (out / "accelerator-results.md").read_text()
-
-
 def test_a_failures_whole_message_is_kept(one_run):
   """An assert_allclose's message starts with an empty line: the record
   keeps every line and where it was raised."""
@@ -207,7 +195,7 @@ def test_after():
 """
 
 
-def test_an_error_left_by_a_tests_programs_is_named_after_it(one_run):
+def test_an_error_left_by_a_tests_programs_is_named_after_it(one_run, resumed):
   """On a TPU a failed solve's error surfaced at exit, after no test: the
   tool waits for each test's effects and records what that raises under
   the test's name, beside its own outcome."""
@@ -219,45 +207,43 @@ def test_an_error_left_by_a_tests_programs_is_named_after_it(one_run):
                        "failed on the device"), line
   assert "error after the test (its programs' effects): " in table
   # a later call that resumes from this one keeps it
-  resumed, _ = _run_one_test_file(
-      tmp, "test_async.py", LEAVES_AN_ERROR, "resumed",
-      ["--resume", str(tmp / "out" / "tests.jsonl")])
-  assert resumed["async_errors"] == [line]
-  assert (resumed["passed"], resumed["failed"]) == (2, 0)
+  kept = _summary(resumed[0], "test_async.py")
+  assert kept["async_errors"] == [line]
+  assert (kept["passed"], kept["failed"]) == (2, 0)
 
 
-def test_a_later_call_resumes_where_an_earlier_one_stopped(tmp_path):
+@pytest.fixture(scope="module")
+def resumed(one_run):
+  """(the results, the tests' records) of a second call resuming from
+  one_run's: its test files and pages, and a new one of each."""
+  tmp = one_run[0]
+  (tmp / "test_b.py").write_text("def test_three():\n  pass\n")
+  (tmp / "third.md").write_text(FIRST)
+  out = tmp / "resumed"
+  _run_tool("--out", out, "--docs", tmp, "--deadline", "300", "--tests",
+            *(tmp / f"test_{n}.py" for n in ("untaken", "one", "async", "b")),
+            "--pages", "first", "second", "third",
+            "--resume", tmp / "out" / "tests.jsonl", tmp / "out" / "pages.jsonl")
+  records = [json.loads(r) for r in (out / "tests.jsonl").read_text().splitlines()]
+  return json.loads((out / "accelerator-results.json").read_text()), records
+
+
+def test_a_later_call_resumes_where_an_earlier_one_stopped(resumed):
   """A suite longer than one call on a device (ten minutes there): with
   --resume, the tests and pages an earlier call recorded are not run again,
   and the results count them."""
-  for name, body in (("test_a.py", "def test_one():\n  pass\n\n"
-                      "def test_two():\n  assert False\n"),
-                     ("test_b.py", "def test_three():\n  pass\n")):
-    (tmp_path / name).write_text(body)
-  (tmp_path / "first.md").write_text(FIRST)
-  (tmp_path / "second.md").write_text(SECOND)
-
-  def run(out, tests, pages, *resume):
-    _run_tool("--out", out, "--docs", tmp_path, "--tests", *tests, "--pages", *pages,
-              "--deadline", "300", *(["--resume", *resume] if resume else []))
-    records = [json.loads(r) for r in (out / "tests.jsonl").read_text().splitlines()]
-    return json.loads((out / "accelerator-results.json").read_text()), records
-
-  first, _ = run(tmp_path / "one", [str(tmp_path / "test_a.py")], ["first"])
-  assert [(t["passed"], t["failed"]) for t in first["tests"].values()] == [(1, 1)]
-  second, records = run(
-      tmp_path / "two", [str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py")],
-      ["first", "second"], str(tmp_path / "one" / "tests.jsonl"),
-      str(tmp_path / "one" / "pages.jsonl"))
+  second, records = resumed
   summary = {Path(name).name: (t["passed"], t["failed"])
              for name, t in second["tests"].items()}
-  assert summary == {"test_a.py": (1, 1), "test_b.py": (1, 0)}, summary
-  # test_a's tests ran once: in the first call
-  assert sum(r["kind"] == "test" and Path(r["id"].split("::")[0]).name ==
-             "test_a.py" for r in records) == 2
+  assert summary == {"test_untaken.py": (1, 0), "test_one.py": (0, 1),
+                     "test_async.py": (2, 0), "test_b.py": (1, 0)}, summary
+  # the earlier call's tests ran once: in that call
+  for name, tests in (("test_untaken.py", 1), ("test_one.py", 1), ("test_async.py", 2)):
+    assert sum(r["kind"] == "test" and Path(r["id"].split("::")[0]).name == name
+               for r in records) == tests, name
   assert [run_["pages"] for run_ in second["runs"] if run_["part"] == "pages"] == [
-      ["second"]]
-  assert set(second["pages"]) == {"first", "second"}
+      ["third"]]
+  assert set(second["pages"]) == {"first", "second", "third"}
 
 
 def test_a_page_the_deadline_cut_short_runs_again_on_resume(tmp_path):
