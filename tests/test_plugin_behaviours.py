@@ -473,6 +473,28 @@ def test_each_form_the_hint_gives_for_a_rule_in_a_test_file_passes(
       "passed", "passed"], rules
 
 
+def test_a_rule_of_an_installed_library_is_shown_from_its_package(
+    suite, tmp_path_factory):
+  """Defined outside the rootdir, under site-packages: its location is
+  relative to site-packages, with its line number (not the absolute path,
+  cut)."""
+  package = (tmp_path_factory.mktemp("env") / "lib" / "python3.12"
+             / "site-packages" / "farlib")
+  package.mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "rules.py").write_text(SIN)
+  suite.syspathinsert(package.parent)
+  suite.makepyfile(test_far='''
+import jax.numpy as jnp
+from farlib.rules import sin
+def test_calls():
+  sin(jnp.float32(0.5))
+''')
+  result, rules = _rules(suite)
+  assert rules["sin"]["defined_at"] == "farlib/rules.py:3", rules["sin"]
+  result.stdout.fnmatch_lines(["sin (jax.custom_jvp)  farlib/rules.py:3 *"])
+
+
 def test_json_details_hold_no_traceback(suite):
   """A callback's error reaches the checks as a JaxRuntimeError holding a
   Python traceback: the detail names the exception, the traceback has a
