@@ -179,6 +179,9 @@ SETTINGS = {
     "x64 off": 'jax.config.update("jax_enable_x64", False)',
     "debug nans and infs": 'jax.config.update("jax_debug_nans", True)\n'
                            'jax.config.update("jax_debug_infs", True)',
+    "jit disabled": 'jax.config.update("jax_disable_jit", True)',
+    "tracer leaks checked": 'jax.config.update("jax_check_tracer_leaks", '
+                            'True)',
 }
 
 
@@ -189,7 +192,8 @@ def test_the_checks_work_under_the_suites_settings(suite, setting,
   the checks (which mix float64 references with complex64 values, and
   step to where a function is not finite) still judge the rules."""
   for name in ("jax_numpy_dtype_promotion", "jax_enable_x64",
-               "jax_debug_nans", "jax_debug_infs"):  # restored after the run
+               "jax_debug_nans", "jax_debug_infs", "jax_disable_jit",
+               "jax_check_tracer_leaks"):  # restored after the run
     request.addfinalizer(functools.partial(jax.config.update, name,
                                            getattr(jax.config, name)))
   suite.makeconftest(f"import jax\n{SETTINGS[setting]}\n")
