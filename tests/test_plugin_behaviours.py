@@ -99,37 +99,6 @@ def test_calls():
       "detail"].startswith("its call took"), second
 
 
-def test_an_input_after_one_that_spent_the_rule_budget_is_not_started(
-    suite):
-  """A jvp rule that never returns: the first input's check is stopped
-  where the rule's budget (1 s, far more than the second input's call
-  costs) runs out, and the second is not started (what the first leaves,
-  a CPU timer's tick at most, judged too little for its call)."""
-  suite.makepyfile(lib='''
-import jax, jax.numpy as jnp
-@jax.custom_jvp
-def stuck(x):
-  return jnp.sin(x)
-@stuck.defjvp
-def _jvp(p, t):
-  while True:
-    pass
-''', test_two='''
-import jax.numpy as jnp
-from lib import stuck
-def test_calls():
-  stuck(jnp.float32(0.5))
-  stuck(jnp.array([0.2, 0.3]))
-''')
-  result, rules = _rules(suite, "--hijax-rule-budget=1")
-  first, second = rules["stuck"]["inputs"]
-  assert first["detail"] == "stopped where the rule's budget ran out", first
-  assert (second["verdict"], second["seconds"]) == ("skipped for time", 0)
-  assert second["detail"] == "" or second["detail"].startswith(
-      "its call took"), second
-  assert result.ret == 0
-
-
 def test_a_rule_raising_only_in_float64_is_checked_in_the_tests_dtypes(
     suite):
   """equinox's closure-converted functions check the dtypes they get: a
