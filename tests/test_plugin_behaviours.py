@@ -717,8 +717,8 @@ def test_calls():
 def test_the_checks_keep_to_a_share_of_the_tests_cpu_time(suite):
   """Two rules whose checks never end, the default share of the tests' CPU
   time (the tests spin 4 s): the first is stopped where the session's
-  budget runs out, the second is not started; recording and checks
-  together stay within the share."""
+  budget runs out, the second gets what is left (a CPU timer's tick at
+  most); recording and checks together stay within the share."""
   suite.makepyfile(lib='''
 import jax, jax.numpy as jnp
 def stuck_jvp(p, t):
@@ -752,7 +752,7 @@ def test_calls():
           <= 0.25 * checks["suite_cpu_seconds"] + 0.2), report
   assert [rules[n]["verdict"] for n in ("stuck", "stuck_too")] == [
       "skipped for time", "skipped for time"], rules
-  assert rules["stuck_too"]["inputs"][0]["seconds"] == 0, rules
+  assert rules["stuck_too"]["seconds"] < 0.2, rules  # (what was left)
   result.stdout.fnmatch_lines(["hijax: skipped for time: stuck "
                                "(jax.custom_jvp); stuck_too (jax.custom_jvp)*"])
 
