@@ -586,9 +586,16 @@ def test_domain():
 
 
 def test_the_default_budget_is_a_share_of_the_tests_cpu_time(suite):
+  """The tests spin 0.4 s of CPU: a quarter of it is more than what
+  recording took (wall-clock time: on a loaded machine it outgrew a
+  quarter of a test that spent nothing, and the budget was 0)."""
   suite.makepyfile(lib=SIN, test_sin='''
+import time
 from lib import sin
 def test_calls():
+  start = time.process_time()
+  while time.process_time() - start < 0.4:
+    pass
   sin(0.5)
 ''')
   result, rules = _rules(suite, "--hijax-rules-budget=25%")
