@@ -145,8 +145,12 @@ SETTINGS = {
     "strict promotion": 'jax.config.update("jax_numpy_dtype_promotion", '
                         '"strict")',
     "x64 on": 'jax.config.update("jax_enable_x64", True)',
+    "x64 off": 'jax.config.update("jax_enable_x64", False)',
     "debug nans and infs": 'jax.config.update("jax_debug_nans", True)\n'
                            'jax.config.update("jax_debug_infs", True)',
+    "jit disabled": 'jax.config.update("jax_disable_jit", True)',
+    "tracer leaks checked": 'jax.config.update("jax_check_tracer_leaks", '
+                            'True)',
 }
 
 
@@ -157,7 +161,8 @@ def test_the_checks_work_under_the_suites_settings(suite, setting,
   the checks (which mix float64 references with complex64 values, and
   step to where a function is not finite) still judge the rules."""
   for name in ("jax_numpy_dtype_promotion", "jax_enable_x64",
-               "jax_debug_nans", "jax_debug_infs"):  # restored after the run
+               "jax_debug_nans", "jax_debug_infs", "jax_disable_jit",
+               "jax_check_tracer_leaks"):  # restored after the run
     request.addfinalizer(functools.partial(jax.config.update, name,
                                            getattr(jax.config, name)))
   suite.makeconftest(f"import jax\n{SETTINGS[setting]}\n")
@@ -397,6 +402,72 @@ def test_calls():
           rules["round_ste"]["in_test_file"]) == ("passed", True, True)
 
 
+# rules defined in the test file, each wrong in its one output
+WRONG_IN_A_TEST_FILE = '''
+import jax, jax.numpy as jnp
+@jax.custom_jvp
+def sin2(x):
+  return jnp.sin(x)
+sin2.defjvp(lambda p, t: (sin2(p[0]), 2 * jnp.cos(p[0]) * t[0]))
+@jax.custom_vjp
+def cube(x):
+  return x ** 3
+cube.defvjp(lambda x: (cube(x), x), lambda x, g: (2 * x * x * g,))
+def test_calls():
+  sin2(jnp.array([0.5, 1.5]))
+  cube(jnp.array([0.5, 1.5]))
+'''
+
+
+@pytest.mark.parametrize("form", ["surrogate", "skip"])
+def test_each_form_the_hint_gives_for_a_rule_in_a_test_file_passes(
+    suite, form):
+  """The hint names the rule by its place in the test file, and the check
+  that failed; declared as it says, the rule passes. A rule of one output
+  is not offered the output form (its only output left out, nothing would
+  be checked)."""
+  suite.makepyfile(test_wrong=WRONG_IN_A_TEST_FILE)
+  result, rules = _rules(suite)
+  assert result.ret == pytest.ExitCode.TESTS_FAILED
+  lines = []
+  for name, line, mode in (("sin2", 2, "jvp"), ("cube", 6, "vjp")):
+    assert rules[name]["in_test_file"] and rules[name]["how_to_declare"] == (
+        f"if deliberate, declare it in the ini file (hijax_deliberate = "
+        f"test_wrong.py:{line}: surrogate, or: surrogate module:function (a "
+        f"reference to check it against), or: skip {mode}); "
+        "--hijax-rules-fail-on=never reports without failing"), rules[name]
+    lines.append(f"test_wrong.py:{line}: "
+                 + ("surrogate" if form == "surrogate" else f"skip {mode}"))
+  suite.makeini("[pytest]\nhijax_deliberate =\n" + "".join(
+      f"  {line}\n" for line in lines))
+  result, rules = _rules(suite)
+  assert result.ret == 0, result.stdout.str()[-3000:]
+  assert [rules[n]["verdict"] for n in ("sin2", "cube")] == [
+      "passed", "passed"], rules
+
+
+def test_a_rule_of_an_installed_library_is_shown_from_its_package(
+    suite, tmp_path_factory):
+  """Defined outside the rootdir, under site-packages: its location is
+  relative to site-packages, with its line number (not the absolute path,
+  cut)."""
+  package = (tmp_path_factory.mktemp("env") / "lib" / "python3.12"
+             / "site-packages" / "farlib")
+  package.mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "rules.py").write_text(SIN)
+  suite.syspathinsert(package.parent)
+  suite.makepyfile(test_far='''
+import jax.numpy as jnp
+from farlib.rules import sin
+def test_calls():
+  sin(jnp.float32(0.5))
+''')
+  result, rules = _rules(suite)
+  assert rules["sin"]["defined_at"] == "farlib/rules.py:3", rules["sin"]
+  result.stdout.fnmatch_lines(["sin (jax.custom_jvp)  farlib/rules.py:3 *"])
+
+
 def test_json_details_hold_no_traceback(suite):
   """A callback's error reaches the checks as a JaxRuntimeError holding a
   Python traceback: the detail names the exception, the traceback has a
@@ -515,9 +586,16 @@ def test_domain():
 
 
 def test_the_default_budget_is_a_share_of_the_tests_cpu_time(suite):
+  """The tests spin 0.4 s of CPU: a quarter of it is more than what
+  recording took (wall-clock time: on a loaded machine it outgrew a
+  quarter of a test that spent nothing, and the budget was 0)."""
   suite.makepyfile(lib=SIN, test_sin='''
+import time
 from lib import sin
 def test_calls():
+  start = time.process_time()
+  while time.process_time() - start < 0.4:
+    pass
   sin(0.5)
 ''')
   result, rules = _rules(suite, "--hijax-rules-budget=25%")
@@ -641,6 +719,49 @@ def test_calls():
   _rules(suite, "--hijax-rule-budget=30")
   assert len(given) == 2 and 0 < given[1] < given[0], given
   assert 18 < given[0] <= 30 / 1.5 if not load else given[0] > 30 / 1.5, given
+
+
+def test_the_checks_keep_to_a_share_of_the_tests_cpu_time(suite):
+  """Two rules whose checks never end, the default share of the tests' CPU
+  time (the tests spin 4 s): the first is stopped where the session's
+  budget runs out, the second gets what is left (a CPU timer's tick at
+  most); recording and checks together stay within the share."""
+  suite.makepyfile(lib='''
+import jax, jax.numpy as jnp
+def stuck_jvp(p, t):
+  while True:
+    pass
+@jax.custom_jvp
+def stuck(x):
+  return jnp.sin(x)
+stuck.defjvp(stuck_jvp)
+@jax.custom_jvp
+def stuck_too(x):
+  return jnp.cos(x)
+stuck_too.defjvp(stuck_jvp)
+''', test_stuck='''
+import time
+import jax.numpy as jnp
+from lib import stuck, stuck_too
+def test_calls():
+  start = time.process_time()
+  while time.process_time() - start < 4:
+    pass
+  stuck(jnp.float32(0.5))
+  stuck_too(jnp.float32(0.5))
+''')
+  result, rules = _rules(suite, "--hijax-rules-budget=25%")
+  report = json.loads((suite.path / "rules.json").read_text())
+  checks, recording = report["checks"], report["recording"]
+  assert result.ret == 0 and checks["budget"] > 0.5, checks
+  assert checks["cpu_seconds"] <= checks["budget"] + 0.2, checks
+  assert (recording["seconds"] + checks["cpu_seconds"]
+          <= 0.25 * checks["suite_cpu_seconds"] + 0.2), report
+  assert [rules[n]["verdict"] for n in ("stuck", "stuck_too")] == [
+      "skipped for time", "skipped for time"], rules
+  assert rules["stuck_too"]["seconds"] < 0.2, rules  # (what was left)
+  result.stdout.fnmatch_lines(["hijax: skipped for time: stuck "
+                               "(jax.custom_jvp); stuck_too (jax.custom_jvp)*"])
 
 
 def test_a_sample_whose_checks_would_overrun_the_budget_is_not_started(

@@ -167,11 +167,12 @@ def _bits(sample: Sample) -> set[int]:
 
 @contextlib.contextmanager
 def _quiet():
-  """No warnings or prints; strict promotion and debug_nans/infs off."""
+  """No warnings or prints; strict promotion, debug_nans/infs and
+  disable_jit (the checks compile) off."""
   sink = io.StringIO()
   with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
       contextlib.redirect_stderr(sink), jax.numpy_dtype_promotion("standard"), \
-      jax.debug_nans(False), jax.debug_infs(False):
+      jax.debug_nans(False), jax.debug_infs(False), jax.disable_jit(False):
     warnings.simplefilter("ignore")
     yield
 

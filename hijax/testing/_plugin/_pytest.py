@@ -204,8 +204,9 @@ class RuleCheckPlugin:
 
   def hint(self, result: RuleResult) -> str | None:
     """How to declare ``result``'s failure deliberate, or report it (an
-    output only where its detail names one); None unless failed."""
-    found = re.search(r"\bout\b(\[[^\]\s]*\])*", result.detail)
+    output only where its detail names one of several); None unless
+    failed."""
+    found = re.search(r"\bout\b(\[[^\]\s]*\])+", result.detail)
     mode = next((m for w, m in MODE_WORDS if w in result.detail), "expand")
     return HOW_TO_DECLARE.format(
         where=self._where(result.rule)[0], mode=mode,
