@@ -473,6 +473,33 @@ def test_report():
   assert "batch: vmap vs a loop over the batch (in_axes=(1,))" in text
 
 
+def test_a_failure_shows_and_compares_without_the_error_it_carries():
+  from hijax.testing import RuleFailure
+  a = RuleFailure("r", "c", "i", "d", 1.0, error=ValueError("x"))
+  assert a == RuleFailure("r", "c", "i", "d", 1.0, error=KeyError("y"))
+  assert repr(a) == ("RuleFailure(rule='r', check='c', inputs='i', "
+                     "detail='d', max_error=1.0)")
+  assert isinstance(a.error, ValueError)
+
+
+def test_a_report_that_requires_and_compares_nothing_says_so():
+  report = RuleReport(["P"], "float64")
+  assert report.verdict == "inconclusive" and not report.passed
+  assert str(report).splitlines()[1:] == [
+      "  NOT JUDGED  no rule was compared with anything"]
+
+
+def test_the_error_shows_five_failures_in_full_and_counts_the_rest():
+  from hijax.testing import RuleFailure
+  fails = [RuleFailure(f"r{i}", "c", "i", "d", 1.0) for i in range(6)]
+  five = str(RuleCheckError(RuleReport(["P"], "float64", failures=fails[:5])))
+  assert five.endswith("r4: c\n  i\n  d") and "more" not in five
+  six = str(RuleCheckError(RuleReport(["P"], "float64", failures=fails)))
+  assert "r4: c" in six and "r5" not in six
+  assert six.endswith("r4: c\n  i\n  d\n\n... and 1 more (the report's "
+                      "failures list them all)")
+
+
 def test_modes_option():
   report = check_rules(zoo.log1pexp, zoo._vec(-2., 0.5, 3.), modes=("jvp",))
   assert report.modes_run == ["jvp"]

@@ -484,3 +484,17 @@ def test_fd_steps_where_x_plus_or_minus_h_t_rounds_are_left_out():
   e = _estimate(lambda x: x ** 2, [1.0], [2.0 ** -34])
   assert e.evaluations == 2 + 2 + 1
   assert e.status[0].tolist() == [fd.UNRESOLVED]
+
+
+def test_fd_a_zero_derivative_with_a_zero_bound_stays_resolved():
+  """At 0, f = min(y², c) + k max(y - d, 0) is even at every step below d
+  (its quotients there are 0, exactly: a bound of 0) but for the largest
+  step, whose second difference shrinks by less than 4 into the next one:
+  an element resolved to 0 within 0 is not resolved only on its leaf's
+  scale, so that roughness does not unresolve it."""
+  h0 = 2.0 ** -17  # the largest float64 step
+  f = lambda y: (np.minimum(y * y, h0 * h0 / 8)
+                 + 2.0 ** -20 * np.maximum(y - h0 / 2, 0))
+  e = _estimate(f, [0.0], [1.0])
+  assert e.status[0].tolist() == [fd.RESOLVED], e.status
+  assert e.values[0].tolist() == [0.0]

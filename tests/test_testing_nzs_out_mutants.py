@@ -316,3 +316,26 @@ def test_the_jvp_path_of_the_nzs_out_check_allows_the_tolerance_given():
   assert [f.rule for f in nzs] == ["SinAndLeak.vjp_fwd"]
   assert "from the jvp rule" in nzs[0].detail
   assert nzs[0].max_error is not None and nzs[0].max_error > 1e-4
+
+
+def test_finite_differences_name_the_element_furthest_past_its_bound(
+    monkeypatch):
+  """Of a declared-zero output's elements, the one whose derivative exceeds
+  its error bound the most is reported (not the largest derivative plus
+  bound); an element finite differences do not resolve is never one."""
+  from types import SimpleNamespace
+
+  from hijax.testing import _nzs_out
+  from hijax.testing._finite_diff import (BOUNDED, RESOLVED, UNRESOLVED,
+                                          FDEstimate)
+  est = FDEstimate([], [np.array([10.0, 9.5, 0.0, 1e9])],
+                   [np.array([1e-3, 1.0, 50.0, np.inf])],
+                   [np.array([RESOLVED, RESOLVED, BOUNDED, UNRESOLVED])], 0)
+  sub = SimpleNamespace(float_idx=[0], out_float_idx=[0],
+                        fd=lambda direction, w: est)
+  monkeypatch.setattr(_nzs_out.Point, "of", lambda *a, **k: sub)
+  monkeypatch.setattr(_nzs_out, "Writer", lambda *a: None)
+  p = SimpleNamespace(fd_of="expand", rng=None, fd_scale=None)
+  prim = SinNoJvp(jax.typeof(X), lie=True)
+  assert _nzs_out._zero_derivatives(p, None, prim, (X,), [0]) == {
+      0: (10.0, 1e-3, "finite differences of expand", True)}

@@ -19,14 +19,10 @@ def _bits(dtype) -> int:
   return int(jnp.finfo(dtype).nmant) + 1
 
 
-def _real_dtype(dtype) -> np.dtype:
-  return np.dtype(jnp.finfo(dtype).dtype)
-
-
 def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
   """``± 2^e`` with ``2^e <= |x| < 2^(e+1)`` per element (a zero: from its
   leaf's root mean square)."""
-  a = np.abs(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64))
+  a = np.abs(wide(x))
   tiny = float(jnp.finfo(x.dtype).tiny)
   ok = np.isfinite(a) & (a >= tiny)
   fill = float(np.sqrt(np.mean(a[ok] ** 2))) if np.any(ok) else 1.0
@@ -38,14 +34,9 @@ def _signed_powers(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
 def scaled_tangents(rng: np.random.Generator, xs) -> list[np.ndarray]:
   """Random tangents: signed powers of two of their inputs' magnitudes."""
   out = []
-  for x in xs:
-    x = np.asarray(x)
-    if np.iscomplexobj(x):
-      part = _real_dtype(x.dtype)
-      t = (_signed_powers(rng, x.real.astype(part))
-           + 1j * _signed_powers(rng, x.imag.astype(part)))
-    else:
-      t = _signed_powers(rng, x)
+  for x in map(np.asarray, xs):  # a complex one: each part on its own
+    t = (_signed_powers(rng, x.real) + 1j * _signed_powers(rng, x.imag)
+         if np.iscomplexobj(x) else _signed_powers(rng, x))
     out.append(t.astype(x.dtype))
   return out
 
@@ -100,7 +91,7 @@ def wider(dtype) -> np.dtype | None:
   dtype = np.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.inexact):
     return None
-  bits = _bits(_real_dtype(dtype))
+  bits = _bits(dtype)
   if bits >= 53:
     return None
   if jnp.issubdtype(dtype, jnp.complexfloating):

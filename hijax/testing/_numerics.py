@@ -209,12 +209,10 @@ def compare_leaf(got, want, tol: Tol, bound=None, skip=None, own=None):
   a violation of error ``inf``, the index saying which, the values None."""
   got = np.asarray(got)
   want = np.asarray(want)
-  if got.shape != want.shape:
-    return (float("inf"), f"shape {got.shape} instead of {want.shape}", None,
-            None)
-  if got.dtype != want.dtype:
-    return (float("inf"), f"dtype {got.dtype} instead of {want.dtype}", None,
-            None)
+  for what, g, w in (("shape", got.shape, want.shape),
+                     ("dtype", got.dtype, want.dtype)):
+    if g != w:
+      return float("inf"), f"{what} {g} instead of {w}", None, None
   if not (is_float(got) or is_float(want)):
     bad = got != want
     if not np.any(bad):

@@ -15,12 +15,17 @@ from hijax.testing._numerics import describe_leaf, is_float, on_device, ulp_fact
 from hijax.testing._report import RuleReport
 
 
+def _tangent_aval(x):
+  """The type of a leaf's (or type's) tangent."""
+  aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
+  return (aval if isinstance(aval, _core.ShapedArray)
+          else aval.to_tangent_aval())
+
+
 def _nz_in(x) -> bool:
   """Whether a leaf's (or type's) tangent type is a floating-point array."""
-  aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   try:
-    return is_float(aval if isinstance(aval, _core.ShapedArray)
-                    else aval.to_tangent_aval())
+    return is_float(_tangent_aval(x))
   except Exception:  # pylint: disable=broad-except
     return False
 
@@ -47,10 +52,8 @@ def _zero_derivatives(p: Point, s: Settings, prim, p_args, zero_outs):
     return {}
   if "jvp" in defined_rules(prim):
     # random tangents (for a hi value: of its tangent type)
-    avals = [_core.typeof(p_leaves[i]) for i in direction]
     tangents = [on_device(p.rng.standard_normal(a.shape).astype(a.dtype))
-                for a in (a if isinstance(a, _core.ShapedArray)
-                          else a.to_tangent_aval() for a in avals)]
+                for a in (_tangent_aval(p_leaves[i]) for i in direction)]
     top = lambda xs: max(float(np.max(np.abs(np.asarray(x, np.float64))))
                          for x in xs if np.size(x))
     tol = s.tol

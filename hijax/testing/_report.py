@@ -150,8 +150,7 @@ class RuleReport:
 
   @property
   def passed(self) -> bool:
-    """Whether the verdict is ``"passed"``: no comparison failed and every
-    rule checked was compared conclusively."""
+    """Whether the verdict is ``"passed"``."""
     return self.verdict == PASSED
 
   @property
