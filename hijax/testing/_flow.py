@@ -13,8 +13,7 @@ import numpy as np
 
 from hijax.testing._batching import add_batch_parts, check_batch
 from hijax.testing._budget import SECONDS_PER_RULE, BudgetSpent
-from hijax.testing._checks import (check_expand, check_jvp, check_lin,
-                                   check_transpose, check_vjp)
+from hijax.testing._checks import check_mode
 from hijax.testing import _device
 from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._device import describe
@@ -292,20 +291,12 @@ def run(p: Point, s: Settings, w: Writer, modes, derived: list[Derived]):
       w.skip(mode, "no floating-point outputs")
     else:
       try:
-        if mode == "expand":
-          check_expand(p, s, w)
-        elif mode == "jvp":
-          check_jvp(p, s, w, jvp_passed)
-        elif mode == "vjp":
-          check_vjp(p, s, w, jvp_passed)
-        elif mode == "lin":
-          check_lin(p, s, w, jvp_passed)
-        elif mode == "transpose":
-          check_transpose(p, s, w)
-        elif mode == "batch":
+        if mode == "batch":
           check_batch(p, s, w)
-        else:
+        elif mode == "second_order":
           check_second_order(p, s, w, derived, run)
+        else:
+          check_mode(p, s, w, mode, jvp_passed)
       except Exception as e:  # pylint: disable=broad-except  (e.g. prim_fn fails under jit)
         w.fail_raised(mode, f"running the {mode} checks",
                       p.describe_inputs(), e)
