@@ -179,6 +179,7 @@ class Derived:
   kind: str
   what: str
   sub: Point | None = None  # None: it binds no hijax primitive
+  settings: Settings | None = None  # the order one less
   modes: list = dataclasses.field(default_factory=list)
   derived: list | None = None
   error: Exception | None = None  # raised tracing the function
@@ -191,7 +192,8 @@ def add_derived(p: Point, s: Settings, add_parts) -> list[Derived]:
   d = tuple(p.float_idx)
   xs, x_names = p.xs_of(d), [p.names[i] for i in d]
   out_names = [p.out_names[i] for i in p.out_float_idx]
-  rng, sub_s = p.rng.spawn(1)[0], dataclasses.replace(s, order=s.order - 1)
+  rng = p.rng.spawn(1)[0]
+  sub_s = dataclasses.replace(s, order=s.order - 1)
   found = []
   for kind, what in _DERIVED.items():
     if not (p.has(kind) and kind in s.modes):
@@ -216,7 +218,7 @@ def add_derived(p: Point, s: Settings, add_parts) -> list[Derived]:
       if sub_s.order > 1:
         entry.modes.append("second_order")
       entry.derived = add_parts(sub, sub_s, entry.modes)
-      entry.sub = sub
+      entry.sub, entry.settings = sub, sub_s
     except Exception as e:  # pylint: disable=broad-except  (reported by check_second_order)
       entry.error = e
   return found
@@ -230,7 +232,6 @@ def check_second_order(p: Point, s: Settings, w: Writer,
     w.skip("second_order", "no floating-point inputs or outputs")
     return
   check_differentiated_rules(p, s, w)
-  sub_s = dataclasses.replace(s, order=s.order - 1)
   for entry in derived:
     what = entry.what
     if w.out_of_time("second_order", f"the rules bound by {what}"):
@@ -239,14 +240,14 @@ def check_second_order(p: Point, s: Settings, w: Writer,
       w.fail_raised("second_order", f"tracing {what}", p.describe_inputs(),
                     entry.error, rule=p.rule_name(entry.kind))
       continue
-    if entry.sub is None:
+    if entry.sub is None or entry.settings is None:
       w.skip("second_order", f"{what} binds no hijax primitive")
       continue
     if not [m for m in entry.modes if m != "second_order"]:
       w.skip("second_order", f"{what}: its primitives "
              f"({', '.join(type(q).__name__ for q in entry.sub.prims)}) "
              "define no derivative rule")
-    run(entry.sub, sub_s, Writer(
-        w.report, entry.sub, sub_s,
+    run(entry.sub, entry.settings, Writer(
+        w.report, entry.sub, entry.settings,
         f"{w.label}second order, on {what}: ", "second_order"),
         entry.modes, entry.derived)
