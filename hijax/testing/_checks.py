@@ -1,5 +1,6 @@
-"""The checks of `expand` and the first-order rules, one function per mode,
-and the inner-product identity that checks a backward rule."""
+"""The checks of `expand`, of the first-order rules (`check_mode`: jvp, vjp
+and lin in each direction) and of transpose, and the inner-product identity
+that checks a backward rule."""
 from __future__ import annotations
 
 from collections.abc import Callable
