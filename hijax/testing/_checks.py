@@ -46,7 +46,7 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
                    reference: Callable, transpose: Callable,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
-                   "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = "") -> bool:
+                   "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = ""):
   """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>`` at ``p`` along ``direction``;
   ``reference(tangents, first)``: `reference`'s tuple."""
   like = p.ref_out()
@@ -56,7 +56,7 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
   if not any(np.any(ok) for ok in judged):
     w.judged_nothing(check, "no output element can be judged along this "
                        "direction (see the finite differences above)")
-    return True
+    return
   ybar = aligned_cotangents(p, like, ref, judged)
   cts_in = transpose(ybar)
   left_out = [~np.isfinite(np.asarray(c)) for c in cts_in]
@@ -87,12 +87,11 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
     else:
       w.judged_nothing(check, f"{label} only bounds the elements compared "
                          "(see above)")
-    return True
+    return
   w.fail(mode, check, inputs,
            what.format(lhs=lhs, rhs=rhs, ref=label)
            + f": error {abs(lhs - rhs):.3g} (tolerance {bound:.3g})"
            + (hint if np.isfinite(rhs) else ""), abs(lhs - rhs), rule=rule)
-  return False
 
 
 def _flat_floors(p: Point, w: Writer, direction, tangents) -> list:
@@ -107,7 +106,7 @@ def _flat_floors(p: Point, w: Writer, direction, tangents) -> list:
 
 
 def _check_types(w: Writer, mode, check, inputs, got, like, names,
-                 got_label) -> bool:
+                 got_label):
   """Fails the first of ``got`` without the type of its input."""
   for name, g, x in zip(names, got, like):
     if type_str(g) != type_str(x):
@@ -115,8 +114,7 @@ def _check_types(w: Writer, mode, check, inputs, got, like, names,
                f"{name}: {got_label} gives {type_str(g)}, but the input is "
                f"{type_str(x)} (a cotangent has the shape and dtype of "
                "its input)", float("inf"))
-      return False
-  return True
+      return
 
 
 def check_expand(p: Point, s: Settings, w: Writer):
@@ -302,10 +300,10 @@ def _vjp_at(p: Point, s: Settings, w: Writer, direction, inputs,
 
   def transpose(ybar):
     cts_in = list(p.derivative("vjp", direction, ybar)[1])
-    if not seen:
-      seen.append(_check_types(
-          w, "vjp", "vjp's cotangent types vs the inputs' types", inputs,
-          cts_in, xs, [p.names[i] for i in direction], "vjp"))
+    if not seen:  # the types, at the first call
+      seen.append(True)
+      _check_types(w, "vjp", "vjp's cotangent types vs the inputs' types",
+                   inputs, cts_in, xs, [p.names[i] for i in direction], "vjp")
     return cts_in
   try:
     check_identity(p, s, w, "vjp", check, inputs, tangents, direction,
