@@ -296,14 +296,14 @@ def _vjp_at(p: Point, s: Settings, w: Writer, direction, inputs,
     return
   w.ran("vjp", f"{check} ({p.describe_direction(direction)})")
   _same_primal(p, s, w, "vjp", inputs, out)
-  seen = []
+  calls = []
 
   def transpose(ybar):
     cts_in = list(p.derivative("vjp", direction, ybar)[1])
-    if not seen:  # the types, at the first call
-      seen.append(True)
+    if not calls:  # the types, at the first call
       _check_types(w, "vjp", "vjp's cotangent types vs the inputs' types",
                    inputs, cts_in, xs, [p.names[i] for i in direction], "vjp")
+    calls.append(ybar)
     return cts_in
   try:
     check_identity(p, s, w, "vjp", check, inputs, tangents, direction,
