@@ -630,3 +630,28 @@ def test_a_refusal_by_design_excuses_no_other_rule_of_the_program():
   beside = check_rules(lambda x: _bad(ste(x) * 2.), X, surrogates=[ste],
                        raise_on_failure=False)
   assert {f.rule for f in beside.failures} == {"_bad (custom_vjp): fwd/bwd"}
+
+
+def _sqrt_abs_and_double():
+  @jax.custom_vjp
+  def f(x):
+    return jnp.sqrt(jnp.abs(x)), 2 * x
+
+  def fwd(x):
+    return f(x), x
+
+  def bwd(x, g):
+    return jax.vjp(lambda x: (jnp.sqrt(jnp.abs(x)), 2 * x), x)[1](g)
+  f.defvjp(fwd, bwd)
+  return f
+
+
+def test_an_input_left_out_of_the_identity_gets_a_zero_tangent():
+  """At x = 0, sqrt|x|'s cotangent is not finite and its output element not
+  judged, but 2x there is: the input element is left out of the identity
+  (a zero tangent on both sides, not a tangent on the left alone)."""
+  report = check_rules(_sqrt_abs_and_double(), jnp.array([0.0, 1.3, -0.7]),
+                       modes="vjp", order=1)
+  assert report.passed, report
+  assert any("non-finite cotangent at 1 input element" in line
+             for line in report.inconclusive), report
