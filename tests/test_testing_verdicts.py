@@ -655,3 +655,31 @@ def test_an_input_left_out_of_the_identity_gets_a_zero_tangent():
   assert report.passed, report
   assert any("non-finite cotangent at 1 input element" in line
              for line in report.inconclusive), report
+
+
+class _Lifted(zoo.Unary):
+  """sin(x) + 1e12: flat to float64's resolution at 0.5. Its backward rule
+  is 1e-6 off the jvp rule's slope, far within what the function's own
+  rounding hides there."""
+
+  def expand(self, x):
+    return jnp.sin(x) + 1e12
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.cos(x) * t
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x
+
+  def vjp_bwd_retval(self, x, g):
+    return (jnp.cos(x) * (1 + 1e-6) * g,)
+
+
+def test_two_rules_of_a_flat_function_may_differ_by_its_rounding():
+  """Compared with each other (the vjp with the jvp rule), two rules of a
+  function flat to its rounding may differ by what that rounding hides."""
+  report = check_rules(lambda x: _Lifted(jax.typeof(x))(x), jnp.array([0.5]),
+                       modes=("jvp", "vjp"), order=1, raise_on_failure=False)
+  assert any("vjp vs the jvp rule" in line for line in report.ran), report
+  assert not report.failures, report
