@@ -1,6 +1,7 @@
 """A pass is a promise (issue 46): check_rules' three verdicts, exact finite
 differences, surrogate rules, and a report that lists what it counts."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -683,3 +684,17 @@ def test_two_rules_of_a_flat_function_may_differ_by_its_rounding():
                        modes=("jvp", "vjp"), order=1, raise_on_failure=False)
   assert any("vjp vs the jvp rule" in line for line in report.ran), report
   assert not report.failures, report
+
+
+def test_a_failed_identity_s_max_error_is_the_difference_of_its_sides():
+  """A backward rule off the identity: the failure's max_error is
+  |<ȳ, J ṫ> - <vjp(ȳ), ṫ>|, the error its message gives."""
+  @jax.custom_vjp
+  def exp(x):
+    return jnp.exp(x)
+  exp.defvjp(lambda x: (jnp.exp(x), x), lambda x, g: (g * x,))
+  report = check_rules(exp, X, modes="vjp", order=1, raise_on_failure=False)
+  (failure,) = report.failures
+  lhs, rhs = (float(v) for v in re.findall(r"= (-?[0-9.e+-]+)",
+                                           failure.detail)[:2])
+  assert failure.max_error == pytest.approx(abs(lhs - rhs), rel=1e-6)
