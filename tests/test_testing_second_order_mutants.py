@@ -1,6 +1,7 @@
 """The second-order checks (hijax/testing/_second_order.py) on what their
 other tests leave out: a third order, and which first derivatives are
 differentiated again."""
+import jax
 import jax.numpy as jnp
 
 from hijax.testing import check_rules
@@ -8,6 +9,46 @@ from hijax.testing import check_rules
 import zoo
 
 X = jnp.array([0.3, -1.2, 2.0])
+
+
+class Logistic(zoo.Unary):
+  """The logistic function, whose jvp rule is plain JAX (its primal too)."""
+
+  def expand(self, x):
+    return jax.nn.sigmoid(x)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    s = jax.nn.sigmoid(x)
+    return s, s * (1 - s) * t
+
+
+class Softplus(zoo.Unary):
+  """log(1 + e^x), whose jvp rule binds Logistic: the chain of rules bound
+  ends there (Tanh's does not: Sech2's jvp binds Sech2 again)."""
+
+  def expand(self, x):
+    return jnp.logaddexp(x, 0.0)
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return jnp.logaddexp(x, 0.0), Logistic(jax.typeof(x))(x) * t
+
+
+def test_order_two_checks_no_second_order_of_the_derived_functions():
+  """At order=2 the tangent map's rules (Logistic's jvp) are checked at first
+  order only; at order=3 their second order too. (First in this file: with
+  an order that does not fall, Tanh's checks below would never end.)"""
+  softplus = lambda x: Softplus(jax.typeof(x))(x)
+  nested = lambda report: [r for r in report.ran if r.startswith(
+      "second_order: second order, on") and ": second_order: " in r]
+  report = check_rules(softplus, X, modes=("jvp", "second_order"), order=2)
+  assert report.passed, report
+  assert any(r.startswith("second_order: second order, on the tangent map")
+             for r in report.ran), report.ran
+  assert not nested(report), report.ran
+  assert nested(check_rules(softplus, X, modes=("jvp", "second_order"),
+                            order=3))
 
 
 def test_order_three_checks_the_second_order_of_the_derived_functions():

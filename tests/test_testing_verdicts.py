@@ -1,6 +1,7 @@
 """A pass is a promise (issue 46): check_rules' three verdicts, exact finite
 differences, surrogate rules, and a report that lists what it counts."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -630,3 +631,70 @@ def test_a_refusal_by_design_excuses_no_other_rule_of_the_program():
   beside = check_rules(lambda x: _bad(ste(x) * 2.), X, surrogates=[ste],
                        raise_on_failure=False)
   assert {f.rule for f in beside.failures} == {"_bad (custom_vjp): fwd/bwd"}
+
+
+def _sqrt_abs_and_double():
+  @jax.custom_vjp
+  def f(x):
+    return jnp.sqrt(jnp.abs(x)), 2 * x
+
+  def fwd(x):
+    return f(x), x
+
+  def bwd(x, g):
+    return jax.vjp(lambda x: (jnp.sqrt(jnp.abs(x)), 2 * x), x)[1](g)
+  f.defvjp(fwd, bwd)
+  return f
+
+
+def test_an_input_left_out_of_the_identity_gets_a_zero_tangent():
+  """At x = 0, sqrt|x|'s cotangent is not finite and its output element not
+  judged, but 2x there is: the input element is left out of the identity
+  (a zero tangent on both sides, not a tangent on the left alone)."""
+  report = check_rules(_sqrt_abs_and_double(), jnp.array([0.0, 1.3, -0.7]),
+                       modes="vjp", order=1)
+  assert report.passed, report
+  assert any("non-finite cotangent at 1 input element" in line
+             for line in report.inconclusive), report
+
+
+class _Lifted(zoo.Unary):
+  """sin(x) + 1e12: flat to float64's resolution at 0.5. Its backward rule
+  is 1e-6 off the jvp rule's slope, far within what the function's own
+  rounding hides there."""
+
+  def expand(self, x):
+    return jnp.sin(x) + 1e12
+
+  def jvp(self, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return self(x), jnp.cos(x) * t
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), x
+
+  def vjp_bwd_retval(self, x, g):
+    return (jnp.cos(x) * (1 + 1e-6) * g,)
+
+
+def test_two_rules_of_a_flat_function_may_differ_by_its_rounding():
+  """Compared with each other (the vjp with the jvp rule), two rules of a
+  function flat to its rounding may differ by what that rounding hides."""
+  report = check_rules(lambda x: _Lifted(jax.typeof(x))(x), jnp.array([0.5]),
+                       modes=("jvp", "vjp"), order=1, raise_on_failure=False)
+  assert any("vjp vs the jvp rule" in line for line in report.ran), report
+  assert not report.failures, report
+
+
+def test_a_failed_identity_s_max_error_is_the_difference_of_its_sides():
+  """A backward rule off the identity: the failure's max_error is
+  |<ȳ, J ṫ> - <vjp(ȳ), ṫ>|, the error its message gives."""
+  @jax.custom_vjp
+  def exp(x):
+    return jnp.exp(x)
+  exp.defvjp(lambda x: (jnp.exp(x), x), lambda x, g: (g * x,))
+  report = check_rules(exp, X, modes="vjp", order=1, raise_on_failure=False)
+  (failure,) = report.failures
+  lhs, rhs = (float(v) for v in re.findall(r"= (-?[0-9.e+-]+)",
+                                           failure.detail)[:2])
+  assert failure.max_error == pytest.approx(abs(lhs - rhs), rel=1e-6)

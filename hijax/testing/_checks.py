@@ -1,8 +1,9 @@
-"""The checks of `expand` and the first-order rules, one function per mode,
-and the inner-product identity that checks a backward rule."""
+"""The checks of `expand`, of the first-order rules (`check_mode`: jvp, vjp
+and lin in each direction) and of transpose, and the inner-product identity
+that checks a backward rule."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -41,20 +42,21 @@ def aligned_cotangents(p: Point, like, j_t, judged):
 
 
 def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
-                   inputs: str, tangents: list | None, like: Sequence,
-                   reference: Callable, transpose: Callable, judge: Callable,
+                   inputs: str, tangents: list | None, direction,
+                   reference: Callable, transpose: Callable,
                    floors: Callable | None = None, rule: str | None = None,
                    what: str = "<ȳ, J ṫ> = {lhs:.8g} with J ṫ from {ref}, but "
-                   "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = "") -> bool:
-  """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>``. ``reference(tangents,
-  first)``: `_reference`'s tuple; ``judge(bounds, est)``: the elements it
-  judges."""
+                   "<vjp(ȳ), ṫ> = {rhs:.8g}", hint: str = ""):
+  """Checks ``<ȳ, J ṫ> = <transpose(ȳ), ṫ>`` at ``p`` along ``direction``;
+  ``reference(tangents, first)``: `reference`'s tuple."""
+  like = p.ref_out()
+  judge = lambda bounds, est: p.judged(direction, bounds, est)
   ref, label, bounds, used, est = reference(tangents, True)
   judged = judge(bounds, est)
   if not any(np.any(ok) for ok in judged):
     w.judged_nothing(check, "no output element can be judged along this "
                        "direction (see the finite differences above)")
-    return True
+    return
   ybar = aligned_cotangents(p, like, ref, judged)
   cts_in = transpose(ybar)
   left_out = [~np.isfinite(np.asarray(c)) for c in cts_in]
@@ -85,12 +87,11 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
     else:
       w.judged_nothing(check, f"{label} only bounds the elements compared "
                          "(see above)")
-    return True
+    return
   w.fail(mode, check, inputs,
            what.format(lhs=lhs, rhs=rhs, ref=label)
            + f": error {abs(lhs - rhs):.3g} (tolerance {bound:.3g})"
            + (hint if np.isfinite(rhs) else ""), abs(lhs - rhs), rule=rule)
-  return False
 
 
 def _flat_floors(p: Point, w: Writer, direction, tangents) -> list:
@@ -105,7 +106,7 @@ def _flat_floors(p: Point, w: Writer, direction, tangents) -> list:
 
 
 def _check_types(w: Writer, mode, check, inputs, got, like, names,
-                 got_label) -> bool:
+                 got_label):
   """Fails the first of ``got`` without the type of its input."""
   for name, g, x in zip(names, got, like):
     if type_str(g) != type_str(x):
@@ -113,28 +114,64 @@ def _check_types(w: Writer, mode, check, inputs, got, like, names,
                f"{name}: {got_label} gives {type_str(g)}, but the input is "
                f"{type_str(x)} (a cotangent has the shape and dtype of "
                "its input)", float("inf"))
-      return False
-  return True
+      return
 
 
 def check_expand(p: Point, s: Settings, w: Writer):
-  """`expand`'s output types against ``out_aval``; the eager and the jitted
-  call against `expand`."""
+  """`expand`'s output types against ``out_aval``, the eager and the jitted
+  call against `expand`; a custom function's jitted call against its
+  trace's types (and, without jit, against the eager call)."""
   inputs = p.describe_inputs()
-  if p.fd_of != "expand":
-    _check_eager_and_jit(p, s, w, inputs)
+  jitted = ((lambda *_: p.compiled.evaluate([p.leaves])[0]) if s.jit
+            else jax.jit(p.fn))
+  if p.fd_of == "expand":
+    want = _expanded(p, w, inputs)
+    for how, fn in [("eager call", p.fn), ("jitted call", jitted)]:
+      if want is not None and (got := _call(
+          w, f"{how} vs expand", inputs, fn, p.args)) is not None:
+        _versus(p, s, w, inputs, how, got, "expand", want)
     return
+  if (got := _call(w, "jitted call", inputs, jitted, p.args)) is None:
+    return
+  _check_traced_types(p, w, inputs, got)
+  if not s.jit and (eager := _call(w, "eager call", inputs, p.fn,
+                                   p.args)) is not None:
+    _versus(p, s, w, inputs, "jitted call", got, "eager call",
+            [on_device(y) for y in eager])
+
+
+def _call(w: Writer, check, inputs, fn, args) -> list | None:
+  """``fn(*args)``'s leaves, or None where it raised (a failure)."""
+  try:
+    return jax.tree.leaves(fn(*args))
+  except Exception as e:  # pylint: disable=broad-except
+    w.fail_raised("expand", check, inputs, e)
+    return None
+
+
+def _versus(p: Point, s: Settings, w: Writer, inputs, got_label, got,
+            want_label, want):
+  check = f"{got_label} vs {want_label}"
+  w.ran("expand", check)
+  w.compare("expand", check, inputs, got, want, s.tol, names=p.out_names,
+            got_label=got_label, want_label=want_label,
+            floors=p.primal_floors(w, True))
+
+
+def _expanded(p: Point, w: Writer, inputs) -> list | None:
+  """`expand` evaluated at the point, its output types checked against
+  ``out_aval`` (None where it raised)."""
   closed = jax.make_jaxpr(p.fn)(*p.args)
   found = []
   try:
     expanded = eval_expanded(closed.jaxpr, closed.consts, p.leaves, found)
   except ExpandStructureError as e:
     w.fail("expand", "expand's output structure matches out_aval", inputs,
-             str(e), float("inf"), rule=f"{type(e.prim).__name__}.expand")
-    return
+           str(e), float("inf"), rule=f"{type(e.prim).__name__}.expand")
+    return None
   except Exception as e:  # pylint: disable=broad-except
     w.fail_raised("expand", "evaluating expand", inputs, e)
-    return
+    return None
   w.ran("expand", "expand's output types match out_aval")
   for prim, _, out, _ in found:
     for i, (x, aval) in enumerate(zip(jax.tree.leaves(out),
@@ -147,91 +184,72 @@ def check_expand(p: Point, s: Settings, w: Writer):
         same = got == aval
       if not same:
         w.fail("expand", "expand's output types match out_aval", inputs,
-                 f"output leaf {i}: expand returned {got.str_short()}, but "
-                 f"out_aval declares {aval.str_short()}", float("inf"),
-                 rule=f"{type(prim).__name__}.expand")
-  expanded = [on_device(x) for x in expanded]
-  for how, fn in [("eager call", p.fn),
-                  ("jitted call", jax.jit(p.fn) if not s.jit
-                   else lambda *_: p.compiled.evaluate([p.leaves])[0])]:
-    try:
-      got = jax.tree.leaves(fn(*p.args))
-    except Exception as e:  # pylint: disable=broad-except
-      w.fail_raised("expand", f"{how} vs expand", inputs, e)
-      continue
-    w.ran("expand", f"{how} vs expand")
-    w.compare("expand", f"{how} vs expand", inputs, got, expanded,
-                s.tol, names=p.out_names, got_label=how,
-                want_label="expand", floors=p.primal_floors(w, True))
+               f"output leaf {i}: expand returned {got.str_short()}, but "
+               f"out_aval declares {aval.str_short()}", float("inf"),
+               rule=f"{type(prim).__name__}.expand")
+  return [on_device(x) for x in expanded]
 
 
-def _check_eager_and_jit(p: Point, s: Settings, w: Writer, inputs):
+def _check_traced_types(p: Point, w: Writer, inputs, got):
   """A custom function's compiled call must return its trace's types."""
   check = "jitted call's output types vs its trace"
-  try:
-    got = (p.compiled.evaluate([p.leaves])[0] if s.jit
-           else jax.tree.leaves(jax.jit(p.fn)(*p.args)))
-  except Exception as e:  # pylint: disable=broad-except
-    w.fail_raised("expand", "jitted call", inputs, e)
-    return
   w.ran("expand", check)
   for name, y, aval in zip(p.out_names, got, p.out_avals):
     if (np.shape(y), np.asarray(y).dtype) != (aval.shape, aval.dtype):
       w.fail("expand", check, inputs,
-               f"{name}: the jitted call gives {type_str(y)}, but its trace "
-               f"gives {aval.dtype.name}{list(aval.shape)}", float("inf"))
-  if s.jit:
-    return
-  check = "jitted call vs eager call"
-  try:
-    eager = jax.tree.leaves(p.fn(*p.args))
-  except Exception as e:  # pylint: disable=broad-except
-    w.fail_raised("expand", "eager call", inputs, e)
-    return
-  w.ran("expand", check)
-  w.compare("expand", check, inputs, got, [on_device(y) for y in eager],
-              s.tol, names=p.out_names, got_label="jitted call",
-              want_label="eager call", floors=p.primal_floors(w, True))
+             f"{name}: the jitted call gives {type_str(y)}, but its trace "
+             f"gives {aval.dtype.name}{list(aval.shape)}", float("inf"))
 
 
 def _same_primal(p: Point, s: Settings, w: Writer, mode, inputs,
                  out) -> bool:
   """Whether a derivative's primal output is the function's (uncounted)."""
   return w.compare(mode, f"{mode}'s primal output vs the primitive's "
-                     "output", inputs, out, p.ref_out(), s.tol,
-                     got_label=mode, want_label="the primitive",
-                     floors=p.primal_floors(w), counts=False)
+                   "output", inputs, out, p.ref_out(), s.tol,
+                   got_label=mode, want_label="the primitive",
+                   floors=p.primal_floors(w), counts=False)
 
 
-def check_jvp(p: Point, s: Settings, w: Writer, jvp_passed: dict):
-  """``jax.jvp`` against central finite differences, in each direction
-  (``jvp_passed`` records where it passed)."""
+def check_mode(p: Point, s: Settings, w: Writer, mode: str,
+               jvp_passed: dict):
+  """The checks of ``expand``, ``transpose`` or a first-order derivative
+  (``jvp``, ``vjp``, ``lin``: in each direction, ``jvp_passed`` recording
+  where the jvp rule passed, the reference of the others)."""
+  if mode in ("expand", "transpose"):
+    return (check_expand if mode == "expand" else check_transpose)(p, s, w)
+  if mode != "jvp":
+    check_nzs_out(p, s, w, mode)
   for direction in p.directions():
-    if w.out_of_time("jvp", p.describe_direction(direction)):
-      continue
-    inputs = p.describe_inputs(direction)
-    tangents = list(p.fd(direction, w).tangents)  # those of the reference
-    check = f"jvp vs central finite differences of {p.fd_of}"
-    try:
-      out, t_out = p.derivative("jvp", direction, tangents)
-    except Exception as e:  # pylint: disable=broad-except
-      w.fail_raised("jvp", check, inputs, e)
-      jvp_passed[direction] = False
-      continue
-    ok = _same_primal(p, s, w, "jvp", inputs, out)
-    where = f"{check} ({p.describe_direction(direction)})"
-    if p.surrogate:  # its tangent is not the function's: nothing to compare
-      w.skip_by_intent("jvp", f"{where}: a surrogate's tangent is not "
-                         "compared with the function")
-    else:
-      w.ran("jvp", where)
-      fd = p.fd(direction, w)
-      ok &= w.compare("jvp", check, inputs, t_out, fd.values,
-                        s.tol, got_label="jvp",
-                        want_label="finite differences", bounds=fd.bounds,
-                        skip=fd.skipped(), uncounted=fd.uncounted(),
-                        own=fd.own)
-    jvp_passed[direction] = ok
+    if not w.out_of_time(mode, p.describe_direction(direction)):
+      _AT_DIRECTION[mode](p, s, w, direction, p.describe_inputs(direction),
+                          jvp_passed)
+  return None
+
+
+def _jvp_at(p: Point, s: Settings, w: Writer, direction, inputs,
+            jvp_passed: dict):
+  """``jax.jvp`` against central finite differences."""
+  tangents = list(p.fd(direction, w).tangents)  # those of the reference
+  check = f"jvp vs central finite differences of {p.fd_of}"
+  try:
+    out, t_out = p.derivative("jvp", direction, tangents)
+  except Exception as e:  # pylint: disable=broad-except
+    w.fail_raised("jvp", check, inputs, e)
+    jvp_passed[direction] = False
+    return
+  ok = _same_primal(p, s, w, "jvp", inputs, out)
+  where = f"{check} ({p.describe_direction(direction)})"
+  if p.surrogate:  # its tangent is not the function's: nothing to compare
+    w.skip_by_intent("jvp", f"{where}: a surrogate's tangent is not "
+                     "compared with the function")
+  else:
+    w.ran("jvp", where)
+    fd = p.fd(direction, w)
+    ok &= w.compare("jvp", check, inputs, t_out, fd.values, s.tol,
+                    got_label="jvp", want_label="finite differences",
+                    bounds=fd.bounds, skip=fd.skipped(),
+                    uncounted=fd.uncounted(), own=fd.own)
+  jvp_passed[direction] = ok
 
 
 def _trusts_jvp(p: Point, jvp_passed: dict, direction) -> bool:
@@ -239,11 +257,12 @@ def _trusts_jvp(p: Point, jvp_passed: dict, direction) -> bool:
   return p.has("jvp") and jvp_passed.get(direction, True)
 
 
-def _reference(p: Point, s: Settings, w: Writer, direction,
-               jvp_passed: dict, tangents, first=True):
-  """``(J ṫ, label, bounds, tangents, est)`` from the jvp rule where it
-  passed, else from finite differences (``first``: the point's own)."""
-  if _trusts_jvp(p, jvp_passed, direction):
+def reference(p: Point, s: Settings, w: Writer, direction, tangents,
+              first=True, trust_jvp=False, of=None):
+  """``(J ṫ, label, bounds, tangents, est)`` from the jvp rule where
+  ``trust_jvp``, else from finite differences of ``of`` (``first``: the
+  point's own)."""
+  if trust_jvp:
     try:
       return (list(p.derivative("jvp", direction, tangents)[1]),
               "the jvp rule", None, list(tangents), None)
@@ -251,87 +270,80 @@ def _reference(p: Point, s: Settings, w: Writer, direction,
       pass
   est = (p.fd(direction, w) if first
          else p.fd_along(direction, tangents, s.eps))
-  return (list(est.values), f"finite differences of {p.fd_of}", est.bounds,
-          list(est.tangents), est)
+  return (list(est.values), f"finite differences of {of or p.fd_of}",
+          est.bounds, list(est.tangents), est)
 
 
-def check_vjp(p: Point, s: Settings, w: Writer, jvp_passed: dict):
+def _vjp_at(p: Point, s: Settings, w: Writer, direction, inputs,
+            jvp_passed: dict):
   """``jax.vjp`` against the jvp rule (or finite differences) through
-  ``<ȳ, J ṫ> = <vjp(ȳ), ṫ>``; the ``nzs_out`` that `vjp_fwd` returns."""
-  check_nzs_out(p, s, w, "vjp")
-  for direction in p.directions():
-    if w.out_of_time("vjp", p.describe_direction(direction)):
-      continue
-    inputs = p.describe_inputs(direction)
-    xs = tuple(p.xs_of(direction))
-    tangents = [p.random_like(p.leaves[i]) for i in direction]
-    try:
-      out, _ = p.derivative("vjp", direction, [np.zeros_like(y)
-                                      for y in p.ref_out()])
-    except Exception as e:  # pylint: disable=broad-except
-      w.fail_raised("vjp", "vjp", inputs, e)
-      continue
-    label = ("the jvp rule" if _trusts_jvp(p, jvp_passed, direction)
-             else f"finite differences of {p.fd_of}")
-    check = f"vjp vs {label} (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"
-    if p.surrogate and label != "the jvp rule":
-      w.skip_by_intent(
-          "vjp", f"{check} ({p.describe_direction(direction)}): a "
-          "surrogate's backward pass is not compared with the function")
-      continue
-    w.ran("vjp", f"{check} ({p.describe_direction(direction)})")
-    _same_primal(p, s, w, "vjp", inputs, out)
-    seen = []
+  ``<ȳ, J ṫ> = <vjp(ȳ), ṫ>``."""
+  xs = tuple(p.xs_of(direction))
+  tangents = [p.random_like(p.leaves[i]) for i in direction]
+  try:
+    out, _ = p.derivative("vjp", direction, [np.zeros_like(y)
+                                             for y in p.ref_out()])
+  except Exception as e:  # pylint: disable=broad-except
+    w.fail_raised("vjp", "vjp", inputs, e)
+    return
+  trust = _trusts_jvp(p, jvp_passed, direction)
+  label = "the jvp rule" if trust else f"finite differences of {p.fd_of}"
+  check = f"vjp vs {label} (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"
+  if p.surrogate and not trust:
+    w.skip_by_intent(
+        "vjp", f"{check} ({p.describe_direction(direction)}): a "
+        "surrogate's backward pass is not compared with the function")
+    return
+  w.ran("vjp", f"{check} ({p.describe_direction(direction)})")
+  _same_primal(p, s, w, "vjp", inputs, out)
+  calls = []
 
-    def transpose(ybar):
-      cts_in = list(p.derivative("vjp", direction, ybar)[1])
-      if not seen:
-        seen.append(_check_types(
-            w, "vjp", "vjp's cotangent types vs the inputs' types", inputs,
-            cts_in, xs, [p.names[i] for i in direction], "vjp"))
-      return cts_in
-    try:
-      check_identity(p, s, w, "vjp", check, inputs, tangents, p.ref_out(),
-                     lambda t, first: _reference(p, s, w, direction,
-                                                 jvp_passed, t, first), transpose,
-                     lambda b, est: p.judged(direction, b, est),
-                     lambda t: _flat_floors(p, w, direction, t))
-    except Exception as e:  # pylint: disable=broad-except
-      w.fail_raised("vjp", check, inputs, e)
+  def transpose(ybar):
+    cts_in = list(p.derivative("vjp", direction, ybar)[1])
+    if not calls:  # the types, at the first call
+      _check_types(w, "vjp", "vjp's cotangent types vs the inputs' types",
+                   inputs, cts_in, xs, [p.names[i] for i in direction], "vjp")
+    calls.append(ybar)
+    return cts_in
+  try:
+    check_identity(p, s, w, "vjp", check, inputs, tangents, direction,
+                   lambda t, first: reference(p, s, w, direction, t, first,
+                                              trust), transpose,
+                   lambda t: _flat_floors(p, w, direction, t))
+  except Exception as e:  # pylint: disable=broad-except
+    w.fail_raised("vjp", check, inputs, e)
 
 
-def check_lin(p: Point, s: Settings, w: Writer, jvp_passed: dict):
-  """``jax.linearize`` against the jvp rule (or finite differences); `lin`'s
-  ``nzs_out``."""
-  check_nzs_out(p, s, w, "lin")
-  for direction in p.directions():
-    if w.out_of_time("lin", p.describe_direction(direction)):
-      continue
-    inputs = p.describe_inputs(direction)
-    ref, ref_label, bounds, tangents, est = _reference(
-        p, s, w, direction, jvp_passed,
-        [p.random_like(p.leaves[i]) for i in direction])
-    uncounted, own = (None, None) if est is None else (est.uncounted(),
-                                                       est.own)
-    if p.surrogate and bounds is not None:
-      w.skip_by_intent("lin", f"linearized vs {ref_label}: a surrogate's "
-                         "tangent is not compared with the function")
-      continue
-    try:
-      out, t_out = p.derivative("lin", direction, tangents)
-    except Exception as e:  # pylint: disable=broad-except
-      w.fail_raised("lin", "linearize", inputs, e)
-      continue
-    check = f"linearized vs {ref_label}"
-    w.ran("lin", f"{check} ({p.describe_direction(direction)})")
-    _same_primal(p, s, w, "lin", inputs, out)
-    floors = None
-    if bounds is None:  # two rules: each may lose what cancels
-      floors = [2 * f for f in _flat_floors(p, w, direction, tangents)]
-    skip = [~ok for ok in p.judged(direction)]
-    w.compare("lin", check, inputs, t_out, ref, s.tol,
-                got_label="linearized", want_label=ref_label, bounds=bounds,
-                skip=skip, floors=floors, uncounted=uncounted, own=own)
+def _lin_at(p: Point, s: Settings, w: Writer, direction, inputs,
+            jvp_passed: dict):
+  """``jax.linearize`` against the jvp rule (or finite differences)."""
+  ref, ref_label, bounds, tangents, est = reference(
+      p, s, w, direction, [p.random_like(p.leaves[i]) for i in direction],
+      trust_jvp=_trusts_jvp(p, jvp_passed, direction))
+  uncounted, own = (None, None) if est is None else (est.uncounted(),
+                                                     est.own)
+  if p.surrogate and bounds is not None:
+    w.skip_by_intent("lin", f"linearized vs {ref_label}: a surrogate's "
+                     "tangent is not compared with the function")
+    return
+  try:
+    out, t_out = p.derivative("lin", direction, tangents)
+  except Exception as e:  # pylint: disable=broad-except
+    w.fail_raised("lin", "linearize", inputs, e)
+    return
+  check = f"linearized vs {ref_label}"
+  w.ran("lin", f"{check} ({p.describe_direction(direction)})")
+  _same_primal(p, s, w, "lin", inputs, out)
+  floors = None
+  if bounds is None:  # two rules: each may lose what cancels
+    floors = [2 * f for f in _flat_floors(p, w, direction, tangents)]
+  skip = [~ok for ok in p.judged(direction)]
+  w.compare("lin", check, inputs, t_out, ref, s.tol, got_label="linearized",
+            want_label=ref_label, bounds=bounds, skip=skip, floors=floors,
+            uncounted=uncounted, own=own)
+
+
+_AT_DIRECTION = {"jvp": _jvp_at, "vjp": _vjp_at, "lin": _lin_at}
 
 
 def _linear_sets(p: Point, s: Settings):

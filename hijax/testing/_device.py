@@ -94,20 +94,15 @@ def _ulps(got, want, dtype, floor=None) -> float:
   return float(np.max(ratio, initial=0.0)) / eps_of(dtype)
 
 
-def _derivatives(xs):
-  """Each calibration function's first and second derivatives at ``xs``."""
-  out = []
+def _measured(a, b, xs):
+  """What `calibrate` runs on the device, as one program (one compile): a
+  product, each function and its first and second derivatives at ``xs``."""
+  values, derivatives = [], []
   for (jf, _, _), x in zip(_FUNCTIONS.values(), xs):
     d1 = jax.grad(jf)
-    out += [jax.vmap(d1)(x), jax.vmap(jax.grad(d1))(x)]
-  return out
-
-
-def _measured(a, b, xs):
-  """What `calibrate` runs on the device, as one program (one compile)."""
-  return (jnp.matmul(a, b),
-          [jf(x) for (jf, _, _), x in zip(_FUNCTIONS.values(), xs)],
-          _derivatives(xs))
+    values.append(jf(x))
+    derivatives += [jax.vmap(d1)(x), jax.vmap(jax.grad(d1))(x)]
+  return jnp.matmul(a, b), values, derivatives
 
 
 @functools.lru_cache(maxsize=16)

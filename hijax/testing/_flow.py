@@ -13,8 +13,7 @@ import numpy as np
 
 from hijax.testing._batching import add_batch_parts, check_batch
 from hijax.testing._budget import SECONDS_PER_RULE, BudgetSpent
-from hijax.testing._checks import (check_expand, check_jvp, check_lin,
-                                   check_transpose, check_vjp)
+from hijax.testing._checks import check_mode
 from hijax.testing import _device
 from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._device import describe
@@ -83,18 +82,14 @@ def _in_own_dtypes(args):
   return own, str(floats[0]) if floats else None
 
 
-def _device_x64(own_dtype) -> bool:
-  """Whether the device's half runs with float64 enabled: only for float64
-  inputs (else a constant the function makes would come out float64)."""
-  return own_dtype == "float64"
-
-
 def _device_point(request: Request, plan, own, own_dtype, accel,
                   ahead=True) -> Point | None:
   """The device's point of ``plan``, its compile started now (``ahead``: it
   runs while the host's half does); None where it cannot be made."""
   try:
-    with jax.default_device(accel), jax.enable_x64(_device_x64(own_dtype)):
+    # float64 enabled only for float64 inputs (else a constant the function
+    # makes would come out float64)
+    with jax.default_device(accel), jax.enable_x64(own_dtype == "float64"):
       p, _, _ = request.point(own, own_dtype)
       add_parts(p, request.settings, plan)
       if ahead:
@@ -114,6 +109,11 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
   on_accel, accel_float = _in_own_dtypes(args) if accel else (None, None)
   accel_dtype = accel_float or "float32"
   devices: dict = {}  # plan -> the device's point, compiling ahead
+
+  def device_ahead(plan):
+    if accel is not None and tuple(plan) not in devices:
+      devices[tuple(plan)] = _device_point(request, plan, on_accel,
+                                           accel_dtype, accel)
   p = w = plan = made = derived = error = None
   host_done = False  # a stop in the device's half leaves no mode unrun
   try:
@@ -134,9 +134,7 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
             except Exception:  # pylint: disable=broad-except
               continue
             p, derived = q, add_parts(q, s, plan) if s.jit else None
-            if s.jit and accel is not None and tuple(plan) not in devices:
-              devices[tuple(plan)] = _device_point(request, plan, on_accel,
-                                                   accel_dtype, accel)
+            device_ahead(plan)
             if _raised(lambda: q.compiled.evaluate([q.leaves]) if s.jit
                        else jax.jit(q.fn)(*q.args)) is None:
               break
@@ -151,9 +149,8 @@ def check(request: Request, args, x64: bool | None, accel) -> RuleReport:
       p, w, plan = made or request.point(*points[in64])
       if derived is None:
         derived = add_parts(p, s, plan)
-      if accel is not None and error is None and tuple(plan) not in devices:
-        devices[tuple(plan)] = _device_point(request, plan, on_accel,
-                                             accel_dtype, accel)
+      if error is None:
+        device_ahead(plan)
       w.report.required = required_rules(p, s, plan)
       if not function_raises(p, w, plan, error):
         run(p, s, w, plan, derived)
@@ -179,7 +176,7 @@ def device_half(request: Request, p: Point, w: Writer, plan, own,
                 own_dtype, accel, device: Point | None) -> None:
   """`check_on_device` for the host's point ``p``, against a float64 host
   point at ``own``."""
-  x64, host64 = _device_x64(own_dtype), w.report.dtype == "float64"
+  x64, host64 = own_dtype == "float64", w.report.dtype == "float64"
 
   def host_settings():
     stack = contextlib.ExitStack()
@@ -292,20 +289,12 @@ def run(p: Point, s: Settings, w: Writer, modes, derived: list[Derived]):
       w.skip(mode, "no floating-point outputs")
     else:
       try:
-        if mode == "expand":
-          check_expand(p, s, w)
-        elif mode == "jvp":
-          check_jvp(p, s, w, jvp_passed)
-        elif mode == "vjp":
-          check_vjp(p, s, w, jvp_passed)
-        elif mode == "lin":
-          check_lin(p, s, w, jvp_passed)
-        elif mode == "transpose":
-          check_transpose(p, s, w)
-        elif mode == "batch":
+        if mode == "batch":
           check_batch(p, s, w)
-        else:
+        elif mode == "second_order":
           check_second_order(p, s, w, derived, run)
+        else:
+          check_mode(p, s, w, mode, jvp_passed)
       except Exception as e:  # pylint: disable=broad-except  (e.g. prim_fn fails under jit)
         w.fail_raised(mode, f"running the {mode} checks",
                       p.describe_inputs(), e)

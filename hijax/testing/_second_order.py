@@ -11,7 +11,7 @@ import numpy as np
 
 from hijax._internals import partial_eval as _pe
 
-from hijax.testing._checks import check_identity
+from hijax.testing._checks import check_identity, reference
 from hijax.testing._compiled import Compiled, Part, derivative_part
 from hijax.testing._context import Point, Settings, Writer
 from hijax.testing._discovery import find_hiprims
@@ -36,31 +36,6 @@ def _derivative(kind, f, n):
 # The first derivatives differentiated again, with their fixed vectors.
 _AGAIN = {"vjp": "the backward pass x -> vjp(f, x)[1](ȳ)",
           "jvp": "the tangent map x -> jvp(f, x, ṫ)[1]"}
-
-
-def _first_derivatives(p: Point, s: Settings):
-  """The backward pass and the tangent map of the floating-point inputs,
-  with their fixed vectors."""
-  direction = tuple(p.float_idx)
-  f = p.restrict(direction)
-  xs = p.xs_of(direction)
-  names = [p.names[i] for i in direction]
-  found = []
-  # the size of the values a backward pass (a tangent map) combines: the
-  # output's times the cotangent's (the tangent's)
-  top = lambda vs: max([float(np.max(np.abs(np.asarray(v)))) for v in vs
-                        if np.size(v)] or [0.0])
-  y_top = top(p.ref_out())
-  for mode, what in _AGAIN.items():
-    if p.has(mode) and mode in s.modes:
-      v = tuple(p.random_like(y)  # ȳ, or ṫ
-                for y in (p.ref_out() if mode == "vjp" else xs))
-      g = _derivative(mode, f, len(xs))
-      found.append((mode, what, lambda *x, g=g, v=v: g(*x, *v), xs, names,
-                    y_top * top(v),
-                    lambda a, mode=mode, v=v: p.derivative(
-                        mode, direction, v, xs=a)[1], v))
-  return found
 
 
 def _again(p: Point, mode):
@@ -91,30 +66,52 @@ def add_second_order_parts(p: Point, s: Settings):
           else p.zeros_like_inputs(d), p.zeros_like_inputs(d)))
 
 
-def _declared_limit(p: Point, exc) -> str | None:
-  """`declared_limit`'s reason, unless the jvp rule is at fault."""
-  why = declared_limit(exc)
-  return None if why is None or p.primal_reads_tangent else why
+def _limit(p: Point, s: Settings, w: Writer, check, inputs, rule,
+           e) -> str | None:
+  """The limit ``e`` declares, where it excuses the rule; else None, ``e``
+  reported as a failure (also where the jvp rule is at fault)."""
+  why = declared_limit(e)
+  if why is None or p.primal_reads_tangent or s.require_second_order:
+    w.fail_raised("second_order", check, inputs, e, rule=rule)
+    return None
+  return why
+
+
+def _top(vs) -> float:
+  return max([float(np.max(np.abs(np.asarray(v)))) for v in vs
+              if np.size(v)] or [0.0])
 
 
 def check_differentiated_rules(p: Point, s: Settings, w: Writer):
-  """The rules' second derivatives against finite differences of the first."""
-  for mode, what, g, xs, names, scale, evaluate_one, vector in (
-      _first_derivatives(p, s)):
+  """The backward pass and the tangent map (of the floating-point inputs,
+  at fixed vectors) differentiated again, against their finite
+  differences."""
+  d = tuple(p.float_idx)
+  xs, names = p.xs_of(d), [p.names[i] for i in d]
+  vectors = {mode: tuple(p.random_like(y)  # ȳ, or ṫ
+                         for y in (p.ref_out() if mode == "vjp" else xs))
+             for mode in _AGAIN if p.has(mode) and mode in s.modes}
+  for mode, v in vectors.items():
+    what, rule = _AGAIN[mode], p.rule_name(mode)
+    fixed = lambda *x, g=_derivative(mode, p.restrict(d), len(xs)), v=v: g(
+        *x, *v)
     inputs = p.describe_inputs(extra=f"differentiating {what}")
     check = f"{what}, differentiated again, vs its finite differences"
-    rule = p.rule_name(mode)
     if w.out_of_time("second_order", check):
       continue
     # the derivative as a point, evaluated by the first-order programs
     bound = {}
     if p.compiled.has(_again_part(mode)):
       bound[derivative_part(mode, tuple(range(len(xs))))] = (
-          p.compiled, _again_part(mode), (vector,))
+          p.compiled, _again_part(mode), (v,))
     try:
-      sub = Point.of(g, xs, names, p.prims, s, p.rng, Compiled(
-          g, xs, s.jit, budget=s.budget, evaluate_one=evaluate_one,
-          bound=bound), per_leaf=False, fd_scale=scale)
+      # fd_scale: the size of the values it combines, the output's times
+      # the cotangent's (the tangent's)
+      sub = Point.of(fixed, xs, names, p.prims, s, p.rng, Compiled(
+          fixed, xs, s.jit, budget=s.budget, bound=bound,
+          evaluate_one=lambda a, mode=mode, v=v: p.derivative(
+              mode, d, v, xs=a)[1]), per_leaf=False,
+                     fd_scale=_top(p.ref_out()) * _top(v))
       sub_w = Writer(w.report, sub, s, w.label, w.within)
       est = sub.fd(tuple(sub.float_idx), sub_w)
       if not sub.out_float_idx:
@@ -123,22 +120,17 @@ def check_differentiated_rules(p: Point, s: Settings, w: Writer):
           "second-order evaluations", 0) + est.evaluations + 1
       if mode == "vjp":
         try:  # reverse over reverse: needs no jvp rule
-          _reverse_over_reverse(p, s, w, sub, sub_w, check, inputs, rule)
+          _reverse_over_reverse(s, w, sub, sub_w, check, inputs, rule)
           continue
         except Exception as e:  # pylint: disable=broad-except
-          why = _declared_limit(p, e)
-          if why is None or s.require_second_order:
-            w.fail_raised("second_order", check, inputs, e, rule=rule)
+          if (why := _limit(p, s, w, check, inputs, rule, e)) is None:
             continue
           w.skip("second_order", f"{what}: reverse over reverse is not "
                  f"supported ({why}); checked forward over reverse instead")
       # forward over forward, or over reverse
       _, t_out = sub.derivative("jvp", tuple(sub.float_idx), est.tangents)
     except Exception as e:  # pylint: disable=broad-except
-      why = _declared_limit(p, e)
-      if why is None or s.require_second_order:
-        w.fail_raised("second_order", check, inputs, e, rule=rule)
-      else:  # a declared limitation: a first-order-only rule
+      if (why := _limit(p, s, w, check, inputs, rule, e)) is not None:
         w.report.first_order_only.append(
             f"{rule}: {what} cannot be differentiated again ({why})")
       continue
@@ -153,22 +145,18 @@ def check_differentiated_rules(p: Point, s: Settings, w: Writer):
               own=est.own)
 
 
-def _reverse_over_reverse(p, s, w, sub, sub_w, check, inputs, rule):
+def _reverse_over_reverse(s, w, sub, sub_w, check, inputs, rule):
   """``<w, H ṫ>`` (finite differences) against ``<vjp of the backward pass
   (w), ṫ>``."""
   direction = tuple(sub.float_idx)
   transpose = lambda c: list(sub.derivative("vjp", direction, c)[1])
   transpose([np.zeros_like(y) for y in sub.ref_out()])  # may raise
-
-  def reference(tangents, first):
-    est = (sub.fd(direction, sub_w) if first
-           else sub.fd_along(direction, tangents, s.eps))
-    return (list(est.values), "finite differences of the backward pass",
-            est.bounds, list(est.tangents), est)
   w.ran("second_order", check)
   check_identity(
-      p, s, w, "second_order", check, inputs, None, sub.ref_out(), reference,
-      transpose, lambda b, est: sub.judged(direction, b, est), rule=rule,
+      sub, s, w, "second_order", check, inputs, None, direction,
+      lambda t, first: reference(sub, s, sub_w, direction, t, first,
+                                 of="the backward pass"),
+      transpose, rule=rule,
       what="<w, H ṫ> = {lhs:.8g} with H ṫ from {ref}, but <vjp of the "
       "backward pass (w), ṫ> = {rhs:.8g}",
       hint="; the backward rule is not differentiable as it stands (a "
@@ -177,58 +165,55 @@ def _reverse_over_reverse(p, s, w, sub, sub_w, check, inputs, rule):
 
 # --- the first-order checks again, on derived functions ------------------
 
-def _derived_functions(p: Point, modes):
-  """The tangent map, backward pass and linearized map of ``fn``."""
-  direction = tuple(p.float_idx)
-  f = p.restrict(direction)
-  xs = p.xs_of(direction)
-  x_names = [p.names[i] for i in direction]
-  out_names = [p.out_names[i] for i in p.out_float_idx]
-  rng = p.rng.spawn(1)[0]
-  kinds = {  # what, its vectors' templates, their names
-      "jvp": ("the tangent map x, ṫ -> jvp(f, x, ṫ)[1]", lambda: xs,
-              [f"ṫ for {m}" for m in x_names]),
-      "vjp": ("the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
-              p.zeros_like_outputs, [f"ȳ for {m}" for m in out_names]),
-      "lin": ("the linearized map x, ṫ -> linearize(f, x)[1](ṫ)",
-              lambda: xs, [f"ṫ for {m}" for m in x_names])}
-  return [(kind, what, _derivative(kind, f, len(xs)),
-           xs + [p.random_like(v, rng) for v in like()], x_names + v_names)
-          for kind, (what, like, v_names) in kinds.items()
-          if p.has(kind) and kind in modes]
+# The derived functions whose rules are checked again, and the names of
+# their vectors' leaves.
+_DERIVED = {"jvp": "the tangent map x, ṫ -> jvp(f, x, ṫ)[1]",
+            "vjp": "the backward pass x, ȳ -> vjp(f, x)[1](ȳ)",
+            "lin": "the linearized map x, ṫ -> linearize(f, x)[1](ṫ)"}
 
 
 @dataclasses.dataclass
 class Derived:
   """A derived function's first-order checks, planned before the checks
-  run: its point, settings, modes and their own derived functions."""
+  run: its point, modes and their own derived functions."""
   kind: str
   what: str
-  sub: Point | None = None
-  settings: Settings | None = None
+  sub: Point | None = None  # None: it binds no hijax primitive
+  settings: Settings | None = None  # the order one less
   modes: list = dataclasses.field(default_factory=list)
   derived: list | None = None
   error: Exception | None = None  # raised tracing the function
-  prims: list = dataclasses.field(default_factory=list)
 
 
 def add_derived(p: Point, s: Settings, add_parts) -> list[Derived]:
-  """The derived functions that bind hijax primitives, as points whose
-  parts ``add_parts`` adds to ``p``'s program."""
+  """The tangent map, backward pass and linearized map of ``p``'s function
+  where they bind hijax primitives, as points whose parts ``add_parts``
+  adds to ``p``'s program."""
+  d = tuple(p.float_idx)
+  xs, x_names = p.xs_of(d), [p.names[i] for i in d]
+  out_names = [p.out_names[i] for i in p.out_float_idx]
+  rng = p.rng.spawn(1)[0]
+  sub_s = dataclasses.replace(s, order=s.order - 1)
   found = []
-  for kind, what, g, g_args, names in _derived_functions(p, s.modes):
+  for kind, what in _DERIVED.items():
+    if not (p.has(kind) and kind in s.modes):
+      continue
+    like, v_names = ((p.zeros_like_outputs(), [f"ȳ for {m}" for m in out_names])
+                     if kind == "vjp" else (xs, [f"ṫ for {m}" for m in x_names]))
+    g = _derivative(kind, p.restrict(d), len(xs))
+    g_args = xs + [p.random_like(v, rng) for v in like]
     entry = Derived(kind, what)
     found.append(entry)
     try:
       closed = jax.make_jaxpr(g)(*g_args)
       live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-      entry.prims = find_hiprims(live, [])
-      if not entry.prims:
+      prims = find_hiprims(live, [])
+      if not prims:
         continue
-      sub_s = dataclasses.replace(s, order=s.order - 1)
-      sub = Point.of(g, g_args, names, entry.prims, sub_s, p.rng, Compiled(
-          g, g_args, s.jit, shared=p.compiled.nested(kind)), per_leaf=False,
-                     fd_scale=p.fd_scale)
+      sub = Point.of(g, g_args, x_names + v_names, prims, sub_s, p.rng,
+                     Compiled(g, g_args, s.jit,
+                              shared=p.compiled.nested(kind)),
+                     per_leaf=False, fd_scale=p.fd_scale)
       entry.modes = [m for m in DERIVATIVE_MODES if m in s.modes and sub.has(m)]
       if sub_s.order > 1:
         entry.modes.append("second_order")
@@ -260,7 +245,7 @@ def check_second_order(p: Point, s: Settings, w: Writer,
       continue
     if not [m for m in entry.modes if m != "second_order"]:
       w.skip("second_order", f"{what}: its primitives "
-             f"({', '.join(type(q).__name__ for q in entry.prims)}) "
+             f"({', '.join(type(q).__name__ for q in entry.sub.prims)}) "
              "define no derivative rule")
     run(entry.sub, entry.settings, Writer(
         w.report, entry.sub, entry.settings,
