@@ -185,7 +185,7 @@ class Decorated:
   fun: Callable[..., Any]
   nondiff_argnums: tuple[int, ...]
   batch_rule: Callable[..., Any] | None = None
-  _call_class: Callable[[_tracing.Traced], type[CallPrimitive]]
+  _call_class: type[CallPrimitive]
   as_jax: Callable[[], Callable[..., Any]]  # JAX's decorator, same rules
 
   def __init__(self, fun: Callable[..., Any],
@@ -270,8 +270,8 @@ class Decorated:
         # it branches on its arguments' values: JAX's decorator runs it on
         # concrete values under eager autodiff
         return self.as_jax()(*args)
-      call = self._call_class(primal)(self, signature, statics, diff_args,
-                                      key, primal, hoisted)
+      call = self._call_class(self, signature, statics, diff_args, key,
+                              primal, hoisted)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
     return call(*diff_args, tuple(call.hoisted))

@@ -32,10 +32,15 @@ def _nonzero(t) -> bool:
 
 class CustomJVPCall(CallPrimitive):
   """The primitive of one call signature of a `custom_jvp` function: the
-  function and its jvp rule."""
+  function and its jvp rule; ``transposable`` where it is linear in some
+  input."""
+
+  transposable: bool
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
     self._lins: dict[Any, Any] = {}  # kept linearizations (eager grad)
+    # linear in some input (a jvp rule may apply the function to tangents)
+    self.transposable = _linear_in_some_input(self.primal)
     self.jvp_name = _tracing.function_name(self.decorated.jvp)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         self.decorated.jvp, self.statics)):
@@ -140,17 +145,9 @@ class CustomJVPCall(CallPrimitive):
       return None
     return (jax.jit(jax.extend.core.jaxpr_as_fun(closed)), *found[0])
 
-  linearized = linearize_from_jvp.second
-  vjp_fwd, vjp_bwd_retval = vjp_from_lin
-  # grad transposes what `linearized` records, as for jax.custom_jvp
-  _grad_by_lin = True
-
-
-class LinearCustomJVPCall(CustomJVPCall):
-  """`CustomJVPCall` of a function linear in some input, transposable (as
-  when a jvp rule applies the function to its tangent)."""
-
   def transpose(self, ct: Any, *args: Any) -> Any:
+    if not self.transposable:
+      return super().transpose(ct, *args)
     leaves, tree = jax.tree.flatten(
         args, is_leaf=lambda x: isinstance(x, GradAccum))
     accums: list[Any] = [x for x in leaves if isinstance(x, GradAccum)]
@@ -165,6 +162,11 @@ class LinearCustomJVPCall(CustomJVPCall):
             jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero))
     for acc, c in zip(accums, cts):
       acc.accum(c)
+
+  linearized = linearize_from_jvp.second
+  vjp_fwd, vjp_bwd_retval = vjp_from_lin
+  # grad transposes what `linearized` records, as for jax.custom_jvp
+  _grad_by_lin = True
 
 
 def _linear_in_some_input(traced: Any) -> bool:
@@ -241,9 +243,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     jvp.__name__ = f"defjvps({names})"
     self.defjvp(jvp)
 
-  def _call_class(self, primal: Any) -> type[CustomJVPCall]:
-    return (LinearCustomJVPCall if _linear_in_some_input(primal)
-            else CustomJVPCall)
+  _call_class = CustomJVPCall
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)

@@ -338,8 +338,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   defremat: Callable[..., NoReturn] = _refused("defremat")
   defremat_with_logs: Callable[..., NoReturn] = _refused("defremat_with_logs")
 
-  def _call_class(self, primal: Any) -> type[CustomVJPCall]:
-    return CustomVJPCall
+  _call_class = CustomVJPCall
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
