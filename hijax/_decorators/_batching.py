@@ -164,11 +164,8 @@ class BatchedByRule(HiPrim):
   derivative rules are ``batched``'s, which vmap the function's rules.
   """
 
-  batched: Batched
-  rule: Any
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
+  _batched: Batched
+  _rule: Any
 
   def __init__(self, batched: Batched, rule: Any, const_avals: tuple) -> None:
     self.in_avals = (*batched.in_avals, const_avals)

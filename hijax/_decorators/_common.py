@@ -1,12 +1,6 @@
 """What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator
 (`Decorated`), the primitive of one call signature (`CallPrimitive`) and
-that primitive with unused outputs dropped (`PrunedCall`).
-
-Outside any transformation a call runs the function, as JAX's decorators
-do; otherwise it binds a `CallPrimitive`: the running one when a rule
-calls the function, a kept one, or a new one, which traces the function
-(and the rules, if they may close over traced values) once.
-"""
+that primitive with unused outputs dropped (`PrunedCall`)."""
 from __future__ import annotations
 
 import functools
@@ -57,13 +51,9 @@ def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
 
 class CallPrimitive(BatchRules, HiPrim):
   """The primitive of one call signature: its inputs are the differentiable
-  arguments and, last, the tuple of hoisted values. It holds the traced
-  function, the hoisted values and the traced rules (``rules``: only those
-  that close over a traced value; the others run directly, as in JAX)."""
+  arguments and, last, the tuple of hoisted values; ``rules`` holds the
+  rules traced once (those that close over a traced value)."""
 
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
   _call: Any  # itself (a `_call` param names the decorated function's call)
   # ``(name, first, fn, args)`` per rule traced here (`_trace_again`)
   trace_rules: Callable[[tuple[Any, ...]], list[Any]]
@@ -114,8 +104,7 @@ class CallPrimitive(BatchRules, HiPrim):
 
   def _trace_rule(self, name: str, fn: Callable[..., Any],
                   args: tuple[Any, ...], mode: str):
-    """``(Traced, shape, reentered)``, or None where it cannot be traced
-    here (it then runs directly, as in JAX)."""
+    """``(Traced, shape, reentered)``, or None (it then runs directly)."""
     entry = _tracing.Entry(self.decorated, self.key, self, self.hoisted, mode)
     before = len(self.hoisted)
     try:
@@ -217,15 +206,11 @@ class Decorated:
         f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def defbatch(self, rule: Callable[..., Any]) -> Callable[..., Any]:
-    """Defines how ``vmap`` computes the function on a batch; returns
-    ``rule`` (a decorator).
-
+    """Defines how ``vmap`` computes the function on a batch (a decorator):
     ``rule(axis_size, in_batched, *args) -> (out, out_batched)``, as for
-    ``jax.custom_batching.custom_vmap.def_vmap``: ``args`` are all the
-    arguments, a batched one with its batch axis first; ``in_batched`` and
-    ``out_batched`` are pytrees of booleans like the arguments and ``out``
-    (``out_batched`` may be one boolean). The derivatives of the batched
-    function are the function's rules, vmapped. Where a value the function
+    ``jax.custom_batching.custom_vmap.def_vmap`` (a batched argument has its
+    batch axis first; ``out_batched`` may be one boolean). The batched
+    function's derivatives are its rules, vmapped. Where a value the function
     closes over is batched, the function itself is vmapped instead.
     """
     self.batch_rule = rule
@@ -281,9 +266,6 @@ class PrunedCall(HiPrim):
   """A call of which only the output leaves ``used`` are kept, as a tuple;
   its rules are ``of``'s (a dropped output's tangent or cotangent zero)."""
 
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
   _of: Any
   _used: tuple[bool, ...]
 
