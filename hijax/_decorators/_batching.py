@@ -1,9 +1,6 @@
-"""``vmap`` of a decorated function: the rules' own batching (every output
-batched along its first axis, the rules vmapped by `Batched`), or a
-`defbatch` rule (`BatchedByRule`, differentiated as `Batched`). A call with
-no batched argument inside a named ``vmap`` is batched too (the function
-may use the name).
-"""
+"""``vmap`` of a decorated function by a `defbatch` rule (`BatchedByRule`,
+differentiated as `Batched`), and of a call with no batched argument inside
+a named ``vmap`` (the function may use the name)."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,42 +13,12 @@ from hijax._decorators import _tracing
 from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
 from hijax._util import is_none
-from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
+from hijax.batching import Batched, vmap_rule
 from hijax.primitive import HiPrim
 
 
-class BatchRules:
-  """The batching methods of the primitives of `hijax.custom_vjp` and
-  `hijax.custom_jvp` (a mixin placed before `HiPrim`), and the batching of
-  a call with no batched argument inside a named vmap."""
-
-  decorated: Any
-  out_aval: Any
-
-  def __init_subclass__(cls, **kwargs: Any) -> None:
-    super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
-    primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
-    own = batching.fancy_primitive_batchers[primitive]
-
-    def rule(axis_data, args_flat, dims_flat, **params):
-      # (an unnamed vmap's name is a bare object(): no code can name it)
-      if (type(axis_data.name) is object
-          or any(d is not None for d in dims_flat)):
-        return own(axis_data, args_flat, dims_flat, **params)
-      return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
-    batching.fancy_primitive_batchers[primitive] = rule
-
-  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
-    return jax.tree.map(lambda _: 0, self.out_aval)
-
-  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    rule = self.decorated.batch_rule
-    if rule is None or any(d is not None for d in dims[-1]):
-      return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
-    return _batch_by_rule(self, rule, axis_data, args, dims)
-
-
-def _batch_unbatched_call(prim, axis_data, args_flat):
+def batch_unbatched_call(prim, axis_data, args_flat):
+  """A call with no batched argument inside a named vmap."""
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   dims = jax.tree.map(lambda _: None, args)
   infer = jax.tree.map(lambda _: batching.infer, prim.out_aval)
@@ -83,7 +50,7 @@ class UnbatchedCallBatched(Batched):
         "function too, or pass what it depends on as a batched argument")
 
 
-def _batch_by_rule(prim, rule, axis_data, args, dims):
+def batch_by_rule(prim, rule, axis_data, args, dims):
   rule_name = f"its batch rule {_tracing.function_name(rule)}"
   *xs, hvals = args
   size, x_dims = axis_data.size, list(dims[:-1])

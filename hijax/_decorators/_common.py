@@ -12,11 +12,13 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from hijax._decorators import _tracing
-from hijax._decorators._batching import BatchRules
+from hijax._decorators._batching import batch_by_rule, batch_unbatched_call
 from hijax._function_key import Uncacheable, by_value
-from hijax._internals import config, core
+from hijax._internals import batching, config, core
 from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import Zero, instantiate_zeros
+from hijax.batching import batch_from_dim_rule
+from hijax.derived import linearize_from_jvp
 from hijax.primitive import HiPrim
 
 
@@ -49,7 +51,7 @@ def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
   return True, used_outs, PrunedCall(of, kept)
 
 
-class CallPrimitive(BatchRules, HiPrim):
+class CallPrimitive(HiPrim):
   """The primitive of one call signature: its inputs are the differentiable
   arguments and, last, the tuple of hoisted values; ``rules`` holds the
   rules traced once (those that close over a traced value)."""
@@ -88,6 +90,18 @@ class CallPrimitive(BatchRules, HiPrim):
         del hoisted[n_hoisted:]
         self.rules[name] = first[0]
 
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
+    own = batching.fancy_primitive_batchers[cls._primitive]
+
+    def rule(axis_data, args_flat, dims_flat, **params):
+      # (an unnamed vmap's name is a bare object(): no code can name it)
+      if (type(axis_data.name) is object
+          or any(d is not None for d in dims_flat)):
+        return own(axis_data, args_flat, dims_flat, **params)
+      return batch_unbatched_call(params["_prim"], axis_data, args_flat)
+    batching.fancy_primitive_batchers[cls._primitive] = rule
+
   __hash__ = object.__hash__  # (``params`` holds the instance itself)
 
   def __eq__(self, other: object) -> bool:
@@ -121,6 +135,15 @@ class CallPrimitive(BatchRules, HiPrim):
 
   def dce(self, used_outs: Any, live_ins: Any) -> Any:
     return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
+
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
+    return jax.tree.map(lambda _: 0, self.out_aval)
+
+  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
+    rule = self.decorated.batch_rule
+    if rule is None or any(d is not None for d in dims[-1]):
+      return batch_from_dim_rule(self, axis_data, args, dims)
+    return batch_by_rule(self, rule, axis_data, args, dims)
 
   def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
     # a Python scalar argument reaches the rules as it is, as in JAX
@@ -186,7 +209,9 @@ class Decorated:
         fun, nondiff_argnums, nondiff_argnames, f"hijax.{self.kind}")
     self._calls: dict[Any, CallPrimitive] = {}
     self._arity = _tracing.plain_arity(fun)
-    self._signatures: dict[int, _tracing.Signature] = {}
+    # how a call with n arguments splits: ``self._signature(n)``
+    self._signature = functools.cache(functools.partial(
+        _tracing.Signature, fun, self.nondiff_argnums))
 
   # by identity in a function key: redefined rules change `_rules_version`
   def __eq__(self, other: object) -> bool:
@@ -226,10 +251,7 @@ class Decorated:
       args = _tracing.resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
     if core.trace_state_clean():
       return self.fun(*args)  # eagerly, as JAX's decorators do
-    signature = self._signatures.get(len(args))
-    if signature is None:
-      signature = self._signatures[len(args)] = _tracing.Signature(
-          self.fun, self.nondiff_argnums, len(args))
+    signature = self._signature(len(args))
     statics, diff_args = signature.split(args)
     key = _tracing.signature_key(statics, diff_args)
     entry = _tracing.find(self, key)
@@ -288,9 +310,6 @@ class PrunedCall(HiPrim):
         next(it) if u else Zero(a.to_ct_aval())
         for a, u in zip(self._of.out_avals_flat, self._used)])
 
-  def _forward(self, out: Any, res: Any, *rest: Any) -> Any:
-    return (self._select(out), res, *map(self._select, rest[:1]), *rest[1:])
-
   def dce(self, used_outs: Any, live_ins: Any) -> Any:
     return _dce(self, self._of, self._used, used_outs)
 
@@ -301,16 +320,11 @@ class PrunedCall(HiPrim):
     return tuple(map(self._select, self._of.jvp(primals, tangents)))
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
-    return self._forward(*self._of.vjp_fwd(nzs_in, *args))
+    out, res, *nzs_out = self._of.vjp_fwd(nzs_in, *args)
+    return (self._select(out), res, *map(self._select, nzs_out))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     return self._of.vjp_bwd(res, self._full(g), *arg_accums)
-
-  def lin(self, nzs_in: Any, *args: Any) -> Any:
-    return self._forward(*self._of.lin(nzs_in, *args))
-
-  def linearized(self, res: Any, *tangents: Any) -> Any:
-    return self._select(self._of.linearized(res, *tangents))
 
   def transpose(self, ct: Any, *args: Any) -> Any:
     return self._of.transpose(self._full(ct), *args)
@@ -318,3 +332,5 @@ class PrunedCall(HiPrim):
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     out, out_dim = self._of.batch(axis_data, args, dims)  # (a full tree)
     return self._select(out), self._select(out_dim)
+
+  lin, linearized = linearize_from_jvp
