@@ -67,9 +67,8 @@ def batch_by_rule(prim, rule, axis_data, args, dims):
     return _check_batched(prim, rule_name, out, found[0], size)
 
   hoisted = _tracing.Hoisted()
-  with prim.running(hvals):
-    traced, _ = _tracing.trace(_tracing.function_name(rule), run, examples,
-                               hoisted)
+  with _tracing.running(prim, hvals):
+    traced, _ = _tracing.trace(run, examples, hoisted)
   out_dim = jax.tree.unflatten(prim.out_tree,
                                [0 if b else None for b in found[0]])
   new = BatchedByRule(Batched(prim, axis_data, dims, out_dim), traced,

@@ -84,7 +84,7 @@ class CallPrimitive(HiPrim):
     n_hoisted = len(hoisted)
     for name, first, fn, args in traces:
       if first is not None and first[0].hoists:
-        again = first[2] and self._trace_rule(name, fn, args, "bind")
+        again = first[2] and self._trace_rule(fn, args, "bind")
         if again and len(hoisted) == n_hoisted:
           first = again
         del hoisted[n_hoisted:]
@@ -116,14 +116,13 @@ class CallPrimitive(HiPrim):
     detail = f"{self}: {rule} {message}"
     return cls(detail if jax_words is None else f"{jax_words}\n{detail}")
 
-  def _trace_rule(self, name: str, fn: Callable[..., Any],
-                  args: tuple[Any, ...], mode: str):
+  def _trace_rule(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                  mode: str):
     """``(Traced, shape, reentered)``, or None (it then runs directly)."""
-    entry = _tracing.Entry(self.decorated, self.key, self, self.hoisted, mode)
     before = len(self.hoisted)
     try:
-      with _tracing.running(entry):
-        traced, shape = _tracing.trace(name, fn, args, self.hoisted)
+      with _tracing.running(self, self.hoisted, mode) as entry:
+        traced, shape = _tracing.trace(fn, args, self.hoisted)
     except Exception:  # noqa: BLE001 (reported when the rule is used)
       del self.hoisted[before:]
       return None
@@ -151,11 +150,6 @@ class CallPrimitive(HiPrim):
     given = args if self._args_are_leaves else jax.tree.leaves(args)
     return [x if type(x) in (bool, int, float, complex) else c
             for x, c in zip(given, checked)]
-
-  def running(self, hoisted_values: Sequence[Any]) -> Any:
-    """While a rule runs directly, its call of the function binds this."""
-    return _tracing.running(_tracing.Entry(self.decorated, self.key, self,
-                                           hoisted_values, "bind"))
 
   def full_args(self, diff_args: Sequence[Any]) -> tuple[Any, ...]:
     return self.signature.merge(self.statics, diff_args)
@@ -270,7 +264,6 @@ class Decorated:
       hoisted = _tracing.Hoisted()
       try:
         primal, _ = _tracing.trace(
-            _tracing.function_name(self.fun),
             lambda *d: self.fun(*signature.merge(statics, d)), diff_args,
             hoisted)
       except jax.errors.ConcretizationTypeError:

@@ -48,8 +48,7 @@ class CustomJVPCall(CallPrimitive):
     args = (diff_args, tuple(jax.tree.map(
         lambda x: example_of(core.typeof(x).to_tangent_aval()), a)
         for a in diff_args))
-    return [("jvp", self._trace_rule(f"the jvp rule {self.jvp_name}",
-                                     self._jvp_direct, args, "inline"),
+    return [("jvp", self._trace_rule(self._jvp_direct, args, "inline"),
              self._jvp_direct, args)]
 
   def _jvp_direct(self, primals: Any, tangents: Any) -> Any:
@@ -62,7 +61,7 @@ class CustomJVPCall(CallPrimitive):
     if traced is not None:
       result = traced(hvals, tuple(xs), to_rule_zeros(tuple(txs), False))
     else:
-      with self.running(hvals):
+      with _tracing.running(self, hvals):
         result = self._jvp_direct(
             xs, to_rule_zeros(tuple(txs), self.decorated.symbolic_zeros))
     rule, jvp, fun = f"the jvp rule {self.jvp_name}", self.jvp_name, self.name

@@ -33,14 +33,12 @@ class CustomVJPCall(CallPrimitive):
         d.fwd, d.bwd, self.statics)):
       return []  # the rules run directly, when differentiated, as in JAX
     fwd = self._fwd_with(None)
-    first_fwd = self._trace_rule(f"the fwd rule {self.fwd_name}", fwd,
-                                 diff_args, "inline")
+    first_fwd = self._trace_rule(fwd, diff_args, "inline")
     first_bwd, bwd_args, shape = None, (), first_fwd and first_fwd[1]
     if isinstance(shape, (tuple, list)) and len(shape) == 2:
       bwd_args = (shape[1], jax.tree.unflatten(self.out_tree, [
           example_of(a.to_ct_aval()) for a in self.out_avals_flat]))
-      first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
-                                   self._bwd_direct, bwd_args, "inline")
+      first_bwd = self._trace_rule(self._bwd_direct, bwd_args, "inline")
     return [("fwd", first_fwd, fwd, diff_args),
             ("bwd", first_bwd, self._bwd_direct, bwd_args)]
 
@@ -80,7 +78,7 @@ class CustomVJPCall(CallPrimitive):
     if traced is not None:
       result = traced(hvals, *xs)
     else:
-      with self.running(hvals):
+      with _tracing.running(self, hvals):
         result = self._fwd_with(nzs)(*xs)
     rule, fwd, fun = f"the fwd rule {self.fwd_name}", self.fwd_name, self.name
     head = lambda equal: (
