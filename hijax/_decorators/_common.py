@@ -57,7 +57,7 @@ class CallPrimitive(HiPrim):
   rules traced once (those that close over a traced value)."""
 
   _call: Any  # itself (a `_call` param names the decorated function's call)
-  # ``(name, first, fn, args)`` per rule traced here (`_trace_again`)
+  # ``(name, first, fn, args)`` per rule traced here (see ``__init__``)
   trace_rules: Callable[[tuple[Any, ...]], list[Any]]
 
   def __init__(self, decorated: Decorated, signature: _tracing.Signature,
