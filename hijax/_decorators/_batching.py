@@ -14,6 +14,7 @@ from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
 from hijax._util import is_none
 from hijax.batching import Batched, vmap_rule
+from hijax.derived import linearize_from_jvp
 from hijax.primitive import HiPrim
 
 
@@ -123,12 +124,9 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
 
 
 class BatchedByRule(HiPrim):
-  """A decorated function applied to a batch, computed by its batch rule.
-
-  The inputs are those of ``batched`` (a `Batched` of the function's
-  primitive) and, last, the traced values the rule closes over; the
-  derivative rules are ``batched``'s, which vmap the function's rules.
-  """
+  """A decorated function applied to a batch, computed by its batch rule:
+  the inputs are ``batched``'s and, last, the traced values the rule closes
+  over; the derivatives are ``batched``'s (the function's rules, vmapped)."""
 
   _batched: Batched
   _rule: Any
@@ -136,8 +134,7 @@ class BatchedByRule(HiPrim):
   def __init__(self, batched: Batched, rule: Any, const_avals: tuple) -> None:
     self.in_avals = (*batched.in_avals, const_avals)
     self.out_aval = batched.out_aval
-    self.params = dict(fun=batched.prim.name, _batched=batched,
-                       _rule=rule)
+    self.params = dict(fun=batched.prim.name, _batched=batched, _rule=rule)
     self.effects = rule.effects
     super().__init__()
 
@@ -161,11 +158,7 @@ class BatchedByRule(HiPrim):
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     return self._batched.vjp_bwd(res, g, *arg_accums[:-1])
 
-  def lin(self, nzs_in: Any, *args: Any) -> Any:
-    return self._batched.lin(nzs_in[:-1], *args[:-1])
-
-  def linearized(self, res: Any, *tangents: Any) -> Any:
-    return self._batched.linearized(res, *tangents[:-1])
-
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return self._batched.batch_dim_rule(axis_data, in_dims[:-1])
+
+  lin, linearized = linearize_from_jvp
