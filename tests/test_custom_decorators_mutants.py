@@ -162,15 +162,28 @@ def test_a_none_tangent_before_another_output_s_tangent():
   close(tangents, (0., 6.))
 
 
-def test_a_float0_tangent_of_a_float_output_is_a_zero_tangent():
-  """float0 is the tangent type of integers, a value that is zero: returned
-  as a float output's tangent, hijax reads it as that zero (JAX's
-  decorator raises a TypeError)."""
-  f = hijax.custom_jvp(lambda x: 2. * x)
-  f.defjvp(lambda p, t: (f(*p), np.zeros((), jax.dtypes.float0)))
-  out, tangent = jax.jvp(f, (1.,), (3.,))
-  close((out, tangent), (2., 0.))
-  assert tangent.dtype == jnp.float32
+@pytest.mark.parametrize("pair_out", [False, True])
+def test_a_float0_tangent_of_a_float_output_is_refused(pair_out):
+  """float0 is the tangent type of integers: returned as a float output's
+  tangent, it is a TypeError, in JAX's words (as JAX's decorator raises),
+  then hijax's naming the function and the rule."""
+  def double(x):
+    return (2. * x, 2. * x) if pair_out else 2. * x
+  f = hijax.custom_jvp(double)
+  zero = np.zeros((), jax.dtypes.float0)
+  f.defjvp(lambda p, t: (f(*p), (zero, t[0]) if pair_out else zero))
+  with pytest.raises(TypeError) as info:
+    jax.jvp(f, (1.,), (3.,))
+  text = str(info.value)
+  assert text.startswith(
+      "Custom JVP rule must produce primal and tangent outputs with "
+      "corresponding shapes and dtypes")
+  assert ("primal float32[] with tangent float0[], expecting tangent "
+          "float32[]" if pair_out else
+          "Expected float32[] (tangent type of float32[]) but got float0[]."
+          ) in text
+  assert "hijax.custom_jvp function double: the jvp rule" in text
+  assert "float0[]" in text.splitlines()[-1]
 
 
 @pytest.mark.parametrize("tangent", ["two", (jnp.ones(2), "two")])

@@ -1,9 +1,6 @@
-"""``vmap`` of a decorated function: the rules' own batching (every output
-batched along its first axis, the rules vmapped by `Batched`), or a
-`defbatch` rule (`BatchedByRule`, differentiated as `Batched`). A call with
-no batched argument inside a named ``vmap`` is batched too (the function
-may use the name).
-"""
+"""``vmap`` of a decorated function by a `defbatch` rule (`BatchedByRule`,
+differentiated as `Batched`), and of a call with no batched argument inside
+a named ``vmap`` (the function may use the name)."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,42 +13,13 @@ from hijax._decorators import _tracing
 from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
 from hijax._util import is_none
-from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
+from hijax.batching import Batched, vmap_rule
+from hijax.derived import linearize_from_jvp
 from hijax.primitive import HiPrim
 
 
-class BatchRules:
-  """The batching methods of the primitives of `hijax.custom_vjp` and
-  `hijax.custom_jvp` (a mixin placed before `HiPrim`), and the batching of
-  a call with no batched argument inside a named vmap."""
-
-  decorated: Any
-  out_aval: Any
-
-  def __init_subclass__(cls, **kwargs: Any) -> None:
-    super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
-    primitive = cls._primitive  # pyright: ignore[reportAttributeAccessIssue]
-    own = batching.fancy_primitive_batchers[primitive]
-
-    def rule(axis_data, args_flat, dims_flat, **params):
-      # (an unnamed vmap's name is a bare object(): no code can name it)
-      if (type(axis_data.name) is object
-          or any(d is not None for d in dims_flat)):
-        return own(axis_data, args_flat, dims_flat, **params)
-      return _batch_unbatched_call(params["_prim"], axis_data, args_flat)
-    batching.fancy_primitive_batchers[primitive] = rule
-
-  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
-    return jax.tree.map(lambda _: 0, self.out_aval)
-
-  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    rule = self.decorated.batch_rule
-    if rule is None or any(d is not None for d in dims[-1]):
-      return batch_from_dim_rule(self, axis_data, args, dims)  # pyright: ignore[reportArgumentType]
-    return _batch_by_rule(self, rule, axis_data, args, dims)
-
-
-def _batch_unbatched_call(prim, axis_data, args_flat):
+def batch_unbatched_call(prim, axis_data, args_flat):
+  """A call with no batched argument inside a named vmap."""
   args = jax.tree.unflatten(prim.in_tree, args_flat)
   dims = jax.tree.map(lambda _: None, args)
   infer = jax.tree.map(lambda _: batching.infer, prim.out_aval)
@@ -83,7 +51,7 @@ class UnbatchedCallBatched(Batched):
         "function too, or pass what it depends on as a batched argument")
 
 
-def _batch_by_rule(prim, rule, axis_data, args, dims):
+def batch_by_rule(prim, rule, axis_data, args, dims):
   rule_name = f"its batch rule {_tracing.function_name(rule)}"
   *xs, hvals = args
   size, x_dims = axis_data.size, list(dims[:-1])
@@ -100,9 +68,8 @@ def _batch_by_rule(prim, rule, axis_data, args, dims):
     return _check_batched(prim, rule_name, out, found[0], size)
 
   hoisted = _tracing.Hoisted()
-  with prim.running(hvals):
-    traced, _ = _tracing.trace(_tracing.function_name(rule), run, examples,
-                               hoisted)
+  with _tracing.running(prim, hvals):
+    traced, _ = _tracing.trace(run, examples, hoisted)
   out_dim = jax.tree.unflatten(prim.out_tree,
                                [0 if b else None for b in found[0]])
   new = BatchedByRule(Batched(prim, axis_data, dims, out_dim), traced,
@@ -157,24 +124,17 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
 
 
 class BatchedByRule(HiPrim):
-  """A decorated function applied to a batch, computed by its batch rule.
+  """A decorated function applied to a batch, computed by its batch rule:
+  the inputs are ``batched``'s and, last, the traced values the rule closes
+  over; the derivatives are ``batched``'s (the function's rules, vmapped)."""
 
-  The inputs are those of ``batched`` (a `Batched` of the function's
-  primitive) and, last, the traced values the rule closes over; the
-  derivative rules are ``batched``'s, which vmap the function's rules.
-  """
-
-  batched: Batched
-  rule: Any
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
+  _batched: Batched
+  _rule: Any
 
   def __init__(self, batched: Batched, rule: Any, const_avals: tuple) -> None:
     self.in_avals = (*batched.in_avals, const_avals)
     self.out_aval = batched.out_aval
-    self.params = dict(fun=batched.prim.name, _batched=batched,
-                       _rule=rule)
+    self.params = dict(fun=batched.prim.name, _batched=batched, _rule=rule)
     self.effects = rule.effects
     super().__init__()
 
@@ -198,11 +158,7 @@ class BatchedByRule(HiPrim):
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     return self._batched.vjp_bwd(res, g, *arg_accums[:-1])
 
-  def lin(self, nzs_in: Any, *args: Any) -> Any:
-    return self._batched.lin(nzs_in[:-1], *args[:-1])
-
-  def linearized(self, res: Any, *tangents: Any) -> Any:
-    return self._batched.linearized(res, *tangents[:-1])
-
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return self._batched.batch_dim_rule(axis_data, in_dims[:-1])
+
+  lin, linearized = linearize_from_jvp

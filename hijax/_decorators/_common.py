@@ -1,12 +1,6 @@
 """What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator
 (`Decorated`), the primitive of one call signature (`CallPrimitive`) and
-that primitive with unused outputs dropped (`PrunedCall`).
-
-Outside any transformation a call runs the function, as JAX's decorators
-do; otherwise it binds a `CallPrimitive`: the running one when a rule
-calls the function, a kept one, or a new one, which traces the function
-(and the rules, if they may close over traced values) once.
-"""
+that primitive with unused outputs dropped (`PrunedCall`)."""
 from __future__ import annotations
 
 import functools
@@ -18,11 +12,13 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from hijax._decorators import _tracing
-from hijax._decorators._batching import BatchRules
+from hijax._decorators._batching import batch_by_rule, batch_unbatched_call
 from hijax._function_key import Uncacheable, by_value
-from hijax._internals import config, core
+from hijax._internals import batching, config, core
 from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import Zero, instantiate_zeros
+from hijax.batching import batch_from_dim_rule
+from hijax.derived import linearize_from_jvp
 from hijax.primitive import HiPrim
 
 
@@ -55,17 +51,13 @@ def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
   return True, used_outs, PrunedCall(of, kept)
 
 
-class CallPrimitive(BatchRules, HiPrim):
+class CallPrimitive(HiPrim):
   """The primitive of one call signature: its inputs are the differentiable
-  arguments and, last, the tuple of hoisted values. It holds the traced
-  function, the hoisted values and the traced rules (``rules``: only those
-  that close over a traced value; the others run directly, as in JAX)."""
+  arguments and, last, the tuple of hoisted values; ``rules`` holds the
+  rules traced once (those that close over a traced value)."""
 
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
   _call: Any  # itself (a `_call` param names the decorated function's call)
-  # ``(name, first, fn, args)`` per rule traced here (`_trace_again`)
+  # ``(name, first, fn, args)`` per rule traced here (see ``__init__``)
   trace_rules: Callable[[tuple[Any, ...]], list[Any]]
 
   def __init__(self, decorated: Decorated, signature: _tracing.Signature,
@@ -92,11 +84,23 @@ class CallPrimitive(BatchRules, HiPrim):
     n_hoisted = len(hoisted)
     for name, first, fn, args in traces:
       if first is not None and first[0].hoists:
-        again = first[2] and self._trace_rule(name, fn, args, "bind")
+        again = first[2] and self._trace_rule(fn, args, "bind")
         if again and len(hoisted) == n_hoisted:
           first = again
         del hoisted[n_hoisted:]
         self.rules[name] = first[0]
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)  # (HiPrim's installs its batcher)
+    own = batching.fancy_primitive_batchers[cls._primitive]
+
+    def rule(axis_data, args_flat, dims_flat, **params):
+      # (an unnamed vmap's name is a bare object(): no code can name it)
+      if (type(axis_data.name) is object
+          or any(d is not None for d in dims_flat)):
+        return own(axis_data, args_flat, dims_flat, **params)
+      return batch_unbatched_call(params["_prim"], axis_data, args_flat)
+    batching.fancy_primitive_batchers[cls._primitive] = rule
 
   __hash__ = object.__hash__  # (``params`` holds the instance itself)
 
@@ -112,15 +116,13 @@ class CallPrimitive(BatchRules, HiPrim):
     detail = f"{self}: {rule} {message}"
     return cls(detail if jax_words is None else f"{jax_words}\n{detail}")
 
-  def _trace_rule(self, name: str, fn: Callable[..., Any],
-                  args: tuple[Any, ...], mode: str):
-    """``(Traced, shape, reentered)``, or None where it cannot be traced
-    here (it then runs directly, as in JAX)."""
-    entry = _tracing.Entry(self.decorated, self.key, self, self.hoisted, mode)
+  def _trace_rule(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                  mode: str):
+    """``(Traced, shape, reentered)``, or None (it then runs directly)."""
     before = len(self.hoisted)
     try:
-      with _tracing.running(entry):
-        traced, shape = _tracing.trace(name, fn, args, self.hoisted)
+      with _tracing.running(self, self.hoisted, mode) as entry:
+        traced, shape = _tracing.trace(fn, args, self.hoisted)
     except Exception:  # noqa: BLE001 (reported when the rule is used)
       del self.hoisted[before:]
       return None
@@ -133,17 +135,21 @@ class CallPrimitive(BatchRules, HiPrim):
   def dce(self, used_outs: Any, live_ins: Any) -> Any:
     return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
 
+  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
+    return jax.tree.map(lambda _: 0, self.out_aval)
+
+  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
+    rule = self.decorated.batch_rule
+    if rule is None or any(d is not None for d in dims[-1]):
+      return batch_from_dim_rule(self, axis_data, args, dims)
+    return batch_by_rule(self, rule, axis_data, args, dims)
+
   def check_args(self, args: tuple[Any, ...]) -> Sequence[Any]:
     # a Python scalar argument reaches the rules as it is, as in JAX
     checked = super().check_args(args)
     given = args if self._args_are_leaves else jax.tree.leaves(args)
     return [x if type(x) in (bool, int, float, complex) else c
             for x, c in zip(given, checked)]
-
-  def running(self, hoisted_values: Sequence[Any]) -> Any:
-    """While a rule runs directly, its call of the function binds this."""
-    return _tracing.running(_tracing.Entry(self.decorated, self.key, self,
-                                           hoisted_values, "bind"))
 
   def full_args(self, diff_args: Sequence[Any]) -> tuple[Any, ...]:
     return self.signature.merge(self.statics, diff_args)
@@ -185,7 +191,7 @@ class Decorated:
   fun: Callable[..., Any]
   nondiff_argnums: tuple[int, ...]
   batch_rule: Callable[..., Any] | None = None
-  _call_class: Callable[[_tracing.Traced], type[CallPrimitive]]
+  _call_class: type[CallPrimitive]
   as_jax: Callable[[], Callable[..., Any]]  # JAX's decorator, same rules
 
   def __init__(self, fun: Callable[..., Any],
@@ -197,7 +203,9 @@ class Decorated:
         fun, nondiff_argnums, nondiff_argnames, f"hijax.{self.kind}")
     self._calls: dict[Any, CallPrimitive] = {}
     self._arity = _tracing.plain_arity(fun)
-    self._signatures: dict[int, _tracing.Signature] = {}
+    # how a call with n arguments splits: ``self._signature(n)``
+    self._signature = functools.cache(functools.partial(
+        _tracing.Signature, fun, self.nondiff_argnums))
 
   # by identity in a function key: redefined rules change `_rules_version`
   def __eq__(self, other: object) -> bool:
@@ -217,15 +225,11 @@ class Decorated:
         f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def defbatch(self, rule: Callable[..., Any]) -> Callable[..., Any]:
-    """Defines how ``vmap`` computes the function on a batch; returns
-    ``rule`` (a decorator).
-
+    """Defines how ``vmap`` computes the function on a batch (a decorator):
     ``rule(axis_size, in_batched, *args) -> (out, out_batched)``, as for
-    ``jax.custom_batching.custom_vmap.def_vmap``: ``args`` are all the
-    arguments, a batched one with its batch axis first; ``in_batched`` and
-    ``out_batched`` are pytrees of booleans like the arguments and ``out``
-    (``out_batched`` may be one boolean). The derivatives of the batched
-    function are the function's rules, vmapped. Where a value the function
+    ``jax.custom_batching.custom_vmap.def_vmap`` (a batched argument has its
+    batch axis first; ``out_batched`` may be one boolean). The batched
+    function's derivatives are its rules, vmapped. Where a value the function
     closes over is batched, the function itself is vmapped instead.
     """
     self.batch_rule = rule
@@ -241,10 +245,7 @@ class Decorated:
       args = _tracing.resolve(self.fun, args, kwargs, f"hijax.{self.kind}")
     if core.trace_state_clean():
       return self.fun(*args)  # eagerly, as JAX's decorators do
-    signature = self._signatures.get(len(args))
-    if signature is None:
-      signature = self._signatures[len(args)] = _tracing.Signature(
-          self.fun, self.nondiff_argnums, len(args))
+    signature = self._signature(len(args))
     statics, diff_args = signature.split(args)
     key = _tracing.signature_key(statics, diff_args)
     entry = _tracing.find(self, key)
@@ -263,15 +264,14 @@ class Decorated:
       hoisted = _tracing.Hoisted()
       try:
         primal, _ = _tracing.trace(
-            _tracing.function_name(self.fun),
             lambda *d: self.fun(*signature.merge(statics, d)), diff_args,
             hoisted)
       except jax.errors.ConcretizationTypeError:
         # it branches on its arguments' values: JAX's decorator runs it on
         # concrete values under eager autodiff
         return self.as_jax()(*args)
-      call = self._call_class(primal)(self, signature, statics, diff_args,
-                                      key, primal, hoisted)
+      call = self._call_class(self, signature, statics, diff_args, key,
+                              primal, hoisted)
       if calls_key is not None and not len(call.hoisted) and not call.rules:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
     return call(*diff_args, tuple(call.hoisted))
@@ -281,9 +281,6 @@ class PrunedCall(HiPrim):
   """A call of which only the output leaves ``used`` are kept, as a tuple;
   its rules are ``of``'s (a dropped output's tangent or cotangent zero)."""
 
-  in_avals: tuple[Any, ...]
-  out_aval: Any
-  params: dict[str, Any]
   _of: Any
   _used: tuple[bool, ...]
 
@@ -306,9 +303,6 @@ class PrunedCall(HiPrim):
         next(it) if u else Zero(a.to_ct_aval())
         for a, u in zip(self._of.out_avals_flat, self._used)])
 
-  def _forward(self, out: Any, res: Any, *rest: Any) -> Any:
-    return (self._select(out), res, *map(self._select, rest[:1]), *rest[1:])
-
   def dce(self, used_outs: Any, live_ins: Any) -> Any:
     return _dce(self, self._of, self._used, used_outs)
 
@@ -319,16 +313,11 @@ class PrunedCall(HiPrim):
     return tuple(map(self._select, self._of.jvp(primals, tangents)))
 
   def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
-    return self._forward(*self._of.vjp_fwd(nzs_in, *args))
+    out, res, *nzs_out = self._of.vjp_fwd(nzs_in, *args)
+    return (self._select(out), res, *map(self._select, nzs_out))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     return self._of.vjp_bwd(res, self._full(g), *arg_accums)
-
-  def lin(self, nzs_in: Any, *args: Any) -> Any:
-    return self._forward(*self._of.lin(nzs_in, *args))
-
-  def linearized(self, res: Any, *tangents: Any) -> Any:
-    return self._select(self._of.linearized(res, *tangents))
 
   def transpose(self, ct: Any, *args: Any) -> Any:
     return self._of.transpose(self._full(ct), *args)
@@ -336,3 +325,5 @@ class PrunedCall(HiPrim):
   def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
     out, out_dim = self._of.batch(axis_data, args, dims)  # (a full tree)
     return self._select(out), self._select(out_dim)
+
+  lin, linearized = linearize_from_jvp

@@ -1,5 +1,5 @@
-"""`hijax.custom_jvp` and its primitive, `CustomJVPCall`, whose reverse
-mode transposes the linearized jvp rule, as JAX's does."""
+"""`hijax.custom_jvp` and its primitive, `CustomJVPCall` (reverse mode
+transposes the linearized jvp rule, as JAX's does)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -32,10 +32,15 @@ def _nonzero(t) -> bool:
 
 class CustomJVPCall(CallPrimitive):
   """The primitive of one call signature of a `custom_jvp` function: the
-  function and its jvp rule."""
+  function and its jvp rule; ``transposable`` where it is linear in some
+  input."""
+
+  transposable: bool
 
   def trace_rules(self, diff_args: tuple[Any, ...]) -> list[Any]:
     self._lins: dict[Any, Any] = {}  # kept linearizations (eager grad)
+    # linear in some input (a jvp rule may apply the function to tangents)
+    self.transposable = _linear_in_some_input(self.primal)
     self.jvp_name = _tracing.function_name(self.decorated.jvp)
     if not (len(self.hoisted) or _tracing.may_close_over_tracers(
         self.decorated.jvp, self.statics)):
@@ -43,8 +48,7 @@ class CustomJVPCall(CallPrimitive):
     args = (diff_args, tuple(jax.tree.map(
         lambda x: example_of(core.typeof(x).to_tangent_aval()), a)
         for a in diff_args))
-    return [("jvp", self._trace_rule(f"the jvp rule {self.jvp_name}",
-                                     self._jvp_direct, args, "inline"),
+    return [("jvp", self._trace_rule(self._jvp_direct, args, "inline"),
              self._jvp_direct, args)]
 
   def _jvp_direct(self, primals: Any, tangents: Any) -> Any:
@@ -57,7 +61,7 @@ class CustomJVPCall(CallPrimitive):
     if traced is not None:
       result = traced(hvals, tuple(xs), to_rule_zeros(tuple(txs), False))
     else:
-      with self.running(hvals):
+      with _tracing.running(self, hvals):
         result = self._jvp_direct(
             xs, to_rule_zeros(tuple(txs), self.decorated.symbolic_zeros))
     rule, jvp, fun = f"the jvp rule {self.jvp_name}", self.jvp_name, self.name
@@ -93,8 +97,7 @@ class CustomJVPCall(CallPrimitive):
     return out, jax.tree.unflatten(self.out_tree, t_flat)
 
   def lin(self, nzs_in: Any, *args: Any) -> Any:
-    """Eager, from the second call with the same key (`_kept_key`) on: the
-    linearization traced once and compiled."""
+    """Eager, from the second call with the same `_kept_key` on: compiled."""
     leaves = jax.tree.leaves(args)
     key = self._kept_key(jax.tree.leaves(nzs_in), leaves)
     if key is not None and key in self._lins and self._lins[key] is None:
@@ -110,8 +113,8 @@ class CustomJVPCall(CallPrimitive):
             jax.tree.unflatten(self.out_tree, list(nzs_out)))
 
   def _kept_key(self, nzs_flat: list[Any], leaves: list[Any]) -> Any:
-    """Flags, input types and what the rule reads, by value; None where the
-    inputs are not concrete arrays or the rule reaches a traced value."""
+    """None where an input is not a concrete array or the rule reaches a
+    traced value."""
     if not all(isinstance(x, jax.Array) and not isinstance(x, core.Tracer)
                and type(core.typeof(x)) is core.ShapedArray for x in leaves):
       return None
@@ -124,8 +127,7 @@ class CustomJVPCall(CallPrimitive):
 
   def _traced_lin(self, nzs_flat: tuple[bool, ...], types: Any) -> Any:
     """(compiled outputs and residuals, number of outputs, their nonzero
-    flags, linear map), or None where the rule cannot be traced (it then
-    runs on the values, as in JAX)."""
+    flags, linear map), or None where the rule cannot be traced."""
     found = []
 
     def forward(*xs):
@@ -140,17 +142,9 @@ class CustomJVPCall(CallPrimitive):
       return None
     return (jax.jit(jax.extend.core.jaxpr_as_fun(closed)), *found[0])
 
-  linearized = linearize_from_jvp.second
-  vjp_fwd, vjp_bwd_retval = vjp_from_lin
-  # grad transposes what `linearized` records, as for jax.custom_jvp
-  _grad_by_lin = True
-
-
-class LinearCustomJVPCall(CustomJVPCall):
-  """`CustomJVPCall` of a function linear in some input, transposable (as
-  when a jvp rule applies the function to its tangent)."""
-
   def transpose(self, ct: Any, *args: Any) -> Any:
+    if not self.transposable:
+      return super().transpose(ct, *args)
     leaves, tree = jax.tree.flatten(
         args, is_leaf=lambda x: isinstance(x, GradAccum))
     accums: list[Any] = [x for x in leaves if isinstance(x, GradAccum)]
@@ -166,6 +160,11 @@ class LinearCustomJVPCall(CustomJVPCall):
     for acc, c in zip(accums, cts):
       acc.accum(c)
 
+  linearized = linearize_from_jvp.second
+  vjp_fwd, vjp_bwd_retval = vjp_from_lin
+  # grad transposes what `linearized` records, as for jax.custom_jvp
+  _grad_by_lin = True
+
 
 def _linear_in_some_input(traced: Any) -> bool:
   avals = [v.aval for v in traced.jaxpr.invars]
@@ -179,23 +178,17 @@ def _linear_in_some_input(traced: Any) -> bool:
 
 
 class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
-  """A function with a custom forward-mode rule, like ``jax.custom_jvp``.
+  """A function with a custom forward-mode rule, like ``jax.custom_jvp``
+  (same signatures and behaviour: ``f = custom_jvp(fun, nondiff_argnums=(),
+  nondiff_argnames=())``, then ``@f.defjvp`` or `defjvps`).
 
-  Same signatures and behaviour: ``f = custom_jvp(fun, nondiff_argnums=(),
-  nondiff_argnames=())`` (also as ``@custom_jvp`` or
-  ``@functools.partial(custom_jvp, nondiff_argnums=...)``), then
-  ``@f.defjvp`` on ``jvp(*nondiff_args, primals, tangents) -> (out,
-  tangent_out)``, or `defjvps` with one rule per argument. Reverse mode
-  transposes the linearized rule, as JAX does.
-
-  What it adds to ``jax.custom_jvp``: traced values that ``fun``, the rule
-  or a non-differentiable argument hold are inputs (no escaped tracer;
-  differentiated with respect to one, ``f`` has the derivative of ``fun``'s
-  own code, where JAX's gives a silent zero); `custom_jvp.defbatch` for
-  ``vmap``, differentiated with the jvp rule; every value the rule returns
-  checked against the function's types, with an error naming the function,
-  the rule and the output; and what a `HiPrim` has (residual reports,
-  ``jax.checkpoint``, `hijax.testing.check_rules`).
+  What it adds: traced values that ``fun``, the rule or a non-differentiable
+  argument hold are inputs (no escaped tracer; differentiated with respect
+  to one, ``f`` has the derivative of ``fun``'s own code, where JAX's gives a
+  silent zero); `custom_jvp.defbatch` for ``vmap``, differentiated with the
+  jvp rule; every value the rule returns checked, with an error naming the
+  function, the rule and the output; and what a `HiPrim` has (residual
+  reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
   kind: str = "custom_jvp"
@@ -205,15 +198,11 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
 
   def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False
              ) -> Callable[..., Any]:
-    """Defines the jvp rule, as ``jax.custom_jvp.defjvp`` does.
-
-    ``jvp(*nondiff_args, primals, tangents) -> (out, tangent_out)``:
-    ``primals`` and ``tangents`` are tuples with one entry per
-    differentiable argument; ``out`` must equal the function's output and
-    ``tangent_out`` have its structure and tangent types. With
+    """Defines the jvp rule, as ``jax.custom_jvp.defjvp`` does (a
+    decorator): ``jvp(*nondiff_args, primals, tangents) -> (out,
+    tangent_out)``, ``out`` equal to the function's output. With
     ``symbolic_zeros``, a zero tangent is a ``SymbolicZero`` (a rule that
     closes over traced values is traced once, with array tangents).
-    Returns ``jvp`` (a decorator).
     """
     self.jvp = jvp
     self.symbolic_zeros = symbolic_zeros
@@ -221,10 +210,8 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     return jvp
 
   def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
-    """One rule per argument: ``jvps[i](t_i, out, *primals)`` is the tangent
-    of the output along argument ``i``'s tangent ``t_i`` (None: no
-    dependence). The tangents are added, as ``jax.custom_jvp.defjvps``
-    does; it cannot be combined with ``nondiff_argnums``."""
+    """One rule per argument, as ``jax.custom_jvp.defjvps``:
+    ``jvps[i](t_i, out, *primals)`` (None: no dependence), added."""
     if self.nondiff_argnums:
       raise TypeError("Can't use ``defjvps`` with ``nondiff_argnums``.")
 
@@ -241,9 +228,7 @@ class custom_jvp(Decorated):  # noqa: N801 (the name of jax.custom_jvp)
     jvp.__name__ = f"defjvps({names})"
     self.defjvp(jvp)
 
-  def _call_class(self, primal: Any) -> type[CustomJVPCall]:
-    return (LinearCustomJVPCall if _linear_in_some_input(primal)
-            else CustomJVPCall)
+  _call_class = CustomJVPCall
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)

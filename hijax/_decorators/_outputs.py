@@ -139,7 +139,7 @@ def tangent_out(owner: Any, rule: str, tangent: Any,
           f"the tangent of {where}, whose tangent type is "
           f"{declared.str_short()}: return None for a zero tangent",
           _checks.RuleTypeError, _tangent_words(owner, declared_all, flat))
-    if t is None or symbolic or is_float0(t) and not is_float0(declared):
+    if t is None or symbolic:
       out.append(None)
       continue
     if not _checks.matches(declared, _checks.type_of(t), "tangent"):

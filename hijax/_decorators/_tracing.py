@@ -1,9 +1,6 @@
-"""A call of a decorated function: its arguments (keywords bound to
-positions, as JAX's decorators bind them; the non-differentiable ones set
-apart; the names messages use), its traces (`Traced`), the traced values
-they close over hoisted into inputs (`Hoisted`), and the calls running now
-(`Entry`, `find`), which a rule's call of the function itself reuses.
-"""
+"""A call of a decorated function: its arguments (bound as JAX's
+decorators bind them), its traces (`Traced`), the traced values they close
+over hoisted into inputs (`Hoisted`), and the calls running now (`find`)."""
 from __future__ import annotations
 
 import contextlib
@@ -159,9 +156,9 @@ class Traced:
   """A function as traced for one call: ``traced(hoisted_values, *args)``
   evaluates its jaxpr with the current hoisted values."""
 
-  def __init__(self, name: str, closed: Any, slots: list[int | None],
-               in_tree: Any, out_tree: Any):
-    self.name, self.jaxpr, self.consts = name, closed.jaxpr, list(closed.consts)
+  def __init__(self, closed: Any, slots: list[int | None], in_tree: Any,
+               out_tree: Any):
+    self.jaxpr, self.consts = closed.jaxpr, list(closed.consts)
     self.slots, self.in_tree, self.out_tree = slots, in_tree, out_tree
     self.out_avals = list(closed.out_avals)
     self.effects = closed.jaxpr.effects
@@ -204,14 +201,14 @@ class Traced:
     return jax.tree.unflatten(self.out_tree, out)
 
 
-def trace(name: str, fn: Callable[..., Any], args: tuple[Any, ...],
-          hoisted: Hoisted) -> tuple[Traced, Any]:
+def trace(fn: Callable[..., Any], args: tuple[Any, ...], hoisted: Hoisted
+          ) -> tuple[Traced, Any]:
   """The `Traced` ``fn(*args)`` and its output shape; a fresh lambda, since
   ``make_jaxpr`` caches by identity."""
   closed, shape = jax.make_jaxpr(lambda *a: fn(*a), return_shape=True)(*args)
   slots = [hoisted.slot(c) if isinstance(c, core.Tracer) else None
            for c in closed.consts]
-  return Traced(name, closed, slots, jax.tree.structure(args),
+  return Traced(closed, slots, jax.tree.structure(args),
                 jax.tree.structure(shape)), shape
 
 
@@ -220,18 +217,18 @@ class Entry:
   signature binds ``call`` (mode "bind") or, while the rules are first
   traced, is evaluated in place (mode "inline")."""
 
-  def __init__(self, decorator: Any, key: Any, call: Any,
-               hoisted_values: Sequence[Any], mode: str):
-    self.decorator, self.key, self.call = decorator, key, call
-    self.hoisted_values, self.mode = list(hoisted_values), mode
-    self.reentered = False
+  def __init__(self, call: Any, hoisted_values: Sequence[Any], mode: str):
+    self.call, self.hoisted_values = call, list(hoisted_values)
+    self.mode, self.reentered = mode, False
 
 
 _RUNNING = threading.local()  # .stack: the entries running, innermost last
 
 
 @contextlib.contextmanager
-def running(entry: Entry) -> Iterator[Entry]:
+def running(call: Any, hoisted_values: Sequence[Any], mode: str = "bind"
+            ) -> Iterator[Entry]:
+  entry = Entry(call, hoisted_values, mode)
   stack = _RUNNING.__dict__.setdefault("stack", [])
   stack.append(entry)
   try:
@@ -243,7 +240,7 @@ def running(entry: Entry) -> Iterator[Entry]:
 def find(decorator: Any, key: Any) -> Entry | None:
   """The innermost running call of ``decorator`` with the signature ``key``."""
   for entry in reversed(getattr(_RUNNING, "stack", ())):
-    if entry.decorator is decorator and _same_key(entry.key, key):
+    if entry.call.decorated is decorator and _same_key(entry.call.key, key):
       return entry
   return None
 

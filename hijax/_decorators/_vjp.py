@@ -1,7 +1,5 @@
-"""`hijax.custom_vjp` and its primitive, `CustomVJPCall`, whose forward
-mode is ``bwd`` transposed in ``g`` (`jvp_from_vjp`), or else the equation
-whose transpose runs ``bwd`` (`_linearized_value`).
-"""
+"""`hijax.custom_vjp` and its primitive, `CustomVJPCall`: forward mode is
+``bwd`` transposed in ``g``, or an equation whose transpose runs ``bwd``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -35,20 +33,18 @@ class CustomVJPCall(CallPrimitive):
         d.fwd, d.bwd, self.statics)):
       return []  # the rules run directly, when differentiated, as in JAX
     fwd = self._fwd_with(None)
-    first_fwd = self._trace_rule(f"the fwd rule {self.fwd_name}", fwd,
-                                 diff_args, "inline")
+    first_fwd = self._trace_rule(fwd, diff_args, "inline")
     first_bwd, bwd_args, shape = None, (), first_fwd and first_fwd[1]
     if isinstance(shape, (tuple, list)) and len(shape) == 2:
       bwd_args = (shape[1], jax.tree.unflatten(self.out_tree, [
           example_of(a.to_ct_aval()) for a in self.out_avals_flat]))
-      first_bwd = self._trace_rule(f"the bwd rule {self.bwd_name}",
-                                   self._bwd_direct, bwd_args, "inline")
+      first_bwd = self._trace_rule(self._bwd_direct, bwd_args, "inline")
     return [("fwd", first_fwd, fwd, diff_args),
             ("bwd", first_bwd, self._bwd_direct, bwd_args)]
 
   def _fwd_with(self, nzs: Any) -> Callable[..., Any]:
-    """``fwd`` of the differentiable arguments (``CustomVJPPrimal`` leaves
-    with ``symbolic_zeros``, perturbed as ``nzs`` says, all if None)."""
+    """``fwd`` of the differentiable arguments (perturbed as ``nzs`` says,
+    all if None, with ``symbolic_zeros``)."""
     def fwd(*xs):
       if self.decorated.symbolic_zeros:
         xs = jax.tree.map(CustomVJPPrimal, xs, jax.tree.map(
@@ -67,7 +63,6 @@ class CustomVJPCall(CallPrimitive):
         a.freeze() for a in accums])), logs
 
   def _logs(self, logs: Any, method: str, what: str, jax_what: str) -> Any:
-    """``logs``, checked: None or a dict, as ``method`` says."""
     if logs is not None and type(logs) is not dict:
       got = type(logs).__name__
       raise self.error(
@@ -83,7 +78,7 @@ class CustomVJPCall(CallPrimitive):
     if traced is not None:
       result = traced(hvals, *xs)
     else:
-      with self.running(hvals):
+      with _tracing.running(self, hvals):
         result = self._fwd_with(nzs)(*xs)
     rule, fwd, fun = f"the fwd rule {self.fwd_name}", self.fwd_name, self.name
     head = lambda equal: (
@@ -148,8 +143,6 @@ class CustomVJPCall(CallPrimitive):
     return logs if self.decorated.with_logs else None
 
   def jvp(self, primals: Any, tangents: Any) -> Any:
-    """``bwd`` transposed in ``g`` (`jvp_from_vjp`); for a ``bwd`` not
-    linear in ``g``, or with logs, an equation whose transpose is ``bwd``."""
     derived = None
     if not self.decorated.with_logs:
       try:
@@ -173,8 +166,7 @@ class CustomVJPCall(CallPrimitive):
     return out, jax.tree.unflatten(self.out_tree, t_out)
 
   def nonlinear(self, e: NonlinearBackwardError) -> None:
-    """Keeps why forward mode fails: ``bwd`` is not linear in ``g`` (``e``
-    raised for another primitive, inside ``bwd``, is re-raised)."""
+    """Keeps why forward mode fails (``e`` of another primitive: raised)."""
     if e.prim is not self:
       raise e
     self.forward_mode_error = NonlinearBackwardError(str(self.error(
@@ -237,7 +229,6 @@ ad.primitive_jvps[_LINEARIZED] = _linearized_jvp
 
 
 def _refused(method: str) -> Callable[..., NoReturn]:
-  """A ``def...`` method that JAX's `custom_vjp` has and hijax's refuses."""
   def refuse(self: Any, *_: Any, **__: Any) -> NoReturn:
     raise NotImplementedError(
         f"hijax.custom_vjp has no {method}: its rematerialization is that of "
@@ -252,26 +243,19 @@ def _refused(method: str) -> Callable[..., NoReturn]:
 
 
 class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
-  """A function with a custom reverse-mode rule, like ``jax.custom_vjp``.
+  """A function with a custom reverse-mode rule, like ``jax.custom_vjp``
+  (same signatures and behaviour: ``f = custom_vjp(fun, nondiff_argnums=(),
+  nondiff_argnames=())``, then ``f.defvjp(fwd, bwd)``).
 
-  Same signatures and behaviour: ``f = custom_vjp(fun, nondiff_argnums=(),
-  nondiff_argnames=())`` (also as ``@custom_vjp`` or
-  ``@functools.partial(custom_vjp, nondiff_argnums=...)``), then
-  ``f.defvjp(fwd, bwd)``. ``fwd(*args) -> (out, residuals)`` runs on the
-  forward pass; ``bwd(*nondiff_args, residuals, g)`` returns one cotangent
-  per differentiable argument (None, anywhere in one, for zeros). Arguments
-  may be pytrees and keywords; the output may be a pytree.
-
-  What it adds to ``jax.custom_vjp``: forward mode (``jax.jvp``,
-  ``jacfwd``, ``hessian``, ``linearize``) by transposing ``bwd`` in ``g``,
-  checked linear, also when ``fwd`` calls ``f``; traced values that ``fun``,
-  the rules or a non-differentiable argument hold are inputs (no escaped
-  tracer; differentiated with respect to one, ``f`` has the derivative of
-  ``fun``'s own code, where JAX's raises); ``vmap`` of the rules, or of
-  `custom_vjp.defbatch`'s rule, differentiated with the rules; every value
-  the rules return checked against the function's types, with an error
-  naming the function, the rule and the argument; and what a `HiPrim` has
-  (residual reports, ``jax.checkpoint``, `hijax.testing.check_rules`).
+  What it adds: forward mode (``jax.jvp``, ``jacfwd``, ``hessian``,
+  ``linearize``) by transposing ``bwd`` in ``g``, checked linear; traced
+  values that ``fun``, the rules or a non-differentiable argument hold are
+  inputs (no escaped tracer; differentiated with respect to one, ``f`` has
+  the derivative of ``fun``'s own code, where JAX's raises); ``vmap`` of the
+  rules, or of `custom_vjp.defbatch`'s rule, differentiated with the rules;
+  every value the rules return checked, with an error naming the function,
+  the rule and the argument; and what a `HiPrim` has (residual reports,
+  ``jax.checkpoint``, `hijax.testing.check_rules`).
   """
 
   kind: str = "custom_vjp"
@@ -286,23 +270,13 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any],
              symbolic_zeros: bool = False, optimize_remat: bool = False,
              generic_batching: bool = False) -> None:
-    """Defines the reverse-mode rule, as ``jax.custom_vjp.defvjp`` does.
-
-    Args:
-      fwd: ``fwd(*args) -> (out, residuals)``, with the arguments of the
-        function (the non-differentiable ones included, in place); ``out``
-        must equal ``fun(*args)``. With ``symbolic_zeros``, each leaf of a
-        differentiable argument is a ``jax.custom_derivatives.CustomVJPPrimal``
-        whose ``perturbed`` says whether it is differentiated.
-      bwd: ``bwd(*nondiff_args, residuals, g)``, returning a tuple with one
-        cotangent per differentiable argument (None for zeros). With
-        ``symbolic_zeros``, a zero cotangent in ``g`` is a
-        ``jax.custom_derivatives.SymbolicZero``.
-      symbolic_zeros: as in JAX (rules that close over traced values are
-        traced once, every input perturbed, every cotangent an array).
-      optimize_remat: as in JAX: forward mode's primal output is the
-        function's own; not with ``symbolic_zeros``.
-      generic_batching: accepted (JAX 0.12); ``vmap`` batches every output.
+    """Defines the reverse-mode rule, as ``jax.custom_vjp.defvjp`` does:
+    ``fwd(*args) -> (out, residuals)``, ``out`` equal to ``fun(*args)``;
+    ``bwd(*nondiff_args, residuals, g)`` returns a tuple with one cotangent
+    per differentiable argument (None for zeros). ``symbolic_zeros`` and
+    ``optimize_remat`` as in JAX (rules that close over traced values are
+    then traced once, every input perturbed, every cotangent an array);
+    ``generic_batching`` is accepted (``vmap`` batches every output).
     """
     self._define(fwd, bwd, symbolic_zeros, optimize_remat, False, False)
 
@@ -338,8 +312,7 @@ class custom_vjp(Decorated):  # noqa: N801 (the name of jax.custom_vjp)
   defremat: Callable[..., NoReturn] = _refused("defremat")
   defremat_with_logs: Callable[..., NoReturn] = _refused("defremat_with_logs")
 
-  def _call_class(self, primal: Any) -> type[CustomVJPCall]:
-    return CustomVJPCall
+  _call_class = CustomVJPCall
 
   def as_jax(self) -> Callable[..., Any]:
     f = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)

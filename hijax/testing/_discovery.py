@@ -79,7 +79,9 @@ def defined_rules(prim: Any) -> dict[str, str]:
     rules["lin"] = f"{name}.lin/linearized" + how(cls.lin)
   for mode, rule in (("transpose", "transpose"), ("batch", "batch"),
                      ("batch", "batch_dim_rule")):
-    if has(rule):
+    # (a decorator's call says itself whether it is transposable)
+    if has(rule) and (rule != "transpose" or getattr(prim, "transposable",
+                                                      True)):
       rules.setdefault(mode, f"{name}.{rule}")
   return rules
 
