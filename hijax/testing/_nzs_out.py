@@ -2,6 +2,8 @@
 declared to have a symbolically zero tangent must have a zero derivative."""
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -15,8 +17,8 @@ from hijax.testing._numerics import describe_leaf, is_float, on_device, ulp_fact
 from hijax.testing._report import RuleReport
 
 
-def _tangent_aval(x):
-  """The type of a leaf's (or type's) tangent."""
+def _tangent_aval(x) -> Any:
+  """The type of a leaf's (or type's) tangent (a shaped array's for an array)."""
   aval = x if isinstance(x, _core.AbstractValue) else _core.typeof(x)
   return (aval if isinstance(aval, _core.ShapedArray)
           else aval.to_tangent_aval())
