@@ -230,7 +230,8 @@ class Decorated:
     ``jax.custom_batching.custom_vmap.def_vmap`` (a batched argument has its
     batch axis first; ``out_batched`` may be one boolean). The batched
     function's derivatives are its rules, vmapped. Where a value the function
-    closes over is batched, the function itself is vmapped instead.
+    closes over is batched, or the rule reads a traced value the function
+    does not, the function itself is vmapped instead.
     """
     self.batch_rule = rule
     self._rules_defined()

@@ -51,13 +51,6 @@ def _types(tree: Any, leaves: list[Any]) -> str:
                        for a, x in zip(map(_checks.type_of, leaves), leaves)])
 
 
-def _type_message(declared, value, kind: str) -> tuple[str, str]:
-  actual = _checks.type_of(value)
-  got = (f"a {type(value).__name__}, which is not a JAX value"
-         if actual is None else f"a value of type {actual.str_short()}")
-  return got, _checks._advice(declared, actual, kind)  # pyright: ignore[reportPrivateUsage]
-
-
 def pair(owner: Any, rule: str, result: Any, what: str,
          jax_words: Callable[[Any], str] | None = None) -> tuple:
   if not isinstance(result, (tuple, list)) or len(result) != 2:
@@ -102,7 +95,7 @@ def primal_out(owner: Any, rule: str, out: Any,
   paths = _paths(owner.out_tree, "output")
   for where, declared, x in zip(paths, owner.out_avals_flat, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
-      got, advice = _type_message(declared, x, "rule-primal")
+      got, advice = _checks.described(declared, x, "rule-primal")
       raise owner.error(
           rule, f"returned {got} as its primal {where}, but {owner.name} "
           f"returns {declared.str_short()} there. {advice}The primal output "
@@ -143,7 +136,7 @@ def tangent_out(owner: Any, rule: str, tangent: Any,
       out.append(None)
       continue
     if not _checks.matches(declared, _checks.type_of(t), "tangent"):
-      got, advice = _type_message(declared, t, "tangent")
+      got, advice = _checks.described(declared, t, "tangent")
       raise owner.error(
           rule, f"returned {got} as the tangent of {where}, but that output is "
           f"{aval.str_short()}, so its tangent is {declared.str_short()}. "
@@ -266,7 +259,7 @@ def _cotangent(owner, rule, where, path, aval, ct, check: bool):
       and jnp.issubdtype(declared.dtype, jnp.floating)):
     return jnp.asarray(ct, declared.dtype)
   if not _checks.matches(declared, actual, "cotangent"):
-    got, advice = _type_message(declared, ct, "cotangent")
+    got, advice = _checks.described(declared, ct, "cotangent")
     words = None if actual is None else _bwd_type_words(
         owner, path, actual, declared, aval, False)
     raise owner.error(
