@@ -63,15 +63,16 @@ def batch_by_rule(prim, rule, axis_data, args, dims):
     out, out_batched = pair(prim, rule_name, rule(
         size, in_batched, *prim.full_args(moved)), "(out, out_batched)")
     found.append(_flags(prim, rule_name, out_batched))
-    return _check_batched(prim, rule_name, out, found[0], size)
+    return prim.kept_leaves(_check_batched(prim, rule_name, out, found[0],
+                                           size))
 
   hoisted = _tracing.Hoisted(hvals)  # the call's traced values: the rule's
   with _tracing.running(prim, hvals):
     traced, _ = _tracing.trace(run, examples, hoisted)
   if len(hoisted) > len(hvals):  # it closes over another: vmap the function
     return batch_from_dim_rule(prim, axis_data, args, dims)
-  out_dim = jax.tree.unflatten(prim.out_tree,
-                               [0 if b else None for b in found[0]])
+  out_dim = jax.tree.unflatten(prim.out_tree, [
+      0 if b else None for b in prim.kept_leaves(found[0])])
   new = BatchedByRule(prim, axis_data, dims, out_dim, traced)
   return new(*args), out_dim
 
@@ -85,29 +86,29 @@ def _example(d, x):  # x with its batch axis d first
 
 def _flags(owner, rule_name, out_batched) -> list[bool]:
   if isinstance(out_batched, bool):
-    return [out_batched] * len(owner.out_avals_flat)
+    return [out_batched] * len(owner.fun_avals)
   try:
-    flags: list[Any] = owner.out_tree.flatten_up_to(out_batched)
+    flags: list[Any] = owner.fun_tree.flatten_up_to(out_batched)
   except (ValueError, TypeError):
     flags = [None]
   if not all(isinstance(b, bool) for b in flags):
     raise owner.error(
         rule_name, "must return (out, out_batched) with out_batched a bool or "
         "a pytree of bools with the structure of the output "
-        f"({owner.out_tree}), but out_batched is {out_batched!r}")
+        f"({owner.fun_tree}), but out_batched is {out_batched!r}")
   return flags
 
 
 def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
   try:
-    out_flat = owner.out_tree.flatten_up_to(out)
+    out_flat = owner.fun_tree.flatten_up_to(out)
   except (ValueError, TypeError):
     raise owner.error(
         rule_name, f"returned an output with structure "
         f"{jax.tree.structure(out)}, but {owner.name} returns structure "
-        f"{owner.out_tree}") from None
+        f"{owner.fun_tree}") from None
   for i, (x, batched, aval) in enumerate(zip(out_flat, flags,
-                                             owner.out_avals_flat)):
+                                             owner.fun_avals)):
     declared = aval.update(shape=(size, *aval.shape)) if batched else aval
     actual = _checks.type_of(x)
     if not _checks.matches(declared, actual, "rule-primal"):
