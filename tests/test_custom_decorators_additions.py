@@ -484,7 +484,9 @@ def test_defbatch_reading_a_traced_value_the_function_does_not():
   xs, c = jnp.array([0.3, -1.2]), 2.
   for reads in (True, False):
     h = functools.partial(g, fun_reads_c=reads)
-    assert _has_batched_by_rule(jax.make_jaxpr(h)(c, xs)) == reads
+    jaxpr = jax.make_jaxpr(h)(c, xs)
+    assert _has_batched_by_rule(jaxpr) == reads
+    assert ("BatchedByRule[fun=f]" in str(jaxpr)) == reads
     close(jax.jit(h)(c, xs), jnp.sin(xs))
     close(jax.jit(jax.grad(lambda xs: h(c, xs).sum(), 0))(xs), jnp.cos(xs))
 

@@ -135,6 +135,9 @@ class BatchedByRule(Batched):
     self.effects = rule.effects
     super().__init__(prim, axis_data, in_dims, out_dim, _rule=rule)
 
+  def pp_params(self) -> dict[str, Any]:
+    return {"fun": self.prim.name}
+
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
     moved = jax.tree.map(lambda d, x: x if d is None else jnp.moveaxis(x, d, 0),
