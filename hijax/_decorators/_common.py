@@ -179,12 +179,8 @@ class CallPrimitive(HiPrim):
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:
     """The function of the hoisted values ``which``, the rest fixed."""
-    def f(*chosen):
-      values = list(hvals)
-      for i, v in zip(which, chosen):
-        values[i] = v
-      return self.primal(values, *xs)
-    return f
+    return lambda *chosen: self.primal(
+        dict(enumerate(hvals)) | dict(zip(which, chosen)), *xs)
 
   def differentiating(self, transform: Callable[..., Any], *args: Any) -> Any:
     """``transform(*args)`` on the function's own code; a failure explained."""

@@ -13,7 +13,7 @@ from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
-from hijax._util import Static, is_float0, is_zero
+from hijax._util import Static, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
                            linearize_from_jvp, tangent_from_backward)
