@@ -114,8 +114,8 @@ def check_type(owner, method: str, what: str, declared, value, kind: str,
   """
   actual = type_of(value)
   if not matches(declared, actual, kind):
-    raise type_error(_where(owner, method), what, declared, value, actual,
-                     kind, declared_by, fix, how)
+    raise type_error(_where(owner, method), what, declared, value, kind,
+                     declared_by, fix, how)
 
 
 def check_types(owner, method: str, what: str, declared_flat, values_flat,
@@ -127,8 +127,8 @@ def check_types(owner, method: str, what: str, declared_flat, values_flat,
     actual = type_of(value)
     if not matches(declared, actual, kind):
       leaf = f"{what} {i}" if several else f"the {what}"
-      raise type_error(_where(owner, method), leaf, declared, value, actual,
-                       kind, declared_by, fix)
+      raise type_error(_where(owner, method), leaf, declared, value, kind,
+                       declared_by, fix)
 
 
 def conform_outputs(owner, method: str, declared_flat, values_flat) -> list:
@@ -151,24 +151,28 @@ def conform_outputs(owner, method: str, declared_flat, values_flat) -> list:
       out[i] = _lax._convert_element_type(value, None, declared.weak_type)
       continue
     what = f"output {i}" if several else "the output"
-    raise type_error(_where(owner, method), what, declared, value, actual,
-                     "primal", "out_aval")
+    raise type_error(_where(owner, method), what, declared, value, "primal",
+                     "out_aval")
   return out
 
 
-def type_error(where, what, declared, value, actual, kind, declared_by,
-               fix="", how="returned") -> RuleTypeError:
+def type_error(where, what, declared, value, kind, declared_by, fix="",
+               how="returned") -> RuleTypeError:
   """The message of a failed check: declared X, got Y, and the fix."""
-  declared_s = declared.str_short()
-  if actual is None:
-    got = f"a {type(value).__name__}, which is not a JAX value"
-  else:
-    got = f"a value of type {actual.str_short()}"
+  got, advice = described(declared, value, kind)
   action = (f"returned {got} for {what}" if how == "returned"
             else f"{how} {got} as {what}")
-  return RuleTypeError(
-      f"{where} {action}, but {declared_by} declares "
-      f"{declared_s}. {_advice(declared, actual, kind)}{fix}".rstrip())
+  return RuleTypeError(f"{where} {action}, but {declared_by} declares "
+                       f"{declared.str_short()}. {advice}{fix}".rstrip())
+
+
+def described(declared, value, kind) -> tuple[str, str]:
+  """What a rule returned in words, and the advice for returning a
+  ``declared`` instead (hijax's messages, the decorators' too)."""
+  actual = type_of(value)
+  got = (f"a {type(value).__name__}, which is not a JAX value"
+         if actual is None else f"a value of type {actual.str_short()}")
+  return got, _advice(declared, actual, kind)
 
 
 def _advice(declared, actual, kind) -> str:

@@ -236,7 +236,7 @@ class Batched(HiPrim):
   """The application of ``prim`` to arguments batched along ``in_dims``.
 
   Built by `batch_from_dim_rule`; each rule vmaps the corresponding rule of
-  ``prim`` over the batch axis.
+  ``prim`` over the batch axis. A subclass may add ``params``.
   """
 
   prim: HiPrim
@@ -248,7 +248,7 @@ class Batched(HiPrim):
   params: dict[str, Any]
 
   def __init__(self, prim: Any, axis_data: Any, in_dims: Any,
-               out_dim: Any) -> None:
+               out_dim: Any, **params: Any) -> None:
     self.prim, self.axis_data = prim, axis_data
     self.in_dims, self.out_dim = in_dims, out_dim
     unmap = lambda a, d: a if d is None else core.unmapped_aval(
@@ -256,7 +256,7 @@ class Batched(HiPrim):
     self.in_avals = jax.tree.map(unmap, prim.in_avals, in_dims)
     self.out_aval = jax.tree.map(unmap, prim.out_aval, out_dim)
     self.params = dict(prim=prim, axis_data=axis_data,
-                       dims=Static((in_dims, out_dim)))
+                       dims=Static((in_dims, out_dim)), **params)
     super().__init__()
 
   def __repr__(self) -> str:

@@ -470,6 +470,27 @@ def test_defbatch_is_not_used_for_a_batched_closed_over_value():
         jnp.sum(ws * jnp.cos(ws * 0.7)))
 
 
+def test_defbatch_reading_a_traced_value_the_function_does_not():
+  """A batch rule reading a traced c that the function does not read: vmap
+  batches the function instead (its value and gradient, under jit); a rule
+  reading only what the function reads is used."""
+  def g(c, xs, fun_reads_c):
+    @custom_vjp
+    def f(x):
+      return jnp.sin(x) + (0. * c if fun_reads_c else 0.)
+    f.defvjp(lambda x: (f(x), jnp.cos(x)), lambda r, g: (r * g,))
+    f.defbatch(lambda axis_size, in_batched, x: (jnp.sin(x) + 0. * c, True))
+    return jax.vmap(f)(xs)
+  xs, c = jnp.array([0.3, -1.2]), 2.
+  for reads in (True, False):
+    h = functools.partial(g, fun_reads_c=reads)
+    jaxpr = jax.make_jaxpr(h)(c, xs)
+    assert _has_batched_by_rule(jaxpr) == reads
+    assert ("BatchedByRule[fun=f]" in str(jaxpr)) == reads
+    close(jax.jit(h)(c, xs), jnp.sin(xs))
+    close(jax.jit(jax.grad(lambda xs: h(c, xs).sum(), 0))(xs), jnp.cos(xs))
+
+
 def test_defbatch_returns_the_rule_and_def_methods_forward():
   f = custom_vjp(jnp.sin)
 

@@ -10,7 +10,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from jax.interpreters import partial_eval as pe
 
 import hijax
-from hijax._decorators._common import PrunedCall
+from hijax._decorators._common import CallPrimitive
 
 
 def close(a, b, rtol=1e-5, atol=1e-6):
@@ -46,8 +46,8 @@ def test_an_unused_output_is_pruned_and_the_rules_still_apply(kind, used):
   jaxpr, f = pruned(hijax, kind, used)
   (eqn,) = jaxpr.eqns
   prim = eqn.params["_prim"]
-  assert type(prim) is PrunedCall and len(eqn.outvars) == 1
-  assert prim._used == tuple(used)
+  assert isinstance(prim, CallPrimitive) and len(eqn.outvars) == 1
+  assert prim.kept == tuple(used) and prim is not prim._call
   _, jax_f = pruned(jax, kind, used)
   x, y = 0.1, -1.3
   close(f(x, y), jax_f(x, y))
@@ -85,7 +85,7 @@ def test_a_pruned_call_pruned_again():
   once, _ = pe.dce_jaxpr(closed.jaxpr, [False, True, True])
   twice, _ = pe.dce_jaxpr(once, [False, True])
   (eqn,) = twice.eqns
-  assert eqn.params["_prim"]._used == (False, False, True)
+  assert eqn.params["_prim"].kept == (False, False, True)
   g = lambda x: jaxpr_as_fun(ClosedJaxpr(twice, closed.consts))(x)[0]
   close((g(2.), jax.grad(g)(2.)), (6., 3.))
 

@@ -13,9 +13,7 @@ from hijax._decorators import _tracing
 from hijax._decorators._outputs import pair
 from hijax._internals import batching, core
 from hijax._util import is_none
-from hijax.batching import Batched, vmap_rule
-from hijax.derived import linearize_from_jvp
-from hijax.primitive import HiPrim
+from hijax.batching import Batched, batch_from_dim_rule, vmap_rule
 
 
 def batch_unbatched_call(prim, axis_data, args_flat):
@@ -65,16 +63,18 @@ def batch_by_rule(prim, rule, axis_data, args, dims):
     out, out_batched = pair(prim, rule_name, rule(
         size, in_batched, *prim.full_args(moved)), "(out, out_batched)")
     found.append(_flags(prim, rule_name, out_batched))
-    return _check_batched(prim, rule_name, out, found[0], size)
+    return prim.kept_leaves(_check_batched(prim, rule_name, out, found[0],
+                                           size))
 
-  hoisted = _tracing.Hoisted()
+  hoisted = _tracing.Hoisted(hvals)  # the call's traced values: the rule's
   with _tracing.running(prim, hvals):
     traced, _ = _tracing.trace(run, examples, hoisted)
-  out_dim = jax.tree.unflatten(prim.out_tree,
-                               [0 if b else None for b in found[0]])
-  new = BatchedByRule(Batched(prim, axis_data, dims, out_dim), traced,
-                      tuple(core.typeof(h) for h in hoisted))
-  return new(*args, tuple(hoisted)), out_dim
+  if len(hoisted) > len(hvals):  # it closes over another: vmap the function
+    return batch_from_dim_rule(prim, axis_data, args, dims)
+  out_dim = jax.tree.unflatten(prim.out_tree, [
+      0 if b else None for b in prim.kept_leaves(found[0])])
+  new = BatchedByRule(prim, axis_data, dims, out_dim, traced)
+  return new(*args), out_dim
 
 
 def _example(d, x):  # x with its batch axis d first
@@ -86,29 +86,29 @@ def _example(d, x):  # x with its batch axis d first
 
 def _flags(owner, rule_name, out_batched) -> list[bool]:
   if isinstance(out_batched, bool):
-    return [out_batched] * len(owner.out_avals_flat)
+    return [out_batched] * len(owner.fun_avals)
   try:
-    flags: list[Any] = owner.out_tree.flatten_up_to(out_batched)
+    flags: list[Any] = owner.fun_tree.flatten_up_to(out_batched)
   except (ValueError, TypeError):
     flags = [None]
   if not all(isinstance(b, bool) for b in flags):
     raise owner.error(
         rule_name, "must return (out, out_batched) with out_batched a bool or "
         "a pytree of bools with the structure of the output "
-        f"({owner.out_tree}), but out_batched is {out_batched!r}")
+        f"({owner.fun_tree}), but out_batched is {out_batched!r}")
   return flags
 
 
 def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
   try:
-    out_flat = owner.out_tree.flatten_up_to(out)
+    out_flat = owner.fun_tree.flatten_up_to(out)
   except (ValueError, TypeError):
     raise owner.error(
         rule_name, f"returned an output with structure "
         f"{jax.tree.structure(out)}, but {owner.name} returns structure "
-        f"{owner.out_tree}") from None
+        f"{owner.fun_tree}") from None
   for i, (x, batched, aval) in enumerate(zip(out_flat, flags,
-                                             owner.out_avals_flat)):
+                                             owner.fun_avals)):
     declared = aval.update(shape=(size, *aval.shape)) if batched else aval
     actual = _checks.type_of(x)
     if not _checks.matches(declared, actual, "rule-primal"):
@@ -123,42 +123,27 @@ def _check_batched(owner, rule_name, out, flags, size) -> list[Any]:
   return out_flat
 
 
-class BatchedByRule(HiPrim):
-  """A decorated function applied to a batch, computed by its batch rule:
-  the inputs are ``batched``'s and, last, the traced values the rule closes
-  over; the derivatives are ``batched``'s (the function's rules, vmapped)."""
+class BatchedByRule(Batched):
+  """A call applied to a batch, computed by its batch rule (traced, reading
+  the call's hoisted values); its derivatives are `Batched`'s (the call's
+  rules, vmapped)."""
 
-  _batched: Batched
   _rule: Any
 
-  def __init__(self, batched: Batched, rule: Any, const_avals: tuple) -> None:
-    self.in_avals = (*batched.in_avals, const_avals)
-    self.out_aval = batched.out_aval
-    self.params = dict(fun=batched.prim.name, _batched=batched, _rule=rule)
+  def __init__(self, prim: Any, axis_data: Any, in_dims: Any, out_dim: Any,
+               rule: Any) -> None:
     self.effects = rule.effects
-    super().__init__()
+    super().__init__(prim, axis_data, in_dims, out_dim, _rule=rule)
+
+  def pp_params(self) -> dict[str, Any]:
+    return {"fun": self.prim.name}
 
   def expand(self, *args: Any) -> Any:
-    *xs, _, consts = args  # the function's hoisted values are the rule's consts
-    in_dims = self._batched.in_dims[:-1]
+    *xs, hvals = args
     moved = jax.tree.map(lambda d, x: x if d is None else jnp.moveaxis(x, d, 0),
-                         list(in_dims), xs, is_leaf=is_none)
-    out_flat = self._rule(consts, *moved)
-    out_dim_flat = jax.tree.leaves(self._batched.out_dim, is_leaf=is_none)
-    return jax.tree.unflatten(self._batched.out_tree, [
+                         list(self.in_dims[:-1]), xs, is_leaf=is_none)
+    out_flat = self._rule(hvals, *moved)
+    out_dim_flat = jax.tree.leaves(self.out_dim, is_leaf=is_none)
+    return jax.tree.unflatten(self.out_tree, [
         x if d is None else jnp.moveaxis(x, 0, d)
         for x, d in zip(out_flat, out_dim_flat)])
-
-  def jvp(self, primals: Any, tangents: Any) -> Any:
-    return self._batched.jvp(primals[:-1], tangents[:-1])
-
-  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
-    return self._batched.vjp_fwd(nzs_in[:-1], *args[:-1])
-
-  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
-    return self._batched.vjp_bwd(res, g, *arg_accums[:-1])
-
-  def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
-    return self._batched.batch_dim_rule(axis_data, in_dims[:-1])
-
-  lin, linearized = linearize_from_jvp

@@ -1,8 +1,8 @@
 """What `hijax.custom_vjp` and `hijax.custom_jvp` share: the decorator
-(`Decorated`), the primitive of one call signature (`CallPrimitive`) and
-that primitive with unused outputs dropped (`PrunedCall`)."""
+(`Decorated`) and the primitive of one call signature (`CallPrimitive`)."""
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,7 +18,6 @@ from hijax._internals import batching, config, core
 from hijax._util import is_float0, is_zero, store_bounded
 from hijax.autodiff import Zero, instantiate_zeros
 from hijax.batching import batch_from_dim_rule
-from hijax.derived import linearize_from_jvp
 from hijax.primitive import HiPrim
 
 
@@ -38,25 +37,15 @@ def to_rule_zeros(tree: Any, symbolic_zeros: bool) -> Any:
   return jax.tree.map(convert, tree, is_leaf=is_zero)
 
 
-def _dce(prim: Any, of: Any, used_before: tuple[bool, ...], used_outs: Any
-         ) -> Any:
-  """`HiPrim.dce` of ``prim``, computing ``of``'s outputs ``used_before``."""
-  used = [bool(u) for u in jax.tree.leaves(used_outs)]
-  if all(used):
-    return True, True, prim
-  if not any(used) and not prim.effects:
-    return False, False, None
-  it = iter(used)
-  kept = tuple(next(it) if u else False for u in used_before)
-  return True, used_outs, PrunedCall(of, kept)
-
-
 class CallPrimitive(HiPrim):
   """The primitive of one call signature: its inputs are the differentiable
   arguments and, last, the tuple of hoisted values; ``rules`` holds the
-  rules traced once (those that close over a traced value)."""
+  rules traced once (those that close over a traced value). Its outputs
+  are the function's (``fun_tree``, ``fun_avals``), or those ``kept`` by
+  dead-code elimination (the rules' outputs are checked against all)."""
 
-  _call: Any  # itself (a `_call` param names the decorated function's call)
+  _call: Any  # the whole call (a `_call` param names the decorated function)
+  kept: tuple[bool, ...] | None = None
   # ``(name, first, fn, args)`` per rule traced here (see ``__init__``)
   trace_rules: Callable[[tuple[Any, ...]], list[Any]]
 
@@ -69,12 +58,12 @@ class CallPrimitive(HiPrim):
     self.primal, self.hoisted = primal, hoisted
     leaves, self.arg_tree = jax.tree.flatten(diff_args)
     self.arg_avals = [core.typeof(x) for x in leaves]
-    self.out_tree, self.out_avals_flat = primal.out_tree, primal.out_avals
+    self.fun_tree, self.fun_avals = primal.out_tree, primal.out_avals
     self.rules: dict[str, _tracing.Traced] = {}
     traces = self.trace_rules(diff_args)
     self.in_avals = (*jax.tree.unflatten(self.arg_tree, self.arg_avals),
                      tuple(core.typeof(h) for h in hoisted))
-    self.out_aval = jax.tree.unflatten(self.out_tree, self.out_avals_flat)
+    self.out_aval = jax.tree.unflatten(self.fun_tree, self.fun_avals)
     self.params = dict(fun=self.name, _call=self)
     self.effects = primal.effects
     super().__init__()
@@ -128,12 +117,45 @@ class CallPrimitive(HiPrim):
       return None
     return traced, shape, entry.reentered
 
+  def kept_leaves(self, flat: list[Any]) -> list[Any]:
+    """The leaves of this call's outputs among the function's ``flat``."""
+    if self.kept is None:
+      return flat
+    return [x for x, k in zip(flat, self.kept) if k]
+
+  def select(self, out: Any) -> Any:
+    """This call's outputs of the function's ``out``."""
+    if self.kept is None:
+      return out
+    return tuple(self.kept_leaves(self.fun_tree.flatten_up_to(out)))
+
+  def full(self, ct: Any) -> Any:
+    """``ct`` of this call's outputs as the function's (dropped: zeros)."""
+    if self.kept is None:
+      return ct
+    it = iter(self.out_tree.flatten_up_to(ct))
+    return jax.tree.unflatten(self.fun_tree, [
+        next(it) if k else Zero(a.to_ct_aval())
+        for a, k in zip(self.fun_avals, self.kept)])
+
   def expand(self, *args: Any) -> Any:
     *xs, hvals = args
-    return self.primal.as_call(hvals, *xs)
+    return self.select(self.primal.as_call(hvals, *xs))
 
   def dce(self, used_outs: Any, live_ins: Any) -> Any:
-    return _dce(self, self, (True,) * len(self.out_avals_flat), used_outs)
+    used = [bool(u) for u in jax.tree.leaves(used_outs)]
+    if all(used):
+      return True, True, self
+    if not any(used) and not self.effects:
+      return False, False, None
+    it = iter(used)
+    kept = tuple(k and next(it) for k in self.kept or [True] * len(used))
+    pruned = copy.copy(self)  # the same call and rules, fewer outputs
+    pruned.kept = kept
+    pruned.out_aval = tuple(a for a, k in zip(self.fun_avals, kept) if k)
+    pruned.params = dict(fun=self.name, _call=self._call, kept=kept)
+    HiPrim.__init__(pruned)
+    return True, used_outs, pruned
 
   def batch_dim_rule(self, axis_data: Any, in_dims: Any) -> Any:
     return jax.tree.map(lambda _: 0, self.out_aval)
@@ -157,12 +179,8 @@ class CallPrimitive(HiPrim):
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:
     """The function of the hoisted values ``which``, the rest fixed."""
-    def f(*chosen):
-      values = list(hvals)
-      for i, v in zip(which, chosen):
-        values[i] = v
-      return self.primal(values, *xs)
-    return f
+    return lambda *chosen: self.primal(
+        dict(enumerate(hvals)) | dict(zip(which, chosen)), *xs)
 
   def differentiating(self, transform: Callable[..., Any], *args: Any) -> Any:
     """``transform(*args)`` on the function's own code; a failure explained."""
@@ -230,7 +248,8 @@ class Decorated:
     ``jax.custom_batching.custom_vmap.def_vmap`` (a batched argument has its
     batch axis first; ``out_batched`` may be one boolean). The batched
     function's derivatives are its rules, vmapped. Where a value the function
-    closes over is batched, the function itself is vmapped instead.
+    closes over is batched, or the rule reads a traced value the function
+    does not, the function itself is vmapped instead.
     """
     self.batch_rule = rule
     self._rules_defined()
@@ -253,7 +272,7 @@ class Decorated:
       entry.reentered = True
       if entry.mode == "inline":
         return entry.call.primal(entry.hoisted_values, *diff_args)
-      return entry.call(*diff_args, tuple(entry.hoisted_values))
+      return entry.call._call(*diff_args, tuple(entry.hoisted_values))
     try:  # None where the function or a static argument reaches a tracer
       calls_key = (by_value(self.fun, *statics), key[1], tuple(key[2]),
                    config.trace_context(), _rules_version[0])
@@ -276,54 +295,3 @@ class Decorated:
         store_bounded(self._calls, calls_key, call, _CALLS_KEPT)
     return call(*diff_args, tuple(call.hoisted))
 
-
-class PrunedCall(HiPrim):
-  """A call of which only the output leaves ``used`` are kept, as a tuple;
-  its rules are ``of``'s (a dropped output's tangent or cotangent zero)."""
-
-  _of: Any
-  _used: tuple[bool, ...]
-
-  def __init__(self, of: Any, used: tuple[bool, ...]) -> None:
-    self.in_avals = of.in_avals
-    self.out_aval = tuple(a for a, u in zip(of.out_avals_flat, used) if u)
-    self.params = dict(fun=of.params["fun"], _of=of, _used=used)
-    self.effects = of.effects
-    super().__init__()
-
-  def _select(self, tree: Any) -> Any:
-    if tree is None:
-      return None
-    flat = self._of.out_tree.flatten_up_to(tree)
-    return tuple(x for x, u in zip(flat, self._used) if u)
-
-  def _full(self, kept: Any) -> Any:
-    it = iter(self.out_tree.flatten_up_to(kept))
-    return jax.tree.unflatten(self._of.out_tree, [
-        next(it) if u else Zero(a.to_ct_aval())
-        for a, u in zip(self._of.out_avals_flat, self._used)])
-
-  def dce(self, used_outs: Any, live_ins: Any) -> Any:
-    return _dce(self, self._of, self._used, used_outs)
-
-  def expand(self, *args: Any) -> Any:
-    return self._select(self._of.expand(*args))
-
-  def jvp(self, primals: Any, tangents: Any) -> Any:
-    return tuple(map(self._select, self._of.jvp(primals, tangents)))
-
-  def vjp_fwd(self, nzs_in: Any, *args: Any) -> Any:
-    out, res, *nzs_out = self._of.vjp_fwd(nzs_in, *args)
-    return (self._select(out), res, *map(self._select, nzs_out))
-
-  def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
-    return self._of.vjp_bwd(res, self._full(g), *arg_accums)
-
-  def transpose(self, ct: Any, *args: Any) -> Any:
-    return self._of.transpose(self._full(ct), *args)
-
-  def batch(self, axis_data: Any, args: Any, dims: Any) -> Any:
-    out, out_dim = self._of.batch(axis_data, args, dims)  # (a full tree)
-    return self._select(out), self._select(out_dim)
-
-  lin, linearized = linearize_from_jvp

@@ -82,10 +82,9 @@ class CustomJVPCall(CallPrimitive):
   def jvp(self, primals: Any, tangents: Any) -> Any:
     *xs, hvals = primals
     *txs, th = tangents
+    out, t_flat = None, [None] * len(self.fun_avals)
     if any(_nonzero(t) for t in jax.tree.leaves(txs, is_leaf=is_zero)):
-      out, t_flat = self.run_jvp(xs, txs, hvals)
-    else:  # as in JAX, the rule runs only for a nonzero tangent
-      out, t_flat = self(*primals), [None] * len(self.out_avals_flat)
+      out, t_flat = self.run_jvp(xs, txs, hvals)  # (as in JAX: only then)
     closed = [i for i, t in enumerate(th) if _nonzero(t)]
     if closed:
       _, t_closed = self.differentiating(
@@ -93,8 +92,9 @@ class CustomJVPCall(CallPrimitive):
           tuple(hvals[i] for i in closed),
           tuple(instantiate_zeros(th[i]) for i in closed))
       t_flat = [b if a is None else a + b for a, b in  # (None: a zero)
-                zip(t_flat, self.out_tree.flatten_up_to(t_closed))]
-    return out, jax.tree.unflatten(self.out_tree, t_flat)
+                zip(t_flat, self.fun_tree.flatten_up_to(t_closed))]
+    out = self(*primals) if out is None else self.select(out)
+    return out, jax.tree.unflatten(self.out_tree, self.kept_leaves(t_flat))
 
   def lin(self, nzs_in: Any, *args: Any) -> Any:
     """Eager, from the second call with the same `_kept_key` on: compiled."""
@@ -123,7 +123,7 @@ class CustomJVPCall(CallPrimitive):
     except Uncacheable:
       return None
     return (tuple(nzs_flat), tuple(core.typeof(x) for x in leaves), rule,
-            config.trace_context())
+            config.trace_context(), self.kept)
 
   def _traced_lin(self, nzs_flat: tuple[bool, ...], types: Any) -> Any:
     """(compiled outputs and residuals, number of outputs, their nonzero
@@ -156,7 +156,7 @@ class CustomJVPCall(CallPrimitive):
       return self.primal(hvals, *xs)
     cts = jax.linear_transpose(f, *[
         jax.ShapeDtypeStruct(a.aval.shape, a.aval.dtype) for a in accums])(
-            jax.tree.map(instantiate_zeros, ct, is_leaf=is_zero))
+            jax.tree.map(instantiate_zeros, self.full(ct), is_leaf=is_zero))
     for acc, c in zip(accums, cts):
       acc.accum(c)
 

@@ -51,13 +51,6 @@ def _types(tree: Any, leaves: list[Any]) -> str:
                        for a, x in zip(map(_checks.type_of, leaves), leaves)])
 
 
-def _type_message(declared, value, kind: str) -> tuple[str, str]:
-  actual = _checks.type_of(value)
-  got = (f"a {type(value).__name__}, which is not a JAX value"
-         if actual is None else f"a value of type {actual.str_short()}")
-  return got, _checks._advice(declared, actual, kind)  # pyright: ignore[reportPrivateUsage]
-
-
 def pair(owner: Any, rule: str, result: Any, what: str,
          jax_words: Callable[[Any], str] | None = None) -> tuple:
   if not isinstance(result, (tuple, list)) or len(result) != 2:
@@ -83,8 +76,8 @@ def primal_out(owner: Any, rule: str, out: Any,
   def words(shapes: bool, where: str = "", x: Any = None,
             declared: Any = None) -> str:
     what = "shapes/dtypes of" if shapes else "container/pytree structure"
-    expected = _shown(owner.out_tree,
-                      [a.str_short() for a in owner.out_avals_flat])
+    expected = _shown(owner.fun_tree,
+                      [a.str_short() for a in owner.fun_avals])
     text = (f"{head(shapes)}, but instead the {rule_output}'s first element "
             f"had {what}:\n    {_types(tree, flat)}\nwhile the "
             f"{owner.decorated.kind}-decorated function {owner.name} had "
@@ -94,15 +87,15 @@ def primal_out(owner: Any, rule: str, out: Any,
                f"{_types(jax.tree.structure(0), [x])} which doesn't match "
                f"primal output type {declared.str_short()}")
     return text
-  if tree != owner.out_tree:
+  if tree != owner.fun_tree:
     raise owner.error(
         rule, f"returned a primal output with structure {tree}, but "
-        f"{owner.name} returns structure {owner.out_tree}: the primal "
+        f"{owner.name} returns structure {owner.fun_tree}: the primal "
         f"output must equal {owner.name}(*args)", TypeError, words(False))
-  paths = _paths(owner.out_tree, "output")
-  for where, declared, x in zip(paths, owner.out_avals_flat, flat):
+  paths = _paths(owner.fun_tree, "output")
+  for where, declared, x in zip(paths, owner.fun_avals, flat):
     if not _checks.matches(declared, _checks.type_of(x), "rule-primal"):
-      got, advice = _type_message(declared, x, "rule-primal")
+      got, advice = _checks.described(declared, x, "rule-primal")
       raise owner.error(
           rule, f"returned {got} as its primal {where}, but {owner.name} "
           f"returns {declared.str_short()} there. {advice}The primal output "
@@ -115,23 +108,23 @@ def tangent_out(owner: Any, rule: str, tangent: Any,
   flat = None
   for is_leaf in (lambda x: x is None or _is_symbolic(x), _is_symbolic):
     leaves, tree = jax.tree.flatten(tangent, is_leaf=is_leaf)
-    if tree == owner.out_tree:
+    if tree == owner.fun_tree:
       flat = leaves
       break
   if flat is None:
     raise owner.error(
         rule, "returned an output tangent with structure "
         f"{jax.tree.structure(tangent, is_leaf=_is_symbolic)}, but "
-        f"{owner.name} returns structure {owner.out_tree}: the tangent "
+        f"{owner.name} returns structure {owner.fun_tree}: the tangent "
         "has the structure of the primal output (None for a zero leaf)",
         TypeError, f"Custom JVP rule {jvp_name} for function "
         f"{owner.name} must produce primal and tangent outputs with equal "
-        f"container (pytree) structures, but got {owner.out_tree} and "
+        f"container (pytree) structures, but got {owner.fun_tree} and "
         f"{jax.tree.structure(tangent)} respectively.")
-  declared_all = [a.to_tangent_aval() for a in owner.out_avals_flat]
+  declared_all = [a.to_tangent_aval() for a in owner.fun_avals]
   out = []
-  for where, aval, declared, t in zip(_paths(owner.out_tree, "output"),
-                                      owner.out_avals_flat, declared_all, flat):
+  for where, aval, declared, t in zip(_paths(owner.fun_tree, "output"),
+                                      owner.fun_avals, declared_all, flat):
     symbolic = _is_symbolic(t)
     if symbolic and not _checks.matches(declared, t.aval, "tangent"):
       raise owner.error(
@@ -143,7 +136,7 @@ def tangent_out(owner: Any, rule: str, tangent: Any,
       out.append(None)
       continue
     if not _checks.matches(declared, _checks.type_of(t), "tangent"):
-      got, advice = _type_message(declared, t, "tangent")
+      got, advice = _checks.described(declared, t, "tangent")
       raise owner.error(
           rule, f"returned {got} as the tangent of {where}, but that output is "
           f"{aval.str_short()}, so its tangent is {declared.str_short()}. "
@@ -161,7 +154,7 @@ def _tangent_words(owner: Any, declared: list[Any], flat: list[Any]
   if any(a is None for a in avals):
     return None
   strong = lambda a: getattr(a, "strip_weak_type", lambda: a)()  # noqa: E731
-  primals = [strong(a) for a in owner.out_avals_flat]
+  primals = [strong(a) for a in owner.fun_avals]
   expected = [strong(a) for a in declared]
   got = [strong(a) for a in avals]
   head = ("Custom JVP rule must produce primal and tangent outputs with "
@@ -266,7 +259,7 @@ def _cotangent(owner, rule, where, path, aval, ct, check: bool):
       and jnp.issubdtype(declared.dtype, jnp.floating)):
     return jnp.asarray(ct, declared.dtype)
   if not _checks.matches(declared, actual, "cotangent"):
-    got, advice = _type_message(declared, ct, "cotangent")
+    got, advice = _checks.described(declared, ct, "cotangent")
     words = None if actual is None else _bwd_type_words(
         owner, path, actual, declared, aval, False)
     raise owner.error(

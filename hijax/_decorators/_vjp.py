@@ -13,7 +13,7 @@ from hijax._decorators._common import (CallPrimitive, Decorated,
                                        example_of, to_rule_zeros)
 from hijax._decorators._outputs import cotangents, pair, primal_out
 from hijax._internals import ad, batching
-from hijax._util import Static, is_float0, is_zero
+from hijax._util import Static, is_zero
 from hijax.autodiff import ValAccum, Zero, _bind_linearized, instantiate_zeros
 from hijax.derived import (NonlinearBackwardError, jvp_from_vjp,
                            linearize_from_jvp, tangent_from_backward)
@@ -36,8 +36,8 @@ class CustomVJPCall(CallPrimitive):
     first_fwd = self._trace_rule(fwd, diff_args, "inline")
     first_bwd, bwd_args, shape = None, (), first_fwd and first_fwd[1]
     if isinstance(shape, (tuple, list)) and len(shape) == 2:
-      bwd_args = (shape[1], jax.tree.unflatten(self.out_tree, [
-          example_of(a.to_ct_aval()) for a in self.out_avals_flat]))
+      bwd_args = (shape[1], jax.tree.unflatten(self.fun_tree, [
+          example_of(a.to_ct_aval()) for a in self.fun_avals]))
       first_bwd = self._trace_rule(self._bwd_direct, bwd_args, "inline")
     return [("fwd", first_fwd, fwd, diff_args),
             ("bwd", first_bwd, self._bwd_direct, bwd_args)]
@@ -126,10 +126,12 @@ class CustomVJPCall(CallPrimitive):
     closure_vjp = closed and self.differentiating(
         jax.vjp, self.primal_of_hoisted(xs, hvals, closed),
         *[hvals[i] for i in closed])[1]
-    return out, (res, bwd_hvals, closure_vjp or None, Static(tuple(closed)))
+    return self.select(out), (res, bwd_hvals, closure_vjp or None,
+                              Static(tuple(closed)))
 
   def vjp_bwd(self, res: Any, g: Any, *arg_accums: Any) -> Any:
     user_res, bwd_hvals, closure_vjp, closed = res
+    g = self.full(g)
     cts_flat, logs = self.run_bwd(user_res, g, bwd_hvals or ())
     ct_h: list[Any] = [None] * len(self.hoisted)
     if closure_vjp is not None:
