@@ -719,8 +719,8 @@ import jax, jax.numpy as jnp, jupytext
 from hijax.primitive import HiPrim
 from hijax.testing import check_rules
 import time
-from hijax.testing import _budget
-_budget._clock = time.process_time  # as in the tests' own process (conftest.py)
+from hijax.testing import _compiled
+_compiled._clock = time.process_time  # as in the tests' own process (conftest.py)
 
 pages, points, options = (json.loads(a) for a in sys.argv[1:4])
 # One process runs every page: the second page's own request for two CPU

@@ -15,6 +15,7 @@ from hijax.testing._finite_diff import FLOOR
 from hijax.testing._numerics import (compare_leaf, eps_of, inner_identity,
                                      on_device, type_str, ulp_factor)
 from hijax.testing._nzs_out import check_nzs_out
+from hijax.testing._report import KINK
 
 
 # ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` checks a backward rule against a reference for
@@ -65,7 +66,7 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
                      f"at {sum(int(np.sum(b)) for b in left_out)} input "
                      "element(s), and the function is not smooth or not "
                      "finite at some output element (see above): those "
-                     "input elements are left out")
+                     "input elements are left out", KINK)
     ref, label, bounds, used, est = reference(
         [on_device(np.where(b, 0, t)) for t, b in zip(used, left_out)], False)
     judged = judge(bounds, est)

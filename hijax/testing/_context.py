@@ -14,17 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax._internals import partial_eval as _pe
-from hijax.testing._budget import Budget
-from hijax.testing._compiled import Compiled, derivative_part, replaced
+from hijax.testing._compiled import (Budget, Compiled, derivative_part,
+                                     replaced)
 from hijax.testing._discovery import Surrogates, applications, defined_rules
-from hijax.testing._finite_diff import (BOUNDED, REASONS, FDEstimate,
-                                       estimate, scaled_tangents, wider)
+from hijax.testing._finite_diff import (BOUNDED, REASONS, UNRESOLVED,
+                                       FDEstimate, estimate, scaled_tangents,
+                                       wider)
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
                                      describe_tol, dtype_of,
                                      fmt_array, is_float, judged_elements,
                                      on_device, real_or_int, to_numpy)
-from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
-                                   declared_limit, first_lines)
+from hijax.testing._report import (DERIVATIVE_MODES, KINK, NOT_RESOLVED,
+                                   RuleFailure, RuleReport, declared_limit,
+                                   first_lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,13 +209,13 @@ class Point:
               for name, s in zip(names, est.status)
               for idx in np.argwhere(s == verdict)[:3]]
         if at:
-          w.report.inconclusive.append(
-              f"{w.label}finite differences "
-              f"({self.describe_direction(direction)}): {est.count(verdict)} "
-              f"output element(s) {reason} (at {', '.join(at[:3])}"
-              f"{', ...' if len(at) > 3 else ''})"
+          w.inconclusive(
+              f"finite differences ({self.describe_direction(direction)})",
+              f"{est.count(verdict)} output element(s) {reason} (at "
+              f"{', '.join(at[:3])}{', ...' if len(at) > 3 else ''})"
               + (": compared with that bound only" if verdict == BOUNDED
-                 else ": not compared with finite differences"))
+                 else ": not compared with finite differences"),
+              {UNRESOLVED: NOT_RESOLVED, BOUNDED: None}.get(verdict, KINK))
     return self._memo.fd[direction]
 
   def fd_along(self, direction, tangents, eps) -> FDEstimate:
@@ -306,6 +308,7 @@ class Writer:
   def ran(self, mode, what):
     what = f"{self.label}{mode}: {what}" if self.within else self.label + what
     self.report.ran.append(f"{self.within or mode}: {what}")
+    self.report._modes.add(self.within or mode)  # pylint: disable=protected-access
 
   def skip(self, mode, why):
     self.report.skipped.append((mode, self.label + why))
@@ -328,8 +331,12 @@ class Writer:
     self.settings.budget.starting(label)
     return False
 
-  def inconclusive(self, check, why):
+  def inconclusive(self, check, why, cause=None):
+    """Records an inconclusive comparison (``cause``: `NOT_RESOLVED` or
+    `KINK`, for the report's hint)."""
     self.report.inconclusive.append(f"{self.label}{check}: {why}")
+    if cause:
+      self.report._causes.add(cause)  # pylint: disable=protected-access
 
   def judged_nothing(self, check, why):
     self.report.unjudged += 1

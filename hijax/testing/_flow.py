@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._batching import add_batch_parts, check_batch
-from hijax.testing._budget import SECONDS_PER_RULE, BudgetSpent
+from hijax.testing._compiled import SECONDS_PER_RULE, BudgetSpent
 from hijax.testing._checks import check_mode
 from hijax.testing import _device
 from hijax.testing._context import Point, Settings, Writer
@@ -42,8 +42,7 @@ class Request:
     """The point ``args`` (in ``dtype``), its report's writer, and the modes
     to run."""
     closed = jax.make_jaxpr(self.prim_fn)(*args)
-    prims = (find_hiprims(closed.jaxpr, [])
-             or find_custom_rules(closed.jaxpr, []))
+    prims = find_hiprims(closed.jaxpr) or find_custom_rules(closed.jaxpr)
     if not prims:
       raise ValueError(
           "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
