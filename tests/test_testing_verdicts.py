@@ -293,6 +293,25 @@ def test_all_inconclusive_raises_its_own_error_and_can_be_accepted():
   assert check_rules(relu, jnp.array([-1., 2.]), modes="jvp").passed
 
 
+def test_the_hints_follow_why_finite_differences_failed_not_the_words():
+  """relu at its kink, its input named "not resolved": the hint is a point
+  away from kinks, not float64 (no hint is read from the report's text)."""
+  @jax.custom_jvp
+  def relu(x):
+    return jnp.maximum(x, 0.)
+
+  @relu.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return relu(x), jnp.where(x > 0, t, 0.)
+  report = check_rules(lambda d: relu(d["not resolved"]),
+                       {"not resolved": jnp.array([0.])}, modes="jvp",
+                       accept_inconclusive=True)
+  assert report.modes_run == ["jvp"], report
+  (why,) = report.why_inconclusive()
+  assert "away from kinks" in why and "x64" not in why, why
+
+
 # --- the report lists what it counts --------------------------------------------
 
 def _clipper_without_jvp():

@@ -66,13 +66,11 @@ class Budget:
 
   @classmethod
   def of(cls, time_budget: float | str | None,
-         progress: bool | Callable[[str], None] | None,
-         n_rules: int) -> Budget:
-    """The budget of `check_rules`'s ``time_budget`` and ``progress``."""
-    if time_budget == "default":
-      seconds = SECONDS_PER_RULE * max(1, n_rules)
-    else:
-      seconds = None if time_budget is None else float(time_budget)
+         progress: bool | Callable[[str], None] | None) -> Budget:
+    """The budget of `check_rules`'s ``time_budget`` (``"default"``: for one
+    rule) and ``progress``."""
+    seconds = (SECONDS_PER_RULE if time_budget == "default" else
+               None if time_budget is None else float(time_budget))
     if callable(progress):
       return cls(seconds, progress, always=True)
     if progress is False:
@@ -89,7 +87,7 @@ class Budget:
     return self.seconds is not None and self.elapsed > self.seconds
 
   def estimate(self, size: int) -> float:
-    """The seconds a compile of ``size`` characters would take."""
+    """The seconds a compile of ``size`` characters of StableHLO takes."""
     if self.rate is not None:
       return size * self.rate
     wall, cpu = _clock() - self.start, _cpu_clock() - self._cpu_start
@@ -102,7 +100,7 @@ class Budget:
         self.elapsed + self.estimate(size) <= HARD_LIMIT * self.seconds)
 
   def size(self, lowered: Any) -> int:
-    """A lowered program's characters of StableHLO (0 without a budget)."""
+    """A lowered program's characters (0 without a budget)."""
     return 0 if self.seconds is None else len(lowered.as_text())
 
   def compile(self, what: str, lowered: Any, probe: bool = False,

@@ -96,7 +96,6 @@ class Point:
          if jnp.issubdtype(a.dtype, jnp.inexact)], **kw)
 
   def has(self, mode) -> bool:
-    """Whether every primitive found defines the rule of ``mode``."""
     return all(mode in r for r in self.rules)
 
   @property
@@ -125,7 +124,6 @@ class Point:
         else "")
 
   def directions(self) -> list[tuple[int, ...]]:
-    """All floating-point leaves together, then (``per_leaf``) each alone."""
     each = self.per_leaf and len(self.float_idx) > 1
     return [tuple(self.float_idx)] + [(i,) for i in self.float_idx if each]
 
@@ -182,14 +180,13 @@ class Point:
     return any(used[len(d):])
 
   def ref_out(self) -> tuple:
-    """The floating-point outputs at the point (computed once)."""
+    """The floating-point outputs at the point."""
     out = self._memo.ref_out
     if out is None:
       out = self._memo.ref_out = self.restrict([], evaluate=True)()
     return out
 
   def random_like(self, x, rng: np.random.Generator | None = None):
-    """Standard normal values like ``x`` (complex: in both parts)."""
     rng, x = self.rng if rng is None else rng, np.asarray(x)
     v = rng.standard_normal(x.shape)
     if np.iscomplexobj(x):
@@ -322,8 +319,7 @@ class Writer:
       self.report.by_intent.append(name)
 
   def out_of_time(self, mode, what) -> bool:
-    """Whether the budget is spent (the check skipped for time); else the
-    check starts."""
+    """Whether the budget is spent (the check skipped for time)."""
     label = f"{self.label}{mode}: {what}"
     if self.settings.budget.spent:
       self.report.skipped_for_time.append(label)
@@ -387,8 +383,7 @@ class Writer:
               got_label="rule", want_label="reference", rule=None,
               bounds=None, skip=None, floors=None, counts=True,
               uncounted=None, own=None) -> bool:
-    """Compares lists of arrays leaf by leaf; records the worst difference
-    as a failure."""
+    """Compares lists of arrays leaf by leaf, failing at the worst."""
     p = self.point
     names = names or [p.out_names[i] for i in p.out_float_idx]
     bounds, skip, floors, uncounted, own = (

@@ -25,11 +25,6 @@ class CustomRules:
   file: str
   line: int
 
-  @property
-  def key(self) -> tuple[str, str, int]:
-    """``(name, file, line)``."""
-    return self.name, self.file, self.line
-
   def __repr__(self):
     return f"{self.name} ({self.kind})"
 
@@ -145,7 +140,7 @@ class Surrogates:
   def __contains__(self, prim: Any) -> bool:
     marked = self.declared | _FUNCTIONS | set(_CLASSES)
     if isinstance(prim, CustomRules):
-      return prim.key in marked
+      return (prim.name, prim.file, prim.line) in marked
     decorated = getattr(getattr(prim, "params", {}).get("_call"),
                         "decorated", None)
     return type(prim) in marked or (

@@ -64,8 +64,8 @@ class Request:
 
 
 def in_dtype(x, dtype):
-  """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
-  precision if complex), else in its own dtype, without a weak type."""
+  """``x`` in ``dtype`` if it is floating (complex: of that precision), else
+  in its own dtype, without a weak type."""
   own = jnp.result_type(x)
   if jnp.issubdtype(own, jnp.complexfloating):
     dtype = jnp.result_type(dtype, jnp.complex64)
@@ -74,8 +74,7 @@ def in_dtype(x, dtype):
 
 
 def _in_own_dtypes(args):
-  """``args`` in their own dtypes, without weak types, and the first
-  floating dtype's name."""
+  """``args`` in their own dtypes, and the first floating dtype's name."""
   own = jax.tree.map(lambda x: in_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   return own, str(floats[0]) if floats else None
@@ -302,7 +301,6 @@ def run(p: Point, s: Settings, w: Writer, modes, derived: list[Derived]):
 # --- judge and report --------------------------------------------------------
 
 def _raised(fn: Callable[[], Any]) -> Exception | None:
-  """What ``fn()`` raises (waited for), or None."""
   try:
     jax.block_until_ready(fn())
     return None
@@ -344,8 +342,7 @@ def stopped(p: Point, s: Settings, w: Writer, plan, e: BudgetSpent):
 
 
 def inner_first(p: Point, report: RuleReport):
-  """Puts first the failures of primitives the checked rules bind (fix those
-  first)."""
+  """Puts first the failures of primitives the checked rules bind."""
   outer = {name for rules in p.rules for name in rules.values()}
   inner = [f for f in report.failures
            if f.rule not in outer and f.rule != "prim_fn"]
