@@ -1,5 +1,7 @@
 """Tests of hijax.testing.check_rules: it passes every primitive of the zoo and
 catches a deliberately wrong rule of each kind, naming the rule."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -487,6 +489,27 @@ def test_a_report_that_requires_and_compares_nothing_says_so():
   assert report.verdict == "inconclusive" and not report.passed
   assert str(report).splitlines()[1:] == [
       "  NOT JUDGED  no rule was compared with anything"]
+
+
+def test_a_report_shows_and_compares_its_fields_only():
+  """What the checks record for `modes_run` and the hints stays out of a
+  report's repr and equality: a report equals one with the same fields."""
+  @jax.custom_jvp
+  def relu(x):
+    return jnp.maximum(x, 0.)
+
+  @relu.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return relu(x), jnp.where(x > 0, t, 0.)
+  report = check_rules(relu, jnp.array([0., 1.]), modes="jvp")  # a kink
+  assert report.modes_run == ["jvp"] and report.inconclusive, report
+  same = RuleReport(**{f.name: getattr(report, f.name)
+                       for f in dataclasses.fields(report) if f.init})
+  assert same.modes_run == [] and same == report
+  assert repr(same) == repr(report) and "_modes" not in repr(report)
+  (hint,), (none,) = report.why_inconclusive(), same.why_inconclusive()
+  assert "kinks" in hint and "kinks" not in none, (hint, none)
 
 
 def test_the_error_shows_five_failures_in_full_and_counts_the_rest():

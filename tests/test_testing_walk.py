@@ -124,7 +124,8 @@ def test_a_custom_function_without_source_information():
   f = jax.custom_jvp(Sine())
   f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
   (rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr)
-  assert rules.key == ("<unknown>", "", 0) and rules.kind == "custom_jvp"
+  assert (rules.name, rules.file, rules.line) == ("<unknown>", "", 0)
+  assert rules.kind == "custom_jvp"
   assert repr(rules) == "<unknown> (custom_jvp)"
 
 

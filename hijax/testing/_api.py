@@ -182,7 +182,7 @@ def check_rules(prim_fn: Callable, *args: Any, modes: Iterable[str] | str | None
                       batch_in_axes=batch_in_axes,
                       linear_argnums=linear_argnums, order=order, jit=jit,
                       require_second_order=require_second_order,
-                      budget=Budget.of(time_budget, progress),
+                      budget=Budget.of(time_budget, progress, 1),
                       surrogates=Surrogates(surrogates), modes=modes)
   # on an accelerator the checks themselves run on the host, in float64
   # (device=False too: it only leaves out the device's half)

@@ -66,11 +66,13 @@ class Budget:
 
   @classmethod
   def of(cls, time_budget: float | str | None,
-         progress: bool | Callable[[str], None] | None) -> Budget:
-    """The budget of `check_rules`'s ``time_budget`` (``"default"``: for one
-    rule) and ``progress``."""
-    seconds = (SECONDS_PER_RULE if time_budget == "default" else
-               None if time_budget is None else float(time_budget))
+         progress: bool | Callable[[str], None] | None,
+         n_rules: int) -> Budget:
+    """The budget of `check_rules`'s ``time_budget`` and ``progress``."""
+    if time_budget == "default":
+      seconds = SECONDS_PER_RULE * max(1, n_rules)
+    else:
+      seconds = None if time_budget is None else float(time_budget)
     if callable(progress):
       return cls(seconds, progress, always=True)
     if progress is False:
