@@ -494,14 +494,7 @@ def test_a_report_that_requires_and_compares_nothing_says_so():
 def test_a_report_shows_and_compares_its_fields_only():
   """What the checks record for `modes_run` and the hints stays out of a
   report's repr and equality: a report equals one with the same fields."""
-  @jax.custom_jvp
-  def relu(x):
-    return jnp.maximum(x, 0.)
-
-  @relu.defjvp
-  def _(primals, tangents):
-    (x,), (t,) = primals, tangents
-    return relu(x), jnp.where(x > 0, t, 0.)
+  relu = zoo.right_relu()
   report = check_rules(relu, jnp.array([0., 1.]), modes="jvp")  # a kink
   assert report.modes_run == ["jvp"] and report.inconclusive, report
   same = RuleReport(**{f.name: getattr(report, f.name)
