@@ -500,6 +500,8 @@ def test_a_report_shows_and_compares_its_fields_only():
   same = RuleReport(**{f.name: getattr(report, f.name)
                        for f in dataclasses.fields(report) if f.init})
   assert same.modes_run == [] and same == report
+  assert not report.complete and report.passed  # the kink: not conclusive
+  assert check_rules(relu, jnp.array([-1., 1.]), modes="jvp").complete
   assert repr(same) == repr(report) and "_modes" not in repr(report)
   (hint,), (none,) = report.why_inconclusive(), same.why_inconclusive()
   assert "kinks" in hint and "kinks" not in none, (hint, none)
