@@ -47,8 +47,8 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", _PRIVATE_DIR)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  from hijax.testing import _budget
-  _budget._clock = time.process_time
+  from hijax.testing import _compiled
+  _compiled._clock = time.process_time
 
 
 def pytest_report_header(config):

@@ -1,5 +1,7 @@
 """Tests of hijax.testing.check_rules: it passes every primitive of the zoo and
 catches a deliberately wrong rule of each kind, naming the rule."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -489,6 +491,22 @@ def test_a_report_that_requires_and_compares_nothing_says_so():
       "  NOT JUDGED  no rule was compared with anything"]
 
 
+def test_a_report_shows_and_compares_its_fields_only():
+  """What the checks record for `modes_run` and the hints stays out of a
+  report's repr and equality: a report equals one with the same fields."""
+  relu = zoo.right_relu()
+  report = check_rules(relu, jnp.array([0., 1.]), modes="jvp")  # a kink
+  assert report.modes_run == ["jvp"] and report.inconclusive, report
+  same = RuleReport(**{f.name: getattr(report, f.name)
+                       for f in dataclasses.fields(report) if f.init})
+  assert same.modes_run == [] and same == report
+  assert not report.complete and report.passed  # the kink: not conclusive
+  assert check_rules(relu, jnp.array([-1., 1.]), modes="jvp").complete
+  assert repr(same) == repr(report) and "_modes" not in repr(report)
+  (hint,), (none,) = report.why_inconclusive(), same.why_inconclusive()
+  assert "kinks" in hint and "kinks" not in none, (hint, none)
+
+
 def test_the_error_shows_five_failures_in_full_and_counts_the_rest():
   from hijax.testing import RuleFailure
   fails = [RuleFailure(f"r{i}", "c", "i", "d", 1.0) for i in range(6)]
@@ -719,8 +737,8 @@ import jax, jax.numpy as jnp, jupytext
 from hijax.primitive import HiPrim
 from hijax.testing import check_rules
 import time
-from hijax.testing import _budget
-_budget._clock = time.process_time  # as in the tests' own process (conftest.py)
+from hijax.testing import _compiled
+_compiled._clock = time.process_time  # as in the tests' own process (conftest.py)
 
 pages, points, options = (json.loads(a) for a in sys.argv[1:4])
 # One process runs every page: the second page's own request for two CPU

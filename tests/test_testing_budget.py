@@ -1,4 +1,4 @@
-"""The time budget of check_rules (hijax/testing/_budget.py): no compile
+"""The time budget of check_rules (hijax/testing/_compiled.py): no compile
 starts that would end past 1.4 times the budget by its estimate, and no
 thread of a run outlives it. On fake clocks, so that no figure depends on
 how busy the machine is."""
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hijax.testing import _budget, check_rules
-from hijax.testing._budget import HARD_LIMIT, PRIOR_RATE, Budget, BudgetSpent
+from hijax.testing import _compiled, check_rules
+from hijax.testing._compiled import HARD_LIMIT, PRIOR_RATE, Budget, BudgetSpent
 from hijax.testing._compiled import Bundle
 
 import zoo
@@ -25,8 +25,8 @@ class Clocks:
 
   def __init__(self, monkeypatch):
     self.wall, self.cpu = 100.0, 40.0  # (a run starts at neither zero)
-    monkeypatch.setattr(_budget, "_clock", lambda: self.wall)
-    monkeypatch.setattr(_budget, "_cpu_clock", lambda: self.cpu)
+    monkeypatch.setattr(_compiled, "_clock", lambda: self.wall)
+    monkeypatch.setattr(_compiled, "_cpu_clock", lambda: self.cpu)
 
   def run(self, seconds, cpu=None):
     self.wall += seconds

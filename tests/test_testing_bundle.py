@@ -9,8 +9,8 @@ import pytest
 
 from compile_count import Lowered
 from hijax.testing import check_rules
-from hijax.testing._budget import Budget
-from hijax.testing._compiled import Bundle, Compiled
+from hijax.testing._compiled import Budget, Bundle, Compiled
+
 
 def _counting(name, counts):
   """x -> 2 x (or 3 x for "triple"), counting its runs in ``counts``."""

@@ -173,6 +173,18 @@ def test_rules_compared_with_each_other_get_no_finite_difference_slack(
              for f in fails)
 
 
+@pytest.mark.parametrize("cls, mode, check", [
+    (LinSlightlyOff, "lin", "linearized vs the jvp rule"),
+    (VjpSlightlyOff, "vjp", "vjp vs the jvp rule (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"),
+])
+def test_the_jvp_rule_is_the_reference_where_its_check_did_not_run(
+    cls, mode, check):
+  """Without the jvp mode, the jvp rule has not failed: it is still the
+  reference, and an error of 1e-11 is caught."""
+  fails = _failures(cls, modes=(mode,), order=1)
+  assert {f.check for f in fails} == {check}
+
+
 def test_float32_rules_compared_exactly_too():
   """In float32 an error of 1e-4 is below what finite differences resolve
   at large inputs but far above rounding between rules."""

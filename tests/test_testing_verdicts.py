@@ -273,14 +273,7 @@ def test_a_check_that_compared_nothing_is_not_a_pass():
 
 def test_all_inconclusive_raises_its_own_error_and_can_be_accepted():
   """relu at its kink: no element can be judged."""
-  @jax.custom_jvp
-  def relu(x):
-    return jnp.maximum(x, 0.)
-
-  @relu.defjvp
-  def _(primals, tangents):
-    (x,), (t,) = primals, tangents
-    return relu(x), jnp.where(x > 0, t, 0.)
+  relu = zoo.right_relu()
   at_kink = jnp.array([0.])
   with pytest.raises(InconclusiveCheckError, match="relu") as raised:
     check_rules(relu, at_kink, modes="jvp")
@@ -291,6 +284,31 @@ def test_all_inconclusive_raises_its_own_error_and_can_be_accepted():
   assert check_rules(relu, at_kink, modes="jvp",
                      raise_on_failure=False).verdict == "inconclusive"
   assert check_rules(relu, jnp.array([-1., 2.]), modes="jvp").passed
+
+
+def test_the_hints_follow_why_finite_differences_failed_not_the_words():
+  """relu at its kink, its input named "not resolved": the hint is a point
+  away from kinks, not float64; floor unresolved at a jump, its input named
+  "not smooth": float64 (no hint is read from the report's text)."""
+  relu = zoo.right_relu()
+  report = check_rules(lambda d: relu(d["not resolved"]),
+                       {"not resolved": jnp.array([0.])}, modes="jvp",
+                       accept_inconclusive=True)
+  assert report.modes_run == ["jvp"], report
+  (why,) = report.why_inconclusive()
+  assert "away from kinks" in why and "x64" not in why, why
+
+  @jax.custom_jvp
+  def floor(x):
+    return jnp.floor(x)
+  floor.defjvp(lambda primals, tangents: (floor(primals[0]),
+                                          0. * tangents[0]))
+  # at 1.0 the steps straddle a jump: not resolved, and named "not smooth"
+  report = check_rules(lambda d: floor(d["not smooth"]),
+                       {"not smooth": jnp.array([1.])}, modes="jvp",
+                       order=1, accept_inconclusive=True)
+  (why,) = report.why_inconclusive()
+  assert "x64=True" in why and "kinks" not in why, why
 
 
 # --- the report lists what it counts --------------------------------------------

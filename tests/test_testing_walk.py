@@ -72,8 +72,8 @@ good.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
 def test_every_primitive_and_custom_function_is_found(where):
   wrap = (IN_PLACE | ELSEWHERE)[where]
   closed = jax.make_jaxpr(wrap(lambda x: log1pexp(good(x))))(X)
-  assert [type(p) for p in find_hiprims(closed.jaxpr, [])] == [Log1pExp]
-  found = find_custom_rules(closed.jaxpr, [])
+  assert [type(p) for p in find_hiprims(closed.jaxpr)] == [Log1pExp]
+  found = find_custom_rules(closed.jaxpr)
   assert [repr(r) for r in found] == (
       ["<lambda> (custom_jvp)"] if where == "custom_jvp"  # not inside another
       else ["good (custom_jvp)"])
@@ -123,8 +123,9 @@ def test_a_custom_function_without_source_information():
       return jnp.sin(x)
   f = jax.custom_jvp(Sine())
   f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
-  (rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
-  assert rules.key == ("<unknown>", "", 0) and rules.kind == "custom_jvp"
+  (rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr)
+  assert (rules.name, rules.file, rules.line) == ("<unknown>", "", 0)
+  assert rules.kind == "custom_jvp"
   assert repr(rules) == "<unknown> (custom_jvp)"
 
 
@@ -141,8 +142,8 @@ def test_the_rules_each_custom_function_and_primitive_defines():
   def g(x):
     return jnp.sin(x)
   g.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, ct: (c * ct,))
-  (jvp_rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr, [])
-  (vjp_rules,) = find_custom_rules(jax.make_jaxpr(g)(1.).jaxpr, [])
+  (jvp_rules,) = find_custom_rules(jax.make_jaxpr(f)(1.).jaxpr)
+  (vjp_rules,) = find_custom_rules(jax.make_jaxpr(g)(1.).jaxpr)
   assert defined_rules(jvp_rules) == {
       "expand": "f (custom_jvp): the function",
       "jvp": "f (custom_jvp): the jvp rule",
@@ -168,7 +169,7 @@ def test_the_rules_each_custom_function_and_primitive_defines():
 def test_each_primitive_instance_is_found_once():
   same = Log1pExp(jax.typeof(X))
   closed = jax.make_jaxpr(lambda x: same(same(x)) + log1pexp(x))(X)
-  found = find_hiprims(closed.jaxpr, [])
+  found = find_hiprims(closed.jaxpr)
   assert len(found) == 2 and found[0] is same and found[1] is not same
 
 

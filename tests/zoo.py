@@ -609,3 +609,16 @@ def right_sin():
   def _(primals, tangents):
     return sin(primals[0]), jnp.cos(primals[0]) * tangents[0]
   return sin
+
+
+def right_relu():
+  """A `jax.custom_jvp` relu with a right jvp rule (0 at the kink)."""
+  @jax.custom_jvp
+  def relu(x):
+    return jnp.maximum(x, 0.)
+
+  @relu.defjvp
+  def _(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return relu(x), jnp.where(x > 0, t, 0.)
+  return relu

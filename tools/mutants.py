@@ -108,17 +108,17 @@ MODULE_TESTS.update({
                                  "tests/test_testing_jax_rules.py", *TESTING],
     "testing/_api.py": ["tests/test_testing_verdicts.py",
                         "tests/test_testing_device.py", *TESTING],
-    "testing/_report.py": ["tests/test_testing_words.py", *TESTING],
+    "testing/_report.py": ["tests/test_testing_words.py",
+                           "tests/test_testing_verdicts.py", *TESTING],
     "testing/_plugin/_check.py": PLUGIN,
     "testing/_plugin/_recorder.py": PLUGIN,
     "testing/_plugin/_pytest.py": PLUGIN,
-    "testing/_budget.py": ["tests/test_testing_budget.py",
-                           "tests/test_testing_import.py",
-                           "tests/test_testing_jax_rules.py",
-                           "tests/test_testing_verdicts.py", *TESTING],
     "testing/_compiled.py": ["tests/test_testing_bundle.py",
                              "tests/test_testing_budget.py",
-                             "tests/test_testing_compiles.py", *TESTING],
+                             "tests/test_testing_compiles.py",
+                             "tests/test_testing_import.py",
+                             "tests/test_testing_jax_rules.py",
+                             "tests/test_testing_verdicts.py", *TESTING],
 })
 # hijax.custom_jvp / custom_vjp: the decorators' tests, fastest first (the
 # kept-trace cache's first: most mutants of the call path fail there).

@@ -81,11 +81,11 @@ rule, the input and the largest error. In a pytest suite, call
 from __future__ import annotations
 
 # Its modules, each importing only those before it: _foreign_words (others'
-# errors recognized), _report, _numerics, _finite_diff, _discovery
-# (the jaxpr walk, surrogates), _budget, _compiled, _context (the settings,
-# the point checked, the report's writer), _nzs_out, _checks (with the identity of
-# backward rules), _batching, _second_order, _device (the accelerator's
-# half), _flow (one run), _api.
+# errors recognized), _report, _numerics, _finite_diff, _discovery (the
+# jaxpr walk, surrogates), _compiled (the checks' program, the time
+# budget), _context (the settings, the point checked, the report's writer),
+# _nzs_out, _checks (with the identity of backward rules), _batching,
+# _second_order, _device (the accelerator's half), _flow (one run), _api.
 from hijax.testing import _report
 from hijax.testing._api import assert_rules, check_rules
 from hijax.testing._discovery import defined_rules, surrogate

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hijax.testing._budget import Budget
+from hijax.testing._compiled import Budget
 from hijax.testing._context import Settings
 from hijax.testing._discovery import Surrogates
 from hijax.testing._device import accelerator, host, on_accelerator

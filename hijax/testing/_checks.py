@@ -15,6 +15,7 @@ from hijax.testing._finite_diff import FLOOR
 from hijax.testing._numerics import (compare_leaf, eps_of, inner_identity,
                                      on_device, type_str, ulp_factor)
 from hijax.testing._nzs_out import check_nzs_out
+from hijax.testing._report import KINK
 
 
 # ``<ȳ, J ṫ> = <Jᵀ ȳ, ṫ>`` checks a backward rule against a reference for
@@ -65,7 +66,7 @@ def check_identity(p: Point, s: Settings, w: Writer, mode: str, check: str,
                      f"at {sum(int(np.sum(b)) for b in left_out)} input "
                      "element(s), and the function is not smooth or not "
                      "finite at some output element (see above): those "
-                     "input elements are left out")
+                     "input elements are left out", KINK)
     ref, label, bounds, used, est = reference(
         [on_device(np.where(b, 0, t)) for t, b in zip(used, left_out)], False)
     judged = judge(bounds, est)
@@ -141,7 +142,7 @@ def check_expand(p: Point, s: Settings, w: Writer):
 
 
 def _call(w: Writer, check, inputs, fn, args) -> list | None:
-  """``fn(*args)``'s leaves, or None where it raised (a failure)."""
+  """``fn(*args)``'s leaves, or None where it raised (failed)."""
   try:
     return jax.tree.leaves(fn(*args))
   except Exception as e:  # pylint: disable=broad-except
@@ -252,11 +253,6 @@ def _jvp_at(p: Point, s: Settings, w: Writer, direction, inputs,
   jvp_passed[direction] = ok
 
 
-def _trusts_jvp(p: Point, jvp_passed: dict, direction) -> bool:
-  """Whether the jvp rule (defined, not failed there) is the reference."""
-  return p.has("jvp") and jvp_passed.get(direction, True)
-
-
 def reference(p: Point, s: Settings, w: Writer, direction, tangents,
               first=True, trust_jvp=False, of=None):
   """``(J ṫ, label, bounds, tangents, est)`` from the jvp rule where
@@ -286,7 +282,7 @@ def _vjp_at(p: Point, s: Settings, w: Writer, direction, inputs,
   except Exception as e:  # pylint: disable=broad-except
     w.fail_raised("vjp", "vjp", inputs, e)
     return
-  trust = _trusts_jvp(p, jvp_passed, direction)
+  trust = p.has("jvp") and jvp_passed.get(direction, True)
   label = "the jvp rule" if trust else f"finite differences of {p.fd_of}"
   check = f"vjp vs {label} (<ȳ, J ṫ> = <vjp(ȳ), ṫ>)"
   if p.surrogate and not trust:
@@ -319,7 +315,7 @@ def _lin_at(p: Point, s: Settings, w: Writer, direction, inputs,
   """``jax.linearize`` against the jvp rule (or finite differences)."""
   ref, ref_label, bounds, tangents, est = reference(
       p, s, w, direction, [p.random_like(p.leaves[i]) for i in direction],
-      trust_jvp=_trusts_jvp(p, jvp_passed, direction))
+      trust_jvp=p.has("jvp") and jvp_passed.get(direction, True))
   uncounted, own = (None, None) if est is None else (est.uncounted(),
                                                      est.own)
   if p.surrogate and bounds is not None:

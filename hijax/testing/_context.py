@@ -14,17 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax._internals import partial_eval as _pe
-from hijax.testing._budget import Budget
-from hijax.testing._compiled import Compiled, derivative_part, replaced
+from hijax.testing._compiled import (Budget, Compiled, derivative_part,
+                                     replaced)
 from hijax.testing._discovery import Surrogates, applications, defined_rules
-from hijax.testing._finite_diff import (BOUNDED, REASONS, FDEstimate,
-                                       estimate, scaled_tangents, wider)
+from hijax.testing._finite_diff import (BOUNDED, REASONS, UNRESOLVED,
+                                       FDEstimate, estimate, scaled_tangents,
+                                       wider)
 from hijax.testing._numerics import (Tol, check_arrays, compare_leaf,
                                      describe_tol, dtype_of,
                                      fmt_array, is_float, judged_elements,
                                      on_device, real_or_int, to_numpy)
-from hijax.testing._report import (DERIVATIVE_MODES, RuleFailure, RuleReport,
-                                   declared_limit, first_lines)
+from hijax.testing._report import (DERIVATIVE_MODES, KINK, NOT_RESOLVED,
+                                   RuleFailure, RuleReport, declared_limit,
+                                   first_lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,6 @@ class Point:
          if jnp.issubdtype(a.dtype, jnp.inexact)], **kw)
 
   def has(self, mode) -> bool:
-    """Whether every primitive found defines the rule of ``mode``."""
     return all(mode in r for r in self.rules)
 
   @property
@@ -123,7 +124,6 @@ class Point:
         else "")
 
   def directions(self) -> list[tuple[int, ...]]:
-    """All floating-point leaves together, then (``per_leaf``) each alone."""
     each = self.per_leaf and len(self.float_idx) > 1
     return [tuple(self.float_idx)] + [(i,) for i in self.float_idx if each]
 
@@ -180,14 +180,13 @@ class Point:
     return any(used[len(d):])
 
   def ref_out(self) -> tuple:
-    """The floating-point outputs at the point (computed once)."""
+    """The floating-point outputs at the point."""
     out = self._memo.ref_out
     if out is None:
       out = self._memo.ref_out = self.restrict([], evaluate=True)()
     return out
 
   def random_like(self, x, rng: np.random.Generator | None = None):
-    """Standard normal values like ``x`` (complex: in both parts)."""
     rng, x = self.rng if rng is None else rng, np.asarray(x)
     v = rng.standard_normal(x.shape)
     if np.iscomplexobj(x):
@@ -207,13 +206,13 @@ class Point:
               for name, s in zip(names, est.status)
               for idx in np.argwhere(s == verdict)[:3]]
         if at:
-          w.report.inconclusive.append(
-              f"{w.label}finite differences "
-              f"({self.describe_direction(direction)}): {est.count(verdict)} "
-              f"output element(s) {reason} (at {', '.join(at[:3])}"
-              f"{', ...' if len(at) > 3 else ''})"
+          w.inconclusive(
+              f"finite differences ({self.describe_direction(direction)})",
+              f"{est.count(verdict)} output element(s) {reason} (at "
+              f"{', '.join(at[:3])}{', ...' if len(at) > 3 else ''})"
               + (": compared with that bound only" if verdict == BOUNDED
-                 else ": not compared with finite differences"))
+                 else ": not compared with finite differences"),
+              {UNRESOLVED: NOT_RESOLVED, BOUNDED: None}.get(verdict, KINK))
     return self._memo.fd[direction]
 
   def fd_along(self, direction, tangents, eps) -> FDEstimate:
@@ -306,6 +305,7 @@ class Writer:
   def ran(self, mode, what):
     what = f"{self.label}{mode}: {what}" if self.within else self.label + what
     self.report.ran.append(f"{self.within or mode}: {what}")
+    self.report._modes.add(self.within or mode)  # pylint: disable=protected-access
 
   def skip(self, mode, why):
     self.report.skipped.append((mode, self.label + why))
@@ -319,8 +319,7 @@ class Writer:
       self.report.by_intent.append(name)
 
   def out_of_time(self, mode, what) -> bool:
-    """Whether the budget is spent (the check skipped for time); else the
-    check starts."""
+    """Whether the budget is spent (the check skipped for time)."""
     label = f"{self.label}{mode}: {what}"
     if self.settings.budget.spent:
       self.report.skipped_for_time.append(label)
@@ -328,8 +327,12 @@ class Writer:
     self.settings.budget.starting(label)
     return False
 
-  def inconclusive(self, check, why):
+  def inconclusive(self, check, why, cause=None):
+    """Records an inconclusive comparison (``cause``: `NOT_RESOLVED` or
+    `KINK`, for the report's hint)."""
     self.report.inconclusive.append(f"{self.label}{check}: {why}")
+    if cause:
+      self.report._causes.add(cause)  # pylint: disable=protected-access
 
   def judged_nothing(self, check, why):
     self.report.unjudged += 1
@@ -380,8 +383,7 @@ class Writer:
               got_label="rule", want_label="reference", rule=None,
               bounds=None, skip=None, floors=None, counts=True,
               uncounted=None, own=None) -> bool:
-    """Compares lists of arrays leaf by leaf; records the worst difference
-    as a failure."""
+    """Compares lists of arrays leaf by leaf, failing at the worst."""
     p = self.point
     names = names or [p.out_names[i] for i in p.out_float_idx]
     bounds, skip, floors, uncounted, own = (

@@ -25,11 +25,6 @@ class CustomRules:
   file: str
   line: int
 
-  @property
-  def key(self) -> tuple[str, str, int]:
-    """``(name, file, line)``."""
-    return self.name, self.file, self.line
-
   def __repr__(self):
     return f"{self.name} ({self.kind})"
 
@@ -145,7 +140,7 @@ class Surrogates:
   def __contains__(self, prim: Any) -> bool:
     marked = self.declared | _FUNCTIONS | set(_CLASSES)
     if isinstance(prim, CustomRules):
-      return prim.key in marked
+      return (prim.name, prim.file, prim.line) in marked
     decorated = getattr(getattr(prim, "params", {}).get("_call"),
                         "decorated", None)
     return type(prim) in marked or (
@@ -221,23 +216,22 @@ def _custom_rules(eqn) -> CustomRules | None:
                      int(line) if line.isdigit() else 0)
 
 
-def find_custom_rules(jaxpr, found: list) -> list:
-  """Appends each distinct custom function called in ``jaxpr`` (not inside
+def find_custom_rules(jaxpr) -> list:
+  """Each distinct custom function called in ``jaxpr`` (not inside
   another)."""
-  for eqn in equations(jaxpr, into=lambda e: e.primitive not in _CUSTOM_CALLS):
-    rules = _custom_rules(eqn)
-    if rules is not None and rules not in found:
-      found.append(rules)
-  return found
+  return list(dict.fromkeys(
+      rules for eqn in equations(
+          jaxpr, into=lambda e: e.primitive not in _CUSTOM_CALLS)
+      if (rules := _custom_rules(eqn)) is not None))
 
 
-def find_hiprims(jaxpr, found: list) -> list:
-  """Appends the distinct hijax primitive instances bound in ``jaxpr``."""
+def find_hiprims(jaxpr) -> list:
+  """The distinct hijax primitive instances bound in ``jaxpr``."""
+  found = {}
   for eqn in equations(jaxpr):
-    prim = _prim_of(eqn)
-    if prim is not None and not any(prim is p for p in found):
-      found.append(prim)
-  return found
+    if (prim := _prim_of(eqn)) is not None:
+      found.setdefault(id(prim), prim)
+  return list(found.values())
 
 
 # -- evaluations --

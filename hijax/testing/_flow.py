@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hijax.testing._batching import add_batch_parts, check_batch
-from hijax.testing._budget import SECONDS_PER_RULE, BudgetSpent
+from hijax.testing._compiled import SECONDS_PER_RULE, BudgetSpent
 from hijax.testing._checks import check_mode
 from hijax.testing import _device
 from hijax.testing._context import Point, Settings, Writer
@@ -42,8 +42,7 @@ class Request:
     """The point ``args`` (in ``dtype``), its report's writer, and the modes
     to run."""
     closed = jax.make_jaxpr(self.prim_fn)(*args)
-    prims = (find_hiprims(closed.jaxpr, [])
-             or find_custom_rules(closed.jaxpr, []))
+    prims = find_hiprims(closed.jaxpr) or find_custom_rules(closed.jaxpr)
     if not prims:
       raise ValueError(
           "prim_fn binds no hijax primitive and calls no jax.custom_jvp or "
@@ -65,8 +64,8 @@ class Request:
 
 
 def in_dtype(x, dtype):
-  """``x`` in ``dtype`` if it is floating (in the complex dtype of the same
-  precision if complex), else in its own dtype, without a weak type."""
+  """``x`` in ``dtype`` if it is floating (complex: of that precision), else
+  in its own dtype, without a weak type."""
   own = jnp.result_type(x)
   if jnp.issubdtype(own, jnp.complexfloating):
     dtype = jnp.result_type(dtype, jnp.complex64)
@@ -75,8 +74,7 @@ def in_dtype(x, dtype):
 
 
 def _in_own_dtypes(args):
-  """``args`` in their own dtypes, without weak types, and the first
-  floating dtype's name."""
+  """``args`` in their own dtypes, and the first floating dtype's name."""
   own = jax.tree.map(lambda x: in_dtype(x, jnp.result_type(x)), args)
   floats = [x.dtype for x in jax.tree.leaves(own) if is_float(x)]
   return own, str(floats[0]) if floats else None
@@ -303,7 +301,6 @@ def run(p: Point, s: Settings, w: Writer, modes, derived: list[Derived]):
 # --- judge and report --------------------------------------------------------
 
 def _raised(fn: Callable[[], Any]) -> Exception | None:
-  """What ``fn()`` raises (waited for), or None."""
   try:
     jax.block_until_ready(fn())
     return None
@@ -345,8 +342,7 @@ def stopped(p: Point, s: Settings, w: Writer, plan, e: BudgetSpent):
 
 
 def inner_first(p: Point, report: RuleReport):
-  """Puts first the failures of primitives the checked rules bind (fix those
-  first)."""
+  """Puts first the failures of primitives the checked rules bind."""
   outer = {name for rules in p.rules for name in rules.values()}
   inner = [f for f in report.failures
            if f.rule not in outer and f.rule != "prim_fn"]

@@ -43,6 +43,9 @@ class RuleFailure:
     return "\n".join(lines)
 
 
+# Why a comparison was inconclusive, where a hint follows from it.
+NOT_RESOLVED, KINK = "not resolved", "kink"
+
 # A report's verdicts.
 PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
 
@@ -125,6 +128,11 @@ class RuleReport:
   inner_first: list[str] = dataclasses.field(default_factory=list)
   devices: dict[str, str] = dataclasses.field(default_factory=dict)
   seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)
+  # what `ran` and `inconclusive` say, as the checks' writer records it
+  _modes: set[str] = dataclasses.field(default_factory=set, init=False,
+                                       repr=False, compare=False)
+  _causes: set[str] = dataclasses.field(default_factory=set, init=False,
+                                        repr=False, compare=False)
 
   @property
   def complete(self) -> bool:
@@ -161,7 +169,7 @@ class RuleReport:
   @property
   def modes_run(self) -> list[str]:
     """The modes with at least one check run, in order."""
-    return [m for m in MODES if any(r.startswith(m + ":") for r in self.ran)]
+    return [m for m in MODES if m in self._modes]
 
   def headline(self) -> str:
     """The first line of the report: the verdict and what it counts."""
@@ -182,13 +190,11 @@ class RuleReport:
     """Per rule not judged, why, and what would make it judgeable."""
     if not self.required and not any(self.compared.values()):
       return ["no rule was compared with anything"]
-    said = lambda *words: any(w in line for line in self.inconclusive
-                              for w in words)
     hints = [hint for cause, hint in (
         (self.skipped_for_time, "a larger time_budget (or None)"),
-        (said("not resolved"), "float64 (x64=True) or another point, where "
-         "finite differences resolve the derivative"),
-        (said("not smooth", "not finite"),
+        (NOT_RESOLVED in self._causes, "float64 (x64=True) or another point, "
+         "where finite differences resolve the derivative"),
+        (KINK in self._causes,
          "a point away from kinks and domain boundaries")) if cause]
     return [f"{rule}: no conclusive comparison; try " + "; or ".join(
         hints or ["another point or other modes"])

@@ -207,7 +207,7 @@ def add_derived(p: Point, s: Settings, add_parts) -> list[Derived]:
     try:
       closed = jax.make_jaxpr(g)(*g_args)
       live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-      prims = find_hiprims(live, [])
+      prims = find_hiprims(live)
       if not prims:
         continue
       sub = Point.of(g, g_args, x_names + v_names, prims, sub_s, p.rng,
