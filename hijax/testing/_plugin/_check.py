@@ -240,8 +240,9 @@ def check_rule(rule: RecordedRule, seconds: float,
            if all(x is None for x in sample.leaves) else (
                "bound inside jit (values unknown): a primitive's inputs may "
                "depend on each other (a solver's state on its operator), so "
-               "drawn values would judge nothing; --hijax-values-inside-jit "
-               "checks it at the values its program ran with")
+               "drawn values would judge nothing; it is checked at the "
+               "values its program ran with, where the program ran while "
+               "recording (not with --hijax-no-values-inside-jit)")
            if prim and not sample.concrete else (
                "differentiating it raised in the tests too: not "
                "differentiable on purpose") if prim and rule.refused else
