@@ -99,6 +99,43 @@ def test_calls():
       "detail"].startswith("its call took"), second
 
 
+def test_a_stop_dropped_in_a_gc_callback_warns_nothing(suite):
+  """The rule's budget ends inside a ``__del__`` (as inside a weakref
+  callback of the garbage collector), where Python drops the stop and
+  reports it as unraisable: the user's run shows no warning of it and
+  passes under ``-W error::pytest.PytestUnraisableExceptionWarning``."""
+  suite.makepyfile(lib='''
+import time
+import jax, jax.numpy as jnp
+SLOW = []  # set once the test ran: slow only while checked
+def _spin(seconds):
+  end = time.process_time() + seconds
+  while time.process_time() < end:
+    pass
+class _SlowToCollect:
+  def __del__(self):
+    _spin(0.6 if SLOW else 0)
+@jax.custom_jvp
+def slowly(x):
+  _SlowToCollect()  # collected at once: the 0.3 s budget ends in __del__
+  _spin(4.0 if SLOW else 0)
+  return jnp.sin(x)
+slowly.defjvp(lambda p, t: (slowly(p[0]), jnp.cos(p[0]) * t[0]))
+''', test_slow='''
+import jax.numpy as jnp
+import lib
+def test_calls():
+  lib.slowly(jnp.array([0.3, 0.7]))
+  lib.SLOW.append(True)
+''')
+  result, rules = _rules(suite, "--hijax-rule-budget=0.3", "-W",
+                         "error::pytest.PytestUnraisableExceptionWarning")
+  assert rules["slowly"]["inputs"][0]["detail"] == (
+      "stopped where the rule's budget ran out"), rules["slowly"]
+  assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+  assert "Unraisable" not in result.stdout.str() + result.stderr.str()
+
+
 def test_a_rule_raising_only_in_float64_is_checked_in_the_tests_dtypes(
     suite):
   """equinox's closure-converted functions check the dtypes they get: a
