@@ -437,7 +437,8 @@ def main(argv=None):
         base = old["baselines"][library]
       else:
         off, on = _both(args, library, None, Path(tmp) / library)
-        base = {"off": off, "on": {**on, "report": _slim(on["report"])}}
+        base = {"off": off, "on": {**on, "report": _slim(on["report"])},
+                "budget": [args.budget, args.rule_budget]}
         print(f"baseline {library}: {len(off['failed'])} tests failing, "
               f"rules {on['report'].get('counts')}", flush=True)
       new["baselines"][library] = base
@@ -447,6 +448,7 @@ def main(argv=None):
         new["trials"][trial.name] = {
             "library": library, "kind": trial.kind, "rule": trial.rule,
             "defect": trial.what, **verdict,
+            "budget": [args.budget, args.rule_budget],  # (total, per rule)
             "seconds": {"off": off["seconds"], "on": on["seconds"]},
             "off_failed": off["failed"], "off_returncode": off["returncode"],
             "last_line": {"off": off["last_line"], "on": on["last_line"]},
