@@ -58,11 +58,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
       "--hijax-rules-json", default=None, metavar="PATH",
       help="write the results as JSON to PATH")
   group.addoption(
-      "--hijax-values-inside-jit", action="store_true", default=False,
+      "--hijax-values-inside-jit", action="store_true", default=True,
       help="check a library primitive bound only inside jit at the values "
-      "its program ran with: while recording, its bind adds a "
-      "jax.debug.callback of its inputs to the tests' programs (a test that "
-      "reads a jaxpr or exports a program sees it)")
+      "its program ran with (the default): while recording, its bind adds a "
+      "jax.debug.callback of its inputs to the tests' programs")
+  group.addoption(
+      "--hijax-no-values-inside-jit", action="store_false",
+      dest="hijax_values_inside_jit",
+      help="leave the tests' programs as they are (for a test that reads a "
+      "jaxpr or exports a program): a library primitive bound only inside "
+      "jit is then not checked")
   group.addoption(
       "--hijax-rules-include-jax", action="store_true", default=False,
       help="also check the rules defined in JAX, jaxlib and hijax themselves "

@@ -99,6 +99,43 @@ def test_calls():
       "detail"].startswith("its call took"), second
 
 
+def test_a_stop_dropped_in_a_gc_callback_warns_nothing(suite):
+  """The rule's budget ends inside a ``__del__`` (as inside a weakref
+  callback of the garbage collector), where Python drops the stop and
+  reports it as unraisable: the user's run shows no warning of it and
+  passes under ``-W error::pytest.PytestUnraisableExceptionWarning``."""
+  suite.makepyfile(lib='''
+import time
+import jax, jax.numpy as jnp
+SLOW = []  # set once the test ran: slow only while checked
+def _spin(seconds):
+  end = time.process_time() + seconds
+  while time.process_time() < end:
+    pass
+class _SlowToCollect:
+  def __del__(self):
+    _spin(0.6 if SLOW else 0)
+@jax.custom_jvp
+def slowly(x):
+  _SlowToCollect()  # collected at once: the 0.3 s budget ends in __del__
+  _spin(4.0 if SLOW else 0)
+  return jnp.sin(x)
+slowly.defjvp(lambda p, t: (slowly(p[0]), jnp.cos(p[0]) * t[0]))
+''', test_slow='''
+import jax.numpy as jnp
+import lib
+def test_calls():
+  lib.slowly(jnp.array([0.3, 0.7]))
+  lib.SLOW.append(True)
+''')
+  result, rules = _rules(suite, "--hijax-rule-budget=0.3", "-W",
+                         "error::pytest.PytestUnraisableExceptionWarning")
+  assert rules["slowly"]["inputs"][0]["detail"] == (
+      "stopped where the rule's budget ran out"), rules["slowly"]
+  assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+  assert "Unraisable" not in result.stdout.str() + result.stderr.str()
+
+
 def test_a_rule_raising_only_in_float64_is_checked_in_the_tests_dtypes(
     suite):
   """equinox's closure-converted functions check the dtypes they get: a
@@ -933,10 +970,10 @@ def test_binds():
 
 def test_a_library_primitive_bound_only_inside_jit_is_checked_at_run_time(
     suite):
-  """Bound only inside jit, a primitive's inputs are types; with
-  --hijax-values-inside-jit, while recording, the program sends the values
-  it runs with back (a debug callback), and the primitive is checked at
-  them: the wrong jvp fails, named, the right one passes."""
+  """Bound only inside jit, a primitive's inputs are types; at the defaults
+  (as with --hijax-values-inside-jit), while recording, the program sends
+  the values it runs with back (a debug callback), and the primitive is
+  checked at them: the wrong jvp fails, named, the right one passes."""
   suite.makepyfile(primlib=PRIMITIVES, test_jitted='''
 import jax, jax.numpy as jnp
 import primlib
@@ -945,23 +982,25 @@ def test_solves():
     grad = jax.jit(jax.grad(lambda x: p.bind(x).sum()))
     assert grad(jnp.array([0.2, 0.3])).shape == (2,)
 ''')
-  result, rules = _rules(suite, "--hijax-values-inside-jit")
-  assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-  assert {name: r["verdict"] for name, r in rules.items()} == {
-      "right_sin": "passed", "wrong_sin": "failed"}, rules
-  for rule in rules.values():
-    assert [(i["types"], i["source"]) for i in rule["inputs"]] == [
-        (["f32[2]"], "traced, values at run time")], rule
-  assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
-  assert re.search(r"wrong_sin \(Primitive\).*failed", result.stdout.str())
+  for flag in ((), ("--hijax-values-inside-jit",)):
+    result, rules = _rules(suite, *flag)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert {name: r["verdict"] for name, r in rules.items()} == {
+        "right_sin": "passed", "wrong_sin": "failed"}, rules
+    for rule in rules.values():
+      assert [(i["types"], i["source"]) for i in rule["inputs"]] == [
+          (["f32[2]"], "traced, values at run time")], rule
+    assert "jvp" in rules["wrong_sin"]["detail"], rules["wrong_sin"]
+    assert re.search(r"wrong_sin \(Primitive\).*failed",
+                     result.stdout.str())
 
 
 def test_the_tests_programs_are_left_as_they_are(suite):
-  """Recording adds nothing to what the tests trace: a test that reads a
-  jitted bind's jaxpr passes with the plugin on, and the primitive is not
-  checked, with the reason and the option that checks it. That option
-  (--hijax-values-inside-jit) adds a callback to the tests' programs: the
-  same test then fails (its jaxpr has the callback too)."""
+  """With --hijax-no-values-inside-jit recording adds nothing to what the
+  tests trace: a test that reads a jitted bind's jaxpr passes with the
+  plugin on, and the primitive is not checked, with the reason and the
+  option that checks it. The defaults add a callback to the tests'
+  programs: the same test then fails (its jaxpr has the callback too)."""
   suite.makepyfile(primlib=PRIMITIVES, test_jaxpr='''
 import jax, jax.numpy as jnp
 import primlib
@@ -971,13 +1010,13 @@ def test_one_equation():
   assert [e.primitive.name for e in inner.eqns] == ["right_sin"], inner
   f(jnp.array([0.2, 0.3]))
 ''')
-  result, rules = _rules(suite)
+  result, rules = _rules(suite, "--hijax-no-values-inside-jit")
   assert result.ret == pytest.ExitCode.OK, result.stdout.str()
   (sample,) = rules["right_sin"]["inputs"]
   assert sample["verdict"] == "not checked", sample
   assert sample["detail"].startswith("bound inside jit (values unknown)")
-  assert "--hijax-values-inside-jit" in sample["detail"], sample
-  result, rules = _rules(suite, "--hijax-values-inside-jit")
+  assert "--hijax-no-values-inside-jit" in sample["detail"], sample
+  result, rules = _rules(suite)
   assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
   result.stdout.fnmatch_lines(["FAILED*test_one_equation*"])
   assert "debug_callback" in result.stdout.str()
@@ -1018,7 +1057,7 @@ def test_a_primitive_input_that_reaches_its_impl_through_another_is_held(
   the operator: finite differences in the operator alone see nothing, so
   the operator is held fixed (no false alarm) and the solve is checked in
   its right-hand side, where a wrong term fails (bound inside jit: checked
-  at its programs' values, --hijax-values-inside-jit)."""
+  at its programs' values)."""
   suite.makepyfile(solvelib=SOLVES, test_solves='''
 import jax, jax.numpy as jnp
 import solvelib
@@ -1029,7 +1068,7 @@ def test_solves():
     da, db = f(a, b)
     assert jnp.allclose(da, -b / a**2)
 ''')
-  result, rules = _rules(suite, "--hijax-values-inside-jit")
+  result, rules = _rules(suite)
   assert {name: r["verdict"] for name, r in rules.items()} == {
       "right_solve": "passed", "wrong_solve": "failed"}, rules
   assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()

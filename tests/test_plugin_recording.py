@@ -197,8 +197,8 @@ def test_a_primitive_bound_inside_jit_gets_the_values_its_program_ran_with(
     recorder):
   """Traced inside jit, a library primitive's bind sends its inputs back
   when the program runs (taken in at the next call or at `remove`); a
-  program that never runs leaves the types (with ``values_inside_jit``,
-  --hijax-values-inside-jit)."""
+  program that never runs leaves the types (``values_inside_jit``, the
+  default: --hijax-no-values-inside-jit turns it off)."""
   from jax.extend.core import Primitive
   from jax.interpreters import ad, mlir
   p = Primitive("thirds")
@@ -207,7 +207,7 @@ def test_a_primitive_bound_inside_jit_gets_the_values_its_program_ran_with(
   mlir.register_lowering(p, mlir.lower_fun(lambda x: x / 3,
                                            multiple_results=False))
   ad.primitive_jvps[p] = lambda x, t: (p.bind(*x), p.bind(*t))
-  recorder.values_inside_jit = True
+  assert _recorder.CallRecorder().values_inside_jit
   try:
     recorder.watch()
     jax.eval_shape(jax.jit(lambda x: p.bind(x)), jnp.ones(3))

@@ -69,6 +69,13 @@ def _leaves_map(change, tree):
       lambda x: change(x) if hasattr(x, "dtype")
       and jnp.issubdtype(x.dtype, jnp.inexact) else x, tree)
 
+# The jvp rule given to an equinox filter_custom_jvp (its def_jvp returns
+# None: a library module's name for the rule is None).
+def _jvp_of(filter_custom_jvp):
+  wrapper = filter_custom_jvp.fn.jvp
+  return dict(zip(wrapper.__code__.co_freevars,
+                  (c.cell_contents for c in wrapper.__closure__)))["fn_jvp"]
+
 # The references of SELECTIONS' surrogates: plain JAX of the rule's value
 # whose derivative is the one the rule means (optax's scales the gradient).
 def scale_gradient_reference(inputs, scale):
@@ -170,16 +177,18 @@ m._scale_gradient.defvjp(m._scale_gradient_fwd, _broken)
     Trial("optimistix_implicit_sign", "optimistix", "sign", "_implicit_impl",
           "root's tangent has the wrong sign", '''
 from optimistix import _ad as m
+_orig = _jvp_of(m._implicit_impl)
 def _broken(primals, tangents):
-  (root, res), (t_root, t_res) = m._implicit_impl_jvp(primals, tangents)
+  (root, res), (t_root, t_res) = _orig(primals, tangents)
   return (root, res), (_leaves_map(lambda x: -x, t_root), t_res)
 m._implicit_impl.def_jvp(_broken)
 '''),
     Trial("optimistix_implicit_complex", "optimistix", "dtype",
           "_implicit_impl", "root's tangent conjugated, only for complex", '''
 from optimistix import _ad as m
+_orig = _jvp_of(m._implicit_impl)
 def _broken(primals, tangents):
-  (root, res), (t_root, t_res) = m._implicit_impl_jvp(primals, tangents)
+  (root, res), (t_root, t_res) = _orig(primals, tangents)
   return (root, res), (_leaves_map(jnp.conj, t_root), t_res)
 m._implicit_impl.def_jvp(_broken)
 '''),
@@ -187,8 +196,9 @@ m._implicit_impl.def_jvp(_broken)
           "_implicit_impl",
           "tangent of the root's last leaf 10% too small (others right)", '''
 from optimistix import _ad as m
+_orig = _jvp_of(m._implicit_impl)
 def _broken(primals, tangents):
-  (root, res), (t_root, t_res) = m._implicit_impl_jvp(primals, tangents)
+  (root, res), (t_root, t_res) = _orig(primals, tangents)
   leaves, tree = jtu.tree_flatten(t_root)
   if leaves:
     leaves[-1] = 0.9 * leaves[-1]
@@ -427,7 +437,8 @@ def main(argv=None):
         base = old["baselines"][library]
       else:
         off, on = _both(args, library, None, Path(tmp) / library)
-        base = {"off": off, "on": {**on, "report": _slim(on["report"])}}
+        base = {"off": off, "on": {**on, "report": _slim(on["report"])},
+                "budget": [args.budget, args.rule_budget]}
         print(f"baseline {library}: {len(off['failed'])} tests failing, "
               f"rules {on['report'].get('counts')}", flush=True)
       new["baselines"][library] = base
@@ -437,6 +448,7 @@ def main(argv=None):
         new["trials"][trial.name] = {
             "library": library, "kind": trial.kind, "rule": trial.rule,
             "defect": trial.what, **verdict,
+            "budget": [args.budget, args.rule_budget],  # (total, per rule)
             "seconds": {"off": off["seconds"], "on": on["seconds"]},
             "off_failed": off["failed"], "off_returncode": off["returncode"],
             "last_line": {"off": off["last_line"], "on": on["last_line"]},

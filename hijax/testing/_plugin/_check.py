@@ -44,7 +44,8 @@ class _OutOfTime(BaseException):
 @contextlib.contextmanager
 def _stop_at(seconds: float):
   """Raises `_OutOfTime` after ``seconds`` CPU, again each `STOP_AGAIN` s
-  (Python drops one raised in a ``__del__`` or gc callback) to the end."""
+  (Python drops one raised in a ``__del__`` or gc callback: not reported as
+  unraisable, which pytest would warn of) to the end."""
   if not hasattr(signal, "setitimer") or (
       threading.current_thread() is not threading.main_thread()):
     yield
@@ -54,7 +55,13 @@ def _stop_at(seconds: float):
   def stop(signum, frame):  # (not while a stop's cleanups run)
     if armed and not isinstance(sys.exception(), _OutOfTime):
       raise _OutOfTime()
+  hook = sys.unraisablehook
+
+  def dropped(unraisable):
+    if not isinstance(unraisable.exc_value, _OutOfTime):
+      hook(unraisable)
   previous = signal.signal(signal.SIGPROF, stop)
+  sys.unraisablehook = dropped
   signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3), STOP_AGAIN)
   try:
     yield
@@ -62,6 +69,7 @@ def _stop_at(seconds: float):
     armed.clear()
     signal.setitimer(signal.ITIMER_PROF, 0)
     signal.signal(signal.SIGPROF, previous)
+    sys.unraisablehook = hook
 
 
 @dataclasses.dataclass
@@ -240,8 +248,9 @@ def check_rule(rule: RecordedRule, seconds: float,
            if all(x is None for x in sample.leaves) else (
                "bound inside jit (values unknown): a primitive's inputs may "
                "depend on each other (a solver's state on its operator), so "
-               "drawn values would judge nothing; --hijax-values-inside-jit "
-               "checks it at the values its program ran with")
+               "drawn values would judge nothing; it is checked at the "
+               "values its program ran with, where the program ran while "
+               "recording (not with --hijax-no-values-inside-jit)")
            if prim and not sample.concrete else (
                "differentiating it raised in the tests too: not "
                "differentiable on purpose") if prim and rule.refused else

@@ -260,7 +260,7 @@ class CallRecorder:
   too, else counted in `skipped_rules`; ``values_inside_jit``: `_when_run`)."""
 
   def __init__(self, samples: int = 3, include_jax: bool = False,
-               values_inside_jit: bool = False) -> None:
+               values_inside_jit: bool = True) -> None:
     self.max_samples = max(1, samples)
     self.include_jax, self.values_inside_jit = include_jax, values_inside_jit
     self.rules: dict[Any, RecordedRule] = {}
