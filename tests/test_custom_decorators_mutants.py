@@ -317,3 +317,17 @@ def test_a_function_without_a_signature_is_called_by_position(kind):
   with pytest.raises(TypeError, match=r"no signature to bind keyword "
                      r"arguments with\n.* pass its arguments by position"):
     negate(x=2.)
+
+
+@pytest.mark.parametrize("make", ["custom_vjp", "custom_jvp"])
+def test_a_call_with_a_hi_type_argument_under_jit(make):
+  """A rank-1 matrix argument (a hi type, which a closed call cannot take):
+  the call is lowered by evaluating the function, with its value."""
+  from hitype_examples import rank1, to_dense
+  f = getattr(hijax, make)(lambda r: to_dense(r).sum())
+  if make == "custom_vjp":
+    f.defvjp(lambda r: (f(r), None), lambda _, g: (None,))
+  else:
+    f.defjvp(lambda p, t: (f(*p), 0. * f(*p)))
+  u, v = jnp.array([1., 2.]), jnp.array([3., 4., 5.])
+  close(jax.jit(lambda u, v: f(rank1(u, v)))(u, v), 36.)
