@@ -179,8 +179,12 @@ class CallPrimitive(HiPrim):
   def primal_of_hoisted(self, xs: Sequence[Any], hvals: Sequence[Any],
                         which: list[int]) -> Callable[..., Any]:
     """The function of the hoisted values ``which``, the rest fixed."""
-    return lambda *chosen: self.primal(
-        dict(enumerate(hvals)) | dict(zip(which, chosen)), *xs)
+    def f(*chosen):
+      values = list(hvals)
+      for i, v in zip(which, chosen):
+        values[i] = v
+      return self.primal(values, *xs)
+    return f
 
   def differentiating(self, transform: Callable[..., Any], *args: Any) -> Any:
     """``transform(*args)`` on the function's own code; a failure explained."""
